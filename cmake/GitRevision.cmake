@@ -1,0 +1,14 @@
+# The commit recorded in benchmark output. EPCOMM_GIT_REVISION in the environment wins (a copy of
+# the tree without .git, e.g. on a lent GPU machine); otherwise ask git; otherwise "unknown".
+if(DEFINED ENV{EPCOMM_GIT_REVISION})
+  set(EPCOMM_GIT_REVISION "$ENV{EPCOMM_GIT_REVISION}")
+else()
+  execute_process(COMMAND git rev-parse --short=12 HEAD
+    WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
+    OUTPUT_VARIABLE EPCOMM_GIT_REVISION OUTPUT_STRIP_TRAILING_WHITESPACE
+    ERROR_QUIET RESULT_VARIABLE _git_result)
+  if(NOT _git_result EQUAL 0 OR EPCOMM_GIT_REVISION STREQUAL "")
+    set(EPCOMM_GIT_REVISION "unknown")
+  endif()
+endif()
+message(STATUS "epcomm revision: ${EPCOMM_GIT_REVISION}")

@@ -1,0 +1,83 @@
+// epcomm::Buffer: one rank's communication buffers and the operations that use them.
+//
+// Construction and destruction are collective: every rank of the bootstrap constructs its
+// Buffer with the same options. Operations take an explicit stream; outputs are caller-owned
+// views. Errors found on the GPU (bad expert ids, a peer that never answered) are recorded by the
+// kernel and raised as epcomm::Error by check_device_errors(), by synchronize(), and at the start
+// of the next operation on this Buffer.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <cuda_runtime_api.h>
+
+#include "epcomm/bootstrap.hpp"
+#include "epcomm/config.hpp"
+#include "epcomm/types.hpp"
+
+namespace epcomm {
+
+// Outputs of get_dispatch_layout, owned by the caller (device memory, contiguous).
+struct DispatchLayoutOutputs {
+  TensorView num_tokens_per_rank;    // out: int32 [num_ranks]
+  TensorView num_tokens_per_expert;  // out: int32 [num_experts]
+  TensorView is_token_in_rank;       // out: bool  [num_tokens, num_ranks]
+};
+
+class Buffer {
+ public:
+  // Collective. Allocates the NVLink buffer, exchanges CUDA IPC handles through `bootstrap`, maps
+  // every peer's buffer and (with options.preinitialize) does all one-time work.
+  Buffer(std::shared_ptr<Bootstrap> bootstrap, const BufferOptions& options);
+  // Releases everything; collective like destroy(). Never throws: problems are printed.
+  ~Buffer();
+  Buffer(Buffer&&) noexcept;
+  Buffer& operator=(Buffer&&) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  int rank() const;
+  int num_ranks() const;
+  int device() const;
+  const BufferOptions& options() const;
+  bool is_available() const;  // false after destroy()
+
+  // Collective. Loads every kernel module, touches every peer mapping and runs one barrier round,
+  // so that no later call pays a one-time cost. Done by the constructor with preinitialize.
+  void warmup(cudaStream_t stream);
+  // Collective explicit teardown (deep_ep's explicitly_destroy); the destructor calls it if needed.
+  void destroy();
+
+  // For every token, which ranks and experts its top-k ids name. topk_idx: int64 or int32
+  // [num_tokens, num_topk] on the device, -1 meaning "no expert". An id outside [-1, num_experts)
+  // is reported as a DeviceError (by check_device_errors / synchronize / the next call).
+  void get_dispatch_layout(const TensorView& topk_idx, int num_experts, const DispatchLayoutOutputs& outputs,
+                           cudaStream_t stream);
+
+  // Collective, stream-ordered: returns on every rank's stream once all ranks reached it.
+  void barrier(cudaStream_t stream);
+
+  // Throws the first error a kernel of this Buffer recorded since the last check, then clears it.
+  void check_device_errors();
+  // cudaStreamSynchronize(stream), then check_device_errors().
+  void synchronize(cudaStream_t stream);
+
+  // ---- Diagnostics and benchmarks ----
+  // Collective. Writes `bytes_per_rank` bytes from `source` (device) into every rank's NVLink
+  // buffer at offset rank() * bytes_per_rank, using `num_sms` blocks: dispatch's traffic pattern
+  // without its bookkeeping, the roofline dispatch and combine are compared with. Followed by a
+  // barrier, so on return (in stream order) every rank's buffer holds every rank's bytes.
+  void copy_to_all_ranks(const void* source, size_t bytes_per_rank, int num_sms, cudaStream_t stream);
+  // This rank's NVLink buffer (device memory, num_nvl_bytes long).
+  void* local_nvl_buffer() const;
+
+  // Library version and the git revision it was built from, e.g. "0.1.0 (3f2c9a1b0d4e)".
+  static std::string version();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace epcomm

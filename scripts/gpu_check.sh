@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The one command for a GPU machine. Run in the repository root:
+#   scripts/gpu_check.sh [RESULTS_DIR]        (or set EPCOMM_RESULTS_DIR)
+# Builds with every core, starts MPS when ranks must share GPUs, runs the whole test suite (CPU
+# tests and GPU tests at 1, 2, 4 and 8 ranks), runs epcomm-bench at 1, 2, 4 and 8 ranks, stops
+# MPS, and leaves in RESULTS_DIR: build.log, tests.log, bench.jsonl, bench.log, machine.txt,
+# summary.txt. Exits non-zero if the build, a test or a benchmark failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+results=${1:-${EPCOMM_RESULTS_DIR:-results/$(date -u +%Y%m%d-%H%M%S)}}
+mkdir -p "$results"
+results=$(cd "$results" && pwd)
+summary="$results/summary.txt"
+: >"$summary"
+note() { echo "$*" | tee -a "$summary"; }
+
+# NVLink multicast stays off in every process we start (it can take a shared host's GPUs down).
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+
+{
+  date -u
+  nvidia-smi || true
+  nvidia-smi topo -m || true
+  nvcc --version || /usr/local/cuda/bin/nvcc --version || true
+  cmake --version | head -1
+} >"$results/machine.txt" 2>&1
+
+cmake_args=()
+[ -d .deps/googletest ] && cmake_args+=(-DEPCOMM_GTEST_SOURCE_DIR="$PWD/.deps/googletest")
+export EPCOMM_BUILD_DIR=${EPCOMM_BUILD_DIR:-build-gpu}
+if ! scripts/build.sh "${cmake_args[@]}" >"$results/build.log" 2>&1; then
+  note "BUILD FAILED (see build.log)"; tail -30 "$results/build.log"; exit 1
+fi
+note "build: ok ($(grep -c 'Building' "$results/build.log") steps)"
+
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+mps_started=0
+stop_mps() { [ "$mps_started" = 1 ] && echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; mps_started=0; }
+trap stop_mps EXIT
+if [ "${gpus:-0}" -lt 8 ]; then
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/epcomm-mps CUDA_MPS_LOG_DIRECTORY=/tmp/epcomm-mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if nvidia-cuda-mps-control -d; then mps_started=1; sleep 1; note "MPS: started ($gpus GPU(s) for up to 8 ranks)"; else note "MPS: could not start; ranks time-slice"; fi
+fi
+
+status=0
+ctest --test-dir "$EPCOMM_BUILD_DIR" --output-on-failure >"$results/tests.log" 2>&1 || status=1
+note "tests: $(grep -E 'tests passed|tests failed' "$results/tests.log" | tail -1)"
+grep -E 'Failed|\*\*\*Skipped|Timeout' "$results/tests.log" | tee -a "$summary" || true
+
+: >"$results/bench.jsonl"
+for ranks in 1 2 4 8; do
+  if ! "$EPCOMM_BUILD_DIR"/tools/epcomm-bench --ranks "$ranks" --out "$results/bench.jsonl" >>"$results/bench.log" 2>&1; then
+    status=1; note "bench --ranks $ranks: FAILED (see bench.log)"
+  fi
+done
+note "bench: $(wc -l <"$results/bench.jsonl") records in bench.jsonl"
+stop_mps
+exit $status

@@ -1,0 +1,32 @@
+// Every limit and tuning constant shared by host code and kernels, defined once.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace epcomm {
+
+// Ranks reachable over NVLink from one GPU (one node), and so the size of every peer table.
+inline constexpr int kMaxNvlPeers = 8;
+
+inline constexpr int kWarpSize = 32;
+
+// Alignment of every buffer region: 16 bytes is the widest vector access; 128 keeps regions on
+// separate cache lines so one rank's flag writes never share a line with another's data.
+inline constexpr size_t kRegionAlignment = 128;
+inline constexpr size_t kVectorBytes = 16;
+
+// Dispatch layout kernel.
+inline constexpr int kLayoutThreadsPerBlock = 256;
+inline constexpr int kLayoutMaxExperts = 4096;  // per-block expert histogram lives in shared memory
+inline constexpr int kLayoutMaxTopk = 32;
+
+// Peer copy (the bandwidth roofline): threads per block.
+inline constexpr int kCopyThreadsPerBlock = 512;
+
+// Bounded waits: a spin-wait reads the global timer only every this many polls, to keep the
+// timer off the hot path, and gives up after the buffer's wait timeout.
+inline constexpr int kPollsPerTimerRead = 64;
+inline constexpr int64_t kDefaultWaitTimeoutMs = 100 * 1000;
+
+}  // namespace epcomm

@@ -1,0 +1,49 @@
+// The record a kernel fills when it must fail: bad input it found, or a wait that timed out.
+// It lives in pinned host memory mapped into the device, so the host can read it even while a
+// stream is stuck; the first failure wins and later ones are dropped.
+#pragma once
+
+#include <cstdint>
+
+namespace epcomm {
+
+enum class DeviceErrorKind : int32_t {
+  kNone = 0,
+  kInvalidExpertId = 1,  // index0 = token, index1 = top-k slot, observed = the id
+  kWaitTimeout = 2,      // peer / channel / expected / observed describe the wait
+};
+
+// Which operation a kernel was running.
+enum class DeviceOp : int32_t {
+  kNone = 0,
+  kDispatchLayout,
+  kBarrier,
+  kPeerCopy,
+};
+
+// What a timed-out wait was waiting for.
+enum class WaitTarget : int32_t {
+  kNone = 0,
+  kBarrierSignal,  // a peer's arrival at a barrier
+};
+
+struct DeviceErrorRecord {
+  int32_t claimed;  // 0 until a thread wins the right to write this record
+  int32_t kind;     // DeviceErrorKind; written last, after every other field
+  int32_t op;       // DeviceOp
+  int32_t target;   // WaitTarget
+  int32_t rank;
+  int32_t peer;     // -1 if none
+  int32_t channel;  // -1 if none
+  int32_t reserved;
+  int64_t index0;
+  int64_t index1;
+  int64_t expected;
+  int64_t observed;
+  int64_t limit;    // e.g. num_experts for an id, or the timeout in ns
+};
+
+const char* device_op_name(DeviceOp op);
+const char* wait_target_name(WaitTarget target);
+
+}  // namespace epcomm

@@ -1,0 +1,45 @@
+// The one spin-wait helper: every wait on a peer goes through it, so every wait is bounded and
+// every timeout says who waited on whom for what.
+#pragma once
+
+#include "common/constants.hpp"
+#include "kernels/common/device_report.cuh"
+#include "kernels/common/memory_ordering.cuh"
+
+namespace epcomm::device {
+
+// Where a wait happens, for the diagnostic.
+struct WaitSite {
+  DeviceOp op;
+  WaitTarget target;
+  int peer;
+  int channel;
+};
+
+// Spins until an acquire load of `*flag` reaches at least `expected` (flags only ever grow).
+// Returns false after the context's timeout, having reported rank, peer, channel, the value it
+// expected and the last value it saw.
+__device__ __forceinline__ bool wait_at_least(const uint64_t* flag, uint64_t expected, const KernelContext& context,
+                                              const WaitSite& site) {
+  uint64_t observed = ld_acquire_sys(flag);
+  if (observed >= expected) return true;
+  const uint64_t start_ns = global_timer_ns();
+  for (int polls = 0;; ++polls) {
+    observed = ld_acquire_sys(flag);
+    if (observed >= expected) return true;
+    if (polls % kPollsPerTimerRead == 0 && global_timer_ns() - start_ns > context.wait_timeout_ns) break;
+  }
+  ErrorDetails details;
+  details.kind = DeviceErrorKind::kWaitTimeout;
+  details.op = site.op;
+  details.target = site.target;
+  details.peer = site.peer;
+  details.channel = site.channel;
+  details.expected = static_cast<int64_t>(expected);
+  details.observed = static_cast<int64_t>(observed);
+  details.limit = static_cast<int64_t>(context.wait_timeout_ns);
+  report_error(context, details);
+  return false;
+}
+
+}  // namespace epcomm::device

@@ -1,0 +1,41 @@
+// How a kernel fails: fill the rank's DeviceErrorRecord (first failure wins) and return. The host
+// raises it as an epcomm::Error at its next check, with every field in the message.
+#pragma once
+
+#include "common/device_error.hpp"
+#include "common/kernel_context.hpp"
+#include "kernels/common/memory_ordering.cuh"
+
+namespace epcomm::device {
+
+struct ErrorDetails {
+  DeviceErrorKind kind = DeviceErrorKind::kNone;
+  DeviceOp op = DeviceOp::kNone;
+  WaitTarget target = WaitTarget::kNone;
+  int peer = -1;
+  int channel = -1;
+  int64_t index0 = -1;
+  int64_t index1 = -1;
+  int64_t expected = 0;
+  int64_t observed = 0;
+  int64_t limit = 0;
+};
+
+__device__ __forceinline__ void report_error(const KernelContext& context, const ErrorDetails& details) {
+  DeviceErrorRecord* record = context.errors;
+  if (atomicCAS_system(&record->claimed, 0, 1) != 0) return;  // an earlier failure already won
+  st_relaxed_sys(&record->op, static_cast<int32_t>(details.op));
+  st_relaxed_sys(&record->target, static_cast<int32_t>(details.target));
+  st_relaxed_sys(&record->rank, context.rank);
+  st_relaxed_sys(&record->peer, details.peer);
+  st_relaxed_sys(&record->channel, details.channel);
+  st_relaxed_sys(&record->index0, details.index0);
+  st_relaxed_sys(&record->index1, details.index1);
+  st_relaxed_sys(&record->expected, details.expected);
+  st_relaxed_sys(&record->observed, details.observed);
+  st_relaxed_sys(&record->limit, details.limit);
+  // Pairs with the host's read of `kind` before the other fields: publish them all at once.
+  st_release_sys(&record->kind, static_cast<int32_t>(details.kind));
+}
+
+}  // namespace epcomm::device

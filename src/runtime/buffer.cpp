@@ -1,0 +1,233 @@
+#include "epcomm/buffer.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <optional>
+
+#include "common/constants.hpp"
+#include "epcomm/error.hpp"
+#include "kernels/launchers.hpp"
+#include "runtime/cuda_check.hpp"
+#include "runtime/device_error_log.hpp"
+#include "runtime/validate.hpp"
+#include "transport/ipc/ipc_buffer.hpp"
+
+#ifndef EPCOMM_GIT_REVISION
+#define EPCOMM_GIT_REVISION "unknown"
+#endif
+
+namespace epcomm {
+namespace {
+
+constexpr int64_t kNanosecondsPerMillisecond = 1000 * 1000;
+
+// Makes `device` current for one operation and restores the caller's device afterwards.
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int device) {
+    EPCOMM_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) EPCOMM_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~ScopedDevice() {
+    int current = previous_;
+    if (cudaGetDevice(&current) == cudaSuccess && current != previous_) EPCOMM_CUDA_WARN(cudaSetDevice(previous_));
+  }
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+int resolve_device(int requested) {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess || count == 0) {
+    fail(ErrorCode::kUnsupported, "Buffer: no CUDA device is usable (cudaGetDeviceCount: ",
+         status == cudaSuccess ? "0 devices" : cudaGetErrorString(status), ")");
+  }
+  if (requested == -1) {
+    int current = 0;
+    EPCOMM_CUDA_CHECK(cudaGetDevice(&current));
+    return current;
+  }
+  if (requested >= count) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: device=", requested, " but only ", count, " CUDA devices are visible");
+  }
+  return requested;
+}
+
+}  // namespace
+
+struct Buffer::Impl {
+  std::shared_ptr<Bootstrap> bootstrap;
+  BufferOptions options;
+  int device = 0;
+  int num_device_sms = 0;
+  detail::DeviceErrorLog errors;
+  std::optional<detail::IpcBuffer> nvl;
+
+  KernelContext context() const {
+    KernelContext context;
+    context.errors = errors.device_record();
+    context.rank = bootstrap->rank();
+    context.num_ranks = bootstrap->num_ranks();
+    context.wait_timeout_ns = static_cast<uint64_t>(options.wait_timeout.count() * kNanosecondsPerMillisecond);
+    return context;
+  }
+
+  // Every operation starts here: a Buffer that was destroyed, or whose earlier kernel recorded a
+  // failure, refuses to go on.
+  void begin(const char* op) {
+    if (!nvl) fail(ErrorCode::kInvalidArgument, op, ": the Buffer was destroyed");
+    errors.raise_if_recorded();
+  }
+};
+
+Buffer::Buffer(std::shared_ptr<Bootstrap> bootstrap, const BufferOptions& options) {
+  if (!bootstrap) fail(ErrorCode::kInvalidArgument, "Buffer: bootstrap is null");
+  options.validate(bootstrap->num_ranks());
+  const int device = resolve_device(options.device);
+  ScopedDevice scoped(device);
+
+  impl_ = std::make_unique<Impl>();
+  impl_->bootstrap = std::move(bootstrap);
+  impl_->options = options;
+  impl_->device = device;
+  EPCOMM_CUDA_CHECK(cudaDeviceGetAttribute(&impl_->num_device_sms, cudaDevAttrMultiProcessorCount, device));
+  impl_->nvl.emplace(*impl_->bootstrap, device, static_cast<size_t>(options.num_nvl_bytes));
+
+  if (options.preinitialize) {
+    cudaStream_t stream = nullptr;
+    EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    try {
+      warmup(stream);
+    } catch (...) {
+      EPCOMM_CUDA_WARN(cudaStreamDestroy(stream));
+      throw;
+    }
+    EPCOMM_CUDA_CHECK(cudaStreamDestroy(stream));
+  }
+}
+
+Buffer::~Buffer() {
+  if (!impl_ || !impl_->nvl) return;
+  try {
+    destroy();
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "epcomm: warning: Buffer teardown on rank %d failed: %s\n", impl_->bootstrap->rank(),
+                 error.what());
+  }
+}
+
+Buffer::Buffer(Buffer&&) noexcept = default;
+Buffer& Buffer::operator=(Buffer&&) noexcept = default;
+
+int Buffer::rank() const { return impl_->bootstrap->rank(); }
+int Buffer::num_ranks() const { return impl_->bootstrap->num_ranks(); }
+int Buffer::device() const { return impl_->device; }
+const BufferOptions& Buffer::options() const { return impl_->options; }
+bool Buffer::is_available() const { return impl_ && impl_->nvl.has_value(); }
+
+void Buffer::warmup(cudaStream_t stream) {
+  impl_->begin("warmup");
+  ScopedDevice scoped(impl_->device);
+  kernels::load_all_kernel_modules();
+  // One barrier round touches every peer's mapping (first access to an IPC mapping is slow).
+  kernels::launch_nvl_barrier(impl_->nvl->peers(), impl_->context(), stream);
+  synchronize(stream);
+}
+
+void Buffer::destroy() {
+  if (!impl_ || !impl_->nvl) return;
+  ScopedDevice scoped(impl_->device);
+  // No kernel of this rank may still touch a peer, and no peer one of ours, once memory is freed.
+  EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
+  impl_->bootstrap->barrier();
+  impl_->nvl->release_collectively(*impl_->bootstrap);
+  impl_->nvl.reset();
+}
+
+void Buffer::get_dispatch_layout(const TensorView& topk_idx, int num_experts, const DispatchLayoutOutputs& outputs,
+                                 cudaStream_t stream) {
+  constexpr const char* kOp = "get_dispatch_layout";
+  impl_->begin(kOp);
+  const int ranks = num_ranks();
+  detail::require_device_tensor(kOp, "topk_idx", topk_idx, {DType::kInt64, DType::kInt32},
+                                {detail::kAnyExtent, detail::kAnyExtent});
+  const int64_t num_tokens = topk_idx.shape[0];
+  const int64_t num_topk = topk_idx.shape[1];
+  detail::require_in_range(kOp, "num_topk (topk_idx.shape[1])", num_topk, 1, kLayoutMaxTopk);
+  detail::require_in_range(kOp, "num_tokens (topk_idx.shape[0])", num_tokens, 0, INT32_MAX / kMaxNvlPeers);
+  detail::require_in_range(kOp, "num_experts", num_experts, 1, kLayoutMaxExperts);
+  if (num_experts % ranks != 0) {
+    fail(ErrorCode::kInvalidArgument, kOp, ": num_experts=", num_experts, " must be a multiple of num_ranks=", ranks);
+  }
+  detail::require_device_tensor(kOp, "outputs.num_tokens_per_rank", outputs.num_tokens_per_rank, {DType::kInt32},
+                                {ranks});
+  detail::require_device_tensor(kOp, "outputs.num_tokens_per_expert", outputs.num_tokens_per_expert, {DType::kInt32},
+                                {num_experts});
+  detail::require_device_tensor(kOp, "outputs.is_token_in_rank", outputs.is_token_in_rank, {DType::kBool},
+                                {num_tokens, ranks});
+
+  ScopedDevice scoped(impl_->device);
+  kernels::DispatchLayoutArgs args;
+  args.topk_idx = topk_idx.data;
+  args.index_type = topk_idx.dtype == DType::kInt64 ? kernels::IndexType::kInt64 : kernels::IndexType::kInt32;
+  args.num_tokens = static_cast<int>(num_tokens);
+  args.num_topk = static_cast<int>(num_topk);
+  args.num_experts = num_experts;
+  args.num_ranks = ranks;
+  args.num_tokens_per_rank = outputs.num_tokens_per_rank.ptr<int32_t>();
+  args.num_tokens_per_expert = outputs.num_tokens_per_expert.ptr<int32_t>();
+  args.is_token_in_rank = outputs.is_token_in_rank.ptr<bool>();
+  kernels::launch_dispatch_layout(args, impl_->num_device_sms, impl_->context(), stream);
+}
+
+void Buffer::barrier(cudaStream_t stream) {
+  impl_->begin("barrier");
+  ScopedDevice scoped(impl_->device);
+  kernels::launch_nvl_barrier(impl_->nvl->peers(), impl_->context(), stream);
+}
+
+void Buffer::check_device_errors() {
+  if (impl_) impl_->errors.raise_if_recorded();
+}
+
+void Buffer::synchronize(cudaStream_t stream) {
+  ScopedDevice scoped(impl_->device);
+  EPCOMM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  check_device_errors();
+}
+
+void Buffer::copy_to_all_ranks(const void* source, size_t bytes_per_rank, int num_sms, cudaStream_t stream) {
+  constexpr const char* kOp = "copy_to_all_ranks";
+  impl_->begin(kOp);
+  const size_t capacity = impl_->nvl->user_bytes();
+  if (bytes_per_rank % kVectorBytes != 0) {
+    fail(ErrorCode::kInvalidArgument, kOp, ": bytes_per_rank=", bytes_per_rank, " must be a multiple of ", kVectorBytes);
+  }
+  if (bytes_per_rank * static_cast<size_t>(num_ranks()) > capacity) {
+    fail(ErrorCode::kInvalidArgument, kOp, ": bytes_per_rank=", bytes_per_rank, " x num_ranks=", num_ranks(),
+         " exceeds num_nvl_bytes=", capacity);
+  }
+  if (bytes_per_rank > 0 && (source == nullptr || reinterpret_cast<uintptr_t>(source) % kVectorBytes != 0)) {
+    fail(ErrorCode::kInvalidArgument, kOp, ": source=", source, " must be a non-null ", kVectorBytes,
+         "-byte aligned device pointer");
+  }
+  detail::require_in_range(kOp, "num_sms", num_sms, 1, impl_->num_device_sms);
+  ScopedDevice scoped(impl_->device);
+  kernels::launch_peer_copy(impl_->nvl->peers(), source, bytes_per_rank, num_sms, impl_->context(), stream);
+  kernels::launch_nvl_barrier(impl_->nvl->peers(), impl_->context(), stream);
+}
+
+void* Buffer::local_nvl_buffer() const {
+  if (!impl_ || !impl_->nvl) return nullptr;
+  return NvlLayout::user(impl_->nvl->local_base());
+}
+
+std::string Buffer::version() {
+  return concat(EPCOMM_VERSION_STRING, " (", EPCOMM_GIT_REVISION, ")");
+}
+
+}  // namespace epcomm

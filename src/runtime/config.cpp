@@ -1,0 +1,59 @@
+#include "epcomm/config.hpp"
+
+#include "common/constants.hpp"
+#include "epcomm/error.hpp"
+
+namespace epcomm {
+
+void BufferOptions::validate(int num_ranks) const {
+  if (num_ranks < 1) fail(ErrorCode::kInvalidArgument, "Buffer: num_ranks=", num_ranks, " must be at least 1");
+  if (num_ranks > kMaxNvlPeers) {
+    fail(ErrorCode::kUnsupported, "Buffer: num_ranks=", num_ranks, " exceeds the ", kMaxNvlPeers,
+         " ranks of one NVLink domain; ranks beyond one node need the NVSHMEM transport, which this build "
+         "does not include yet");
+  }
+  if (num_nvl_bytes < 0 || num_nvl_bytes % static_cast<int64_t>(kRegionAlignment) != 0) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: num_nvl_bytes=", num_nvl_bytes, " must be a non-negative multiple of ",
+         kRegionAlignment);
+  }
+  if (num_rdma_bytes < 0) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: num_rdma_bytes=", num_rdma_bytes, " must be non-negative");
+  }
+  if (num_rdma_bytes > 0) {
+    fail(ErrorCode::kUnsupported, "Buffer: num_rdma_bytes=", num_rdma_bytes,
+         " requests the NVSHMEM (RDMA) transport, which this build does not include yet; use num_rdma_bytes=0 "
+         "inside one node");
+  }
+  if (num_qps_per_rank < 1) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: num_qps_per_rank=", num_qps_per_rank, " must be at least 1");
+  }
+  if (device < -1) fail(ErrorCode::kInvalidArgument, "Buffer: device=", device, " must be -1 (current) or a device index");
+  if (wait_timeout.count() <= 0) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: wait_timeout=", wait_timeout.count(), " ms must be positive");
+  }
+}
+
+void Config::validate() const {
+  if (num_sms < 2 || num_sms % 2 != 0) {
+    fail(ErrorCode::kInvalidArgument, "Config: num_sms=", num_sms, " must be an even number >= 2 (one sender and "
+         "one receiver block per channel)");
+  }
+  if (num_max_nvl_chunked_send_tokens < 1) {
+    fail(ErrorCode::kInvalidArgument, "Config: num_max_nvl_chunked_send_tokens=", num_max_nvl_chunked_send_tokens,
+         " must be at least 1");
+  }
+  if (num_max_nvl_chunked_recv_tokens <= num_max_nvl_chunked_send_tokens) {
+    fail(ErrorCode::kInvalidArgument, "Config: num_max_nvl_chunked_recv_tokens=", num_max_nvl_chunked_recv_tokens,
+         " must exceed num_max_nvl_chunked_send_tokens=", num_max_nvl_chunked_send_tokens);
+  }
+  if (num_max_rdma_chunked_send_tokens < 1) {
+    fail(ErrorCode::kInvalidArgument, "Config: num_max_rdma_chunked_send_tokens=", num_max_rdma_chunked_send_tokens,
+         " must be at least 1");
+  }
+  if (num_max_rdma_chunked_recv_tokens <= num_max_rdma_chunked_send_tokens) {
+    fail(ErrorCode::kInvalidArgument, "Config: num_max_rdma_chunked_recv_tokens=", num_max_rdma_chunked_recv_tokens,
+         " must exceed num_max_rdma_chunked_send_tokens=", num_max_rdma_chunked_send_tokens);
+  }
+}
+
+}  // namespace epcomm

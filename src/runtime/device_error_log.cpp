@@ -1,0 +1,86 @@
+#include "runtime/device_error_log.hpp"
+
+#include <cstdio>
+#include <cstring>
+
+#include "epcomm/error.hpp"
+#include "runtime/cuda_check.hpp"
+
+namespace epcomm {
+
+const char* device_op_name(DeviceOp op) {
+  switch (op) {
+    case DeviceOp::kNone: return "(no operation)";
+    case DeviceOp::kDispatchLayout: return "get_dispatch_layout";
+    case DeviceOp::kBarrier: return "barrier";
+    case DeviceOp::kPeerCopy: return "copy_to_all_ranks";
+  }
+  return "(unknown operation)";
+}
+
+const char* wait_target_name(WaitTarget target) {
+  switch (target) {
+    case WaitTarget::kNone: return "nothing";
+    case WaitTarget::kBarrierSignal: return "barrier signal";
+  }
+  return "(unknown target)";
+}
+
+namespace detail {
+
+void warn_cuda(const char* call, cudaError_t status, const char* file, int line) noexcept {
+  std::fprintf(stderr, "epcomm: warning: %s failed: %s (%s) at %s:%d\n", call, cudaGetErrorName(status),
+               cudaGetErrorString(status), file, line);
+}
+
+DeviceErrorLog::DeviceErrorLog() {
+  void* host = nullptr;
+  EPCOMM_CUDA_CHECK(cudaHostAlloc(&host, sizeof(DeviceErrorRecord), cudaHostAllocMapped));
+  std::memset(host, 0, sizeof(DeviceErrorRecord));
+  host_record_ = static_cast<DeviceErrorRecord*>(host);
+  void* device = nullptr;
+  const cudaError_t status = cudaHostGetDevicePointer(&device, host, 0);
+  if (status != cudaSuccess) {
+    EPCOMM_CUDA_WARN(cudaFreeHost(host));
+    EPCOMM_CUDA_CHECK(status);
+  }
+  device_record_ = static_cast<DeviceErrorRecord*>(device);
+}
+
+DeviceErrorLog::~DeviceErrorLog() {
+  if (host_record_ != nullptr) EPCOMM_CUDA_WARN(cudaFreeHost(host_record_));
+}
+
+std::string DeviceErrorLog::describe(const DeviceErrorRecord& record) {
+  const auto op = static_cast<DeviceOp>(record.op);
+  switch (static_cast<DeviceErrorKind>(record.kind)) {
+    case DeviceErrorKind::kInvalidExpertId:
+      return concat("rank ", record.rank, ": ", device_op_name(op), ": topk_idx[", record.index0, "][",
+                    record.index1, "] = ", record.observed, " is outside [-1, ", record.limit,
+                    ") (num_experts=", record.limit, ")");
+    case DeviceErrorKind::kWaitTimeout:
+      return concat("rank ", record.rank, " waited ", record.limit / 1000000, " ms in ", device_op_name(op),
+                    " for rank ", record.peer, "'s ", wait_target_name(static_cast<WaitTarget>(record.target)),
+                    record.channel >= 0 ? concat(" on channel ", record.channel) : std::string(),
+                    " (expected >= ", record.expected, ", last saw ", record.observed,
+                    "); that rank may have died, be stuck, or not have made the same call");
+    case DeviceErrorKind::kNone:
+      break;
+  }
+  return concat("rank ", record.rank, ": ", device_op_name(op), ": unknown device error kind ", record.kind);
+}
+
+void DeviceErrorLog::raise_if_recorded() {
+  // Pairs with the kernel's release store of `kind`, written after every other field.
+  const int32_t kind = __atomic_load_n(&host_record_->kind, __ATOMIC_ACQUIRE);
+  if (kind == static_cast<int32_t>(DeviceErrorKind::kNone)) return;
+  const DeviceErrorRecord record = *host_record_;
+  std::memset(host_record_, 0, sizeof(DeviceErrorRecord));
+  const ErrorCode code = kind == static_cast<int32_t>(DeviceErrorKind::kWaitTimeout) ? ErrorCode::kTimeout
+                         : kind == static_cast<int32_t>(DeviceErrorKind::kInvalidExpertId) ? ErrorCode::kInvalidArgument
+                                                                                          : ErrorCode::kDeviceError;
+  throw Error(code, describe(record));
+}
+
+}  // namespace detail
+}  // namespace epcomm

@@ -1,0 +1,69 @@
+#include "runtime/validate.hpp"
+
+#include <sstream>
+
+#include "epcomm/error.hpp"
+#include "runtime/cuda_check.hpp"
+
+namespace epcomm::detail {
+namespace {
+
+std::string expected_description(std::initializer_list<DType> dtypes, std::initializer_list<int64_t> shape) {
+  std::ostringstream out;
+  int i = 0;
+  for (DType dtype : dtypes) out << (i++ ? " or " : "") << dtype_name(dtype);
+  out << "[";
+  i = 0;
+  for (int64_t extent : shape) {
+    out << (i++ ? ", " : "");
+    if (extent == kAnyExtent) out << "*"; else out << extent;
+  }
+  out << "]";
+  return out.str();
+}
+
+bool is_device_accessible(const void* pointer) {
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
+    (void)cudaGetLastError();  // an unknown pointer is not a sticky error; clear it
+    return false;
+  }
+  return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+}
+
+}  // namespace
+
+void require_device_tensor(const char* op, const char* name, const TensorView& tensor,
+                           std::initializer_list<DType> dtypes, std::initializer_list<int64_t> shape) {
+  bool dtype_ok = false;
+  for (DType dtype : dtypes) dtype_ok = dtype_ok || tensor.dtype == dtype;
+  bool shape_ok = tensor.ndim == static_cast<int>(shape.size());
+  int dim = 0;
+  for (int64_t extent : shape) {
+    if (shape_ok && extent != kAnyExtent && tensor.shape[dim] != extent) shape_ok = false;
+    ++dim;
+  }
+  if (!dtype_ok || !shape_ok) {
+    fail(ErrorCode::kInvalidArgument, op, ": ", name, " must be ", expected_description(dtypes, shape), ", got ",
+         tensor.describe());
+  }
+  if (!tensor.is_contiguous()) {
+    fail(ErrorCode::kInvalidArgument, op, ": ", name, " must be contiguous, got ", tensor.describe());
+  }
+  if (tensor.numel() == 0) return;
+  if (tensor.data == nullptr) {
+    fail(ErrorCode::kInvalidArgument, op, ": ", name, " (", tensor.describe(), ") has a null data pointer");
+  }
+  if (!is_device_accessible(tensor.data)) {
+    fail(ErrorCode::kInvalidArgument, op, ": ", name, " (", tensor.describe(), ") at ", tensor.data,
+         " is not device memory");
+  }
+}
+
+void require_in_range(const char* op, const char* name, int64_t value, int64_t lo, int64_t hi) {
+  if (value < lo || value > hi) {
+    fail(ErrorCode::kInvalidArgument, op, ": ", name, "=", value, " must be in [", lo, ", ", hi, "]");
+  }
+}
+
+}  // namespace epcomm::detail

@@ -1,0 +1,100 @@
+#include "transport/ipc/ipc_buffer.hpp"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <utility>
+
+#include "common/nvl_layout.hpp"
+#include "epcomm/error.hpp"
+#include "runtime/cuda_check.hpp"
+
+namespace epcomm::detail {
+namespace {
+
+constexpr size_t kHostNameBytes = 64;
+constexpr size_t kBusIdBytes = 32;
+
+// What each rank publishes so peers can map its buffer and detect a mismatched setup.
+struct IpcExport {
+  cudaIpcMemHandle_t handle;
+  uint64_t user_bytes;
+  char host_name[kHostNameBytes];
+  char pci_bus_id[kBusIdBytes];
+};
+
+}  // namespace
+
+DeviceAllocation::DeviceAllocation(size_t bytes) { EPCOMM_CUDA_CHECK(cudaMalloc(&pointer_, bytes)); }
+DeviceAllocation::~DeviceAllocation() {
+  if (pointer_ != nullptr) EPCOMM_CUDA_WARN(cudaFree(pointer_));
+}
+DeviceAllocation::DeviceAllocation(DeviceAllocation&& other) noexcept : pointer_(std::exchange(other.pointer_, nullptr)) {}
+DeviceAllocation& DeviceAllocation::operator=(DeviceAllocation&& other) noexcept {
+  std::swap(pointer_, other.pointer_);
+  return *this;
+}
+
+IpcMapping::~IpcMapping() {
+  if (pointer_ != nullptr) EPCOMM_CUDA_WARN(cudaIpcCloseMemHandle(pointer_));
+}
+IpcMapping::IpcMapping(IpcMapping&& other) noexcept : pointer_(std::exchange(other.pointer_, nullptr)) {}
+IpcMapping& IpcMapping::operator=(IpcMapping&& other) noexcept {
+  std::swap(pointer_, other.pointer_);
+  return *this;
+}
+
+IpcBuffer::IpcBuffer(Bootstrap& bootstrap, int device, size_t user_bytes)
+    : user_bytes_(user_bytes), local_(NvlLayout::total_bytes(user_bytes)) {
+  const int rank = bootstrap.rank();
+  const int num_ranks = bootstrap.num_ranks();
+  EPCOMM_CUDA_CHECK(cudaMemset(local_.get(), 0, NvlLayout::total_bytes(user_bytes)));
+  EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());  // zeroed before any peer learns the handle
+
+  IpcExport mine{};
+  EPCOMM_CUDA_CHECK(cudaIpcGetMemHandle(&mine.handle, local_.get()));
+  mine.user_bytes = user_bytes;
+  gethostname(mine.host_name, kHostNameBytes - 1);
+  EPCOMM_CUDA_CHECK(cudaDeviceGetPCIBusId(mine.pci_bus_id, kBusIdBytes, device));
+
+  std::vector<IpcExport> all(num_ranks);
+  bootstrap.allgather(&mine, all.data(), sizeof(IpcExport));
+
+  for (int peer = 0; peer < num_ranks; ++peer) {
+    const IpcExport& theirs = all[peer];
+    if (theirs.user_bytes != user_bytes) {
+      fail(ErrorCode::kInvalidArgument, "Buffer: rank ", peer, " has num_nvl_bytes=", theirs.user_bytes, " but rank ",
+           rank, " has ", user_bytes, "; every rank must pass the same value");
+    }
+    if (std::strncmp(theirs.host_name, mine.host_name, kHostNameBytes) != 0) {
+      fail(ErrorCode::kUnsupported, "Buffer: rank ", peer, " runs on host '", theirs.host_name, "' and rank ", rank,
+           " on '", mine.host_name, "'; ranks on several hosts need the NVSHMEM transport, not in this build yet");
+    }
+  }
+
+  mappings_.resize(num_ranks);
+  for (int peer = 0; peer < num_ranks; ++peer) {
+    if (peer == rank) {
+      peers_.bases[peer] = local_.get();
+      continue;
+    }
+    void* mapped = nullptr;
+    const cudaError_t status = cudaIpcOpenMemHandle(&mapped, all[peer].handle, cudaIpcMemLazyEnablePeerAccess);
+    if (status != cudaSuccess) {
+      fail(ErrorCode::kCudaError, "Buffer: rank ", rank, " (GPU ", mine.pci_bus_id, ") cannot map the NVLink buffer of rank ",
+           peer, " (GPU ", all[peer].pci_bus_id, "): cudaIpcOpenMemHandle: ", cudaGetErrorString(status),
+           ". Are both GPUs visible to this process and connected by NVLink or PCIe peer access?");
+    }
+    mappings_[peer] = IpcMapping(mapped);
+    peers_.bases[peer] = mapped;
+  }
+}
+
+void IpcBuffer::release_collectively(Bootstrap& bootstrap) {
+  mappings_.clear();
+  peers_ = IpcPeers{};
+  bootstrap.barrier();
+  local_ = DeviceAllocation();
+}
+
+}  // namespace epcomm::detail

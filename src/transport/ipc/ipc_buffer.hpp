@@ -1,0 +1,63 @@
+// Host side of the CUDA IPC transport: allocates this rank's NVLink buffer, exports it, and maps
+// every peer's buffer into this process. Construction is collective over the bootstrap.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "epcomm/bootstrap.hpp"
+#include "transport/ipc/ipc_peers.hpp"
+
+namespace epcomm::detail {
+
+// cudaMalloc'd memory, freed on destruction.
+class DeviceAllocation {
+ public:
+  DeviceAllocation() = default;
+  explicit DeviceAllocation(size_t bytes);
+  ~DeviceAllocation();
+  DeviceAllocation(DeviceAllocation&& other) noexcept;
+  DeviceAllocation& operator=(DeviceAllocation&& other) noexcept;
+  void* get() const { return pointer_; }
+
+ private:
+  void* pointer_ = nullptr;
+};
+
+// A peer's buffer opened through cudaIpcOpenMemHandle, closed on destruction.
+class IpcMapping {
+ public:
+  IpcMapping() = default;
+  explicit IpcMapping(void* pointer) : pointer_(pointer) {}
+  ~IpcMapping();
+  IpcMapping(IpcMapping&& other) noexcept;
+  IpcMapping& operator=(IpcMapping&& other) noexcept;
+  void* get() const { return pointer_; }
+
+ private:
+  void* pointer_ = nullptr;
+};
+
+class IpcBuffer {
+ public:
+  // Collective: every rank passes the same user_bytes (checked). The buffer is zeroed before any
+  // peer can see it, so signal slots start at zero.
+  IpcBuffer(Bootstrap& bootstrap, int device, size_t user_bytes);
+
+  // Collective teardown: unmaps every peer, waits until every rank has done the same, then frees
+  // the local buffer, so no rank frees memory a peer still maps. The destructor alone (e.g. while
+  // an exception unwinds) releases without waiting.
+  void release_collectively(Bootstrap& bootstrap);
+
+  const IpcPeers& peers() const { return peers_; }
+  void* local_base() const { return local_.get(); }
+  size_t user_bytes() const { return user_bytes_; }
+
+ private:
+  size_t user_bytes_;
+  DeviceAllocation local_;
+  std::vector<IpcMapping> mappings_;  // one per peer rank (the own rank's entry stays empty)
+  IpcPeers peers_;
+};
+
+}  // namespace epcomm::detail

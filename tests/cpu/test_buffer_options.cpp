@@ -1,0 +1,115 @@
+// BufferOptions and Config validation, and the device-error messages, on the host alone.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "common/device_error.hpp"
+#include "epcomm/config.hpp"
+#include "epcomm/error.hpp"
+#include "runtime/device_error_log.hpp"
+
+namespace epcomm {
+namespace {
+
+std::string validation_error(const BufferOptions& options, int num_ranks) {
+  try {
+    options.validate(num_ranks);
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "";
+}
+
+TEST(BufferOptions, DefaultsAreValid) {
+  for (int ranks : {1, 2, 4, 8}) EXPECT_EQ(validation_error(BufferOptions{}, ranks), "");
+}
+
+TEST(BufferOptions, BadFieldsAreNamedWithTheirValues) {
+  BufferOptions options;
+  options.num_nvl_bytes = 1000;
+  EXPECT_NE(validation_error(options, 2).find("num_nvl_bytes=1000 must be a non-negative multiple of 128"), std::string::npos);
+  options = BufferOptions{};
+  options.num_nvl_bytes = -128;
+  EXPECT_NE(validation_error(options, 2).find("num_nvl_bytes=-128"), std::string::npos);
+  options = BufferOptions{};
+  options.num_qps_per_rank = 0;
+  EXPECT_NE(validation_error(options, 2).find("num_qps_per_rank=0"), std::string::npos);
+  options = BufferOptions{};
+  options.device = -2;
+  EXPECT_NE(validation_error(options, 2).find("device=-2"), std::string::npos);
+  options = BufferOptions{};
+  options.wait_timeout = std::chrono::milliseconds(0);
+  EXPECT_NE(validation_error(options, 2).find("wait_timeout=0 ms"), std::string::npos);
+}
+
+TEST(BufferOptions, WhatThisBuildCannotDoIsUnsupported) {
+  BufferOptions options;
+  options.num_rdma_bytes = 1 << 20;
+  try {
+    options.validate(2);
+    FAIL();
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(error.what()).find("NVSHMEM"), std::string::npos);
+  }
+  try {
+    BufferOptions{}.validate(16);
+    FAIL();
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(error.what()).find("num_ranks=16"), std::string::npos);
+  }
+  EXPECT_THROW(BufferOptions{}.validate(0), Error);
+}
+
+TEST(Config, DefaultsAreValidAndBadFieldsNamed) {
+  EXPECT_NO_THROW(Config{}.validate());
+  Config config;
+  config.num_sms = 7;
+  try {
+    config.validate();
+    FAIL();
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("num_sms=7"), std::string::npos);
+  }
+  config = Config{};
+  config.num_max_nvl_chunked_recv_tokens = config.num_max_nvl_chunked_send_tokens;
+  EXPECT_THROW(config.validate(), Error);
+  config = Config{};
+  config.num_max_rdma_chunked_send_tokens = 0;
+  EXPECT_THROW(config.validate(), Error);
+}
+
+TEST(DeviceErrorLog, TimeoutMessageSaysWhoWaitedForWhom) {
+  DeviceErrorRecord record{};
+  record.kind = static_cast<int32_t>(DeviceErrorKind::kWaitTimeout);
+  record.op = static_cast<int32_t>(DeviceOp::kBarrier);
+  record.target = static_cast<int32_t>(WaitTarget::kBarrierSignal);
+  record.rank = 2;
+  record.peer = 5;
+  record.channel = -1;
+  record.expected = 7;
+  record.observed = 6;
+  record.limit = 1500LL * 1000 * 1000;
+  EXPECT_EQ(detail::DeviceErrorLog::describe(record),
+            "rank 2 waited 1500 ms in barrier for rank 5's barrier signal (expected >= 7, last saw 6); that rank "
+            "may have died, be stuck, or not have made the same call");
+  record.channel = 3;
+  EXPECT_NE(detail::DeviceErrorLog::describe(record).find("on channel 3"), std::string::npos);
+}
+
+TEST(DeviceErrorLog, InvalidIdMessageNamesTokenSlotAndValue) {
+  DeviceErrorRecord record{};
+  record.kind = static_cast<int32_t>(DeviceErrorKind::kInvalidExpertId);
+  record.op = static_cast<int32_t>(DeviceOp::kDispatchLayout);
+  record.rank = 1;
+  record.index0 = 3;
+  record.index1 = 1;
+  record.observed = 300;
+  record.limit = 256;
+  EXPECT_EQ(detail::DeviceErrorLog::describe(record),
+            "rank 1: get_dispatch_layout: topk_idx[3][1] = 300 is outside [-1, 256) (num_experts=256)");
+}
+
+}  // namespace
+}  // namespace epcomm

@@ -1,0 +1,98 @@
+// Tensor views, dtypes and error messages: the host logic every operation's validation uses.
+#include <gtest/gtest.h>
+
+#include "epcomm/error.hpp"
+#include "epcomm/types.hpp"
+#include "runtime/validate.hpp"
+
+namespace epcomm {
+namespace {
+
+TEST(DType, SizesAndNames) {
+  EXPECT_EQ(dtype_size(DType::kBFloat16), 2u);
+  EXPECT_EQ(dtype_size(DType::kFloat8E4M3), 1u);
+  EXPECT_EQ(dtype_size(DType::kFloat32), 4u);
+  EXPECT_EQ(dtype_size(DType::kInt32), 4u);
+  EXPECT_EQ(dtype_size(DType::kInt64), 8u);
+  EXPECT_EQ(dtype_size(DType::kBool), 1u);
+  EXPECT_STREQ(dtype_name(DType::kFloat8E4M3), "float8_e4m3fn");
+  EXPECT_STREQ(dtype_name(DType::kBFloat16), "bfloat16");
+}
+
+TEST(TensorView, ContiguousShapeAndStrides) {
+  int64_t storage[24];
+  const TensorView view = TensorView::contiguous(storage, DType::kInt64, {2, 3, 4});
+  EXPECT_EQ(view.ndim, 3);
+  EXPECT_EQ(view.numel(), 24);
+  EXPECT_EQ(view.nbytes(), 24u * 8u);
+  EXPECT_EQ(view.strides[0], 12);
+  EXPECT_EQ(view.strides[1], 4);
+  EXPECT_EQ(view.strides[2], 1);
+  EXPECT_TRUE(view.is_contiguous());
+  EXPECT_EQ(view.describe(), "int64[2, 3, 4]");
+}
+
+TEST(TensorView, NonContiguousIsDetected) {
+  int64_t storage[24];
+  TensorView view = TensorView::contiguous(storage, DType::kInt64, {4, 3});
+  view.strides[0] = 6;  // every other row of a wider tensor
+  EXPECT_FALSE(view.is_contiguous());
+  EXPECT_EQ(view.describe(), "int64[4, 3] (non-contiguous)");
+  // A dimension of extent 1 may carry any stride.
+  TensorView row = TensorView::contiguous(storage, DType::kInt64, {1, 3});
+  row.strides[0] = 1000;
+  EXPECT_TRUE(row.is_contiguous());
+}
+
+TEST(TensorView, EmptyAndRejectedShapes) {
+  const TensorView empty = TensorView::contiguous(static_cast<void*>(nullptr), DType::kBFloat16, {0, 7168});
+  EXPECT_EQ(empty.numel(), 0);
+  EXPECT_TRUE(empty.is_contiguous());
+  EXPECT_THROW(TensorView::contiguous(static_cast<void*>(nullptr), DType::kInt32, {1, 2, 3, 4, 5}), Error);
+  EXPECT_THROW(TensorView::contiguous(static_cast<void*>(nullptr), DType::kInt32, {-1}), Error);
+}
+
+TEST(Validate, MessagesNameTheArgumentAndTheValue) {
+  int64_t storage[8];
+  const TensorView floats = TensorView::contiguous(storage, DType::kFloat32, {2, 4});
+  try {
+    detail::require_device_tensor("get_dispatch_layout", "topk_idx", floats, {DType::kInt64, DType::kInt32},
+                                  {detail::kAnyExtent, detail::kAnyExtent});
+    FAIL() << "expected an error";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument);
+    EXPECT_STREQ(error.what(),
+                 "InvalidArgument: get_dispatch_layout: topk_idx must be int64 or int32[*, *], got float32[2, 4]");
+  }
+  try {
+    detail::require_in_range("get_dispatch_layout", "num_experts", 5000, 1, 4096);
+    FAIL() << "expected an error";
+  } catch (const Error& error) {
+    EXPECT_STREQ(error.what(), "InvalidArgument: get_dispatch_layout: num_experts=5000 must be in [1, 4096]");
+  }
+}
+
+TEST(Validate, ShapeMismatchAndHostMemoryAreRejected) {
+  int64_t storage[8] = {};
+  const TensorView ids = TensorView::contiguous(storage, DType::kInt64, {2, 4});
+  EXPECT_THROW(detail::require_device_tensor("op", "ids", ids, {DType::kInt64}, {2, 5}), Error);
+  // Stack memory is not device memory (with or without a GPU present).
+  try {
+    detail::require_device_tensor("op", "ids", ids, {DType::kInt64}, {2, 4});
+    FAIL() << "expected an error";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("is not device memory"), std::string::npos) << error.what();
+  }
+  // Empty tensors need no memory at all.
+  const TensorView empty = TensorView::contiguous(static_cast<void*>(nullptr), DType::kInt64, {0, 4});
+  EXPECT_NO_THROW(detail::require_device_tensor("op", "ids", empty, {DType::kInt64}, {0, 4}));
+}
+
+TEST(Error, CodesHaveNamesAndMessagesCompose) {
+  const Error error(ErrorCode::kTimeout, concat("rank ", 3, " waited"));
+  EXPECT_EQ(error.code(), ErrorCode::kTimeout);
+  EXPECT_STREQ(error.what(), "Timeout: rank 3 waited");
+}
+
+}  // namespace
+}  // namespace epcomm

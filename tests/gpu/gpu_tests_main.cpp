@@ -1,0 +1,53 @@
+// epcomm_gpu_tests CASE: one GPU test case, run by every rank that epcomm-launch starts.
+//   epcomm-launch -n 4 -- epcomm_gpu_tests layout
+#include <cstdio>
+#include <cstring>
+
+#include "gpu/gpu_cases.hpp"
+
+namespace {
+
+struct Case {
+  const char* name;
+  void (*run)(epcomm::testing::RankHarness&);
+};
+
+constexpr Case kCases[] = {
+    {"layout", epcomm::testing::run_layout_case},
+    {"peer", epcomm::testing::run_peer_case},
+    {"lifecycle", epcomm::testing::run_lifecycle_case},
+    {"timeout", epcomm::testing::run_timeout_case},
+};
+
+int usage() {
+  std::fprintf(stderr, "usage: epcomm-launch -n RANKS -- epcomm_gpu_tests CASE\ncases:");
+  for (const Case& test_case : kCases) std::fprintf(stderr, " %s", test_case.name);
+  std::fprintf(stderr, "\n");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) return usage();
+  const Case* selected = nullptr;
+  for (const Case& test_case : kCases) {
+    if (std::strcmp(argv[1], test_case.name) == 0) selected = &test_case;
+  }
+  if (selected == nullptr) return usage();
+
+  const std::string reason = epcomm::testing::gpu_unavailable_reason();
+  if (!reason.empty()) {
+    std::printf("SKIPPED: GPU test '%s' needs a CUDA GPU: %s\n", selected->name, reason.c_str());
+    return epcomm::testing::kExitSkipped;
+  }
+  try {
+    epcomm::testing::RankHarness harness;
+    epcomm::testing::select_rank_device(harness.rank());
+    selected->run(harness);
+    return harness.finish(selected->name);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "%s: uncaught error: %s\n", selected->name, error.what());
+    return 1;
+  }
+}

@@ -1,0 +1,65 @@
+// Buffers come and go without leaking: 100 create/destroy cycles (IPC export, peer mapping,
+// preinitialize, explicit destroy or destructor) leave device memory where it started.
+#include "common/device_bytes.hpp"
+#include "epcomm/buffer.hpp"
+#include "gpu/gpu_cases.hpp"
+
+namespace epcomm::testing {
+namespace {
+
+constexpr int kCycles = 100;
+constexpr int64_t kBufferBytes = 32 << 20;
+// Free memory is device-wide, and the allocator keeps some slack; a leak of one buffer per cycle
+// would be kCycles * kBufferBytes (3.2 GB), far above this.
+constexpr size_t kAllowedDriftBytes = 256 << 20;
+
+size_t free_device_bytes() {
+  size_t free_bytes = 0, total_bytes = 0;
+  EPCOMM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return free_bytes;
+}
+
+}  // namespace
+
+void run_lifecycle_case(RankHarness& harness) {
+  BufferOptions options;
+  options.num_nvl_bytes = kBufferBytes;
+  {  // The first Buffer pays CUDA's own one-time allocations; measure from after it.
+    Buffer first(harness.bootstrap(), options);
+  }
+  harness.bootstrap()->barrier();
+  const size_t before = free_device_bytes();
+
+  for (int cycle = 0; cycle < kCycles; ++cycle) {
+    options.preinitialize = cycle % 2 == 0;
+    Buffer buffer(harness.bootstrap(), options);
+    buffer.barrier(nullptr);
+    if (cycle % 3 == 0) {
+      buffer.destroy();
+      harness.check(!buffer.is_available(), "is_available() after destroy()");
+      harness.expect_error(ErrorCode::kInvalidArgument, "destroyed", [&] { buffer.barrier(nullptr); },
+                           "use after destroy");
+    }
+  }
+  harness.bootstrap()->barrier();
+  const size_t after = free_device_bytes();
+  harness.check(after + kAllowedDriftBytes >= before,
+                "device memory after " + std::to_string(kCycles) + " cycles: " + std::to_string(before >> 20) +
+                    " MiB free before, " + std::to_string(after >> 20) + " MiB after");
+
+  // Construction validates options before touching the GPU or the bootstrap.
+  BufferOptions bad;
+  bad.num_nvl_bytes = 1000;
+  harness.expect_error(ErrorCode::kInvalidArgument, "num_nvl_bytes=1000",
+                       [&] { Buffer buffer(harness.bootstrap(), bad); }, "unaligned num_nvl_bytes");
+  bad = BufferOptions{};
+  bad.num_rdma_bytes = 1 << 20;
+  harness.expect_error(ErrorCode::kUnsupported, "num_rdma_bytes=1048576",
+                       [&] { Buffer buffer(harness.bootstrap(), bad); }, "RDMA without NVSHMEM");
+  bad = BufferOptions{};
+  bad.device = 4096;
+  harness.expect_error(ErrorCode::kInvalidArgument, "device=4096", [&] { Buffer buffer(harness.bootstrap(), bad); },
+                       "device out of range");
+}
+
+}  // namespace epcomm::testing

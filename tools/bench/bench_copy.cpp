@@ -1,0 +1,94 @@
+// The copy roofline: copy_to_all_ranks moves the bytes of a BF16 dispatch of the standard
+// workload through the peer mapping, spread evenly over the ranks, with nothing else to do. A
+// local device-to-device copy of the same bytes shows what the GPU's memory alone allows (under
+// MPS all ranks share one GPU's HBM, so the two are close there; over NVLink they are not).
+#include <cstring>
+#include <numeric>
+
+#include "bench/bench_context.hpp"
+#include "common/constants.hpp"
+#include "common/device_bytes.hpp"
+#include "runtime/cuda_check.hpp"
+
+namespace epcomm::bench {
+namespace {
+
+constexpr double kBytesPerGigabyte = 1e9;
+constexpr double kMicrosecondsPerSecond = 1e6;
+
+double gigabytes_per_second(size_t bytes, double microseconds) {
+  return static_cast<double>(bytes) / kBytesPerGigabyte / (microseconds / kMicrosecondsPerSecond);
+}
+
+uint32_t pattern(int rank, size_t word) { return static_cast<uint32_t>(rank * 0x9E3779B1u) ^ static_cast<uint32_t>(word); }
+
+}  // namespace
+
+double bench_copy(BenchContext& context, size_t bytes_per_rank) {
+  const BenchOptions& options = context.options;
+  const int rank = context.bootstrap->rank();
+  const int ranks = options.num_ranks;
+  const size_t words = bytes_per_rank / sizeof(uint32_t);
+  std::vector<uint32_t> source_words(words);
+  for (size_t i = 0; i < words; ++i) source_words[i] = pattern(rank, i);
+  testing::DeviceBytes source(bytes_per_rank);
+  source.upload(source_words);
+
+  auto copy = [&] { context.buffer->copy_to_all_ranks(source.get(), bytes_per_rank, options.copy_sms, context.stream); };
+  copy();
+  context.buffer->synchronize(context.stream);
+  bool correct = true;
+  std::vector<uint32_t> received(words);
+  for (int writer = 0; writer < ranks && correct; ++writer) {
+    EPCOMM_CUDA_CHECK(cudaMemcpy(received.data(), static_cast<char*>(context.buffer->local_nvl_buffer()) + writer * bytes_per_rank,
+                                 bytes_per_rank, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < words && correct; ++i) correct = received[i] == pattern(writer, i);
+  }
+  const bool all_correct = all_ranks_agree(*context.bootstrap, correct);
+  context.align();  // nobody overwrites a buffer another rank is still checking
+
+  const std::vector<double> peer_samples =
+      time_on_stream(context.stream, options.warmup_iters, options.timed_iters, [&] { context.align(); }, copy);
+  context.buffer->check_device_errors();
+  const Timing peer = summarize_across_ranks(*context.bootstrap, peer_samples);
+
+  const size_t total_bytes = bytes_per_rank * ranks;
+  testing::DeviceBytes local_source(total_bytes), local_destination(total_bytes);
+  auto local_copy = [&] {
+    EPCOMM_CUDA_CHECK(cudaMemcpyAsync(local_destination.get(), local_source.get(), total_bytes,
+                                      cudaMemcpyDeviceToDevice, context.stream));
+  };
+  const std::vector<double> local_samples =
+      time_on_stream(context.stream, options.warmup_iters, options.timed_iters, [&] { context.align(); }, local_copy);
+  const Timing local = summarize_across_ranks(*context.bootstrap, local_samples);
+
+  const double peer_gbps = gigabytes_per_second(total_bytes, peer.median_us);
+  const double local_gbps = gigabytes_per_second(total_bytes, local.median_us);
+  if (context.is_reporting_rank()) {
+    Record record = context.base_record("copy", "normal");
+    record.set("path", "peer")
+        .set("dtype", "bf16")
+        .set("sms", options.copy_sms)
+        .set("bytes_per_rank", static_cast<int64_t>(total_bytes))
+        .set("median_us", peer.median_us)
+        .set("p99_us", peer.p99_us)
+        .set("gbps", peer_gbps)
+        .set("roofline_ratio", 1.0)
+        .set("correct", all_correct);
+    context.sink.write(record);
+    Record local_record = context.base_record("copy", "normal");
+    local_record.set("path", "local")
+        .set("dtype", "bf16")
+        .set("sms", context.device_sms)
+        .set("bytes_per_rank", static_cast<int64_t>(total_bytes))
+        .set("median_us", local.median_us)
+        .set("p99_us", local.p99_us)
+        .set("gbps", local_gbps)
+        .set_null("roofline_ratio")
+        .set("correct", false);  // a plain cudaMemcpy; nothing to check against the reference
+    context.sink.write(local_record);
+  }
+  return peer_gbps;
+}
+
+}  // namespace epcomm::bench

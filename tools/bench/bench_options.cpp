@@ -1,0 +1,87 @@
+#include "bench/bench_options.hpp"
+
+#include <cstdlib>
+#include <functional>
+#include <map>
+
+#include "epcomm/error.hpp"
+
+namespace epcomm::bench {
+namespace {
+
+int64_t parse_integer(const std::string& option, const std::string& text, int64_t lo, int64_t hi) {
+  char* end = nullptr;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || value < lo || value > hi) {
+    fail(ErrorCode::kInvalidArgument, "epcomm-bench: ", option, " ", text, " must be an integer in [", lo, ", ", hi, "]");
+  }
+  return value;
+}
+
+}  // namespace
+
+const char* bench_usage() {
+  return "usage: epcomm-bench [options]\n"
+         "Starts --ranks rank processes on this machine (GPU rank % device count), checks every op\n"
+         "against the CPU reference and prints one JSON record per op and setting.\n"
+         "  --ranks N         rank processes (default 8)\n"
+         "  --tokens N        tokens per rank (default 4096)\n"
+         "  --hidden N        hidden size (default 7168)\n"
+         "  --topk N          experts per token (default 8)\n"
+         "  --experts N       experts in total (default 256)\n"
+         "  --copy-sms N      SMs for the peer-copy roofline (default 24)\n"
+         "  --warmup N        untimed iterations (default 5)\n"
+         "  --iters N         timed iterations (default 50)\n"
+         "  --seed N          workload seed (default 1)\n"
+         "  --setup NAME      label for the records (default: detected)\n"
+         "  --out FILE        also append the JSON records to FILE\n";
+}
+
+BenchOptions parse_bench_options(const std::vector<std::string>& args) {
+  BenchOptions options;
+  const std::map<std::string, std::function<void(const std::string&)>> setters = {
+      {"--ranks", [&](const std::string& v) { options.num_ranks = static_cast<int>(parse_integer("--ranks", v, 1, 8)); }},
+      {"--tokens", [&](const std::string& v) { options.num_tokens = static_cast<int>(parse_integer("--tokens", v, 0, 1 << 20)); }},
+      {"--hidden", [&](const std::string& v) { options.hidden = static_cast<int>(parse_integer("--hidden", v, 128, 1 << 16)); }},
+      {"--topk", [&](const std::string& v) { options.num_topk = static_cast<int>(parse_integer("--topk", v, 1, 32)); }},
+      {"--experts", [&](const std::string& v) { options.num_experts = static_cast<int>(parse_integer("--experts", v, 1, 4096)); }},
+      {"--copy-sms", [&](const std::string& v) { options.copy_sms = static_cast<int>(parse_integer("--copy-sms", v, 1, 1024)); }},
+      {"--warmup", [&](const std::string& v) { options.warmup_iters = static_cast<int>(parse_integer("--warmup", v, 0, 100000)); }},
+      {"--iters", [&](const std::string& v) { options.timed_iters = static_cast<int>(parse_integer("--iters", v, 1, 100000)); }},
+      {"--seed", [&](const std::string& v) { options.seed = static_cast<uint64_t>(parse_integer("--seed", v, 0, INT64_MAX)); }},
+      {"--setup", [&](const std::string& v) { options.setup = v; }},
+      {"--out", [&](const std::string& v) { options.out_path = v; }},
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--help" || args[i] == "-h") {
+      options.help = true;
+      continue;
+    }
+    const auto setter = setters.find(args[i]);
+    if (setter == setters.end()) fail(ErrorCode::kInvalidArgument, "epcomm-bench: unknown option '", args[i], "'");
+    if (i + 1 >= args.size()) fail(ErrorCode::kInvalidArgument, "epcomm-bench: ", args[i], " needs a value");
+    setter->second(args[++i]);
+  }
+  if (options.num_experts % options.num_ranks != 0) {
+    fail(ErrorCode::kInvalidArgument, "epcomm-bench: --experts ", options.num_experts, " must be a multiple of --ranks ",
+         options.num_ranks);
+  }
+  if (options.num_topk > options.num_experts) {
+    fail(ErrorCode::kInvalidArgument, "epcomm-bench: --topk ", options.num_topk, " exceeds --experts ", options.num_experts);
+  }
+  return options;
+}
+
+std::vector<std::string> to_arguments(const BenchOptions& options) {
+  std::vector<std::string> args = {
+      "--ranks", std::to_string(options.num_ranks),     "--tokens", std::to_string(options.num_tokens),
+      "--hidden", std::to_string(options.hidden),       "--topk", std::to_string(options.num_topk),
+      "--experts", std::to_string(options.num_experts), "--copy-sms", std::to_string(options.copy_sms),
+      "--warmup", std::to_string(options.warmup_iters), "--iters", std::to_string(options.timed_iters),
+      "--seed", std::to_string(options.seed)};
+  if (!options.setup.empty()) args.insert(args.end(), {"--setup", options.setup});
+  if (!options.out_path.empty()) args.insert(args.end(), {"--out", options.out_path});
+  return args;
+}
+
+}  // namespace epcomm::bench

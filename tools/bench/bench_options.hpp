@@ -1,0 +1,32 @@
+// Command-line options of epcomm-bench. Defaults are the standard workload: 4096 tokens per rank,
+// hidden 7168 (DeepSeek-V3), top-8 of 256 experts, 8 ranks.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace epcomm::bench {
+
+struct BenchOptions {
+  int num_ranks = 8;
+  int num_tokens = 4096;
+  int hidden = 7168;
+  int num_topk = 8;
+  int num_experts = 256;
+  int copy_sms = 24;
+  int warmup_iters = 5;
+  int timed_iters = 50;
+  uint64_t seed = 1;
+  std::string out_path;  // JSON lines are also appended here when set
+  std::string setup;     // empty: detect (single | mps | timeslice | nvlink)
+  bool help = false;
+};
+
+// Throws epcomm::Error(InvalidArgument) naming the option and value.
+BenchOptions parse_bench_options(const std::vector<std::string>& args);
+// The same options as arguments, to hand to the rank processes the bench starts.
+std::vector<std::string> to_arguments(const BenchOptions& options);
+const char* bench_usage();
+
+}  // namespace epcomm::bench

@@ -1,0 +1,64 @@
+// Benchmark records (one JSON object per line, keys as in the product brief) and the timing
+// helpers every benchmarked op shares.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "epcomm/bootstrap.hpp"
+
+namespace epcomm::bench {
+
+// An ordered JSON object with scalar values.
+class Record {
+ public:
+  Record& set(const std::string& key, const std::string& value);
+  Record& set(const std::string& key, const char* value) { return set(key, std::string(value)); }
+  Record& set(const std::string& key, double value);
+  Record& set(const std::string& key, int64_t value);
+  Record& set(const std::string& key, int value) { return set(key, static_cast<int64_t>(value)); }
+  Record& set(const std::string& key, bool value);
+  Record& set_null(const std::string& key);
+  Record& set(const std::string& key, std::optional<double> value) {
+    return value ? set(key, *value) : set_null(key);
+  }
+  std::string to_json() const;
+
+ private:
+  Record& set_raw(const std::string& key, std::string json_value);
+  std::vector<std::pair<std::string, std::string>> fields_;
+};
+
+// Prints records to stdout and, if a path was given, appends them to that file.
+class RecordSink {
+ public:
+  explicit RecordSink(std::string path) : path_(std::move(path)) {}
+  void write(const Record& record) const;
+
+ private:
+  std::string path_;
+};
+
+struct Timing {
+  double median_us = 0;
+  double p99_us = 0;
+};
+
+// Times `op` on `stream` with CUDA events, `warmup` untimed then `iters` timed runs. Before each
+// run `align` (a device barrier) lines the ranks up, outside the timed region.
+std::vector<double> time_on_stream(cudaStream_t stream, int warmup, int iters, const std::function<void()>& align,
+                                   const std::function<void()>& op);
+
+// A collective op is as slow as its slowest rank: gathers every rank's samples, takes the
+// per-iteration maximum, and summarises that.
+Timing summarize_across_ranks(Bootstrap& bootstrap, const std::vector<double>& samples_us);
+
+// True on every rank only if it is true on all ranks.
+bool all_ranks_agree(Bootstrap& bootstrap, bool value);
+
+}  // namespace epcomm::bench

@@ -1,0 +1,153 @@
+// epcomm-bench: correctness and speed of every op, as JSON lines.
+//
+// Run plainly, it checks the CPU reference, then starts --ranks copies of itself (as
+// epcomm-launch would) and reports what rank 0 measured. On a machine without a GPU it runs the
+// CPU self-check, says why it cannot go on, and exits non-zero.
+#include <cuda_runtime_api.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+
+#include "bench/bench_context.hpp"
+#include "common/constants.hpp"
+#include "common/launcher.hpp"
+#include "reference/reference.hpp"
+#include "reference/workload.hpp"
+#include "runtime/cuda_check.hpp"
+
+#ifndef EPCOMM_GIT_REVISION
+#define EPCOMM_GIT_REVISION "unknown"
+#endif
+
+namespace epcomm::bench {
+namespace {
+
+constexpr int kExitNoGpu = 3;
+constexpr int kExitUsage = 2;
+// NVLink buffer headroom beyond the copy roofline's bytes.
+constexpr int64_t kBufferSlackBytes = 1 << 20;
+
+// The reference agrees with itself on the standard workload: every (token, expert) pair is
+// counted once per expert and every token once per rank it reaches.
+bool cpu_self_check(const BenchOptions& options) {
+  const reference::ExpertPartition partition(options.num_experts, options.num_ranks);
+  for (int rank = 0; rank < options.num_ranks; ++rank) {
+    const std::vector<int64_t> ids = reference::random_topk_idx(reference::derive_seed(options.seed, rank),
+                                                                options.num_tokens, options.num_topk, options.num_experts);
+    const reference::Layout layout = reference::dispatch_layout(ids, options.num_tokens, options.num_topk, partition);
+    const int64_t named = std::count_if(ids.begin(), ids.end(), [](int64_t id) { return id >= 0; });
+    const int64_t per_expert = std::accumulate(layout.num_tokens_per_expert.begin(), layout.num_tokens_per_expert.end(), int64_t{0});
+    const int64_t per_rank = std::accumulate(layout.num_tokens_per_rank.begin(), layout.num_tokens_per_rank.end(), int64_t{0});
+    const int64_t in_rank = std::accumulate(layout.is_token_in_rank.begin(), layout.is_token_in_rank.end(), int64_t{0});
+    if (named != per_expert || per_rank != in_rank) {
+      std::fprintf(stderr, "epcomm-bench: CPU self-check FAILED on rank %d's workload\n", rank);
+      return false;
+    }
+  }
+  std::printf("epcomm-bench: CPU self-check passed (reference layout of %d ranks x %d tokens)\n", options.num_ranks,
+              options.num_tokens);
+  return true;
+}
+
+std::string detect_setup(int num_ranks, int num_gpus) {
+  if (num_ranks == 1) return "single";
+  if (num_gpus >= num_ranks) return "nvlink";
+  const char* pipe_directory = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+  const std::string control = std::string(pipe_directory ? pipe_directory : "/tmp/nvidia-mps") + "/control";
+  struct stat info {};
+  return stat(control.c_str(), &info) == 0 ? "mps" : "timeslice";
+}
+
+int run_rank(const BenchOptions& options) {
+  BenchContext context;
+  context.options = options;
+  context.bootstrap = make_bootstrap_from_env();
+  EPCOMM_CUDA_CHECK(cudaGetDeviceCount(&context.num_gpus));
+  const int device = context.bootstrap->rank() % context.num_gpus;
+  EPCOMM_CUDA_CHECK(cudaSetDevice(device));
+  cudaDeviceProp properties{};
+  EPCOMM_CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
+  context.gpu_name = properties.name;
+  context.device_sms = properties.multiProcessorCount;
+  context.setup = options.setup.empty() ? detect_setup(options.num_ranks, context.num_gpus) : options.setup;
+  context.sink = RecordSink(context.bootstrap->rank() == 0 ? options.out_path : "");
+
+  // Every rank sends about as much as rank 0; size for the largest so the copy fits everywhere.
+  size_t copy_bytes = 0;
+  for (int rank = 0; rank < options.num_ranks; ++rank) copy_bytes = std::max(copy_bytes, dispatch_bytes_per_rank(options, rank));
+  const size_t bytes_per_peer = (copy_bytes / options.num_ranks) / kVectorBytes * kVectorBytes;
+
+  BufferOptions buffer_options;
+  buffer_options.num_nvl_bytes =
+      static_cast<int64_t>((bytes_per_peer * options.num_ranks + kBufferSlackBytes) / kRegionAlignment * kRegionAlignment);
+  buffer_options.preinitialize = true;
+  Buffer buffer(context.bootstrap, buffer_options);
+  context.buffer = &buffer;
+  EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&context.stream, cudaStreamNonBlocking));
+
+  bench_layout(context);
+  bench_copy(context, bytes_per_peer);
+
+  buffer.synchronize(context.stream);
+  EPCOMM_CUDA_CHECK(cudaStreamDestroy(context.stream));
+  return EXIT_SUCCESS;
+}
+
+}  // namespace
+
+Record BenchContext::base_record(const char* op, const char* mode) const {
+  Record record;
+  record.set("op", op)
+      .set("mode", mode)
+      .set("ranks", options.num_ranks)
+      .set("gpus", std::min(num_gpus, options.num_ranks))
+      .set("setup", setup)
+      .set("tokens", options.num_tokens)
+      .set("hidden", options.hidden)
+      .set("topk", options.num_topk)
+      .set("experts", options.num_experts)
+      .set("iters", options.timed_iters)
+      .set("git", EPCOMM_GIT_REVISION)
+      .set("gpu", gpu_name);
+  return record;
+}
+
+}  // namespace epcomm::bench
+
+int main(int argc, char** argv) {
+  using namespace epcomm;
+  bench::BenchOptions options;
+  try {
+    options = bench::parse_bench_options(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const Error& error) {
+    std::fprintf(stderr, "%s\n%s", error.what(), bench::bench_usage());
+    return bench::kExitUsage;
+  }
+  if (options.help) {
+    std::printf("%s", bench::bench_usage());
+    return EXIT_SUCCESS;
+  }
+  try {
+    if (tools::running_as_rank()) return bench::run_rank(options);
+
+    if (!bench::cpu_self_check(options)) return EXIT_FAILURE;
+    int num_gpus = 0;
+    const cudaError_t status = cudaGetDeviceCount(&num_gpus);
+    if (status != cudaSuccess || num_gpus == 0) {
+      std::fprintf(stderr, "epcomm-bench: no CUDA GPU is usable here (%s); the GPU benchmarks did not run.\n",
+                   status == cudaSuccess ? "0 devices" : cudaGetErrorString(status));
+      return bench::kExitNoGpu;
+    }
+    tools::LaunchOptions launch;
+    launch.num_ranks = options.num_ranks;
+    launch.argv = {tools::self_executable_path()};
+    for (const std::string& arg : bench::to_arguments(options)) launch.argv.push_back(arg);
+    return tools::launch_ranks(launch);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "epcomm-bench: %s\n", error.what());
+    return EXIT_FAILURE;
+  }
+}
