@@ -51,8 +51,10 @@ enum class FrameKind : uint32_t { kWelcome = 1, kProceed = 2, kResult = 3, kAbor
 
 const char* op_name(uint32_t op) {
   switch (static_cast<Op>(op)) {
-    case Op::kAllgather: return "allgather";
-    case Op::kBarrier: return "barrier";
+    case Op::kAllgather:
+      return "allgather";
+    case Op::kBarrier:
+      return "barrier";
   }
   return "an unknown operation";
 }
@@ -123,12 +125,12 @@ class SocketBootstrap final : public Bootstrap {
 
   void allgather(const void* in, void* out, size_t bytes) override {
     if (bytes > 0 && (in == nullptr || out == nullptr)) {
-      fail(ErrorCode::kInvalidArgument, "allgather on rank ", rank_, ": in and out must not be null when bytes=",
-           bytes);
+      fail(ErrorCode::kInvalidArgument, "allgather on rank ", rank_,
+           ": in and out must not be null when bytes=", bytes);
     }
     if (bytes > SIZE_MAX / static_cast<size_t>(num_ranks_)) {
-      fail(ErrorCode::kInvalidArgument, "allgather on rank ", rank_, ": bytes=", bytes, " times num_ranks=",
-           num_ranks_, " overflows size_t");
+      fail(ErrorCode::kInvalidArgument, "allgather on rank ", rank_, ": bytes=", bytes, " times num_ranks=", num_ranks_,
+           " overflows size_t");
     }
     exchange(Op::kAllgather, in, out, bytes);
   }
@@ -145,8 +147,7 @@ class SocketBootstrap final : public Bootstrap {
   template <typename Step>
   void guarded(Step&& step) {
     if (!broken_.empty()) {
-      fail(ErrorCode::kBootstrapError, "rank ", rank_, " cannot use the bootstrap after an earlier failure: ",
-           broken_);
+      fail(ErrorCode::kBootstrapError, "rank ", rank_, " cannot use the bootstrap after an earlier failure: ", broken_);
     }
     try {
       step();
@@ -210,8 +211,9 @@ class SocketBootstrap final : public Bootstrap {
           fail(ErrorCode::kBootstrapError, "rank 0 cannot accept connections on ", address_.text, ": ",
                status.describe());
         }
-        fail(ErrorCode::kBootstrapError, "rank 0 waited ", timeout_.count(), " ms for ", describe_ranks(missing_peers()),
-             " to connect to ", address_.text, " (", connected, " of ", num_ranks_ - 1, " peers connected)");
+        fail(ErrorCode::kBootstrapError, "rank 0 waited ", timeout_.count(), " ms for ",
+             describe_ranks(missing_peers()), " to connect to ", address_.text, " (", connected, " of ", num_ranks_ - 1,
+             " peers connected)");
       }
       std::array<unsigned char, kHelloSize> hello{};
       status = read_all(connection.get(), hello.data(), hello.size(), deadline);
@@ -219,8 +221,8 @@ class SocketBootstrap final : public Bootstrap {
       if (status.kind == IoStatus::kPeerClosed) continue;
       if (!status.ok()) {
         fail(ErrorCode::kBootstrapError, "rank 0 waited ", timeout_.count(), " ms for a new connection on ",
-             address_.text, " to say which rank it is: ", status.describe(), " (", connected, " of ",
-             num_ranks_ - 1, " peers connected)");
+             address_.text, " to say which rank it is: ", status.describe(), " (", connected, " of ", num_ranks_ - 1,
+             " peers connected)");
       }
       pending_ = std::move(connection);  // so that a rejected process also hears why
       const int peer = admit(hello);
@@ -398,9 +400,7 @@ class SocketBootstrap final : public Bootstrap {
   // ---- shared ----
 
   void exchange(Op op, const void* in, void* out, size_t bytes) {
-    guarded([&] {
-      rank_ == 0 ? exchange_as_root(op, in, out, bytes) : exchange_as_peer(op, in, out, bytes);
-    });
+    guarded([&] { rank_ == 0 ? exchange_as_root(op, in, out, bytes) : exchange_as_peer(op, in, out, bytes); });
   }
 
   int fd_of(int peer) const { return rank_ == 0 ? peers_[static_cast<size_t>(peer)].get() : peers_[0].get(); }
@@ -430,8 +430,9 @@ int parse_env_int(const char* name, const char* value, long min, long max) {
 const char* require_env(const char* name) {
   const char* value = std::getenv(name);
   if (value == nullptr) {
-    fail(ErrorCode::kInvalidArgument, name, " is not set; epcomm-launch sets it for every rank it starts (without it, set ",
-         kEnvRank, ", ", kEnvNumRanks, " and ", kEnvBootstrapAddress, " yourself)");
+    fail(ErrorCode::kInvalidArgument, name,
+         " is not set; epcomm-launch sets it for every rank it starts (without it, set ", kEnvRank, ", ", kEnvNumRanks,
+         " and ", kEnvBootstrapAddress, " yourself)");
   }
   return value;
 }

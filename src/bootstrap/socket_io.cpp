@@ -52,9 +52,7 @@ void disable_nagle(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));  // best effort: only latency
 }
 
-std::string errno_text(const char* step, int error) {
-  return std::string(step) + ": " + std::strerror(error);
-}
+std::string errno_text(const char* step, int error) { return std::string(step) + ": " + std::strerror(error); }
 
 bool is_digits(const std::string& text) {
   if (text.empty()) return false;
@@ -79,10 +77,14 @@ int Deadline::remaining_ms() const {
 
 std::string IoStatus::describe() const {
   switch (kind) {
-    case kOk: return "success";
-    case kTimedOut: return "timed out";
-    case kPeerClosed: return "the connection was closed by the other side";
-    case kSystemError: return std::strerror(error);
+    case kOk:
+      return "success";
+    case kTimedOut:
+      return "timed out";
+    case kPeerClosed:
+      return "the connection was closed by the other side";
+    case kSystemError:
+      return std::strerror(error);
   }
   return "unknown status";
 }
@@ -155,9 +157,8 @@ SocketAddress parse_address(const std::string& text) {
       fail(ErrorCode::kInvalidArgument, "bootstrap address '", text, "' has no socket path after 'unix:'");
     }
     if (address.path.size() >= sizeof(sockaddr_un::sun_path)) {
-      fail(ErrorCode::kInvalidArgument, "bootstrap address '", text, "': the socket path is ",
-           address.path.size(), " bytes long, but unix socket paths must be shorter than ",
-           sizeof(sockaddr_un::sun_path), " bytes");
+      fail(ErrorCode::kInvalidArgument, "bootstrap address '", text, "': the socket path is ", address.path.size(),
+           " bytes long, but unix socket paths must be shorter than ", sizeof(sockaddr_un::sun_path), " bytes");
     }
     return address;
   }
@@ -173,8 +174,7 @@ SocketAddress parse_address(const std::string& text) {
   } else {
     const size_t colon = text.rfind(':');
     if (colon == std::string::npos) {
-      fail(ErrorCode::kInvalidArgument, "bootstrap address '", text,
-           "' must be unix:/path/to/socket or HOST:PORT");
+      fail(ErrorCode::kInvalidArgument, "bootstrap address '", text, "' must be unix:/path/to/socket or HOST:PORT");
     }
     address.host = text.substr(0, colon);
     if (address.host.find(':') != std::string::npos) {

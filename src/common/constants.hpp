@@ -20,6 +20,8 @@ inline constexpr size_t kVectorBytes = 16;
 inline constexpr int kLayoutThreadsPerBlock = 256;
 inline constexpr int kLayoutMaxExperts = 4096;  // per-block expert histogram lives in shared memory
 inline constexpr int kLayoutMaxTopk = 32;
+// Blocks of one layout launch; each leaves partial counts in the Buffer's layout workspace.
+inline constexpr int kLayoutMaxBlocks = 64;
 
 // Peer copy (the bandwidth roofline): threads per block.
 inline constexpr int kCopyThreadsPerBlock = 512;

@@ -24,8 +24,9 @@ struct DispatchLayoutArgs {
   int32_t* num_tokens_per_rank = nullptr;    // [num_ranks]
   int32_t* num_tokens_per_expert = nullptr;  // [num_experts]
   bool* is_token_in_rank = nullptr;          // [num_tokens, num_ranks]
+  void* workspace = nullptr;                 // LayoutWorkspace::kTotalBytes, zeroed once at allocation
 };
-// Counts are zeroed on the stream first, so the call is complete on its own (and capturable).
+// One launch, no memset: every output element is written, so outputs need no zeroing.
 void launch_dispatch_layout(const DispatchLayoutArgs& args, int max_blocks, const KernelContext& context,
                             cudaStream_t stream);
 

@@ -5,9 +5,11 @@
 #include <optional>
 
 #include "common/constants.hpp"
+#include "common/layout_workspace.hpp"
 #include "epcomm/error.hpp"
 #include "kernels/launchers.hpp"
 #include "runtime/cuda_check.hpp"
+#include "runtime/device_allocation.hpp"
 #include "runtime/device_error_log.hpp"
 #include "runtime/validate.hpp"
 #include "transport/ipc/ipc_buffer.hpp"
@@ -66,6 +68,7 @@ struct Buffer::Impl {
   int num_device_sms = 0;
   detail::DeviceErrorLog errors;
   std::optional<detail::IpcBuffer> nvl;
+  detail::DeviceAllocation layout_workspace;  // LayoutWorkspace, zeroed once
 
   KernelContext context() const {
     KernelContext context;
@@ -95,6 +98,8 @@ Buffer::Buffer(std::shared_ptr<Bootstrap> bootstrap, const BufferOptions& option
   impl_->options = options;
   impl_->device = device;
   EPCOMM_CUDA_CHECK(cudaDeviceGetAttribute(&impl_->num_device_sms, cudaDevAttrMultiProcessorCount, device));
+  impl_->layout_workspace = detail::DeviceAllocation(LayoutWorkspace::kTotalBytes);
+  EPCOMM_CUDA_CHECK(cudaMemset(impl_->layout_workspace.get(), 0, LayoutWorkspace::kTotalBytes));
   impl_->nvl.emplace(*impl_->bootstrap, device, static_cast<size_t>(options.num_nvl_bytes));
 
   if (options.preinitialize) {
@@ -146,6 +151,7 @@ void Buffer::destroy() {
   impl_->bootstrap->barrier();
   impl_->nvl->release_collectively(*impl_->bootstrap);
   impl_->nvl.reset();
+  impl_->layout_workspace = detail::DeviceAllocation();
 }
 
 void Buffer::get_dispatch_layout(const TensorView& topk_idx, int num_experts, const DispatchLayoutOutputs& outputs,
@@ -181,6 +187,7 @@ void Buffer::get_dispatch_layout(const TensorView& topk_idx, int num_experts, co
   args.num_tokens_per_rank = outputs.num_tokens_per_rank.ptr<int32_t>();
   args.num_tokens_per_expert = outputs.num_tokens_per_expert.ptr<int32_t>();
   args.is_token_in_rank = outputs.is_token_in_rank.ptr<bool>();
+  args.workspace = impl_->layout_workspace.get();
   kernels::launch_dispatch_layout(args, impl_->num_device_sms, impl_->context(), stream);
 }
 

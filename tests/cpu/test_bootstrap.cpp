@@ -131,7 +131,9 @@ TEST_P(BootstrapRanks, AllgatherPlacesEveryRanksBytesInRankOrder) {
 }
 
 INSTANTIATE_TEST_SUITE_P(RankCounts, BootstrapRanks, ::testing::Values(1, 2, 4, 8),
-                         [](const ::testing::TestParamInfo<int>& info) { return std::to_string(info.param) + "Ranks"; });
+                         [](const ::testing::TestParamInfo<int>& param_info) {
+                           return std::to_string(param_info.param) + "Ranks";
+                         });
 
 TEST(Bootstrap, SingleRankUsesNoSocket) {
   auto bootstrap = make_socket_bootstrap("", 0, 1, kShortTimeout);
@@ -188,9 +190,8 @@ TEST(Bootstrap, ReplacesStaleSocketFile) {
     ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
     close(fd);
   }
-  expect_all_ok(run_threads(2, [&](int rank) {
-    make_socket_bootstrap("unix:" + path, rank, 2, kGenerousTimeout)->barrier();
-  }));
+  expect_all_ok(
+      run_threads(2, [&](int rank) { make_socket_bootstrap("unix:" + path, rank, 2, kGenerousTimeout)->barrier(); }));
 }
 
 TEST(Bootstrap, RefusesToDeleteAFileThatIsNotASocket) {
@@ -207,12 +208,11 @@ TEST(BootstrapErrors, MissingRankIsNamedByRankZeroAndRelayedToOthers) {
   const std::string address = unix_address(dir);
   const auto start = Clock::now();
   // Ranks 0 and 1 of 3 come; rank 2 never does.
-  const auto outcomes = run_threads(2, [&](int rank) {
-    make_socket_bootstrap(address, rank, 3, rank == 0 ? kShortTimeout : kGenerousTimeout);
-  });
+  const auto outcomes = run_threads(
+      2, [&](int rank) { make_socket_bootstrap(address, rank, 3, rank == 0 ? kShortTimeout : kGenerousTimeout); });
   EXPECT_LT(Clock::now() - start, kPromptly);
-  expect_bootstrap_error(outcomes[0], "rank 0 waited 500 ms for rank 2 to connect to " + address +
-                                          " (1 of 2 peers connected)");
+  expect_bootstrap_error(outcomes[0],
+                         "rank 0 waited 500 ms for rank 2 to connect to " + address + " (1 of 2 peers connected)");
   expect_bootstrap_error(outcomes[1], "rank 1 was stopped by rank 0");
   expect_bootstrap_error(outcomes[1], "for rank 2 to connect");
 }
@@ -292,14 +292,14 @@ TEST(BootstrapErrors, BarrierAgainstAllgatherIsNamed) {
     unsigned char out[2];
     bootstrap->allgather(&in, out, 1);
   });
-  for (const Outcome& outcome : outcomes) expect_bootstrap_error(outcome, "rank 1 called barrier while rank 0 called allgather");
+  for (const Outcome& outcome : outcomes)
+    expect_bootstrap_error(outcome, "rank 1 called barrier while rank 0 called allgather");
 }
 
 TEST(BootstrapErrors, DisagreementOnNumRanksIsNamed) {
   const TempDir dir;
-  const auto outcomes = run_threads(2, [&](int rank) {
-    make_socket_bootstrap(unix_address(dir), rank, rank == 0 ? 2 : 3, kGenerousTimeout);
-  });
+  const auto outcomes = run_threads(
+      2, [&](int rank) { make_socket_bootstrap(unix_address(dir), rank, rank == 0 ? 2 : 3, kGenerousTimeout); });
   for (const Outcome& outcome : outcomes) {
     expect_bootstrap_error(outcome, "rank 1 connected with num_ranks=3, but rank 0 has num_ranks=2");
   }
@@ -308,9 +308,8 @@ TEST(BootstrapErrors, DisagreementOnNumRanksIsNamed) {
 TEST(BootstrapErrors, DuplicateRankIsNamed) {
   const TempDir dir;
   const int ranks_of_threads[] = {0, 1, 1};
-  const auto outcomes = run_threads(3, [&](int index) {
-    make_socket_bootstrap(unix_address(dir), ranks_of_threads[index], 3, kGenerousTimeout);
-  });
+  const auto outcomes = run_threads(
+      3, [&](int index) { make_socket_bootstrap(unix_address(dir), ranks_of_threads[index], 3, kGenerousTimeout); });
   for (const Outcome& outcome : outcomes) expect_bootstrap_error(outcome, "as rank 1; every rank must be unique");
 }
 

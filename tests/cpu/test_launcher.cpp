@@ -17,9 +17,10 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include "common/launcher.hpp"
+#include "support/launcher.hpp"
 #include "common/temp_dir.hpp"
 #include "epcomm/bootstrap.hpp"
 
@@ -49,9 +50,9 @@ std::string read_file(const std::string& path) {
   return text.str();
 }
 
-// Runs epcomm-launch with `args`, its output going to a file in `dir` (never a pipe: an orphaned
-// grandchild holding a pipe open would make reading it hang).
-LaunchResult run_launcher(const TempDir& dir, const std::vector<std::string>& args) {
+// Starts epcomm-launch with `args`, its output going to a file in `dir` (never a pipe: an
+// orphaned grandchild holding a pipe open would make reading it hang). Returns its pid, or -1.
+pid_t start_launcher(const TempDir& dir, const std::vector<std::string>& args) {
   const std::string output_path = dir.file("launcher-output.txt");
   std::vector<std::string> strings = {kLaunchPath};
   strings.insert(strings.end(), args.begin(), args.end());
@@ -63,22 +64,31 @@ LaunchResult run_launcher(const TempDir& dir, const std::vector<std::string>& ar
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, output_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
   posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  LaunchResult run;
-  const auto start = Clock::now();
   pid_t pid = -1;
   const int rc = posix_spawn(&pid, kLaunchPath, &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) {
     ADD_FAILURE() << "cannot start " << kLaunchPath << ": " << std::strerror(rc);
-    return run;
+    return -1;
   }
+  return pid;
+}
+
+LaunchResult wait_for_launcher(const TempDir& dir, pid_t pid, Clock::time_point started) {
+  LaunchResult run;
+  if (pid < 0) return run;
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
-  run.elapsed = Clock::now() - start;
+  run.elapsed = Clock::now() - started;
   run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  run.output = read_file(output_path);
+  run.output = read_file(dir.file("launcher-output.txt"));
   return run;
+}
+
+LaunchResult run_launcher(const TempDir& dir, const std::vector<std::string>& args) {
+  const auto started = Clock::now();
+  return wait_for_launcher(dir, start_launcher(dir, args), started);
 }
 
 // `sh -c SCRIPT sh ARG...`: the script sees ARG as $1 and so on.
@@ -94,20 +104,22 @@ std::vector<std::string> concat_args(std::vector<std::string> head, const std::v
 }
 
 TEST(Launcher, EveryRankGetsItsOwnRankAndTheSharedJobVariables) {
+  constexpr int kRanks = 4;
   const TempDir dir;
-  const LaunchResult run = run_launcher(dir, concat_args({"-n", "4"}, shell(R"(test -n "$EPCOMM_RANK" &&
-      echo "$EPCOMM_NUM_RANKS $EPCOMM_BOOTSTRAP_ADDRESS" > "$1/rank.$EPCOMM_RANK")",
-                                                                 {dir.path()})));
+  // Each rank writes the job variables into a file named after its own rank.
+  const std::string script =
+      R"(test -n "$EPCOMM_RANK" && echo "$EPCOMM_NUM_RANKS $EPCOMM_BOOTSTRAP_ADDRESS" > "$1/rank.$EPCOMM_RANK")";
+  const LaunchResult run = run_launcher(dir, concat_args({"-n", std::to_string(kRanks)}, shell(script, {dir.path()})));
   ASSERT_EQ(run.exit_code, 0) << run.output;
   std::set<std::string> contents;
-  for (int rank = 0; rank < 4; ++rank) {
+  for (int rank = 0; rank < kRanks; ++rank) {
     const std::string path = dir.file("rank." + std::to_string(rank));
     ASSERT_TRUE(std::filesystem::exists(path)) << "rank " << rank << " did not run";
     contents.insert(read_file(path));
   }
   ASSERT_EQ(contents.size(), 1u) << "ranks disagree on the job variables";
   const std::string line = *contents.begin();
-  EXPECT_EQ(line.rfind("4 unix:", 0), 0u) << line;
+  EXPECT_EQ(line.rfind(std::to_string(kRanks) + " unix:", 0), 0u) << line;
   // The launcher's private socket directory is gone once the job is.
   const std::string socket_path = line.substr(line.find(':') + 1, line.size() - line.find(':') - 2);
   EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(socket_path).parent_path())) << socket_path;
@@ -115,15 +127,17 @@ TEST(Launcher, EveryRankGetsItsOwnRankAndTheSharedJobVariables) {
 
 TEST(Launcher, PassesAnExplicitAddress) {
   const TempDir dir;
-  const LaunchResult run = run_launcher(
-      dir, concat_args({"-n", "2", "--address", "unix:/x/y.sock"}, shell(R"(test "$EPCOMM_BOOTSTRAP_ADDRESS" = "unix:/x/y.sock")")));
+  const LaunchResult run =
+      run_launcher(dir, concat_args({"-n", "2", "--address", "unix:/x/y.sock"},
+                                    shell(R"(test "$EPCOMM_BOOTSTRAP_ADDRESS" = "unix:/x/y.sock")")));
   EXPECT_EQ(run.exit_code, 0) << run.output;
 }
 
 TEST(Launcher, FailingRankStopsTheOthersAfterTheGracePeriod) {
   const TempDir dir;
-  const LaunchResult run = run_launcher(dir, concat_args({"-n", "3", "--grace", "1"},
-                                                shell(R"(if [ "$EPCOMM_RANK" = 1 ]; then exit 3; fi; exec sleep 100)")));
+  const LaunchResult run = run_launcher(
+      dir,
+      concat_args({"-n", "3", "--grace", "1"}, shell(R"(if [ "$EPCOMM_RANK" = 1 ]; then exit 3; fi; exec sleep 100)")));
   EXPECT_EQ(run.exit_code, 3) << run.output;
   EXPECT_LT(run.elapsed, kStopsPromptly);
   EXPECT_NE(run.output.find("epcomm-launch: rank 1 exited with code 3"), std::string::npos) << run.output;
@@ -132,8 +146,9 @@ TEST(Launcher, FailingRankStopsTheOthersAfterTheGracePeriod) {
 
 TEST(Launcher, RankKilledBySignalIsReported) {
   const TempDir dir;
-  const LaunchResult run = run_launcher(dir, concat_args({"-n", "2", "--grace", "1"},
-                                                shell(R"(if [ "$EPCOMM_RANK" = 0 ]; then kill -SEGV $$; fi; exec sleep 100)")));
+  const LaunchResult run =
+      run_launcher(dir, concat_args({"-n", "2", "--grace", "1"},
+                                    shell(R"(if [ "$EPCOMM_RANK" = 0 ]; then kill -SEGV $$; fi; exec sleep 100)")));
   EXPECT_EQ(run.exit_code, 128 + SIGSEGV) << run.output;
   EXPECT_LT(run.elapsed, kStopsPromptly);
   EXPECT_NE(run.output.find("rank 0 was killed by signal 11"), std::string::npos) << run.output;
@@ -160,6 +175,30 @@ TEST(Launcher, TimeoutStopsEveryRank) {
   EXPECT_EQ(run.exit_code, kExitTimedOut) << run.output;
   EXPECT_LT(run.elapsed, kStopsPromptly);
   EXPECT_NE(run.output.find("did not finish within its timeout of 1 s"), std::string::npos) << run.output;
+}
+
+TEST(Launcher, InterruptedLauncherStopsItsRanks) {
+  constexpr int kRanks = 2;
+  constexpr auto kStartupLimit = 10s;
+  const TempDir dir;
+  const auto started = Clock::now();
+  const pid_t pid =
+      start_launcher(dir, concat_args({"-n", std::to_string(kRanks)},
+                                      shell(R"(touch "$1/started.$EPCOMM_RANK"; exec sleep 100)", {dir.path()})));
+  ASSERT_GT(pid, 0);
+  // Interrupt only once every rank runs, so the test exercises stopping them, not starting them.
+  const auto all_started = [&] {
+    for (int rank = 0; rank < kRanks; ++rank) {
+      if (!std::filesystem::exists(dir.file("started." + std::to_string(rank)))) return false;
+    }
+    return true;
+  };
+  while (!all_started() && Clock::now() - started < kStartupLimit) std::this_thread::sleep_for(10ms);
+  kill(pid, SIGTERM);
+  const LaunchResult run = wait_for_launcher(dir, pid, started);
+  EXPECT_EQ(run.exit_code, 128 + SIGTERM) << run.output;
+  EXPECT_LT(run.elapsed, kStopsPromptly);
+  EXPECT_NE(run.output.find("received signal 15"), std::string::npos) << run.output;
 }
 
 TEST(Launcher, ProgramThatCannotRunIsNamed) {

@@ -3,7 +3,7 @@
 // bad arguments give clear errors and leave the Buffer usable.
 #include <cstring>
 
-#include "common/device_bytes.hpp"
+#include "support/device_bytes.hpp"
 #include "epcomm/buffer.hpp"
 #include "gpu/gpu_cases.hpp"
 #include "reference/reference.hpp"
@@ -101,9 +101,14 @@ void check_bad_ids(RankHarness& harness, Buffer& buffer) {
   }, "out-of-range expert id");
 
   // Argument errors name the argument and the value; nothing is launched.
-  harness.expect_error(ErrorCode::kInvalidArgument, "num_experts=" + std::to_string(experts + 1), [&] {
-    buffer.get_dispatch_layout(ids_view, experts + 1, outputs, nullptr);
-  }, "num_experts not a multiple of num_ranks");
+  if (ranks > 1) {  // every count is a multiple of one rank
+    harness.expect_error(ErrorCode::kInvalidArgument, "num_experts=" + std::to_string(experts + 1), [&] {
+      buffer.get_dispatch_layout(ids_view, experts + 1, outputs, nullptr);
+    }, "num_experts not a multiple of num_ranks");
+  }
+  harness.expect_error(ErrorCode::kInvalidArgument, "num_experts=0", [&] {
+    buffer.get_dispatch_layout(ids_view, 0, outputs, nullptr);
+  }, "zero experts");
   harness.expect_error(ErrorCode::kInvalidArgument, "topk_idx must be int64 or int32", [&] {
     buffer.get_dispatch_layout(TensorView::contiguous(topk_idx.get(), DType::kFloat32, {tokens, topk}), experts,
                                outputs, nullptr);
@@ -129,6 +134,54 @@ void check_bad_ids(RankHarness& harness, Buffer& buffer) {
   harness.check(per_expert.download<int32_t>(experts) == expected.num_tokens_per_expert, "layout after an error");
 }
 
+// The layout launch is capturable: one graph, replayed on new ids each time, stays exact.
+void check_graph_replays(RankHarness& harness, Buffer& buffer) {
+  constexpr int kReplays = 5;
+  constexpr int kTokens = 2500;
+  constexpr int kTopk = 8;
+  const int ranks = harness.num_ranks();
+  const int experts = 16 * ranks;
+  DeviceBytes topk_idx(static_cast<size_t>(kTokens) * kTopk * sizeof(int64_t));
+  DeviceBytes per_rank(ranks * sizeof(int32_t)), per_expert(experts * sizeof(int32_t));
+  DeviceBytes in_rank(static_cast<size_t>(kTokens) * ranks);
+  DispatchLayoutOutputs outputs;
+  outputs.num_tokens_per_rank = TensorView::contiguous(per_rank.get(), DType::kInt32, {ranks});
+  outputs.num_tokens_per_expert = TensorView::contiguous(per_expert.get(), DType::kInt32, {experts});
+  outputs.is_token_in_rank = TensorView::contiguous(in_rank.get(), DType::kBool, {kTokens, ranks});
+
+  cudaStream_t stream = nullptr;
+  EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t instance = nullptr;
+  EPCOMM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  buffer.get_dispatch_layout(TensorView::contiguous(topk_idx.get(), DType::kInt64, {kTokens, kTopk}), experts, outputs,
+                             stream);
+  EPCOMM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  EPCOMM_CUDA_CHECK(cudaGraphInstantiate(&instance, graph, 0));
+
+  reference::RoutingOptions routing;
+  routing.prob_empty_slot = 0.2;
+  for (int replay = 0; replay < kReplays; ++replay) {
+    const std::vector<int64_t> ids = reference::random_topk_idx(
+        reference::derive_seed(kSeed + 1, harness.rank(), replay), kTokens, kTopk, experts, routing);
+    topk_idx.upload(ids);
+    per_rank.poison(kPoisonByte);
+    per_expert.poison(kPoisonByte);
+    in_rank.poison(kPoisonByte);
+    EPCOMM_CUDA_CHECK(cudaGraphLaunch(instance, stream));
+    buffer.synchronize(stream);
+    const reference::Layout expected =
+        reference::dispatch_layout(ids, kTokens, kTopk, reference::ExpertPartition(experts, ranks));
+    const std::string what = "graph replay " + std::to_string(replay);
+    harness.check(per_rank.download<int32_t>(ranks) == expected.num_tokens_per_rank, what + ": num_tokens_per_rank");
+    harness.check(per_expert.download<int32_t>(experts) == expected.num_tokens_per_expert, what + ": num_tokens_per_expert");
+    harness.check(in_rank.download<uint8_t>(in_rank.size()) == expected.is_token_in_rank, what + ": is_token_in_rank");
+  }
+  EPCOMM_CUDA_CHECK(cudaGraphExecDestroy(instance));
+  EPCOMM_CUDA_CHECK(cudaGraphDestroy(graph));
+  EPCOMM_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
 }  // namespace
 
 void run_layout_case(RankHarness& harness) {
@@ -139,6 +192,7 @@ void run_layout_case(RankHarness& harness) {
     check_scenario<int32_t>(harness, buffer, scenario, DType::kInt32);
   }
   check_bad_ids(harness, buffer);
+  check_graph_replays(harness, buffer);
 }
 
 }  // namespace epcomm::testing

@@ -1,6 +1,6 @@
 // Buffers come and go without leaking: 100 create/destroy cycles (IPC export, peer mapping,
 // preinitialize, explicit destroy or destructor) leave device memory where it started.
-#include "common/device_bytes.hpp"
+#include "support/device_bytes.hpp"
 #include "epcomm/buffer.hpp"
 #include "gpu/gpu_cases.hpp"
 

@@ -3,7 +3,8 @@
 // Also checks that barriers alone run many rounds without drifting out of step.
 #include <cstring>
 
-#include "common/device_bytes.hpp"
+#include "common/constants.hpp"
+#include "support/device_bytes.hpp"
 #include "epcomm/buffer.hpp"
 #include "gpu/gpu_cases.hpp"
 
@@ -76,7 +77,8 @@ void run_peer_case(RankHarness& harness) {
     buffer.copy_to_all_ranks(buffer.local_nvl_buffer(), 24, 1, nullptr);
   }, "unaligned copy size");
   harness.expect_error(ErrorCode::kInvalidArgument, "exceeds num_nvl_bytes", [&] {
-    buffer.copy_to_all_ranks(buffer.local_nvl_buffer(), static_cast<size_t>(kBufferBytes), 1, nullptr);
+    const size_t one_slot_too_many = static_cast<size_t>(kBufferBytes) / harness.num_ranks() + kVectorBytes;
+    buffer.copy_to_all_ranks(buffer.local_nvl_buffer(), one_slot_too_many, 1, nullptr);
   }, "copy larger than the buffer");
 }
 

@@ -7,7 +7,7 @@
 
 #include "bench/bench_context.hpp"
 #include "common/constants.hpp"
-#include "common/device_bytes.hpp"
+#include "support/device_bytes.hpp"
 #include "runtime/cuda_check.hpp"
 
 namespace epcomm::bench {

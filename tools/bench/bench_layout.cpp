@@ -5,7 +5,7 @@
 #include "reference/reference.hpp"
 #include "reference/workload.hpp"
 #include "common/constants.hpp"
-#include "common/device_bytes.hpp"
+#include "support/device_bytes.hpp"
 #include "runtime/cuda_check.hpp"
 
 namespace epcomm::bench {

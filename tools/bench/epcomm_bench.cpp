@@ -13,7 +13,7 @@
 
 #include "bench/bench_context.hpp"
 #include "common/constants.hpp"
-#include "common/launcher.hpp"
+#include "support/launcher.hpp"
 #include "reference/reference.hpp"
 #include "reference/workload.hpp"
 #include "runtime/cuda_check.hpp"

@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "common/launcher.hpp"
+#include "support/launcher.hpp"
 
 namespace {
 
@@ -47,8 +47,7 @@ long parse_number(const std::string& option, const std::string& value, long min,
     throw UsageError(option + " '" + value + "' is not an integer");
   }
   if (parsed < min || parsed > max) {
-    throw UsageError(option + " " + value + " must be between " + std::to_string(min) + " and " +
-                     std::to_string(max));
+    throw UsageError(option + " " + value + " must be between " + std::to_string(min) + " and " + std::to_string(max));
   }
   return parsed;
 }

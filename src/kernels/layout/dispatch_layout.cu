@@ -1,11 +1,13 @@
 // Dispatch layout: from top-k expert ids, how many tokens go to each rank and each expert, and
 // which (token, rank) pairs exist. Local to one rank; no communication.
 //
-// Each block counts its tokens in shared-memory histograms and adds them to the global counts
-// once, so global atomics scale with blocks x (experts + ranks), not with tokens x top-k.
+// One launch. Each block counts a slice of tokens in shared-memory histograms and stores them as
+// its partial counts in the workspace; the last block to finish sums every block's partials into
+// the outputs. No output needs zeroing first, and no global atomics touch the outputs.
 #include <algorithm>
 
 #include "common/constants.hpp"
+#include "common/layout_workspace.hpp"
 #include "kernels/common/device_report.cuh"
 #include "kernels/launchers.hpp"
 #include "runtime/cuda_check.hpp"
@@ -13,65 +15,93 @@
 namespace epcomm::kernels {
 namespace {
 
+__device__ __forceinline__ void report_invalid_id(const KernelContext& context, int token, int slot, int64_t expert,
+                                                  int num_experts) {
+  device::ErrorDetails details;
+  details.kind = DeviceErrorKind::kInvalidExpertId;
+  details.op = DeviceOp::kDispatchLayout;
+  details.index0 = token;
+  details.index1 = slot;
+  details.observed = expert;
+  details.limit = num_experts;
+  device::report_error(context, details);
+}
+
+// True in exactly one block: the last to finish. Pairs the release of every block's partials
+// (fence, then counter increment) with the acquire of the last block (counter, then fence).
+__device__ bool is_last_block(uint32_t* blocks_done) {
+  __shared__ bool last;
+  __syncthreads();  // every thread's partial counts are stored
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(blocks_done, 1u) == gridDim.x - 1;
+    if (last) __threadfence();
+  }
+  __syncthreads();
+  return last;
+}
+
 template <typename Index>
 __global__ void __launch_bounds__(kLayoutThreadsPerBlock)
     dispatch_layout_kernel(const Index* topk_idx, int num_tokens, int num_topk, int num_experts, int num_ranks,
                            int32_t* num_tokens_per_rank, int32_t* num_tokens_per_expert, bool* is_token_in_rank,
-                           KernelContext context) {
-  extern __shared__ int32_t histograms[];  // [num_experts] expert counts, then [num_ranks] rank counts
-  int32_t* expert_counts = histograms;
-  int32_t* rank_counts = histograms + num_experts;
-  for (int i = threadIdx.x; i < num_experts + num_ranks; i += blockDim.x) histograms[i] = 0;
+                           void* workspace, KernelContext context) {
+  // [num_experts] expert counts, then [num_ranks] rank counts, of this block's tokens.
+  extern __shared__ int32_t block_counts[];
+  const int num_counts = num_experts + num_ranks;
+  int32_t* rank_counts = block_counts + num_experts;
+  for (int i = threadIdx.x; i < num_counts; i += blockDim.x) block_counts[i] = 0;
   __syncthreads();
 
   const int experts_per_rank = num_experts / num_ranks;
   for (int token = blockIdx.x * blockDim.x + threadIdx.x; token < num_tokens; token += gridDim.x * blockDim.x) {
     const Index* ids = topk_idx + static_cast<int64_t>(token) * num_topk;
-    bool* in_rank = is_token_in_rank + static_cast<int64_t>(token) * num_ranks;
-    for (int r = 0; r < num_ranks; ++r) in_rank[r] = false;
-
+    uint32_t ranks_reached = 0;  // bit r: this token names an expert of rank r (num_ranks <= 32)
     for (int slot = 0; slot < num_topk; ++slot) {
       const int64_t expert = static_cast<int64_t>(ids[slot]);
       if (expert == -1) continue;
       if (expert < -1 || expert >= num_experts) {
-        device::ErrorDetails details;
-        details.kind = DeviceErrorKind::kInvalidExpertId;
-        details.op = DeviceOp::kDispatchLayout;
-        details.index0 = token;
-        details.index1 = slot;
-        details.observed = expert;
-        details.limit = num_experts;
-        device::report_error(context, details);
+        report_invalid_id(context, token, slot, expert, num_experts);
         continue;
       }
-      atomicAdd(&expert_counts[expert], 1);
-      const int rank = static_cast<int>(expert / experts_per_rank);
-      // A token goes to a rank once however many of that rank's experts it names. Only this
-      // thread touches this token's row, so a plain read-then-write is race-free.
-      if (!in_rank[rank]) {
-        in_rank[rank] = true;
-        atomicAdd(&rank_counts[rank], 1);
-      }
+      atomicAdd(&block_counts[expert], 1);
+      ranks_reached |= 1u << (expert / experts_per_rank);
+    }
+    bool* in_rank = is_token_in_rank + static_cast<int64_t>(token) * num_ranks;
+    for (int rank = 0; rank < num_ranks; ++rank) {
+      const bool reached = (ranks_reached >> rank) & 1u;
+      in_rank[rank] = reached;
+      if (reached) atomicAdd(&rank_counts[rank], 1);
     }
   }
   __syncthreads();
 
-  for (int i = threadIdx.x; i < num_experts; i += blockDim.x) {
-    if (expert_counts[i] != 0) atomicAdd(&num_tokens_per_expert[i], expert_counts[i]);
+  int32_t* partials = LayoutWorkspace::partials(workspace, blockIdx.x);
+  for (int i = threadIdx.x; i < num_counts; i += blockDim.x) partials[i] = block_counts[i];
+
+  uint32_t* blocks_done = LayoutWorkspace::blocks_done(workspace);
+  if (!is_last_block(blocks_done)) return;
+  for (int i = threadIdx.x; i < num_counts; i += blockDim.x) {
+    int32_t total = 0;
+    // __ldcg reads from L2, where other blocks' partials are; this SM's L1 could hold stale lines.
+    for (int block = 0; block < static_cast<int>(gridDim.x); ++block) total += __ldcg(LayoutWorkspace::partials(workspace, block) + i);
+    if (i < num_experts) {
+      num_tokens_per_expert[i] = total;
+    } else {
+      num_tokens_per_rank[i - num_experts] = total;
+    }
   }
-  for (int i = threadIdx.x; i < num_ranks; i += blockDim.x) {
-    if (rank_counts[i] != 0) atomicAdd(&num_tokens_per_rank[i], rank_counts[i]);
-  }
+  if (threadIdx.x == 0) *blocks_done = 0;  // ready for the next launch, in stream order
 }
 
 template <typename Index>
 void launch_typed(const DispatchLayoutArgs& args, int max_blocks, const KernelContext& context, cudaStream_t stream) {
   const int blocks_needed = (args.num_tokens + kLayoutThreadsPerBlock - 1) / kLayoutThreadsPerBlock;
-  const int blocks = std::max(1, std::min(blocks_needed, max_blocks));
+  const int blocks = std::max(1, std::min({blocks_needed, max_blocks, kLayoutMaxBlocks}));
   const size_t shared_bytes = static_cast<size_t>(args.num_experts + args.num_ranks) * sizeof(int32_t);
   dispatch_layout_kernel<Index><<<blocks, kLayoutThreadsPerBlock, shared_bytes, stream>>>(
       static_cast<const Index*>(args.topk_idx), args.num_tokens, args.num_topk, args.num_experts, args.num_ranks,
-      args.num_tokens_per_rank, args.num_tokens_per_expert, args.is_token_in_rank, context);
+      args.num_tokens_per_rank, args.num_tokens_per_expert, args.is_token_in_rank, args.workspace, context);
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -79,9 +109,7 @@ void launch_typed(const DispatchLayoutArgs& args, int max_blocks, const KernelCo
 
 void launch_dispatch_layout(const DispatchLayoutArgs& args, int max_blocks, const KernelContext& context,
                             cudaStream_t stream) {
-  EPCOMM_CUDA_CHECK(cudaMemsetAsync(args.num_tokens_per_rank, 0, sizeof(int32_t) * args.num_ranks, stream));
-  EPCOMM_CUDA_CHECK(cudaMemsetAsync(args.num_tokens_per_expert, 0, sizeof(int32_t) * args.num_experts, stream));
-  if (args.num_tokens == 0) return;
+  static_assert(kMaxNvlPeers <= 32, "ranks_reached is a 32-bit mask");
   if (args.index_type == IndexType::kInt64) {
     launch_typed<int64_t>(args, max_blocks, context, stream);
   } else {

@@ -25,16 +25,6 @@ struct IpcExport {
 
 }  // namespace
 
-DeviceAllocation::DeviceAllocation(size_t bytes) { EPCOMM_CUDA_CHECK(cudaMalloc(&pointer_, bytes)); }
-DeviceAllocation::~DeviceAllocation() {
-  if (pointer_ != nullptr) EPCOMM_CUDA_WARN(cudaFree(pointer_));
-}
-DeviceAllocation::DeviceAllocation(DeviceAllocation&& other) noexcept : pointer_(std::exchange(other.pointer_, nullptr)) {}
-DeviceAllocation& DeviceAllocation::operator=(DeviceAllocation&& other) noexcept {
-  std::swap(pointer_, other.pointer_);
-  return *this;
-}
-
 IpcMapping::~IpcMapping() {
   if (pointer_ != nullptr) EPCOMM_CUDA_WARN(cudaIpcCloseMemHandle(pointer_));
 }

@@ -6,23 +6,10 @@
 #include <vector>
 
 #include "epcomm/bootstrap.hpp"
+#include "runtime/device_allocation.hpp"
 #include "transport/ipc/ipc_peers.hpp"
 
 namespace epcomm::detail {
-
-// cudaMalloc'd memory, freed on destruction.
-class DeviceAllocation {
- public:
-  DeviceAllocation() = default;
-  explicit DeviceAllocation(size_t bytes);
-  ~DeviceAllocation();
-  DeviceAllocation(DeviceAllocation&& other) noexcept;
-  DeviceAllocation& operator=(DeviceAllocation&& other) noexcept;
-  void* get() const { return pointer_; }
-
- private:
-  void* pointer_ = nullptr;
-};
 
 // A peer's buffer opened through cudaIpcOpenMemHandle, closed on destruction.
 class IpcMapping {

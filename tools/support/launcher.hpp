@@ -11,15 +11,15 @@ namespace epcomm::tools {
 
 inline constexpr int kMaxRanks = 1024;
 // Exit codes a launch can end with, besides a rank's own.
-inline constexpr int kExitSkipped = 77;       // every rank exited 77: "skipped" (e.g. no GPU), as ctest reads it
-inline constexpr int kExitMixedSkip = 1;      // some ranks skipped while others ran: inconsistent, so a failure
-inline constexpr int kExitTimedOut = 124;     // the job outlived LaunchOptions::timeout (as timeout(1) reports)
-inline constexpr int kExitExecFailed = 127;   // a rank's program could not be started (as a shell reports)
-inline constexpr int kExitSignalBase = 128;   // 128 + N: a rank, or the launcher itself, got signal N
+inline constexpr int kExitSkipped = 77;      // every rank exited 77: "skipped" (e.g. no GPU), as ctest reads it
+inline constexpr int kExitMixedSkip = 1;     // some ranks skipped while others ran: inconsistent, so a failure
+inline constexpr int kExitTimedOut = 124;    // the job outlived LaunchOptions::timeout (as timeout(1) reports)
+inline constexpr int kExitExecFailed = 127;  // a rank's program could not be started (as a shell reports)
+inline constexpr int kExitSignalBase = 128;  // 128 + N: a rank, or the launcher itself, got signal N
 
 struct LaunchOptions {
   int num_ranks = 1;
-  std::vector<std::string> argv;  // program (looked up in PATH unless it has a '/') and its arguments
+  std::vector<std::string> argv;    // program (looked up in PATH unless it has a '/') and its arguments
   std::chrono::seconds timeout{0};  // whole-job limit; 0 = none
   // After the first rank fails, how long the others get to finish (typically failing themselves
   // with a clear message) before they are sent SIGTERM.

@@ -1,4 +1,4 @@
-#include "common/launcher.hpp"
+#include "support/launcher.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -63,7 +63,9 @@ std::string describe_ranks(const std::vector<int>& ranks) {
   return text;
 }
 
-[[noreturn]] void throw_errno(const std::string& what) { throw std::system_error(errno, std::generic_category(), what); }
+[[noreturn]] void throw_errno(const std::string& what) {
+  throw std::system_error(errno, std::generic_category(), what);
+}
 
 // While ranks run: stop them (instead of orphaning them) when we are interrupted, and reap them
 // ourselves even if the caller set SIGCHLD to SIG_IGN. Restores the caller's handlers afterwards.
@@ -88,7 +90,7 @@ class ScopedSignals {
   }
 
  private:
-  struct sigaction saved_[std::size(kHandledSignals)] {};
+  struct sigaction saved_[std::size(kHandledSignals)]{};
   struct sigaction saved_child_ {};
 };
 
@@ -185,19 +187,12 @@ class Job {
 
   int run() {
     const Clock::time_point started = Clock::now();
-    if (start_ranks()) {
-      while (any_running()) {
-        reap();
-        check_timeout_and_signals(started);
-        escalate();
-        if (any_running()) std::this_thread::sleep_for(kPollInterval);
-      }
-    } else {
-      while (any_running()) {  // an exec failed: the ranks already started cannot form a job
-        reap();
-        escalate();
-        if (any_running()) std::this_thread::sleep_for(kPollInterval);
-      }
+    start_ranks();
+    while (any_running()) {
+      reap();
+      check_timeout_and_signals(started);
+      escalate();
+      if (any_running()) std::this_thread::sleep_for(kPollInterval);
     }
     return result();
   }
@@ -206,13 +201,13 @@ class Job {
   struct Rank {
     pid_t pid = -1;
     bool running = false;
-    bool finished = false;
     int wait_status = 0;
     bool ended_after_stop = false;  // exited after we sent SIGTERM: a consequence, not a cause
   };
 
-  // Returns false when a rank's program could not be executed.
-  bool start_ranks() {
+  // Stops at the first rank whose program cannot be executed: without it there is no job, so the
+  // ranks already started are stopped at once.
+  void start_ranks() {
     std::string address = options_.bootstrap_address;
     if (address.empty()) address = "unix:" + temp_dir_.emplace().socket_path();
     std::vector<std::string> env = shared_environment(options_, address);
@@ -220,7 +215,7 @@ class Job {
     if (program.empty()) {
       report("cannot find program '" + options_.argv[0] + "' in PATH");
       exec_failed_ = true;
-      return false;
+      return;
     }
     std::vector<std::string> args = options_.argv;
     std::vector<char*> argv = pointers_to(args);
@@ -231,12 +226,12 @@ class Job {
       if (!start_rank(rank, program, argv, envp)) {
         exec_failed_ = true;
         begin_stop("a rank could not be started", Clock::now());
-        return false;
+        return;
       }
     }
-    return true;
   }
 
+  // Returns false when the rank's program could not be executed (reported and reaped here).
   bool start_rank(int rank, const std::string& program, const std::vector<char*>& argv,
                   const std::vector<char*>& envp) {
     // The child reports a failed exec through this pipe; a successful exec closes it (CLOEXEC).
@@ -279,7 +274,6 @@ class Job {
     while (waitpid(pid, &process.wait_status, 0) < 0 && errno == EINTR) {
     }
     process.running = false;
-    process.finished = true;
     process.ended_after_stop = true;  // reported just above
     return false;
   }
@@ -292,8 +286,9 @@ class Job {
       const pid_t done = waitpid(process.pid, &status, WNOHANG);
       if (done == 0 || (done < 0 && errno == EINTR)) continue;
       process.running = false;
-      process.finished = true;
-      process.wait_status = done < 0 ? (kExitSignalBase << 8) : status;  // ECHILD: status lost
+      // ECHILD means someone else reaped our child and its status is lost; count it as a failure.
+      constexpr int kLostStatus = kExitSignalBase << 8;  // reads back as "exited with code 128"
+      process.wait_status = done < 0 ? kLostStatus : status;
       process.ended_after_stop = sent_term_;
       on_rank_finished(static_cast<int>(rank), process);
     }
@@ -360,8 +355,8 @@ class Job {
 
   int result() const {
     if (interrupted_by_ != 0) return kExitSignalBase + interrupted_by_;
-    if (timed_out_) return kExitTimedOut;
     if (exec_failed_) return kExitExecFailed;
+    if (timed_out_) return kExitTimedOut;
     std::vector<int> skipped;
     for (size_t rank = 0; rank < ranks_.size(); ++rank) {
       const Rank& process = ranks_[rank];
