@@ -1,9 +1,9 @@
 // Dispatch layout: from top-k expert ids, how many tokens go to each rank and each expert, and
 // which (token, rank) pairs exist. Local to one rank; no communication.
 //
-// One launch. Each block counts a slice of tokens in shared-memory histograms and stores them as
-// its partial counts in the workspace; the last block to finish sums every block's partials into
-// the outputs. No output needs zeroing first, and no global atomics touch the outputs.
+// One launch. Each block counts a slice of tokens in shared-memory histograms and adds them to the
+// workspace's counts; the last block to finish copies those counts to the outputs and zeroes them
+// for the next call. No output needs zeroing first, and the outputs are written exactly once.
 #include <algorithm>
 
 #include "common/constants.hpp"
@@ -27,11 +27,11 @@ __device__ __forceinline__ void report_invalid_id(const KernelContext& context, 
   device::report_error(context, details);
 }
 
-// True in exactly one block: the last to finish. Pairs the release of every block's partials
+// True in exactly one block: the last to finish. Pairs the release of every block's counts
 // (fence, then counter increment) with the acquire of the last block (counter, then fence).
 __device__ bool is_last_block(uint32_t* blocks_done) {
   __shared__ bool last;
-  __syncthreads();  // every thread's partial counts are stored
+  __syncthreads();  // every thread's counts are added
   if (threadIdx.x == 0) {
     __threadfence();
     last = atomicAdd(blocks_done, 1u) == gridDim.x - 1;
@@ -57,6 +57,7 @@ __global__ void __launch_bounds__(kLayoutThreadsPerBlock)
   for (int token = blockIdx.x * blockDim.x + threadIdx.x; token < num_tokens; token += gridDim.x * blockDim.x) {
     const Index* ids = topk_idx + static_cast<int64_t>(token) * num_topk;
     uint32_t ranks_reached = 0;  // bit r: this token names an expert of rank r (num_ranks <= 32)
+#pragma unroll 4
     for (int slot = 0; slot < num_topk; ++slot) {
       const int64_t expert = static_cast<int64_t>(ids[slot]);
       if (expert == -1) continue;
@@ -76,15 +77,17 @@ __global__ void __launch_bounds__(kLayoutThreadsPerBlock)
   }
   __syncthreads();
 
-  int32_t* partials = LayoutWorkspace::partials(workspace, blockIdx.x);
-  for (int i = threadIdx.x; i < num_counts; i += blockDim.x) partials[i] = block_counts[i];
+  int32_t* totals = LayoutWorkspace::counts(workspace);
+  for (int i = threadIdx.x; i < num_counts; i += blockDim.x) {
+    if (block_counts[i] != 0) atomicAdd(&totals[i], block_counts[i]);
+  }
 
   uint32_t* blocks_done = LayoutWorkspace::blocks_done(workspace);
   if (!is_last_block(blocks_done)) return;
   for (int i = threadIdx.x; i < num_counts; i += blockDim.x) {
-    int32_t total = 0;
-    // __ldcg reads from L2, where other blocks' partials are; this SM's L1 could hold stale lines.
-    for (int block = 0; block < static_cast<int>(gridDim.x); ++block) total += __ldcg(LayoutWorkspace::partials(workspace, block) + i);
+    // __ldcg reads L2, where the other blocks' atomics landed; this SM's L1 could hold stale lines.
+    const int32_t total = __ldcg(&totals[i]);
+    totals[i] = 0;
     if (i < num_experts) {
       num_tokens_per_expert[i] = total;
     } else {
