@@ -2,9 +2,9 @@
 # The one command for a GPU machine. Run in the repository root:
 #   scripts/gpu_check.sh [RESULTS_DIR]        (or set EPCOMM_RESULTS_DIR)
 # Builds with every core, starts MPS when ranks must share GPUs, runs the whole test suite (CPU
-# tests and GPU tests at 1, 2, 4 and 8 ranks), runs epcomm-bench at 1, 2, 4 and 8 ranks, stops
-# MPS, and leaves in RESULTS_DIR: build.log, tests.log, bench.jsonl, bench.log, machine.txt,
-# summary.txt. Exits non-zero if the build, a test or a benchmark failed.
+# tests and GPU tests at 1, 2, 4 and 8 ranks), runs epcomm-bench at 1, 2, 4 and 8 ranks and a
+# config sweep at 8 ranks (EPCOMM_SWEEP=0 skips it), stops MPS, and leaves in RESULTS_DIR:
+# build.log, tests.log, bench.jsonl, bench.log, machine.txt, summary.txt. Exits non-zero if the build, a test or a benchmark failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 results=${1:-${EPCOMM_RESULTS_DIR:-results/$(date -u +%Y%m%d-%H%M%S)}}
@@ -54,6 +54,11 @@ for ranks in 1 2 4 8; do
     status=1; note "bench --ranks $ranks: FAILED (see bench.log)"
   fi
 done
+if [ "${EPCOMM_SWEEP:-1}" = 1 ]; then
+  if ! "$EPCOMM_BUILD_DIR"/tools/epcomm-bench --ranks 8 --sweep --warmup 2 --iters 10 --out "$results/bench.jsonl" >>"$results/bench.log" 2>&1; then
+    status=1; note "bench --ranks 8 --sweep: FAILED (see bench.log)"
+  fi
+fi
 note "bench: $(wc -l <"$results/bench.jsonl") records in bench.jsonl"
 stop_mps
 exit $status

@@ -14,6 +14,8 @@
 
 #include "epcomm/bootstrap.hpp"
 #include "epcomm/config.hpp"
+#include "epcomm/event.hpp"
+#include "epcomm/normal.hpp"
 #include "epcomm/types.hpp"
 
 namespace epcomm {
@@ -55,6 +57,15 @@ class Buffer {
   void get_dispatch_layout(const TensorView& topk_idx, int num_experts, const DispatchLayoutOutputs& outputs,
                            cudaStream_t stream);
 
+  // ---- Normal mode (collective) ----
+  // Sends every token to each rank owning one of its experts. Unless num_worst_tokens is set,
+  // waits on the host for the received counts (to size the outputs). Outputs come from `allocator`.
+  DispatchResult dispatch(const DispatchArgs& args, Allocator& allocator, const CallOptions& call = {});
+  // Returns expert outputs to their tokens' ranks and sums them there. Never waits on the host.
+  CombineResult combine(const CombineArgs& args, Allocator& allocator, const CallOptions& call = {});
+  // The stream every normal-mode call runs on.
+  cudaStream_t comm_stream() const;
+
   // Collective, stream-ordered: returns on every rank's stream once all ranks reached it.
   void barrier(cudaStream_t stream);
 
@@ -75,8 +86,9 @@ class Buffer {
   // Library version and the git revision it was built from, e.g. "0.1.0 (3f2c9a1b0d4e)".
   static std::string version();
 
+  struct Impl;  // the implementation's state; opaque outside the library
+
  private:
-  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 

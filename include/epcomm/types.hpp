@@ -28,6 +28,7 @@ const char* dtype_name(DType dtype);
 
 // A non-owning view of a strided tensor (strides in elements, row-major by default).
 // Kernels require contiguous tensors; validation reports a non-contiguous one by name.
+// A default-constructed view (ndim == 0) means "absent" for optional arguments; it has no elements.
 struct TensorView {
   static constexpr int kMaxDims = 4;
 

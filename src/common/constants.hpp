@@ -23,6 +23,22 @@ inline constexpr int kLayoutMaxTopk = 32;
 // Blocks of one layout launch; each leaves partial counts in the Buffer's layout workspace.
 inline constexpr int kLayoutMaxBlocks = 64;
 
+// Normal mode (intranode dispatch / combine). Each channel is a pair of blocks: a sender and a
+// receiver. Warps of each block are split evenly among the peer ranks.
+inline constexpr int kMaxChannels = 32;
+inline constexpr int kNormalThreadsPerBlock = 512;
+inline constexpr int kNormalWarpsPerBlock = kNormalThreadsPerBlock / 32;
+// A sender scans this many candidate tokens per step (one per lane of a warp).
+inline constexpr int kSendWindowTokens = 32;
+// The combine receiver reduces one token per warp per step.
+inline constexpr int kCombineWindowTokens = kNormalWarpsPerBlock;
+// Ring capacity must hold a send window plus a combine window, or the two sides can stall.
+inline constexpr int kMinRingTokens = 2 * kSendWindowTokens;
+inline constexpr int kMaxTopk = 32;
+// The local experts of one rank whose counts the notify step exchanges.
+inline constexpr int kMaxLocalExperts = 4096;
+inline constexpr int kFp8ChannelsPerScale = 128;
+
 // Peer copy (the bandwidth roofline): threads per block.
 inline constexpr int kCopyThreadsPerBlock = 512;
 

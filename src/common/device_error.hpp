@@ -11,6 +11,7 @@ enum class DeviceErrorKind : int32_t {
   kNone = 0,
   kInvalidExpertId = 1,  // index0 = token, index1 = top-k slot, observed = the id
   kWaitTimeout = 2,      // peer / channel / expected / observed describe the wait
+  kTooManyRows = 3,      // observed = rows received, limit = rows allocated (num_worst_tokens)
 };
 
 // Which operation a kernel was running.
@@ -19,12 +20,17 @@ enum class DeviceOp : int32_t {
   kDispatchLayout,
   kBarrier,
   kPeerCopy,
+  kNotifyDispatch,
+  kDispatch,
+  kCombine,
 };
 
 // What a timed-out wait was waiting for.
 enum class WaitTarget : int32_t {
   kNone = 0,
   kBarrierSignal,  // a peer's arrival at a barrier
+  kRingData,       // a writer's tail: tokens to read in my ring (channel, peer)
+  kRingSpace,      // a reader's head: free slots in its ring (channel, me)
 };
 
 struct DeviceErrorRecord {

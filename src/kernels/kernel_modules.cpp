@@ -9,11 +9,17 @@ namespace epcomm::kernels {
 void load_layout_kernel_modules();
 void load_barrier_kernel_module();
 void load_peer_copy_kernel_module();
+void load_notify_dispatch_kernel_module();
+void load_dispatch_kernel_module();
+void load_combine_kernel_module();
 
 void load_all_kernel_modules() {
   load_layout_kernel_modules();
   load_barrier_kernel_module();
   load_peer_copy_kernel_module();
+  load_notify_dispatch_kernel_module();
+  load_dispatch_kernel_module();
+  load_combine_kernel_module();
 }
 
 }  // namespace epcomm::kernels

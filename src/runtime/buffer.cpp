@@ -6,13 +6,12 @@
 
 #include "common/constants.hpp"
 #include "common/layout_workspace.hpp"
+#include "common/notify_results.hpp"
 #include "epcomm/error.hpp"
 #include "kernels/launchers.hpp"
+#include "runtime/buffer_impl.hpp"
 #include "runtime/cuda_check.hpp"
-#include "runtime/device_allocation.hpp"
-#include "runtime/device_error_log.hpp"
 #include "runtime/validate.hpp"
-#include "transport/ipc/ipc_buffer.hpp"
 
 #ifndef EPCOMM_GIT_REVISION
 #define EPCOMM_GIT_REVISION "unknown"
@@ -20,26 +19,6 @@
 
 namespace epcomm {
 namespace {
-
-constexpr int64_t kNanosecondsPerMillisecond = 1000 * 1000;
-
-// Makes `device` current for one operation and restores the caller's device afterwards.
-class ScopedDevice {
- public:
-  explicit ScopedDevice(int device) {
-    EPCOMM_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) EPCOMM_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~ScopedDevice() {
-    int current = previous_;
-    if (cudaGetDevice(&current) == cudaSuccess && current != previous_) EPCOMM_CUDA_WARN(cudaSetDevice(previous_));
-  }
-  ScopedDevice(const ScopedDevice&) = delete;
-  ScopedDevice& operator=(const ScopedDevice&) = delete;
-
- private:
-  int previous_ = 0;
-};
 
 int resolve_device(int requested) {
   int count = 0;
@@ -61,43 +40,19 @@ int resolve_device(int requested) {
 
 }  // namespace
 
-struct Buffer::Impl {
-  std::shared_ptr<Bootstrap> bootstrap;
-  BufferOptions options;
-  int device = 0;
-  int num_device_sms = 0;
-  detail::DeviceErrorLog errors;
-  std::optional<detail::IpcBuffer> nvl;
-  detail::DeviceAllocation layout_workspace;  // LayoutWorkspace, zeroed once
-
-  KernelContext context() const {
-    KernelContext context;
-    context.errors = errors.device_record();
-    context.rank = bootstrap->rank();
-    context.num_ranks = bootstrap->num_ranks();
-    context.wait_timeout_ns = static_cast<uint64_t>(options.wait_timeout.count() * kNanosecondsPerMillisecond);
-    return context;
-  }
-
-  // Every operation starts here: a Buffer that was destroyed, or whose earlier kernel recorded a
-  // failure, refuses to go on.
-  void begin(const char* op) {
-    if (!nvl) fail(ErrorCode::kInvalidArgument, op, ": the Buffer was destroyed");
-    errors.raise_if_recorded();
-  }
-};
-
 Buffer::Buffer(std::shared_ptr<Bootstrap> bootstrap, const BufferOptions& options) {
   if (!bootstrap) fail(ErrorCode::kInvalidArgument, "Buffer: bootstrap is null");
   options.validate(bootstrap->num_ranks());
   const int device = resolve_device(options.device);
-  ScopedDevice scoped(device);
+  detail::ScopedDevice scoped(device);
 
   impl_ = std::make_unique<Impl>();
   impl_->bootstrap = std::move(bootstrap);
   impl_->options = options;
   impl_->device = device;
   EPCOMM_CUDA_CHECK(cudaDeviceGetAttribute(&impl_->num_device_sms, cudaDevAttrMultiProcessorCount, device));
+  EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->comm_stream, cudaStreamNonBlocking));
+  impl_->notify_results = detail::MappedHostMemory(sizeof(NotifyResults));
   impl_->layout_workspace = detail::DeviceAllocation(LayoutWorkspace::kTotalBytes);
   EPCOMM_CUDA_CHECK(cudaMemset(impl_->layout_workspace.get(), 0, LayoutWorkspace::kTotalBytes));
   impl_->nvl.emplace(*impl_->bootstrap, device, static_cast<size_t>(options.num_nvl_bytes));
@@ -113,6 +68,10 @@ Buffer::Buffer(std::shared_ptr<Bootstrap> bootstrap, const BufferOptions& option
     }
     EPCOMM_CUDA_CHECK(cudaStreamDestroy(stream));
   }
+}
+
+Buffer::Impl::~Impl() {
+  if (comm_stream != nullptr) EPCOMM_CUDA_WARN(cudaStreamDestroy(comm_stream));
 }
 
 Buffer::~Buffer() {
@@ -131,12 +90,13 @@ Buffer& Buffer::operator=(Buffer&&) noexcept = default;
 int Buffer::rank() const { return impl_->bootstrap->rank(); }
 int Buffer::num_ranks() const { return impl_->bootstrap->num_ranks(); }
 int Buffer::device() const { return impl_->device; }
+cudaStream_t Buffer::comm_stream() const { return impl_->comm_stream; }
 const BufferOptions& Buffer::options() const { return impl_->options; }
 bool Buffer::is_available() const { return impl_ && impl_->nvl.has_value(); }
 
 void Buffer::warmup(cudaStream_t stream) {
   impl_->begin("warmup");
-  ScopedDevice scoped(impl_->device);
+  detail::ScopedDevice scoped(impl_->device);
   kernels::load_all_kernel_modules();
   // One barrier round touches every peer's mapping (first access to an IPC mapping is slow).
   kernels::launch_nvl_barrier(impl_->nvl->peers(), impl_->context(), stream);
@@ -145,7 +105,7 @@ void Buffer::warmup(cudaStream_t stream) {
 
 void Buffer::destroy() {
   if (!impl_ || !impl_->nvl) return;
-  ScopedDevice scoped(impl_->device);
+  detail::ScopedDevice scoped(impl_->device);
   // No kernel of this rank may still touch a peer, and no peer one of ours, once memory is freed.
   EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
   impl_->bootstrap->barrier();
@@ -176,7 +136,7 @@ void Buffer::get_dispatch_layout(const TensorView& topk_idx, int num_experts, co
   detail::require_device_tensor(kOp, "outputs.is_token_in_rank", outputs.is_token_in_rank, {DType::kBool},
                                 {num_tokens, ranks});
 
-  ScopedDevice scoped(impl_->device);
+  detail::ScopedDevice scoped(impl_->device);
   kernels::DispatchLayoutArgs args;
   args.topk_idx = topk_idx.data;
   args.index_type = topk_idx.dtype == DType::kInt64 ? kernels::IndexType::kInt64 : kernels::IndexType::kInt32;
@@ -193,7 +153,7 @@ void Buffer::get_dispatch_layout(const TensorView& topk_idx, int num_experts, co
 
 void Buffer::barrier(cudaStream_t stream) {
   impl_->begin("barrier");
-  ScopedDevice scoped(impl_->device);
+  detail::ScopedDevice scoped(impl_->device);
   kernels::launch_nvl_barrier(impl_->nvl->peers(), impl_->context(), stream);
 }
 
@@ -202,7 +162,7 @@ void Buffer::check_device_errors() {
 }
 
 void Buffer::synchronize(cudaStream_t stream) {
-  ScopedDevice scoped(impl_->device);
+  detail::ScopedDevice scoped(impl_->device);
   EPCOMM_CUDA_CHECK(cudaStreamSynchronize(stream));
   check_device_errors();
 }
@@ -223,7 +183,7 @@ void Buffer::copy_to_all_ranks(const void* source, size_t bytes_per_rank, int nu
          "-byte aligned device pointer");
   }
   detail::require_in_range(kOp, "num_sms", num_sms, 1, impl_->num_device_sms);
-  ScopedDevice scoped(impl_->device);
+  detail::ScopedDevice scoped(impl_->device);
   kernels::launch_peer_copy(impl_->nvl->peers(), source, bytes_per_rank, num_sms, impl_->context(), stream);
   kernels::launch_nvl_barrier(impl_->nvl->peers(), impl_->context(), stream);
 }

@@ -1,6 +1,7 @@
 #include "epcomm/config.hpp"
 
 #include "common/constants.hpp"
+#include "common/nvl_layout.hpp"
 #include "epcomm/error.hpp"
 
 namespace epcomm {
@@ -34,17 +35,19 @@ void BufferOptions::validate(int num_ranks) const {
 }
 
 void Config::validate() const {
-  if (num_sms < 2 || num_sms % 2 != 0) {
-    fail(ErrorCode::kInvalidArgument, "Config: num_sms=", num_sms, " must be an even number >= 2 (one sender and "
-         "one receiver block per channel)");
+  if (num_sms < 2 || num_sms % 2 != 0 || num_sms > 2 * kMaxChannels) {
+    fail(ErrorCode::kInvalidArgument, "Config: num_sms=", num_sms, " must be an even number in [2, ", 2 * kMaxChannels,
+         "] (one sender and one receiver block per channel)");
   }
   if (num_max_nvl_chunked_send_tokens < 1) {
     fail(ErrorCode::kInvalidArgument, "Config: num_max_nvl_chunked_send_tokens=", num_max_nvl_chunked_send_tokens,
          " must be at least 1");
   }
-  if (num_max_nvl_chunked_recv_tokens <= num_max_nvl_chunked_send_tokens) {
+  if (num_max_nvl_chunked_recv_tokens < kMinRingTokens ||
+      num_max_nvl_chunked_recv_tokens <= num_max_nvl_chunked_send_tokens) {
     fail(ErrorCode::kInvalidArgument, "Config: num_max_nvl_chunked_recv_tokens=", num_max_nvl_chunked_recv_tokens,
-         " must exceed num_max_nvl_chunked_send_tokens=", num_max_nvl_chunked_send_tokens);
+         " must be at least ", kMinRingTokens, " and exceed num_max_nvl_chunked_send_tokens=",
+         num_max_nvl_chunked_send_tokens);
   }
   if (num_max_rdma_chunked_send_tokens < 1) {
     fail(ErrorCode::kInvalidArgument, "Config: num_max_rdma_chunked_send_tokens=", num_max_rdma_chunked_send_tokens,
@@ -55,5 +58,35 @@ void Config::validate() const {
          " must exceed num_max_rdma_chunked_send_tokens=", num_max_rdma_chunked_send_tokens);
   }
 }
+
+int64_t Config::nvl_buffer_size_hint(int64_t hidden_bytes, int num_ranks) const {
+  validate();
+  // The larger of the two slot layouts, with room for the most metadata a call may carry.
+  const int max_scales = static_cast<int>(hidden_bytes / kFp8ChannelsPerScale);
+  const SlotLayout dispatch_slot = SlotLayout::dispatch(static_cast<size_t>(hidden_bytes), max_scales, kMaxTopk);
+  const SlotLayout combine_slot = SlotLayout::combine(static_cast<size_t>(hidden_bytes), kMaxTopk);
+  RingLayout rings;
+  rings.slot = dispatch_slot.bytes > combine_slot.bytes ? dispatch_slot : combine_slot;
+  rings.num_ranks = num_ranks;
+  rings.capacity = num_max_nvl_chunked_recv_tokens;
+  const size_t bytes = rings.total_bytes(num_channels());
+  return static_cast<int64_t>((bytes + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment);
+}
+
+// The same for every rank count until a multi-GPU machine lets us tune over real NVLink; the
+// chunk-size sweep behind these values is in docs/PERF.md.
+Config default_dispatch_config(int num_ranks) {
+  if (num_ranks < 1 || num_ranks > kMaxNvlPeers) {
+    fail(ErrorCode::kUnsupported, "default_dispatch_config: num_ranks=", num_ranks, " has no tuned config (1..",
+         kMaxNvlPeers, " inside one node)");
+  }
+  Config config;
+  config.num_sms = 24;
+  config.num_max_nvl_chunked_send_tokens = 8;
+  config.num_max_nvl_chunked_recv_tokens = 128;
+  return config;
+}
+
+Config default_combine_config(int num_ranks) { return default_dispatch_config(num_ranks); }
 
 }  // namespace epcomm

@@ -1,4 +1,5 @@
-// Device memory owned by one object: cudaMalloc'd on construction, freed on destruction.
+// Memory owned by one object, released on destruction: device memory (cudaMalloc) and pinned host
+// memory mapped into the device (cudaHostAlloc), through which kernels hand results to the host.
 #pragma once
 
 #include <cstddef>
@@ -16,6 +17,22 @@ class DeviceAllocation {
 
  private:
   void* pointer_ = nullptr;
+};
+
+// Zeroed pinned host memory, also addressable from the device.
+class MappedHostMemory {
+ public:
+  MappedHostMemory() = default;
+  explicit MappedHostMemory(size_t bytes);
+  ~MappedHostMemory();
+  MappedHostMemory(MappedHostMemory&& other) noexcept;
+  MappedHostMemory& operator=(MappedHostMemory&& other) noexcept;
+  void* host() const { return host_; }
+  void* device() const { return device_; }
+
+ private:
+  void* host_ = nullptr;
+  void* device_ = nullptr;
 };
 
 }  // namespace epcomm::detail

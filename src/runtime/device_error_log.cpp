@@ -14,6 +14,9 @@ const char* device_op_name(DeviceOp op) {
     case DeviceOp::kDispatchLayout: return "get_dispatch_layout";
     case DeviceOp::kBarrier: return "barrier";
     case DeviceOp::kPeerCopy: return "copy_to_all_ranks";
+    case DeviceOp::kNotifyDispatch: return "dispatch (notify step)";
+    case DeviceOp::kDispatch: return "dispatch";
+    case DeviceOp::kCombine: return "combine";
   }
   return "(unknown operation)";
 }
@@ -22,6 +25,8 @@ const char* wait_target_name(WaitTarget target) {
   switch (target) {
     case WaitTarget::kNone: return "nothing";
     case WaitTarget::kBarrierSignal: return "barrier signal";
+    case WaitTarget::kRingData: return "tokens (ring tail)";
+    case WaitTarget::kRingSpace: return "free ring slots (ring head)";
   }
   return "(unknown target)";
 }
@@ -33,23 +38,7 @@ void warn_cuda(const char* call, cudaError_t status, const char* file, int line)
                cudaGetErrorString(status), file, line);
 }
 
-DeviceErrorLog::DeviceErrorLog() {
-  void* host = nullptr;
-  EPCOMM_CUDA_CHECK(cudaHostAlloc(&host, sizeof(DeviceErrorRecord), cudaHostAllocMapped));
-  std::memset(host, 0, sizeof(DeviceErrorRecord));
-  host_record_ = static_cast<DeviceErrorRecord*>(host);
-  void* device = nullptr;
-  const cudaError_t status = cudaHostGetDevicePointer(&device, host, 0);
-  if (status != cudaSuccess) {
-    EPCOMM_CUDA_WARN(cudaFreeHost(host));
-    EPCOMM_CUDA_CHECK(status);
-  }
-  device_record_ = static_cast<DeviceErrorRecord*>(device);
-}
-
-DeviceErrorLog::~DeviceErrorLog() {
-  if (host_record_ != nullptr) EPCOMM_CUDA_WARN(cudaFreeHost(host_record_));
-}
+DeviceErrorLog::DeviceErrorLog() : memory_(sizeof(DeviceErrorRecord)) {}
 
 std::string DeviceErrorLog::describe(const DeviceErrorRecord& record) {
   const auto op = static_cast<DeviceOp>(record.op);
@@ -64,6 +53,9 @@ std::string DeviceErrorLog::describe(const DeviceErrorRecord& record) {
                     record.channel >= 0 ? concat(" on channel ", record.channel) : std::string(),
                     " (expected >= ", record.expected, ", last saw ", record.observed,
                     "); that rank may have died, be stuck, or not have made the same call");
+    case DeviceErrorKind::kTooManyRows:
+      return concat("rank ", record.rank, ": ", device_op_name(op), " received ", record.observed,
+                    " rows but num_worst_tokens=", record.limit, " rows were allocated; rows past it were dropped");
     case DeviceErrorKind::kNone:
       break;
   }
@@ -72,13 +64,17 @@ std::string DeviceErrorLog::describe(const DeviceErrorRecord& record) {
 
 void DeviceErrorLog::raise_if_recorded() {
   // Pairs with the kernel's release store of `kind`, written after every other field.
-  const int32_t kind = __atomic_load_n(&host_record_->kind, __ATOMIC_ACQUIRE);
+  const int32_t kind = __atomic_load_n(&host_record()->kind, __ATOMIC_ACQUIRE);
   if (kind == static_cast<int32_t>(DeviceErrorKind::kNone)) return;
-  const DeviceErrorRecord record = *host_record_;
-  std::memset(host_record_, 0, sizeof(DeviceErrorRecord));
-  const ErrorCode code = kind == static_cast<int32_t>(DeviceErrorKind::kWaitTimeout) ? ErrorCode::kTimeout
-                         : kind == static_cast<int32_t>(DeviceErrorKind::kInvalidExpertId) ? ErrorCode::kInvalidArgument
-                                                                                          : ErrorCode::kDeviceError;
+  const DeviceErrorRecord record = *host_record();
+  std::memset(host_record(), 0, sizeof(DeviceErrorRecord));
+  ErrorCode code = ErrorCode::kDeviceError;
+  switch (static_cast<DeviceErrorKind>(kind)) {
+    case DeviceErrorKind::kWaitTimeout: code = ErrorCode::kTimeout; break;
+    case DeviceErrorKind::kInvalidExpertId:
+    case DeviceErrorKind::kTooManyRows: code = ErrorCode::kInvalidArgument; break;
+    case DeviceErrorKind::kNone: break;
+  }
   throw Error(code, describe(record));
 }
 

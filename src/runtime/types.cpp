@@ -56,6 +56,7 @@ TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list
 }
 
 int64_t TensorView::numel() const {
+  if (ndim == 0) return 0;  // an absent tensor (epcomm has no 0-dimensional tensors)
   int64_t count = 1;
   for (int d = 0; d < ndim; ++d) count *= shape[d];
   return count;

@@ -10,5 +10,6 @@ void run_layout_case(RankHarness& harness);
 void run_peer_case(RankHarness& harness);
 void run_lifecycle_case(RankHarness& harness);
 void run_timeout_case(RankHarness& harness);
+void run_normal_case(RankHarness& harness);
 
 }  // namespace epcomm::testing

@@ -17,6 +17,7 @@ constexpr Case kCases[] = {
     {"peer", epcomm::testing::run_peer_case},
     {"lifecycle", epcomm::testing::run_lifecycle_case},
     {"timeout", epcomm::testing::run_timeout_case},
+    {"normal", epcomm::testing::run_normal_case},
 };
 
 int usage() {

@@ -7,6 +7,7 @@
 
 #include "bench/bench_options.hpp"
 #include "bench/bench_records.hpp"
+#include "epcomm/config.hpp"
 #include "epcomm/buffer.hpp"
 
 namespace epcomm::bench {
@@ -33,6 +34,13 @@ void bench_layout(BenchContext& context);
 // Writes records for the peer-copy roofline and a local device copy of the same bytes; returns
 // the peer-copy bandwidth in GB/s for later ratios.
 double bench_copy(BenchContext& context, size_t bytes_per_rank);
+
+// Writes dispatch (FP8 and BF16) and combine records for one config; `check` compares the first
+// call of each against the expected routing and values.
+void bench_normal(BenchContext& context, double copy_gbps, const Config& config, bool check);
+// The configs epcomm-bench measures: the default one, or (with --sweep) a grid around it, each
+// capped so every rank's blocks fit on a shared GPU.
+std::vector<Config> bench_configs(const BenchContext& context);
 
 // Bytes one rank sends in a BF16 dispatch of the standard workload, by DeepEP's convention:
 // every (token, destination rank) pair, the local rank included, times the hidden bytes.

@@ -34,6 +34,7 @@ const char* bench_usage() {
          "  --iters N         timed iterations (default 50)\n"
          "  --seed N          workload seed (default 1)\n"
          "  --setup NAME      label for the records (default: detected)\n"
+         "  --sweep           also time a grid of normal-mode configs (SMs, chunk and ring sizes)\n"
          "  --out FILE        also append the JSON records to FILE\n";
 }
 
@@ -55,6 +56,10 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--help" || args[i] == "-h") {
       options.help = true;
+      continue;
+    }
+    if (args[i] == "--sweep") {
+      options.sweep = true;
       continue;
     }
     const auto setter = setters.find(args[i]);
@@ -81,6 +86,7 @@ std::vector<std::string> to_arguments(const BenchOptions& options) {
       "--seed", std::to_string(options.seed)};
   if (!options.setup.empty()) args.insert(args.end(), {"--setup", options.setup});
   if (!options.out_path.empty()) args.insert(args.end(), {"--out", options.out_path});
+  if (options.sweep) args.push_back("--sweep");
   return args;
 }
 

@@ -20,6 +20,7 @@ struct BenchOptions {
   uint64_t seed = 1;
   std::string out_path;  // JSON lines are also appended here when set
   std::string setup;     // empty: detect (single | mps | timeslice | nvlink)
+  bool sweep = false;    // also time a grid of normal-mode configs
   bool help = false;
 };
 

@@ -80,16 +80,26 @@ int run_rank(const BenchOptions& options) {
   for (int rank = 0; rank < options.num_ranks; ++rank) copy_bytes = std::max(copy_bytes, dispatch_bytes_per_rank(options, rank));
   const size_t bytes_per_peer = (copy_bytes / options.num_ranks) / kVectorBytes * kVectorBytes;
 
+  int64_t ring_bytes = 0;
+  for (const Config& config : bench_configs(context)) {
+    ring_bytes = std::max(ring_bytes, config.nvl_buffer_size_hint(static_cast<int64_t>(options.hidden) * 2, options.num_ranks));
+  }
   BufferOptions buffer_options;
-  buffer_options.num_nvl_bytes =
-      static_cast<int64_t>((bytes_per_peer * options.num_ranks + kBufferSlackBytes) / kRegionAlignment * kRegionAlignment);
+  buffer_options.num_nvl_bytes = static_cast<int64_t>(
+      (std::max<size_t>(bytes_per_peer * options.num_ranks, static_cast<size_t>(ring_bytes)) + kBufferSlackBytes) /
+      kRegionAlignment * kRegionAlignment);
   buffer_options.preinitialize = true;
   Buffer buffer(context.bootstrap, buffer_options);
   context.buffer = &buffer;
   EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&context.stream, cudaStreamNonBlocking));
 
   bench_layout(context);
-  bench_copy(context, bytes_per_peer);
+  const double copy_gbps = bench_copy(context, bytes_per_peer);
+  bool first = true;
+  for (const Config& config : bench_configs(context)) {
+    bench_normal(context, copy_gbps, config, first);
+    first = false;
+  }
 
   buffer.synchronize(context.stream);
   EPCOMM_CUDA_CHECK(cudaStreamDestroy(context.stream));
@@ -97,6 +107,37 @@ int run_rank(const BenchOptions& options) {
 }
 
 }  // namespace
+
+std::vector<Config> bench_configs(const BenchContext& context) {
+  const BenchOptions& options = context.options;
+  // Ranks sharing one GPU must all be resident: two blocks of each rank's kernels fit per SM.
+  const bool shared_gpu = context.num_gpus < options.num_ranks;
+  const int sm_cap = shared_gpu ? (2 * context.device_sms / options.num_ranks) / 2 * 2 : 2 * kMaxChannels;
+  auto capped = [&](Config config) {
+    config.num_sms = std::max(2, std::min(config.num_sms, sm_cap));
+    return config;
+  };
+  std::vector<Config> configs = {capped(default_dispatch_config(options.num_ranks))};
+  if (!options.sweep) return configs;
+  for (const int sms : {16, 24, 32}) {
+    for (const int chunk : {4, 8, 16}) {
+      for (const int ring : {64, 128, 256}) {
+        Config config = default_dispatch_config(options.num_ranks);
+        config.num_sms = sms;
+        config.num_max_nvl_chunked_send_tokens = chunk;
+        config.num_max_nvl_chunked_recv_tokens = ring;
+        config = capped(config);
+        bool seen = false;
+        for (const Config& other : configs) {
+          seen = seen || (other.num_sms == config.num_sms && other.num_max_nvl_chunked_send_tokens == chunk &&
+                          other.num_max_nvl_chunked_recv_tokens == ring);
+        }
+        if (!seen) configs.push_back(config);
+      }
+    }
+  }
+  return configs;
+}
 
 Record BenchContext::base_record(const char* op, const char* mode) const {
   Record record;

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "runtime/cuda_check.hpp"
@@ -21,6 +22,15 @@ class DeviceBytes {
   }
   DeviceBytes(const DeviceBytes&) = delete;
   DeviceBytes& operator=(const DeviceBytes&) = delete;
+  DeviceBytes(DeviceBytes&& other) noexcept : data_(other.data_), bytes_(other.bytes_) {
+    other.data_ = nullptr;
+    other.bytes_ = 0;
+  }
+  DeviceBytes& operator=(DeviceBytes&& other) noexcept {
+    std::swap(data_, other.data_);
+    std::swap(bytes_, other.bytes_);
+    return *this;
+  }
 
   void* get() const { return data_; }
   size_t size() const { return bytes_; }

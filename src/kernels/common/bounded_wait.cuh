@@ -18,7 +18,9 @@ struct WaitSite {
 
 // Spins until an acquire load of `*flag` reaches at least `expected` (flags only ever grow).
 // Returns false after the context's timeout, having reported rank, peer, channel, the value it
-// expected and the last value it saw.
+// expected and the last value it saw. Once any wait of this rank has failed, every other wait
+// gives up at its next timer check without reporting, so a dead peer costs one timeout, not one
+// per wait; callers keep their control flow uniform and let the kernel run to its end.
 __device__ __forceinline__ bool wait_at_least(const uint64_t* flag, uint64_t expected, const KernelContext& context,
                                               const WaitSite& site) {
   uint64_t observed = ld_acquire_sys(flag);
@@ -27,7 +29,10 @@ __device__ __forceinline__ bool wait_at_least(const uint64_t* flag, uint64_t exp
   for (int polls = 0;; ++polls) {
     observed = ld_acquire_sys(flag);
     if (observed >= expected) return true;
-    if (polls % kPollsPerTimerRead == 0 && global_timer_ns() - start_ns > context.wait_timeout_ns) break;
+    if (polls % kPollsPerTimerRead == 0) {
+      if (global_timer_ns() - start_ns > context.wait_timeout_ns) break;
+      if (ld_acquire_sys(&context.errors->kind) != static_cast<int32_t>(DeviceErrorKind::kNone)) return false;
+    }
   }
   ErrorDetails details;
   details.kind = DeviceErrorKind::kWaitTimeout;

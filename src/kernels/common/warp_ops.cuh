@@ -1,0 +1,63 @@
+// Warp- and warp-group-level building blocks of the normal-mode kernels.
+#pragma once
+
+#include <cstdint>
+
+#include "common/constants.hpp"
+
+namespace epcomm::device {
+
+__device__ __forceinline__ int lane_id() { return static_cast<int>(threadIdx.x % kWarpSize); }
+__device__ __forceinline__ int warp_id() { return static_cast<int>(threadIdx.x / kWarpSize); }
+
+// Synchronises the warps of one group (named barrier `1 + group`; barrier 0 is __syncthreads).
+__device__ __forceinline__ void sync_group(int group, int num_warps_in_group) {
+  asm volatile("bar.sync %0, %1;" ::"r"(group + 1), "r"(num_warps_in_group * kWarpSize) : "memory");
+}
+
+__device__ __forceinline__ int warp_sum(int value) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+// Inclusive prefix sum across the lanes of a warp.
+__device__ __forceinline__ int warp_inclusive_scan(int value) {
+#pragma unroll
+  for (int offset = 1; offset < kWarpSize; offset *= 2) {
+    const int other = __shfl_up_sync(0xffffffffu, value, offset);
+    if (lane_id() >= offset) value += other;
+  }
+  return value;
+}
+
+// The whole warp copies `bytes` (a multiple of 16, both pointers 16-byte aligned), keeping
+// several 16-byte loads in flight per lane before storing them. kFromRing reads through L2 only
+// (ld.global.cg): ring slots are rewritten by peers, and this SM's L1 may hold an older copy.
+template <bool kFromRing = false>
+__device__ __forceinline__ void warp_copy(void* destination, const void* source, size_t bytes) {
+  constexpr int kLoadsInFlight = 4;
+  const int4* from = static_cast<const int4*>(source);
+  int4* to = static_cast<int4*>(destination);
+  const int vectors = static_cast<int>(bytes / sizeof(int4));
+  for (int first = lane_id(); first < vectors; first += kWarpSize * kLoadsInFlight) {
+    int4 values[kLoadsInFlight];
+#pragma unroll
+    for (int i = 0; i < kLoadsInFlight; ++i) {
+      const int index = first + i * kWarpSize;
+      if (index < vectors) values[i] = kFromRing ? __ldcg(from + index) : from[index];
+    }
+#pragma unroll
+    for (int i = 0; i < kLoadsInFlight; ++i) {
+      const int index = first + i * kWarpSize;
+      if (index < vectors) to[index] = values[i];
+    }
+  }
+}
+
+// Tokens [begin, end) of `channel` when `num_tokens` tokens are split over `num_channels`.
+__device__ __forceinline__ int channel_begin(int channel, int num_tokens, int num_channels) {
+  return static_cast<int>(static_cast<int64_t>(num_tokens) * channel / num_channels);
+}
+
+}  // namespace epcomm::device

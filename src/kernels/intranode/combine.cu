@@ -1,0 +1,188 @@
+// Normal-mode combine inside one NVLink domain: the reverse of dispatch.
+//
+//   sender block   (even): warp group g sends the rows this rank received from rank g on this
+//                          channel back into g's ring (channel, me), in row order.
+//   receiver block (odd):  one warp per token of this channel: for each rank the token went to
+//                          (ascending), waits for its row and adds it in float, adds the biases,
+//                          and writes the BF16 result; after each window of tokens, frees slots.
+// A token's row from rank d sits at the token's dispatch position in the (channel, d) stream
+// (send_position), because rank d returns rows in the order it received them.
+#include <cuda_bf16.h>
+
+#include "common/nvl_layout.hpp"
+#include "kernels/common/bounded_wait.cuh"
+#include "kernels/common/warp_ops.cuh"
+#include "kernels/intranode/intranode_launchers.hpp"
+#include "runtime/cuda_check.hpp"
+
+namespace epcomm::kernels {
+namespace {
+
+enum class CombineRole { kSender, kReceiver };
+
+constexpr int kBf16PerVector = static_cast<int>(sizeof(int4) / sizeof(__nv_bfloat16));
+
+__device__ void send_channel(const IpcPeers& peers, const CombineKernelArgs& args, const KernelContext& context,
+                             const RingLayout& ring, int channel, int destination, int warps, int warp_in_team) {
+  void* own_base = peers.base(context.rank);
+  void* destination_base = peers.base(destination);
+  const int32_t* prefix = args.recv_channel_prefix + destination * (args.ring.num_channels + 1);
+  const int first_row = prefix[channel];
+  const uint64_t total = static_cast<uint64_t>(prefix[channel + 1] - first_row);
+  const size_t row_bytes = static_cast<size_t>(args.hidden) * sizeof(__nv_bfloat16);
+  const uint64_t start = *NvlLayout::ring_sent(own_base, channel, destination);
+  const int lane = device::lane_id();
+  const bool team_leader = warp_in_team == 0 && lane == 0;
+  const device::WaitSite space_site{DeviceOp::kCombine, WaitTarget::kRingSpace, destination, channel};
+
+  uint64_t published = 0;
+  for (uint64_t done = 0; done < total;) {
+    const uint64_t step = min(static_cast<uint64_t>(kSendWindowTokens), total - done);
+    if (lane == 0 && start + done + step > static_cast<uint64_t>(ring.capacity)) {
+      device::wait_at_least(NvlLayout::ring_head(own_base, channel, destination), start + done + step - ring.capacity,
+                            context, space_site);
+    }
+    __syncwarp();
+    for (uint64_t i = warp_in_team; i < step; i += warps) {
+      const int64_t row = first_row + static_cast<int64_t>(done + i);
+      char* slot = ring.slot_at(destination_base, channel, context.rank, start + done + i);
+      device::warp_copy(slot, static_cast<const char*>(args.x) + row * row_bytes, row_bytes);
+      if (args.topk_weights != nullptr && lane < args.num_topk) {
+        reinterpret_cast<float*>(slot + ring.slot.weights_offset)[lane] = args.topk_weights[row * args.num_topk + lane];
+      }
+    }
+    done += step;
+    if (done - published >= static_cast<uint64_t>(args.ring.send_chunk) || done == total) {
+      device::sync_group(destination, warps);  // every warp's slots are written
+      // Pairs with the receiver's acquire of the tail.
+      if (team_leader) device::st_release_sys(NvlLayout::ring_tail(destination_base, channel, context.rank), start + done);
+      published = done;
+    }
+  }
+  if (team_leader) *NvlLayout::ring_sent(own_base, channel, destination) = start + total;
+}
+
+// One warp reduces one token: the rows from every rank it was sent to, plus the biases.
+__device__ void reduce_token(const IpcPeers& peers, const CombineKernelArgs& args, const KernelContext& context,
+                             const RingLayout& ring, int channel, int token, const uint64_t* ring_start) {
+  void* own_base = peers.base(context.rank);
+  const int lane = device::lane_id();
+  const int num_ranks = context.num_ranks;
+  const int32_t my_position = lane < num_ranks ? args.send_position[static_cast<int64_t>(token) * num_ranks + lane] : -1;
+
+  const char* rows[kMaxNvlPeers];
+  int num_rows = 0;
+  for (int source = 0; source < num_ranks; ++source) {
+    const int32_t position = __shfl_sync(0xffffffffu, my_position, source);
+    if (position < 0) continue;
+    const uint64_t absolute = ring_start[source] + static_cast<uint64_t>(position);
+    if (lane == 0) {
+      const device::WaitSite data_site{DeviceOp::kCombine, WaitTarget::kRingData, source, channel};
+      device::wait_at_least(NvlLayout::ring_tail(own_base, channel, source), absolute + 1, context, data_site);
+    }
+    rows[num_rows++] = ring.slot_at(own_base, channel, source, absolute);
+  }
+  __syncwarp();  // lane 0's acquires order every lane's reads of the rows below
+
+  const int vectors = args.hidden / kBf16PerVector;
+  const int4* bias0 = static_cast<const int4*>(args.bias0);
+  const int4* bias1 = static_cast<const int4*>(args.bias1);
+  int4* out = static_cast<int4*>(args.combined_x) + static_cast<int64_t>(token) * vectors;
+  for (int v = lane; v < vectors; v += kWarpSize) {
+    float sum[kBf16PerVector] = {};  // +0.0f start, then ranks ascending, then biases: the reference's order
+    for (int r = 0; r < num_rows; ++r) {
+      const int4 raw = __ldcg(reinterpret_cast<const int4*>(rows[r]) + v);
+      const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+      for (int j = 0; j < kBf16PerVector; ++j) sum[j] += __bfloat162float(values[j]);
+    }
+    for (const int4* bias : {bias0, bias1}) {
+      if (bias == nullptr) continue;
+      const int4 raw = bias[static_cast<int64_t>(token) * vectors + v];
+      const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+      for (int j = 0; j < kBf16PerVector; ++j) sum[j] += __bfloat162float(values[j]);
+    }
+    int4 packed;
+    __nv_bfloat16* result = reinterpret_cast<__nv_bfloat16*>(&packed);
+#pragma unroll
+    for (int j = 0; j < kBf16PerVector; ++j) result[j] = __float2bfloat16_rn(sum[j]);
+    out[v] = packed;
+  }
+  if (args.combined_topk_weights != nullptr && lane < args.num_topk) {
+    float weight = 0.0f;
+    for (int r = 0; r < num_rows; ++r) weight += __ldcg(reinterpret_cast<const float*>(rows[r] + ring.slot.weights_offset) + lane);
+    args.combined_topk_weights[static_cast<int64_t>(token) * args.num_topk + lane] = weight;
+  }
+}
+
+__device__ void receive_channel(const IpcPeers& peers, const CombineKernelArgs& args, const KernelContext& context,
+                                const RingLayout& ring, int channel) {
+  __shared__ uint64_t ring_start[kMaxNvlPeers];
+  void* own_base = peers.base(context.rank);
+  const int num_ranks = context.num_ranks;
+  if (threadIdx.x < num_ranks) ring_start[threadIdx.x] = *NvlLayout::ring_consumed(own_base, channel, threadIdx.x);
+  __syncthreads();
+
+  const int begin = device::channel_begin(channel, args.num_tokens, args.ring.num_channels);
+  const int end = device::channel_begin(channel + 1, args.num_tokens, args.ring.num_channels);
+  // Thread `source` (< num_ranks) tracks how far this channel has consumed source's ring.
+  uint64_t consumed = threadIdx.x < num_ranks ? ring_start[threadIdx.x] : 0;
+  for (int window = begin; window < end; window += kCombineWindowTokens) {
+    const int token = window + device::warp_id();
+    if (token < end) reduce_token(peers, args, context, ring, channel, token, ring_start);
+    __syncthreads();  // every warp has read its rows of this window
+    if (threadIdx.x < num_ranks) {
+      const int source = threadIdx.x;
+      const int last = min(window + kCombineWindowTokens, end) - 1;
+      for (int t = last; t >= window; --t) {
+        const int32_t position = args.send_position[static_cast<int64_t>(t) * num_ranks + source];
+        if (position < 0) continue;
+        const uint64_t freed = ring_start[source] + static_cast<uint64_t>(position) + 1;
+        if (freed > consumed) {
+          consumed = freed;
+          // Pairs with the sender's acquire of the head before it reuses the slots.
+          device::st_release_sys(NvlLayout::ring_head(peers.base(source), channel, context.rank), consumed);
+        }
+        break;
+      }
+    }
+  }
+  if (threadIdx.x < num_ranks) *NvlLayout::ring_consumed(own_base, channel, threadIdx.x) = consumed;
+}
+
+__global__ void __launch_bounds__(kNormalThreadsPerBlock, 2)
+    combine_kernel(const __grid_constant__ IpcPeers peers, const __grid_constant__ CombineKernelArgs args,
+                   KernelContext context) {
+  const CombineRole role = blockIdx.x % 2 == 0 ? CombineRole::kSender : CombineRole::kReceiver;
+  const int channel = static_cast<int>(blockIdx.x / 2);
+  RingLayout ring;
+  ring.slot = SlotLayout::combine(static_cast<size_t>(args.hidden) * sizeof(__nv_bfloat16), args.num_topk);
+  ring.num_ranks = context.num_ranks;
+  ring.capacity = args.ring.ring_capacity;
+
+  if (role == CombineRole::kSender) {
+    const int warps = kNormalWarpsPerBlock / context.num_ranks;
+    const int destination = device::warp_id() / warps;
+    if (destination < context.num_ranks) {
+      send_channel(peers, args, context, ring, channel, destination, warps, device::warp_id() % warps);
+    }
+  } else {
+    receive_channel(peers, args, context, ring, channel);
+  }
+}
+
+}  // namespace
+
+void launch_combine(const IpcPeers& peers, const CombineKernelArgs& args, const KernelContext& context,
+                    cudaStream_t stream) {
+  combine_kernel<<<2 * args.ring.num_channels, kNormalThreadsPerBlock, 0, stream>>>(peers, args, context);
+  EPCOMM_CUDA_CHECK(cudaGetLastError());
+}
+
+void load_combine_kernel_module() {
+  cudaFuncAttributes attributes;
+  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, combine_kernel));
+}
+
+}  // namespace epcomm::kernels

@@ -1,0 +1,215 @@
+// Normal-mode dispatch inside one NVLink domain.
+//
+// Tokens are split into channels (contiguous token ranges); each channel is a pair of blocks.
+//   sender block   (even): warp group g sends this rank's channel tokens bound for rank g into
+//                          g's ring (channel, me), in token order, waiting for free slots.
+//   receiver block (odd):  warp group g copies rows from my ring (channel, g) into the outputs,
+//                          at the rows the notify step assigned, then frees the slots.
+// Ring positions grow across calls (see nvl_layout.hpp); the tail a sender publishes and the head
+// a receiver publishes are the only synchronisation, each a release paired with an acquire.
+#include "common/nvl_layout.hpp"
+#include "kernels/common/bounded_wait.cuh"
+#include "kernels/common/warp_ops.cuh"
+#include "kernels/intranode/intranode_launchers.hpp"
+#include "runtime/cuda_check.hpp"
+
+namespace epcomm::kernels {
+namespace {
+
+enum class DispatchRole { kSender, kReceiver };
+
+struct Team {  // the warp group of this thread and its peer
+  int peer;
+  int warps;        // warps per group
+  int warp_in_team;
+  bool active;
+};
+
+__device__ __forceinline__ Team team_of_this_warp(int num_ranks) {
+  const int warps = kNormalWarpsPerBlock / num_ranks;
+  Team team;
+  team.peer = device::warp_id() / warps;
+  team.warps = warps;
+  team.warp_in_team = device::warp_id() % warps;
+  team.active = team.peer < num_ranks;
+  return team;
+}
+
+// Rewrites a global expert id to the destination's local id, or -1 if another rank owns it.
+__device__ __forceinline__ int64_t to_local_expert(int64_t expert, int destination, int experts_per_rank) {
+  const int64_t first = static_cast<int64_t>(destination) * experts_per_rank;
+  return (expert >= first && expert < first + experts_per_rank) ? expert - first : -1;
+}
+
+__device__ void send_channel(const IpcPeers& peers, const DispatchKernelArgs& args, const KernelContext& context,
+                             const RingLayout& ring, int channel, const Team& team) {
+  const int destination = team.peer;
+  void* own_base = peers.base(context.rank);
+  void* destination_base = peers.base(destination);
+  const int begin = device::channel_begin(channel, args.num_tokens, args.ring.num_channels);
+  const int end = device::channel_begin(channel + 1, args.num_tokens, args.ring.num_channels);
+  const int experts_per_rank = args.num_experts / context.num_ranks;
+  const int lane = device::lane_id();
+  const bool team_leader = team.warp_in_team == 0 && lane == 0;
+
+  const uint64_t start = *NvlLayout::ring_sent(own_base, channel, destination);
+  uint64_t sent = 0, published = 0;
+  const device::WaitSite space_site{DeviceOp::kDispatch, WaitTarget::kRingSpace, destination, channel};
+
+  for (int window = begin; window < end; window += kSendWindowTokens) {
+    const int token_of_lane = window + lane;
+    const bool selected = token_of_lane < end &&
+                          args.is_token_in_rank[static_cast<int64_t>(token_of_lane) * context.num_ranks + destination];
+    const uint32_t mask = __ballot_sync(0xffffffffu, selected);
+    const int count = __popc(mask);
+    if (args.send_position != nullptr && team.warp_in_team == 0 && token_of_lane < end) {
+      // Position of this token in the (channel, destination) stream, -1 if not sent there.
+      const int rank_in_window = __popc(mask & ((1u << lane) - 1u));
+      args.send_position[static_cast<int64_t>(token_of_lane) * context.num_ranks + destination] =
+          selected ? static_cast<int32_t>(sent) + rank_in_window : -1;
+    }
+    if (count == 0) continue;
+
+    // Wait until the destination has freed the slots this window fills.
+    if (lane == 0 && start + sent + count > static_cast<uint64_t>(ring.capacity)) {
+      const uint64_t needed = start + sent + count - ring.capacity;
+      device::wait_at_least(NvlLayout::ring_head(own_base, channel, destination), needed, context, space_site);
+    }
+    __syncwarp();
+
+    for (int i = team.warp_in_team; i < count; i += team.warps) {
+      const int token = window + __fns(mask, 0, i + 1);
+      char* slot = ring.slot_at(destination_base, channel, context.rank, start + sent + i);
+      device::warp_copy(slot, static_cast<const char*>(args.x) + static_cast<int64_t>(token) * args.row_bytes,
+                        args.row_bytes);
+      float* slot_scales = reinterpret_cast<float*>(slot + ring.slot.scales_offset);
+      for (int s = lane; s < args.num_scales; s += kWarpSize) slot_scales[s] = args.x_scales[static_cast<int64_t>(token) * args.num_scales + s];
+      if (lane < args.num_topk && args.topk_idx != nullptr) {
+        const int64_t local = to_local_expert(args.topk_idx[static_cast<int64_t>(token) * args.num_topk + lane],
+                                              destination, experts_per_rank);
+        reinterpret_cast<int64_t*>(slot + ring.slot.topk_idx_offset)[lane] = local;
+        if (args.topk_weights != nullptr) {
+          reinterpret_cast<float*>(slot + ring.slot.weights_offset)[lane] =
+              local >= 0 ? args.topk_weights[static_cast<int64_t>(token) * args.num_topk + lane] : 0.0f;
+        }
+      }
+      if (lane == 0) *reinterpret_cast<int32_t*>(slot + ring.slot.source_offset) = token;
+    }
+    sent += count;
+    if (sent - published >= static_cast<uint64_t>(args.ring.send_chunk)) {
+      device::sync_group(team.peer, team.warps);  // every warp's slots are written
+      // Pairs with the receiver's acquire of the tail: the slots before it are complete.
+      if (team_leader) device::st_release_sys(NvlLayout::ring_tail(destination_base, channel, context.rank), start + sent);
+      published = sent;
+    }
+  }
+  device::sync_group(team.peer, team.warps);
+  if (team_leader) {
+    if (published != sent) device::st_release_sys(NvlLayout::ring_tail(destination_base, channel, context.rank), start + sent);
+    *NvlLayout::ring_sent(own_base, channel, destination) = start + sent;
+  }
+}
+
+__device__ void receive_channel(const IpcPeers& peers, const DispatchKernelArgs& args, const KernelContext& context,
+                                const RingLayout& ring, int channel, const Team& team) {
+  __shared__ uint64_t team_tail[kMaxNvlPeers];
+  const int source = team.peer;
+  void* own_base = peers.base(context.rank);
+  const int32_t* prefix = args.recv_channel_prefix + source * (args.ring.num_channels + 1);
+  const int first_row = prefix[channel];
+  const uint64_t expected = static_cast<uint64_t>(prefix[channel + 1] - first_row);
+  const uint64_t start = *NvlLayout::ring_consumed(own_base, channel, source);
+  const int lane = device::lane_id();
+  const bool team_leader = team.warp_in_team == 0 && lane == 0;
+  const device::WaitSite data_site{DeviceOp::kDispatch, WaitTarget::kRingData, source, channel};
+
+  for (uint64_t done = 0; done < expected;) {
+    if (team_leader) {
+      const uint64_t* tail = NvlLayout::ring_tail(own_base, channel, source);
+      device::wait_at_least(tail, start + done + 1, context, data_site);
+      team_tail[source] = min(device::ld_acquire_sys(tail), start + expected);
+    }
+    device::sync_group(team.peer, team.warps);
+    // A timed-out wait leaves the tail short; the record is already written, so stop here.
+    const uint64_t available = team_tail[source] > start + done ? team_tail[source] - start - done : 0;
+    if (available == 0) return;
+    for (uint64_t i = team.warp_in_team; i < available; i += team.warps) {
+      const int64_t row = first_row + static_cast<int64_t>(done + i);
+      if (row >= args.num_rows) continue;  // more than num_worst_tokens: reported, never written
+      const char* slot = ring.slot_at(own_base, channel, source, start + done + i);
+      device::warp_copy<true>(static_cast<char*>(args.recv_x) + row * args.row_bytes, slot, args.row_bytes);
+      const float* slot_scales = reinterpret_cast<const float*>(slot + ring.slot.scales_offset);
+      for (int s = lane; s < args.num_scales; s += kWarpSize) args.recv_x_scales[row * args.num_scales + s] = __ldcg(slot_scales + s);
+      if (lane < args.num_topk) {
+        if (args.recv_topk_idx != nullptr) {
+          args.recv_topk_idx[row * args.num_topk + lane] = __ldcg(reinterpret_cast<const int64_t*>(slot + ring.slot.topk_idx_offset) + lane);
+        }
+        if (args.recv_topk_weights != nullptr) {
+          args.recv_topk_weights[row * args.num_topk + lane] = __ldcg(reinterpret_cast<const float*>(slot + ring.slot.weights_offset) + lane);
+        }
+      }
+      if (lane == 0 && args.recv_src_idx != nullptr) args.recv_src_idx[row] = __ldcg(reinterpret_cast<const int32_t*>(slot + ring.slot.source_offset));
+    }
+    done += available;
+    device::sync_group(team.peer, team.warps);  // every read of these slots is done
+    // Pairs with the sender's acquire of the head before it reuses the slots.
+    if (team_leader) device::st_release_sys(NvlLayout::ring_head(peers.base(source), channel, context.rank), start + done);
+  }
+  if (team_leader) *NvlLayout::ring_consumed(own_base, channel, source) = start + expected;
+}
+
+// Worst-case sizing: rows past the received ones are marked empty (no expert, no source).
+__device__ void mark_unused_rows(const DispatchKernelArgs& args, int channel, const KernelContext& context) {
+  const int received =
+      args.recv_channel_prefix[(context.num_ranks - 1) * (args.ring.num_channels + 1) + args.ring.num_channels];
+  if (received > args.num_rows && channel == 0 && threadIdx.x == 0) {
+    device::ErrorDetails details;
+    details.kind = DeviceErrorKind::kTooManyRows;
+    details.op = DeviceOp::kDispatch;
+    details.observed = received;
+    details.limit = args.num_rows;
+    device::report_error(context, details);
+  }
+  const int stride = args.ring.num_channels * blockDim.x;
+  for (int row = received + channel * blockDim.x + threadIdx.x; row < args.num_rows; row += stride) {
+    if (args.recv_src_idx != nullptr) args.recv_src_idx[row] = -1;
+    for (int k = 0; k < args.num_topk; ++k) {
+      if (args.recv_topk_idx != nullptr) args.recv_topk_idx[static_cast<int64_t>(row) * args.num_topk + k] = -1;
+      if (args.recv_topk_weights != nullptr) args.recv_topk_weights[static_cast<int64_t>(row) * args.num_topk + k] = 0.0f;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kNormalThreadsPerBlock, 2)
+    dispatch_kernel(const __grid_constant__ IpcPeers peers, const __grid_constant__ DispatchKernelArgs args,
+                    KernelContext context) {
+  const DispatchRole role = blockIdx.x % 2 == 0 ? DispatchRole::kSender : DispatchRole::kReceiver;
+  const int channel = static_cast<int>(blockIdx.x / 2);
+  RingLayout ring;
+  ring.slot = SlotLayout::dispatch(args.row_bytes, args.num_scales, args.num_topk);
+  ring.num_ranks = context.num_ranks;
+  ring.capacity = args.ring.ring_capacity;
+  const Team team = team_of_this_warp(context.num_ranks);
+
+  if (role == DispatchRole::kSender) {
+    if (team.active) send_channel(peers, args, context, ring, channel, team);
+  } else {
+    if (team.active) receive_channel(peers, args, context, ring, channel, team);
+    mark_unused_rows(args, channel, context);
+  }
+}
+
+}  // namespace
+
+void launch_dispatch(const IpcPeers& peers, const DispatchKernelArgs& args, const KernelContext& context,
+                     cudaStream_t stream) {
+  dispatch_kernel<<<2 * args.ring.num_channels, kNormalThreadsPerBlock, 0, stream>>>(peers, args, context);
+  EPCOMM_CUDA_CHECK(cudaGetLastError());
+}
+
+void load_dispatch_kernel_module() {
+  cudaFuncAttributes attributes;
+  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, dispatch_kernel));
+}
+
+}  // namespace epcomm::kernels

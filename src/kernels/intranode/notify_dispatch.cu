@@ -1,0 +1,114 @@
+// Notify step of a normal-mode dispatch: every rank tells every destination how many tokens (in
+// total, per channel and per local expert) it will send, then each destination turns what it
+// received into row offsets and counts.
+//
+// One block. Roles in order: (1) write my counts into every peer's notify slot; (2) cross-rank
+// barrier; (3) read the slots addressed to me: per-(source, channel) row prefix for the
+// receivers, per-expert counts for the caller, and (if the host waits) publish them to it.
+#include "common/notify_results.hpp"
+#include "kernels/common/block_barrier.cuh"
+#include "kernels/common/warp_ops.cuh"
+#include "kernels/intranode/intranode_launchers.hpp"
+#include "runtime/cuda_check.hpp"
+
+namespace epcomm::kernels {
+namespace {
+
+// (1) Tokens of each channel bound for each rank: warp per channel, lanes over tokens.
+__device__ void send_channel_counts(const IpcPeers& peers, const bool* is_token_in_rank, int num_tokens,
+                                    int num_channels, uint64_t parity, const KernelContext& context) {
+  for (int channel = device::warp_id(); channel < num_channels; channel += kNormalWarpsPerBlock) {
+    const int begin = device::channel_begin(channel, num_tokens, num_channels);
+    const int end = device::channel_begin(channel + 1, num_tokens, num_channels);
+    int counts[kMaxNvlPeers] = {};
+    for (int token = begin + device::lane_id(); token < end; token += kWarpSize) {
+      const bool* row = is_token_in_rank + static_cast<int64_t>(token) * context.num_ranks;
+#pragma unroll
+      for (int rank = 0; rank < kMaxNvlPeers; ++rank) {
+        if (rank < context.num_ranks) counts[rank] += row[rank] ? 1 : 0;
+      }
+    }
+#pragma unroll
+    for (int rank = 0; rank < kMaxNvlPeers; ++rank) {
+      if (rank >= context.num_ranks) break;
+      const int total = device::warp_sum(counts[rank]);
+      if (device::lane_id() == 0) {
+        NvlLayout::notify_slot(peers.base(rank), parity, context.rank)->channel_counts[channel] = total;
+      }
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
+    notify_dispatch_kernel(const __grid_constant__ IpcPeers peers, NotifyDispatchArgs args, KernelContext context) {
+  void* own_base = peers.base(context.rank);
+  const uint64_t parity = *NvlLayout::notify_parity(own_base);
+  const int num_ranks = context.num_ranks;
+  const int experts_per_rank = args.num_experts / num_ranks;
+
+  // (1) My counts, into every destination's slot for me.
+  send_channel_counts(peers, args.is_token_in_rank, args.num_tokens, args.num_channels, parity, context);
+  for (int i = threadIdx.x; i < args.num_experts; i += blockDim.x) {
+    const int destination = i / experts_per_rank;
+    NvlLayout::notify_slot(peers.base(destination), parity, context.rank)->expert_counts[i % experts_per_rank] =
+        args.num_tokens_per_expert[i];
+  }
+  if (threadIdx.x < num_ranks) {
+    NvlLayout::notify_slot(peers.base(threadIdx.x), parity, context.rank)->num_tokens =
+        args.num_tokens_per_rank[threadIdx.x];
+  }
+
+  // (2) After the barrier every source's counts for me are in my slots.
+  if (!device::block_barrier(peers, context, DeviceOp::kNotifyDispatch)) return;
+
+  // (3a) Row prefix over (source, channel), in receive order: source-major, then channel.
+  if (device::warp_id() == 0) {
+    int base = 0;
+    for (int source = 0; source < num_ranks; ++source) {
+      const NotifySlot* slot = NvlLayout::notify_slot(own_base, parity, source);
+      const int lane = device::lane_id();
+      const int count = lane < args.num_channels ? slot->channel_counts[lane] : 0;
+      const int inclusive = device::warp_inclusive_scan(count);
+      int32_t* prefix = args.recv_channel_prefix + source * (args.num_channels + 1);
+      if (lane < args.num_channels) prefix[lane] = base + inclusive - count;
+      base += __shfl_sync(0xffffffffu, inclusive, kWarpSize - 1);
+      if (lane == 0) prefix[args.num_channels] = base;
+    }
+    if (args.host_results != nullptr && device::lane_id() == 0) {
+      device::st_relaxed_sys(&args.host_results->num_recv_tokens, base);
+    }
+  }
+  // (3b) Per local expert, summed over sources and padded to the alignment.
+  for (int expert = threadIdx.x; expert < experts_per_rank; expert += blockDim.x) {
+    int total = 0;
+    for (int source = 0; source < num_ranks; ++source) total += NvlLayout::notify_slot(own_base, parity, source)->expert_counts[expert];
+    const int padded = (total + args.expert_alignment - 1) / args.expert_alignment * args.expert_alignment;
+    args.num_recv_tokens_per_expert[expert] = padded;
+    if (args.host_results != nullptr) device::st_relaxed_sys(&args.host_results->num_recv_tokens_per_expert[expert], padded);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    // The next notify writes the other slots, so a slow reader of these is never overwritten.
+    *NvlLayout::notify_parity(own_base) = parity ^ 1u;
+    if (args.host_results != nullptr) {
+      // Pairs with the host's acquire load of `sequence`: every count above is visible first.
+      device::fence_acq_rel_sys();
+      device::st_release_sys(&args.host_results->sequence, args.sequence);
+    }
+  }
+}
+
+}  // namespace
+
+void launch_notify_dispatch(const IpcPeers& peers, const NotifyDispatchArgs& args, const KernelContext& context,
+                            cudaStream_t stream) {
+  notify_dispatch_kernel<<<1, kNormalThreadsPerBlock, 0, stream>>>(peers, args, context);
+  EPCOMM_CUDA_CHECK(cudaGetLastError());
+}
+
+void load_notify_dispatch_kernel_module() {
+  cudaFuncAttributes attributes;
+  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, notify_dispatch_kernel));
+}
+
+}  // namespace epcomm::kernels

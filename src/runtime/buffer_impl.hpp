@@ -1,0 +1,72 @@
+// The state behind epcomm::Buffer, shared by the files that implement its operations.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "common/kernel_context.hpp"
+#include "epcomm/buffer.hpp"
+#include "runtime/cuda_check.hpp"
+#include "runtime/device_allocation.hpp"
+#include "runtime/device_error_log.hpp"
+#include "transport/ipc/ipc_buffer.hpp"
+
+namespace epcomm {
+
+inline constexpr int64_t kNanosecondsPerMillisecond = 1000 * 1000;
+
+namespace detail {
+
+// Makes `device` current for one operation and restores the caller's device afterwards.
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int device) {
+    EPCOMM_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) EPCOMM_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~ScopedDevice() {
+    int current = previous_;
+    if (cudaGetDevice(&current) == cudaSuccess && current != previous_) EPCOMM_CUDA_WARN(cudaSetDevice(previous_));
+  }
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+}  // namespace detail
+
+struct Buffer::Impl {
+  ~Impl();
+
+  std::shared_ptr<Bootstrap> bootstrap;
+  BufferOptions options;
+  int device = 0;
+  int num_device_sms = 0;
+  detail::DeviceErrorLog errors;
+  std::optional<detail::IpcBuffer> nvl;
+  detail::DeviceAllocation layout_workspace;  // LayoutWorkspace, zeroed once
+  detail::MappedHostMemory notify_results;    // NotifyResults, read by the host after a notify
+  uint64_t notify_sequence = 0;               // last sequence number a host-waited notify published
+  cudaStream_t comm_stream = nullptr;         // every normal-mode call runs here
+
+  KernelContext context() const {
+    KernelContext context;
+    context.errors = errors.device_record();
+    context.rank = bootstrap->rank();
+    context.num_ranks = bootstrap->num_ranks();
+    context.wait_timeout_ns = static_cast<uint64_t>(options.wait_timeout.count() * kNanosecondsPerMillisecond);
+    return context;
+  }
+
+  // Every operation starts here: a Buffer that was destroyed, or whose earlier kernel recorded a
+  // failure, refuses to go on.
+  void begin(const char* op) {
+    if (!nvl) fail(ErrorCode::kInvalidArgument, op, ": the Buffer was destroyed");
+    errors.raise_if_recorded();
+  }
+};
+
+}  // namespace epcomm
