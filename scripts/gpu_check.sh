@@ -44,7 +44,7 @@ if [ "${gpus:-0}" -lt 8 ]; then
 fi
 
 status=0
-ctest --test-dir "$EPCOMM_BUILD_DIR" --output-on-failure >"$results/tests.log" 2>&1 || status=1
+ctest --test-dir "$EPCOMM_BUILD_DIR" --output-on-failure --timeout "${EPCOMM_TEST_TIMEOUT:-300}" >"$results/tests.log" 2>&1 || status=1
 note "tests: $(grep -E 'tests passed|tests failed' "$results/tests.log" | tail -1)"
 grep -E 'Failed|\*\*\*Skipped|Timeout' "$results/tests.log" | tee -a "$summary" || true
 
