@@ -67,7 +67,9 @@ class Allocator {
   virtual Tensor allocate(DType dtype, std::initializer_list<int64_t> shape, cudaStream_t stream) = 0;
 };
 
-// Stream-ordered cudaMallocAsync/cudaFreeAsync allocator: the default for C++ callers.
+// Stream-ordered allocator (cudaMallocFromPoolAsync / cudaFreeAsync) over a pool of its own per
+// device that keeps freed memory for reuse, like a framework's caching allocator: the default for
+// C++ callers.
 std::shared_ptr<Allocator> make_stream_ordered_allocator();
 
 }  // namespace epcomm

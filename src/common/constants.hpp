@@ -45,6 +45,7 @@ inline constexpr int kCopyThreadsPerBlock = 512;
 // Bounded waits: a spin-wait reads the global timer only every this many polls, to keep the
 // timer off the hot path, and gives up after the buffer's wait timeout.
 inline constexpr int kPollsPerTimerRead = 64;
+inline constexpr int kPollsPerErrorCheck = 64 * kPollsPerTimerRead;
 inline constexpr int64_t kDefaultWaitTimeoutMs = 100 * 1000;
 
 }  // namespace epcomm

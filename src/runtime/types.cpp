@@ -1,5 +1,7 @@
 #include "epcomm/types.hpp"
 
+#include <map>
+#include <mutex>
 #include <sstream>
 
 #include "epcomm/error.hpp"
@@ -83,6 +85,28 @@ std::string TensorView::describe() const {
 
 namespace {
 
+// A CUDA memory pool of one device that keeps freed memory for reuse (release threshold at the
+// maximum), so steady-state calls never map new memory. Outlives every allocation made from it.
+class DevicePool {
+ public:
+  explicit DevicePool(int device) {
+    cudaMemPoolProps properties{};
+    properties.allocType = cudaMemAllocationTypePinned;
+    properties.location.type = cudaMemLocationTypeDevice;
+    properties.location.id = device;
+    EPCOMM_CUDA_CHECK(cudaMemPoolCreate(&pool_, &properties));
+    uint64_t keep_everything = UINT64_MAX;
+    EPCOMM_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep_everything));
+  }
+  ~DevicePool() { EPCOMM_CUDA_WARN(cudaMemPoolDestroy(pool_)); }
+  DevicePool(const DevicePool&) = delete;
+  DevicePool& operator=(const DevicePool&) = delete;
+  cudaMemPool_t get() const { return pool_; }
+
+ private:
+  cudaMemPool_t pool_ = nullptr;
+};
+
 class StreamOrderedAllocator final : public Allocator {
  public:
   Tensor allocate(DType dtype, std::initializer_list<int64_t> shape, cudaStream_t stream) override {
@@ -90,13 +114,29 @@ class StreamOrderedAllocator final : public Allocator {
     tensor.view = TensorView::contiguous(static_cast<void*>(nullptr), dtype, shape);
     const size_t bytes = tensor.view.nbytes();
     if (bytes == 0) return tensor;
+    std::shared_ptr<DevicePool> pool = pool_of_current_device();
     void* memory = nullptr;
-    EPCOMM_CUDA_CHECK(cudaMallocAsync(&memory, bytes, stream));
+    EPCOMM_CUDA_CHECK(cudaMallocFromPoolAsync(&memory, bytes, pool->get(), stream));
     tensor.view.data = memory;
     // Freed in the order of the stream it was made for, once the last holder lets go.
-    tensor.storage = std::shared_ptr<void>(memory, [stream](void* pointer) { EPCOMM_CUDA_WARN(cudaFreeAsync(pointer, stream)); });
+    tensor.storage = std::shared_ptr<void>(memory, [stream, pool](void* pointer) {
+      EPCOMM_CUDA_WARN(cudaFreeAsync(pointer, stream));
+    });
     return tensor;
   }
+
+ private:
+  std::shared_ptr<DevicePool> pool_of_current_device() {
+    int device = 0;
+    EPCOMM_CUDA_CHECK(cudaGetDevice(&device));
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::shared_ptr<DevicePool>& pool = pools_[device];
+    if (!pool) pool = std::make_shared<DevicePool>(device);
+    return pool;
+  }
+
+  std::mutex mutex_;
+  std::map<int, std::shared_ptr<DevicePool>> pools_;
 };
 
 }  // namespace

@@ -593,9 +593,9 @@ void run_normal_case(RankHarness& harness) {
   EPCOMM_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
 
   // All ranks may share one GPU (MPS) and every block of every rank must be resident at once: the
-  // kernels allow 2 blocks of 512 threads per SM, so ranks * num_sms <= 2 * SMs.
+  // kernels run one 512-thread block per SM, so ranks * num_sms <= SMs.
   Config default_config = default_dispatch_config(ranks);
-  const int fitting_sms = std::max(2, 2 * sm_count / ranks / 2 * 2);
+  const int fitting_sms = std::max(2, sm_count / ranks / 2 * 2);
   default_config.num_sms = std::min(default_config.num_sms, fitting_sms);
   Config small_config = default_config;
   small_config.num_sms = std::min(4, fitting_sms);

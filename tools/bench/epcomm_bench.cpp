@@ -110,16 +110,16 @@ int run_rank(const BenchOptions& options) {
 
 std::vector<Config> bench_configs(const BenchContext& context) {
   const BenchOptions& options = context.options;
-  // Ranks sharing one GPU must all be resident: two blocks of each rank's kernels fit per SM.
+  // Ranks sharing one GPU must all be resident at once, one block per SM.
   const bool shared_gpu = context.num_gpus < options.num_ranks;
-  const int sm_cap = shared_gpu ? (2 * context.device_sms / options.num_ranks) / 2 * 2 : 2 * kMaxChannels;
+  const int sm_cap = shared_gpu ? (context.device_sms / options.num_ranks) / 2 * 2 : 2 * kMaxChannels;
   auto capped = [&](Config config) {
     config.num_sms = std::max(2, std::min(config.num_sms, sm_cap));
     return config;
   };
   std::vector<Config> configs = {capped(default_dispatch_config(options.num_ranks))};
   if (!options.sweep) return configs;
-  for (const int sms : {16, 24, 32}) {
+  for (const int sms : {8, 16, 24}) {
     for (const int chunk : {4, 8, 16}) {
       for (const int ring : {64, 128, 256}) {
         Config config = default_dispatch_config(options.num_ranks);

@@ -26,14 +26,20 @@ __device__ __forceinline__ bool wait_at_least(const uint64_t* flag, uint64_t exp
   uint64_t observed = ld_acquire_sys(flag);
   if (observed >= expected) return true;
   const uint64_t start_ns = global_timer_ns();
-  for (int polls = 0;; ++polls) {
-    observed = ld_acquire_sys(flag);
-    if (observed >= expected) return true;
-    if (polls % kPollsPerTimerRead == 0) {
-      if (global_timer_ns() - start_ns > context.wait_timeout_ns) break;
-      if (ld_acquire_sys(&context.errors->kind) != static_cast<int32_t>(DeviceErrorKind::kNone)) return false;
+  for (int polls = 1;; ++polls) {
+    // Poll with relaxed loads (an acquire per poll would order memory for nothing), then take
+    // one acquire of the value that satisfied us.
+    if (ld_relaxed_sys(flag) >= expected) return ld_acquire_sys(flag) >= expected;
+    if (polls % kPollsPerTimerRead != 0) continue;
+    if (global_timer_ns() - start_ns > context.wait_timeout_ns) break;
+    // Another wait of this rank already failed: give up too (the record lives in host memory,
+    // so it is read only every kPollsPerErrorCheck polls).
+    if (polls % kPollsPerErrorCheck == 0 &&
+        ld_relaxed_sys(&context.errors->kind) != static_cast<int32_t>(DeviceErrorKind::kNone)) {
+      return false;
     }
   }
+  observed = ld_acquire_sys(flag);
   ErrorDetails details;
   details.kind = DeviceErrorKind::kWaitTimeout;
   details.op = site.op;

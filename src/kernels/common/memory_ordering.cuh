@@ -26,6 +26,20 @@ __device__ __forceinline__ int32_t ld_acquire_sys(const int32_t* address) {
   return value;
 }
 
+// Relaxed load at system scope: for polling a flag cheaply. A poll that succeeds must be followed
+// by an acquire (ld_acquire_sys of the same flag) before the data it guards is read.
+__device__ __forceinline__ uint64_t ld_relaxed_sys(const uint64_t* address) {
+  uint64_t value;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(address) : "memory");
+  return value;
+}
+
+__device__ __forceinline__ int32_t ld_relaxed_sys(const int32_t* address) {
+  int32_t value;
+  asm volatile("ld.relaxed.sys.global.s32 %0, [%1];" : "=r"(value) : "l"(address) : "memory");
+  return value;
+}
+
 // Release store: everything this thread wrote (and observed) before becomes visible to a reader
 // whose acquire load sees this value.
 __device__ __forceinline__ void st_release_sys(uint64_t* address, uint64_t value) {

@@ -62,7 +62,9 @@ __device__ void send_channel(const IpcPeers& peers, const CombineKernelArgs& arg
   if (team_leader) *NvlLayout::ring_sent(own_base, channel, destination) = start + total;
 }
 
-// One warp reduces one token: the rows from every rank it was sent to, plus the biases.
+// One warp reduces one token: the rows from every rank it was sent to, plus the biases. The
+// loads of all ranks' rows for one vector are issued before any is added (kMaxNvlPeers unrolled,
+// predicated), so a lane keeps up to one load per rank in flight.
 __device__ void reduce_token(const IpcPeers& peers, const CombineKernelArgs& args, const KernelContext& context,
                              const RingLayout& ring, int channel, int token, const uint64_t* ring_start) {
   void* own_base = peers.base(context.rank);
@@ -70,36 +72,53 @@ __device__ void reduce_token(const IpcPeers& peers, const CombineKernelArgs& arg
   const int num_ranks = context.num_ranks;
   const int32_t my_position = lane < num_ranks ? args.send_position[static_cast<int64_t>(token) * num_ranks + lane] : -1;
 
-  const char* rows[kMaxNvlPeers];
-  int num_rows = 0;
-  for (int source = 0; source < num_ranks; ++source) {
+  // Rows as 16-byte-vector indices from the ring base (32 bits each, to save registers).
+  const int4* ring_base = static_cast<const int4*>(NvlLayout::user(own_base));
+  uint32_t row_at[kMaxNvlPeers];
+  uint32_t present = 0;  // bit s: the token went to rank s
+#pragma unroll
+  for (int source = 0; source < kMaxNvlPeers; ++source) {
     const int32_t position = __shfl_sync(0xffffffffu, my_position, source);
-    if (position < 0) continue;
+    row_at[source] = 0;
+    if (source >= num_ranks || position < 0) continue;
     const uint64_t absolute = ring_start[source] + static_cast<uint64_t>(position);
     if (lane == 0) {
       const device::WaitSite data_site{DeviceOp::kCombine, WaitTarget::kRingData, source, channel};
       device::wait_at_least(NvlLayout::ring_tail(own_base, channel, source), absolute + 1, context, data_site);
     }
-    rows[num_rows++] = ring.slot_at(own_base, channel, source, absolute);
+    row_at[source] = static_cast<uint32_t>(
+        reinterpret_cast<const int4*>(ring.slot_at(own_base, channel, source, absolute)) - ring_base);
+    present |= 1u << source;
   }
   __syncwarp();  // lane 0's acquires order every lane's reads of the rows below
 
   const int vectors = args.hidden / kBf16PerVector;
-  const int4* bias0 = static_cast<const int4*>(args.bias0);
-  const int4* bias1 = static_cast<const int4*>(args.bias1);
-  int4* out = static_cast<int4*>(args.combined_x) + static_cast<int64_t>(token) * vectors;
+  const int4* __restrict__ bias0 = static_cast<const int4*>(args.bias0);
+  const int4* __restrict__ bias1 = static_cast<const int4*>(args.bias1);
+  int4* __restrict__ out = static_cast<int4*>(args.combined_x) + static_cast<int64_t>(token) * vectors;
   for (int v = lane; v < vectors; v += kWarpSize) {
-    float sum[kBf16PerVector] = {};  // +0.0f start, then ranks ascending, then biases: the reference's order
-    for (int r = 0; r < num_rows; ++r) {
-      const int4 raw = __ldcg(reinterpret_cast<const int4*>(rows[r]) + v);
-      const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&raw);
+    int4 raw[kMaxNvlPeers];
+#pragma unroll
+    for (int source = 0; source < kMaxNvlPeers; ++source) {
+      if (present & (1u << source)) raw[source] = __ldcg(ring_base + row_at[source] + v);
+    }
+    float sum[kBf16PerVector] = {};  // +0.0f, then ranks ascending, then biases: the reference's order
+#pragma unroll
+    for (int source = 0; source < kMaxNvlPeers; ++source) {
+      if (!(present & (1u << source))) continue;
+      const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&raw[source]);
 #pragma unroll
       for (int j = 0; j < kBf16PerVector; ++j) sum[j] += __bfloat162float(values[j]);
     }
-    for (const int4* bias : {bias0, bias1}) {
-      if (bias == nullptr) continue;
-      const int4 raw = bias[static_cast<int64_t>(token) * vectors + v];
-      const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&raw);
+    if (bias0 != nullptr) {
+      const int4 raw_bias = bias0[static_cast<int64_t>(token) * vectors + v];
+      const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&raw_bias);
+#pragma unroll
+      for (int j = 0; j < kBf16PerVector; ++j) sum[j] += __bfloat162float(values[j]);
+    }
+    if (bias1 != nullptr) {
+      const int4 raw_bias = bias1[static_cast<int64_t>(token) * vectors + v];
+      const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&raw_bias);
 #pragma unroll
       for (int j = 0; j < kBf16PerVector; ++j) sum[j] += __bfloat162float(values[j]);
     }
@@ -111,7 +130,13 @@ __device__ void reduce_token(const IpcPeers& peers, const CombineKernelArgs& arg
   }
   if (args.combined_topk_weights != nullptr && lane < args.num_topk) {
     float weight = 0.0f;
-    for (int r = 0; r < num_rows; ++r) weight += __ldcg(reinterpret_cast<const float*>(rows[r] + ring.slot.weights_offset) + lane);
+#pragma unroll
+    for (int source = 0; source < kMaxNvlPeers; ++source) {
+      if (present & (1u << source)) {
+        const char* slot = reinterpret_cast<const char*>(ring_base + row_at[source]);
+        weight += __ldcg(reinterpret_cast<const float*>(slot + ring.slot.weights_offset) + lane);
+      }
+    }
     args.combined_topk_weights[static_cast<int64_t>(token) * args.num_topk + lane] = weight;
   }
 }
@@ -151,7 +176,7 @@ __device__ void receive_channel(const IpcPeers& peers, const CombineKernelArgs& 
   if (threadIdx.x < num_ranks) *NvlLayout::ring_consumed(own_base, channel, threadIdx.x) = consumed;
 }
 
-__global__ void __launch_bounds__(kNormalThreadsPerBlock, 2)
+__global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
     combine_kernel(const __grid_constant__ IpcPeers peers, const __grid_constant__ CombineKernelArgs args,
                    KernelContext context) {
   const CombineRole role = blockIdx.x % 2 == 0 ? CombineRole::kSender : CombineRole::kReceiver;

@@ -180,7 +180,7 @@ __device__ void mark_unused_rows(const DispatchKernelArgs& args, int channel, co
   }
 }
 
-__global__ void __launch_bounds__(kNormalThreadsPerBlock, 2)
+__global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
     dispatch_kernel(const __grid_constant__ IpcPeers peers, const __grid_constant__ DispatchKernelArgs args,
                     KernelContext context) {
   const DispatchRole role = blockIdx.x % 2 == 0 ? DispatchRole::kSender : DispatchRole::kReceiver;
