@@ -35,9 +35,13 @@ class DeviceBytes {
   void* get() const { return data_; }
   size_t size() const { return bytes_; }
 
+  // upload() and poison() finish before returning: the legacy stream they use is not ordered with
+  // the non-blocking streams that epcomm and the tests run on.
   template <typename T>
   void upload(const std::vector<T>& host) {
-    if (!host.empty()) EPCOMM_CUDA_CHECK(cudaMemcpy(data_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    if (host.empty()) return;
+    EPCOMM_CUDA_CHECK(cudaMemcpy(data_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
   }
   template <typename T>
   std::vector<T> download(size_t count) const {
@@ -47,7 +51,9 @@ class DeviceBytes {
   }
   // Fills with a byte pattern so that any element a kernel forgot to write is visible.
   void poison(unsigned char byte) {
-    if (bytes_) EPCOMM_CUDA_CHECK(cudaMemset(data_, byte, bytes_));
+    if (bytes_ == 0) return;
+    EPCOMM_CUDA_CHECK(cudaMemset(data_, byte, bytes_));
+    EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
   }
 
  private:

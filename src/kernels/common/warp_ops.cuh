@@ -36,7 +36,7 @@ __device__ __forceinline__ int warp_inclusive_scan(int value) {
 // (ld.global.cg): ring slots are rewritten by peers, and this SM's L1 may hold an older copy.
 template <bool kFromRing = false>
 __device__ __forceinline__ void warp_copy(void* destination, const void* source, size_t bytes) {
-  constexpr int kLoadsInFlight = 4;
+  constexpr int kLoadsInFlight = 8;
   const int4* from = static_cast<const int4*>(source);
   int4* to = static_cast<int4*>(destination);
   const int vectors = static_cast<int>(bytes / sizeof(int4));

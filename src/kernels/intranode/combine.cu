@@ -96,6 +96,9 @@ __device__ void reduce_token(const IpcPeers& peers, const CombineKernelArgs& arg
   const int4* __restrict__ bias0 = static_cast<const int4*>(args.bias0);
   const int4* __restrict__ bias1 = static_cast<const int4*>(args.bias1);
   int4* __restrict__ out = static_cast<int4*>(args.combined_x) + static_cast<int64_t>(token) * vectors;
+  // Two vectors per lane in flight at once (the compiler interleaves the unrolled iterations:
+  // `out` cannot alias the ring).
+#pragma unroll 2
   for (int v = lane; v < vectors; v += kWarpSize) {
     int4 raw[kMaxNvlPeers];
 #pragma unroll
