@@ -15,6 +15,7 @@
 #include "epcomm/bootstrap.hpp"
 #include "epcomm/config.hpp"
 #include "epcomm/event.hpp"
+#include "epcomm/low_latency.hpp"
 #include "epcomm/normal.hpp"
 #include "epcomm/types.hpp"
 
@@ -65,6 +66,22 @@ class Buffer {
   CombineResult combine(const CombineArgs& args, Allocator& allocator, const CallOptions& call = {});
   // The stream every normal-mode call runs on.
   cudaStream_t comm_stream() const;
+
+  // ---- Low-latency mode (collective; needs options.low_latency_mode and num_rdma_bytes) ----
+  // Never waits on the host; capturable in a CUDA graph. Runs on call.stream (no comm stream).
+  LowLatencyDispatchResult low_latency_dispatch(const LowLatencyDispatchArgs& args, Allocator& allocator,
+                                                const CallOptions& call = {});
+  LowLatencyCombineResult low_latency_combine(const LowLatencyCombineArgs& args, Allocator& allocator,
+                                              const CallOptions& call = {});
+  // The buffer the next low_latency_combine reads when zero_copy is set: bfloat16 [E_local, R * M,
+  // hidden], for the expert kernels to write their outputs into directly.
+  TensorView get_next_low_latency_combine_buffer(const LowLatencyHandle& handle) const;
+  // Collective: resets the low-latency flags (after a failed call, or to reuse the region).
+  void clean_low_latency_buffer(int num_max_dispatch_tokens_per_rank, int hidden, int num_experts,
+                                cudaStream_t stream);
+  // Bytes of num_rdma_bytes that low-latency calls of these shapes need.
+  static int64_t low_latency_buffer_size_hint(int num_max_dispatch_tokens_per_rank, int hidden, int num_ranks,
+                                              int num_experts);
 
   // Collective, stream-ordered: returns on every rank's stream once all ranks reached it.
   void barrier(cudaStream_t stream);

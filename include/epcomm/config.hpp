@@ -10,8 +10,9 @@ namespace epcomm {
 struct BufferOptions {
   // Bytes of the NVLink buffer each rank allocates and shares with its peers over CUDA IPC.
   int64_t num_nvl_bytes = 0;
-  // Bytes of the NVSHMEM buffer for internode and RDMA low-latency traffic. Must be 0 in this
-  // build: the NVSHMEM transport is not built yet (a clear Unsupported error says so).
+  // Bytes of the low-latency region (deep_ep's RDMA buffer; Buffer::low_latency_buffer_size_hint).
+  // Inside one node it is shared over CUDA IPC like the NVLink buffer. Without low_latency_mode it
+  // would be the NVSHMEM buffer of normal mode across nodes, which this build does not include yet.
   int64_t num_rdma_bytes = 0;
   // Prepare the low-latency mode's double-buffered per-expert receive buffers.
   bool low_latency_mode = false;

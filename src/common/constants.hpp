@@ -39,6 +39,15 @@ inline constexpr int kMaxTopk = 32;
 inline constexpr int kMaxLocalExperts = 4096;
 inline constexpr int kFp8ChannelsPerScale = 128;
 
+// Low-latency mode.
+inline constexpr int kLowLatencyThreadsPerBlock = 512;
+inline constexpr int kLowLatencyWarpsPerBlock = kLowLatencyThreadsPerBlock / 32;
+inline constexpr int kMaxLowLatencyTopk = 16;
+inline constexpr int kMaxLowLatencyExperts = 1024;
+// Every block plans the slots of all (token, k) pairs in shared memory.
+inline constexpr int kMaxLowLatencyPairs = 8192;
+inline constexpr int kUe8m0GroupsPerInt = 4;
+
 // Peer copy (the bandwidth roofline): threads per block.
 inline constexpr int kCopyThreadsPerBlock = 512;
 

@@ -23,6 +23,8 @@ enum class DeviceOp : int32_t {
   kNotifyDispatch,
   kDispatch,
   kCombine,
+  kLowLatencyDispatch,
+  kLowLatencyCombine,
 };
 
 // What a timed-out wait was waiting for.
@@ -31,6 +33,7 @@ enum class WaitTarget : int32_t {
   kBarrierSignal,  // a peer's arrival at a barrier
   kRingData,       // a writer's tail: tokens to read in my ring (channel, peer)
   kRingSpace,      // a reader's head: free slots in its ring (channel, me)
+  kLowLatencyFlag, // a low-latency (epoch, rows) flag; `channel` holds the local expert, if any
 };
 
 struct DeviceErrorRecord {

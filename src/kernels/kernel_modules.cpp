@@ -12,6 +12,8 @@ void load_peer_copy_kernel_module();
 void load_notify_dispatch_kernel_module();
 void load_dispatch_kernel_module();
 void load_combine_kernel_module();
+void load_low_latency_dispatch_kernel_module();
+void load_low_latency_combine_kernel_module();
 
 void load_all_kernel_modules() {
   load_layout_kernel_modules();
@@ -20,6 +22,8 @@ void load_all_kernel_modules() {
   load_notify_dispatch_kernel_module();
   load_dispatch_kernel_module();
   load_combine_kernel_module();
+  load_low_latency_dispatch_kernel_module();
+  load_low_latency_combine_kernel_module();
 }
 
 }  // namespace epcomm::kernels

@@ -55,7 +55,8 @@ Buffer::Buffer(std::shared_ptr<Bootstrap> bootstrap, const BufferOptions& option
   impl_->notify_results = detail::MappedHostMemory(sizeof(NotifyResults));
   impl_->layout_workspace = detail::DeviceAllocation(LayoutWorkspace::kTotalBytes);
   EPCOMM_CUDA_CHECK(cudaMemset(impl_->layout_workspace.get(), 0, LayoutWorkspace::kTotalBytes));
-  impl_->nvl.emplace(*impl_->bootstrap, device, static_cast<size_t>(options.num_nvl_bytes));
+  // The low-latency region follows the normal-mode data in the same IPC allocation.
+  impl_->nvl.emplace(*impl_->bootstrap, device, static_cast<size_t>(options.num_nvl_bytes + options.num_rdma_bytes));
 
   if (options.preinitialize) {
     cudaStream_t stream = nullptr;
@@ -170,13 +171,12 @@ void Buffer::synchronize(cudaStream_t stream) {
 void Buffer::copy_to_all_ranks(const void* source, size_t bytes_per_rank, int num_sms, cudaStream_t stream) {
   constexpr const char* kOp = "copy_to_all_ranks";
   impl_->begin(kOp);
-  const size_t capacity = impl_->nvl->user_bytes();
   if (bytes_per_rank % kVectorBytes != 0) {
     fail(ErrorCode::kInvalidArgument, kOp, ": bytes_per_rank=", bytes_per_rank, " must be a multiple of ", kVectorBytes);
   }
-  if (bytes_per_rank * static_cast<size_t>(num_ranks()) > capacity) {
+  if (bytes_per_rank * static_cast<size_t>(num_ranks()) > static_cast<size_t>(impl_->options.num_nvl_bytes)) {
     fail(ErrorCode::kInvalidArgument, kOp, ": bytes_per_rank=", bytes_per_rank, " x num_ranks=", num_ranks(),
-         " exceeds num_nvl_bytes=", capacity);
+         " exceeds num_nvl_bytes=", impl_->options.num_nvl_bytes);
   }
   if (bytes_per_rank > 0 && (source == nullptr || reinterpret_cast<uintptr_t>(source) % kVectorBytes != 0)) {
     fail(ErrorCode::kInvalidArgument, kOp, ": source=", source, " must be a non-null ", kVectorBytes,

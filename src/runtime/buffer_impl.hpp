@@ -51,6 +51,7 @@ struct Buffer::Impl {
   detail::MappedHostMemory notify_results;    // NotifyResults, read by the host after a notify
   uint64_t notify_sequence = 0;               // last sequence number a host-waited notify published
   cudaStream_t comm_stream = nullptr;         // every normal-mode call runs here
+  uint64_t low_latency_calls = 0;             // picks the buffer set of each low-latency call
 
   KernelContext context() const {
     KernelContext context;

@@ -20,10 +20,14 @@ void BufferOptions::validate(int num_ranks) const {
   if (num_rdma_bytes < 0) {
     fail(ErrorCode::kInvalidArgument, "Buffer: num_rdma_bytes=", num_rdma_bytes, " must be non-negative");
   }
-  if (num_rdma_bytes > 0) {
+  if (num_rdma_bytes > 0 && !low_latency_mode) {
     fail(ErrorCode::kUnsupported, "Buffer: num_rdma_bytes=", num_rdma_bytes,
-         " requests the NVSHMEM (RDMA) transport, which this build does not include yet; use num_rdma_bytes=0 "
-         "inside one node");
+         " without low_latency_mode requests the NVSHMEM (RDMA) transport for normal mode across nodes, which "
+         "this build does not include yet; use num_rdma_bytes=0 inside one node");
+  }
+  if (num_rdma_bytes % static_cast<int64_t>(kRegionAlignment) != 0) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: num_rdma_bytes=", num_rdma_bytes, " must be a multiple of ",
+         kRegionAlignment);
   }
   if (num_qps_per_rank < 1) {
     fail(ErrorCode::kInvalidArgument, "Buffer: num_qps_per_rank=", num_qps_per_rank, " must be at least 1");

@@ -17,6 +17,8 @@ const char* device_op_name(DeviceOp op) {
     case DeviceOp::kNotifyDispatch: return "dispatch (notify step)";
     case DeviceOp::kDispatch: return "dispatch";
     case DeviceOp::kCombine: return "combine";
+    case DeviceOp::kLowLatencyDispatch: return "low_latency_dispatch";
+    case DeviceOp::kLowLatencyCombine: return "low_latency_combine";
   }
   return "(unknown operation)";
 }
@@ -27,6 +29,7 @@ const char* wait_target_name(WaitTarget target) {
     case WaitTarget::kBarrierSignal: return "barrier signal";
     case WaitTarget::kRingData: return "tokens (ring tail)";
     case WaitTarget::kRingSpace: return "free ring slots (ring head)";
+    case WaitTarget::kLowLatencyFlag: return "low-latency flag (epoch, rows)";
   }
   return "(unknown target)";
 }

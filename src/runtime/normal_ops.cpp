@@ -62,8 +62,8 @@ Tensor allocate(Allocator& allocator, DType dtype, std::initializer_list<int64_t
 void require_ring_fits(const char* op, const Buffer::Impl& impl, const RingLayout& rings, const Config& config,
                        int64_t row_bytes) {
   const size_t needed = rings.total_bytes(config.num_channels());
-  if (needed > impl.nvl->user_bytes()) {
-    fail(ErrorCode::kInvalidArgument, op, ": num_nvl_bytes=", impl.nvl->user_bytes(), " is too small for rows of ",
+  if (needed > static_cast<size_t>(impl.options.num_nvl_bytes)) {
+    fail(ErrorCode::kInvalidArgument, op, ": num_nvl_bytes=", impl.options.num_nvl_bytes, " is too small for rows of ",
          row_bytes, " bytes with num_sms=", config.num_sms, " and num_max_nvl_chunked_recv_tokens=",
          config.num_max_nvl_chunked_recv_tokens, ": the rings need ", needed,
          " bytes (Config::nvl_buffer_size_hint gives a size that fits every call)");

@@ -42,6 +42,9 @@ void bench_normal(BenchContext& context, double copy_gbps, const Config& config,
 // capped so every rank's blocks fit on a shared GPU.
 std::vector<Config> bench_configs(const BenchContext& context);
 
+// Writes low-latency dispatch / combine records (full calls and hook halves), checked first.
+void bench_low_latency(BenchContext& context, double copy_gbps);
+
 // Bytes one rank sends in a BF16 dispatch of the standard workload, by DeepEP's convention:
 // every (token, destination rank) pair, the local rank included, times the hidden bytes.
 size_t dispatch_bytes_per_rank(const BenchOptions& options, int rank);

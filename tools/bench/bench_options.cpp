@@ -30,6 +30,7 @@ const char* bench_usage() {
          "  --topk N          experts per token (default 8)\n"
          "  --experts N       experts in total (default 256)\n"
          "  --copy-sms N      SMs for the peer-copy roofline (default 24)\n"
+         "  --ll-tokens N     tokens per rank of the low-latency benchmark (default 128)\n"
          "  --warmup N        untimed iterations (default 5)\n"
          "  --iters N         timed iterations (default 50)\n"
          "  --seed N          workload seed (default 1)\n"
@@ -46,6 +47,7 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       {"--hidden", [&](const std::string& v) { options.hidden = static_cast<int>(parse_integer("--hidden", v, 128, 1 << 16)); }},
       {"--topk", [&](const std::string& v) { options.num_topk = static_cast<int>(parse_integer("--topk", v, 1, 32)); }},
       {"--experts", [&](const std::string& v) { options.num_experts = static_cast<int>(parse_integer("--experts", v, 1, 4096)); }},
+      {"--ll-tokens", [&](const std::string& v) { options.low_latency_tokens = static_cast<int>(parse_integer("--ll-tokens", v, 1, 1024)); }},
       {"--copy-sms", [&](const std::string& v) { options.copy_sms = static_cast<int>(parse_integer("--copy-sms", v, 1, 1024)); }},
       {"--warmup", [&](const std::string& v) { options.warmup_iters = static_cast<int>(parse_integer("--warmup", v, 0, 100000)); }},
       {"--iters", [&](const std::string& v) { options.timed_iters = static_cast<int>(parse_integer("--iters", v, 1, 100000)); }},
@@ -81,7 +83,7 @@ std::vector<std::string> to_arguments(const BenchOptions& options) {
   std::vector<std::string> args = {
       "--ranks", std::to_string(options.num_ranks),     "--tokens", std::to_string(options.num_tokens),
       "--hidden", std::to_string(options.hidden),       "--topk", std::to_string(options.num_topk),
-      "--experts", std::to_string(options.num_experts), "--copy-sms", std::to_string(options.copy_sms),
+      "--experts", std::to_string(options.num_experts), "--copy-sms", std::to_string(options.copy_sms), "--ll-tokens", std::to_string(options.low_latency_tokens),
       "--warmup", std::to_string(options.warmup_iters), "--iters", std::to_string(options.timed_iters),
       "--seed", std::to_string(options.seed)};
   if (!options.setup.empty()) args.insert(args.end(), {"--setup", options.setup});

@@ -15,6 +15,7 @@ struct BenchOptions {
   int num_topk = 8;
   int num_experts = 256;
   int copy_sms = 24;
+  int low_latency_tokens = 128;  // tokens per rank of the low-latency benchmark
   int warmup_iters = 5;
   int timed_iters = 50;
   uint64_t seed = 1;

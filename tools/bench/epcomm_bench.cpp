@@ -85,6 +85,9 @@ int run_rank(const BenchOptions& options) {
     ring_bytes = std::max(ring_bytes, config.nvl_buffer_size_hint(static_cast<int64_t>(options.hidden) * 2, options.num_ranks));
   }
   BufferOptions buffer_options;
+  buffer_options.low_latency_mode = true;
+  buffer_options.num_rdma_bytes = Buffer::low_latency_buffer_size_hint(options.low_latency_tokens, options.hidden,
+                                                                       options.num_ranks, options.num_experts);
   buffer_options.num_nvl_bytes = static_cast<int64_t>(
       (std::max<size_t>(bytes_per_peer * options.num_ranks, static_cast<size_t>(ring_bytes)) + kBufferSlackBytes) /
       kRegionAlignment * kRegionAlignment);
@@ -100,6 +103,7 @@ int run_rank(const BenchOptions& options) {
     bench_normal(context, copy_gbps, config, first);
     first = false;
   }
+  bench_low_latency(context, copy_gbps);
 
   buffer.synchronize(context.stream);
   EPCOMM_CUDA_CHECK(cudaStreamDestroy(context.stream));

@@ -9,6 +9,7 @@
 #include "common/constants.hpp"
 #include "common/layout_workspace.hpp"
 #include "kernels/common/device_report.cuh"
+#include "kernels/common/last_block.cuh"
 #include "kernels/launchers.hpp"
 #include "runtime/cuda_check.hpp"
 
@@ -25,20 +26,6 @@ __device__ __forceinline__ void report_invalid_id(const KernelContext& context, 
   details.observed = expert;
   details.limit = num_experts;
   device::report_error(context, details);
-}
-
-// True in exactly one block: the last to finish. Pairs the release of every block's counts
-// (fence, then counter increment) with the acquire of the last block (counter, then fence).
-__device__ bool is_last_block(uint32_t* blocks_done) {
-  __shared__ bool last;
-  __syncthreads();  // every thread's counts are added
-  if (threadIdx.x == 0) {
-    __threadfence();
-    last = atomicAdd(blocks_done, 1u) == gridDim.x - 1;
-    if (last) __threadfence();
-  }
-  __syncthreads();
-  return last;
 }
 
 template <typename Index>
@@ -83,7 +70,7 @@ __global__ void __launch_bounds__(kLayoutThreadsPerBlock)
   }
 
   uint32_t* blocks_done = LayoutWorkspace::blocks_done(workspace);
-  if (!is_last_block(blocks_done)) return;
+  if (!device::last_block_to_arrive(blocks_done)) return;
   for (int i = threadIdx.x; i < num_counts; i += blockDim.x) {
     // __ldcg reads L2, where the other blocks' atomics landed; this SM's L1 could hold stale lines.
     const int32_t total = __ldcg(&totals[i]);
@@ -94,7 +81,6 @@ __global__ void __launch_bounds__(kLayoutThreadsPerBlock)
       num_tokens_per_rank[i - num_experts] = total;
     }
   }
-  if (threadIdx.x == 0) *blocks_done = 0;  // ready for the next launch, in stream order
 }
 
 template <typename Index>

@@ -62,6 +62,10 @@ IpcBuffer::IpcBuffer(Bootstrap& bootstrap, int device, size_t user_bytes)
     }
   }
 
+  for (int peer = 0; peer < num_ranks; ++peer) {
+    if (std::strncmp(all[peer].pci_bus_id, mine.pci_bus_id, kBusIdBytes) == 0) ++ranks_on_my_device_;
+  }
+
   mappings_.resize(num_ranks);
   for (int peer = 0; peer < num_ranks; ++peer) {
     if (peer == rank) {

@@ -39,9 +39,12 @@ class IpcBuffer {
   const IpcPeers& peers() const { return peers_; }
   void* local_base() const { return local_.get(); }
   size_t user_bytes() const { return user_bytes_; }
+  // Ranks (this one included) whose buffers live on this rank's GPU: > 1 when ranks share it (MPS).
+  int ranks_on_my_device() const { return ranks_on_my_device_; }
 
  private:
   size_t user_bytes_;
+  int ranks_on_my_device_ = 0;
   DeviceAllocation local_;
   std::vector<IpcMapping> mappings_;  // one per peer rank (the own rank's entry stays empty)
   IpcPeers peers_;

@@ -1,0 +1,132 @@
+// Low-latency combine: the reverse of the low-latency dispatch.
+//
+// Send phase: one warp per received row (strided over the grid) writes the expert output into
+// the source rank's slot for that (token, k); the last block to finish publishes, per source
+// rank, (epoch, rows sent there).
+// Receive phase: every block waits for every rank's flag, then one warp per token sums its K
+// outputs weighted by topk_weights: each product rounded, added in k order (the reference's).
+#include <cuda_bf16.h>
+
+#include "kernels/common/bounded_wait.cuh"
+#include "kernels/common/warp_ops.cuh"
+#include "kernels/low_latency/low_latency_common.cuh"
+#include "runtime/cuda_check.hpp"
+
+namespace epcomm::kernels {
+namespace {
+
+constexpr int kBf16PerVector = 8;
+
+__device__ void send_rows(const IpcPeers& peers, const LowLatencyCombineKernelArgs& args, const KernelContext& context,
+                          const LowLatencyLayout& layout) {
+  const LowLatencyCommon& common = args.common;
+  const size_t rows_per_expert = static_cast<size_t>(context.num_ranks) * common.max_tokens;
+  const size_t total = static_cast<size_t>(layout.experts_per_rank) * rows_per_expert;
+  const size_t row_bytes = static_cast<size_t>(common.hidden) * sizeof(__nv_bfloat16);
+  const size_t warps = static_cast<size_t>(gridDim.x) * kLowLatencyWarpsPerBlock;
+  for (size_t row = static_cast<size_t>(blockIdx.x) * kLowLatencyWarpsPerBlock + device::warp_id(); row < total; row += warps) {
+    const int local_expert = static_cast<int>(row / rows_per_expert);
+    const int source = static_cast<int>((row % rows_per_expert) / common.max_tokens);
+    const int index = static_cast<int>(row % common.max_tokens);
+    if (index >= args.recv_count_from[static_cast<size_t>(local_expert) * context.num_ranks + source]) continue;
+    const int token = args.recv_src_info[row];
+    const int k = args.recv_src_k[row];
+    void* region = device::low_latency_region(peers, source, common.region_offset);
+    device::warp_copy(layout.returned(region, common.set_index, token, k),
+                      static_cast<const char*>(args.x) + row * row_bytes, row_bytes);
+  }
+}
+
+__device__ void reduce_token(const LowLatencyCombineKernelArgs& args, const LowLatencyLayout& layout, void* own_region,
+                             int token) {
+  const LowLatencyCommon& common = args.common;
+  const int lane = device::lane_id();
+  int64_t my_expert = -1;
+  float my_weight = 0.0f;
+  if (lane < common.num_topk) {
+    my_expert = common.topk_idx[static_cast<int64_t>(token) * common.num_topk + lane];
+    my_weight = args.topk_weights[static_cast<int64_t>(token) * common.num_topk + lane];
+  }
+  // Every lane learns every pair's expert and weight before the per-lane loop below.
+  int64_t experts[kMaxLowLatencyTopk];
+  float weights[kMaxLowLatencyTopk];
+  for (int k = 0; k < common.num_topk; ++k) {
+    experts[k] = __shfl_sync(0xffffffffu, my_expert, k);
+    weights[k] = __shfl_sync(0xffffffffu, my_weight, k);
+  }
+  const int vectors = common.hidden / kBf16PerVector;
+  int4* out = static_cast<int4*>(args.out) + static_cast<int64_t>(token) * vectors;
+  for (int v = lane; v < vectors; v += kWarpSize) {
+    float sum[kBf16PerVector] = {};
+    for (int k = 0; k < common.num_topk; ++k) {
+      if (experts[k] < 0 || experts[k] >= common.num_experts) continue;
+      const int4 raw = __ldcg(reinterpret_cast<const int4*>(layout.returned(own_region, common.set_index, token, k)) + v);
+      const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+      for (int j = 0; j < kBf16PerVector; ++j) sum[j] = __fadd_rn(sum[j], __fmul_rn(weights[k], __bfloat162float(values[j])));
+    }
+    int4 packed;
+    __nv_bfloat16* result = reinterpret_cast<__nv_bfloat16*>(&packed);
+#pragma unroll
+    for (int j = 0; j < kBf16PerVector; ++j) result[j] = __float2bfloat16_rn(sum[j]);
+    out[v] = packed;
+  }
+}
+
+__global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
+    low_latency_combine_kernel(const __grid_constant__ IpcPeers peers,
+                               const __grid_constant__ LowLatencyCombineKernelArgs args, unsigned phases,
+                               KernelContext context) {
+  const LowLatencyCommon& common = args.common;
+  LowLatencyLayout layout;
+  layout.num_ranks = context.num_ranks;
+  layout.experts_per_rank = common.num_experts / context.num_ranks;
+  layout.max_tokens = common.max_tokens;
+  layout.hidden = common.hidden;
+  void* own_region = device::low_latency_region(peers, context.rank, common.region_offset);
+  const uint64_t epoch = device::call_epoch(own_region, common.set_index);
+
+  if (phases & kSendPhase) {
+    send_rows(peers, args, context, layout);
+    if (device::last_block_to_arrive(LowLatencyLayout::send_blocks_done(own_region, common.set_index)) &&
+        threadIdx.x < context.num_ranks) {
+      const int source = threadIdx.x;
+      int rows = 0;
+      for (int local = 0; local < layout.experts_per_rank; ++local) {
+        rows += args.recv_count_from[static_cast<size_t>(local) * context.num_ranks + source];
+      }
+      void* region = device::low_latency_region(peers, source, common.region_offset);
+      // Pairs with the source's acquire of this flag before it reads the returned rows.
+      device::st_release_sys(layout.combine_flag(region, common.set_index, context.rank),
+                             pack_flag(epoch, static_cast<uint32_t>(rows)));
+    }
+  }
+  if (phases & kReceivePhase) {
+    if (threadIdx.x < context.num_ranks) {
+      const int owner = threadIdx.x;
+      const device::WaitSite site{DeviceOp::kLowLatencyCombine, WaitTarget::kLowLatencyFlag, owner, -1};
+      device::wait_at_least(layout.combine_flag(own_region, common.set_index, owner), epoch << 32, context, site);
+    }
+    __syncthreads();  // the acquires above order every warp's reads of the returned rows
+    const int warps = gridDim.x * kLowLatencyWarpsPerBlock;
+    for (int token = blockIdx.x * kLowLatencyWarpsPerBlock + device::warp_id(); token < common.num_tokens; token += warps) {
+      reduce_token(args, layout, own_region, token);
+    }
+    device::finish_receive_phase(own_region, common.set_index, epoch);
+  }
+}
+
+}  // namespace
+
+void launch_low_latency_combine(const IpcPeers& peers, const LowLatencyCombineKernelArgs& args, unsigned phases,
+                                const KernelContext& context, cudaStream_t stream) {
+  low_latency_combine_kernel<<<args.common.num_blocks, kLowLatencyThreadsPerBlock, 0, stream>>>(peers, args, phases, context);
+  EPCOMM_CUDA_CHECK(cudaGetLastError());
+}
+
+void load_low_latency_combine_kernel_module() {
+  cudaFuncAttributes attributes;
+  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, low_latency_combine_kernel));
+}
+
+}  // namespace epcomm::kernels

@@ -1,0 +1,29 @@
+// Pieces both low-latency kernels share: the region of a rank, the epoch of a call, and the
+// "last block" election that publishes a phase's flags once every block's data is written.
+#pragma once
+
+#include "common/low_latency_layout.hpp"
+#include "kernels/common/last_block.cuh"
+#include "kernels/common/memory_ordering.cuh"
+#include "kernels/low_latency/low_latency_launchers.hpp"
+
+namespace epcomm::device {
+
+__device__ __forceinline__ void* low_latency_region(const IpcPeers& peers, int rank, size_t region_offset) {
+  return static_cast<char*>(peers.base(rank)) + region_offset;
+}
+
+// The epoch this call's flags carry: one more than the set's last completed call. Read once at
+// the start of every launch; stored by the last block of the receive phase (see there).
+__device__ __forceinline__ uint64_t call_epoch(void* own_region, int set_index) {
+  return *LowLatencyLayout::epoch(own_region, set_index) + 1;
+}
+
+// After the receive phase: the set's epoch advances once every block has read the old one.
+__device__ __forceinline__ void finish_receive_phase(void* own_region, int set_index, uint64_t epoch) {
+  if (last_block_to_arrive(LowLatencyLayout::recv_blocks_done(own_region, set_index)) && threadIdx.x == 0) {
+    *LowLatencyLayout::epoch(own_region, set_index) = epoch;
+  }
+}
+
+}  // namespace epcomm::device

@@ -1,0 +1,300 @@
+// Low-latency dispatch: every (token, k) pair with an expert goes straight into the owner rank's
+// slot for that expert, cast to FP8 on the way if asked.
+//
+// Send phase (all blocks): each block first plans the slots of every pair (deterministic: a pair's
+// slot is the number of earlier pairs, by token then k, naming the same expert), then each warp
+// sends its tokens: reads the row once and writes it to every destination slot. The last block to
+// finish publishes, per expert, (epoch, count) to the expert's owner.
+// Receive phase: one block per local expert (strided), a team of warps per source rank waits for
+// that source's flag and copies the rows into the outputs.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include "common/device_error.hpp"
+#include "kernels/common/bounded_wait.cuh"
+#include "kernels/common/warp_ops.cuh"
+#include "kernels/low_latency/low_latency_common.cuh"
+#include "runtime/cuda_check.hpp"
+
+namespace epcomm::kernels {
+namespace {
+
+constexpr int kBf16PerVector = 8;                    // one int4
+constexpr int kLanesPerScaleGroup = kFp8ChannelsPerScale / kBf16PerVector;  // 16
+constexpr float kE4M3Max = 448.0f;
+constexpr float kFp8AmaxFloor = 1e-4f;
+constexpr uint32_t kFloatMantissaMask = 0x7fffffu;
+constexpr int kFloatMantissaBits = 23;
+
+// The casting rule of docs/SEMANTICS.md, operation for operation.
+__device__ __forceinline__ float group_scale(float amax, bool round_scale) {
+  const float scale = fmaxf(amax, kFp8AmaxFloor) / kE4M3Max;
+  if (!round_scale) return scale;
+  const uint32_t bits = __float_as_uint(scale);
+  if ((bits & kFloatMantissaMask) == 0) return scale;
+  return __uint_as_float((bits & ~kFloatMantissaMask) + (1u << kFloatMantissaBits));
+}
+
+__device__ void report_bad_expert(const KernelContext& context, int token, int slot, int64_t expert, int num_experts) {
+  device::ErrorDetails details;
+  details.kind = DeviceErrorKind::kInvalidExpertId;
+  details.op = DeviceOp::kLowLatencyDispatch;
+  details.index0 = token;
+  details.index1 = slot;
+  details.observed = expert;
+  details.limit = num_experts;
+  device::report_error(context, details);
+}
+
+// Slot of every pair, and the count of every expert, of this rank's tokens (shared memory).
+__device__ void plan_slots(const LowLatencyCommon& common, const KernelContext& context, int32_t* expert_count,
+                           int32_t* pair_slot) {
+  for (int e = threadIdx.x; e < common.num_experts; e += blockDim.x) expert_count[e] = 0;
+  const int num_pairs = common.num_tokens * common.num_topk;
+  const int lane = device::lane_id();
+  const uint32_t lanes_below = (1u << lane) - 1u;
+  for (int base = 0; base < num_pairs; base += blockDim.x) {
+    const int pair = base + threadIdx.x;
+    int64_t expert = pair < num_pairs ? common.topk_idx[pair] : -1;
+    if (expert < -1 || expert >= common.num_experts) {
+      if (blockIdx.x == 0) report_bad_expert(context, pair / common.num_topk, pair % common.num_topk, expert, common.num_experts);
+      expert = -1;
+    }
+    const uint32_t peers = __match_any_sync(0xffffffffu, static_cast<int>(expert));
+    const int leader = __ffs(peers) - 1;
+    // Warps take turns so that earlier pairs always get lower slots.
+    for (int turn = 0; turn < kLowLatencyWarpsPerBlock; ++turn) {
+      __syncthreads();
+      if (device::warp_id() != turn) continue;
+      int first = 0;
+      if (expert >= 0 && lane == leader) {
+        first = expert_count[expert];
+        expert_count[expert] = first + __popc(peers);
+      }
+      first = __shfl_sync(0xffffffffu, first, leader);
+      if (expert >= 0 && pair < num_pairs) pair_slot[pair] = first + __popc(peers & lanes_below);
+    }
+  }
+  __syncthreads();
+}
+
+struct Destinations {  // where one token's row goes, for each k (kMaxLowLatencyTopk at most)
+  char* row[kMaxLowLatencyTopk];
+  char* scales[kMaxLowLatencyTopk];
+};
+
+__device__ void send_token(const IpcPeers& peers, const LowLatencyDispatchKernelArgs& args, const KernelContext& context,
+                           const LowLatencyLayout& layout, const int32_t* pair_slot, int token) {
+  const LowLatencyCommon& common = args.common;
+  const int lane = device::lane_id();
+  const int experts_per_rank = layout.experts_per_rank;
+  int64_t my_expert = -1;
+  if (lane < common.num_topk) {
+    my_expert = common.topk_idx[static_cast<int64_t>(token) * common.num_topk + lane];
+    if (my_expert < -1 || my_expert >= common.num_experts) my_expert = -1;  // reported by the plan
+  }
+  uint32_t sending = 0;  // bit k: pair k has an expert
+  Destinations to;
+  for (int k = 0; k < common.num_topk; ++k) {
+    const int64_t expert = __shfl_sync(0xffffffffu, my_expert, k);
+    to.row[k] = to.scales[k] = nullptr;
+    if (expert < 0) continue;
+    const int owner = static_cast<int>(expert / experts_per_rank);
+    const int local = static_cast<int>(expert % experts_per_rank);
+    const size_t slot = layout.slot(local, context.rank, pair_slot[token * common.num_topk + k]);
+    void* region = device::low_latency_region(peers, owner, common.region_offset);
+    to.row[k] = layout.row(region, common.set_index, slot);
+    to.scales[k] = layout.scales(region, common.set_index, slot);
+    if (lane == 0) *layout.meta(region, common.set_index, slot) = make_int2(token, k);
+    sending |= 1u << k;
+  }
+  if (sending == 0) return;
+
+  const int4* row = static_cast<const int4*>(args.x) + static_cast<int64_t>(token) * (common.hidden / kBf16PerVector);
+  const int vectors = common.hidden / kBf16PerVector;
+  if (!args.use_fp8) {
+    for (int v = lane; v < vectors; v += kWarpSize) {
+      const int4 value = row[v];
+      for (int k = 0; k < common.num_topk; ++k) {
+        if (sending & (1u << k)) reinterpret_cast<int4*>(to.row[k])[v] = value;
+      }
+    }
+    return;
+  }
+  // FP8: a warp covers two scale groups per step, 16 lanes (8 channels each) per group.
+  uint32_t packed_exponents = 0;  // UE8M0 bytes of groups not yet stored (lane 0)
+  for (int first = 0; first < vectors; first += kWarpSize) {
+    const int v = first + lane;
+    const bool active = v < vectors;
+    float values[kBf16PerVector] = {};
+    if (active) {
+      const int4 raw = row[v];
+      const __nv_bfloat16* halves = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+      for (int j = 0; j < kBf16PerVector; ++j) values[j] = __bfloat162float(halves[j]);
+    }
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kBf16PerVector; ++j) amax = fmaxf(amax, fabsf(values[j]));
+#pragma unroll
+    for (int offset = kLanesPerScaleGroup / 2; offset > 0; offset /= 2) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+    }
+    const float scale = group_scale(amax, args.round_scale || args.use_ue8m0);
+    const float inverse = 1.0f / scale;
+    uint2 quantized;
+    uint8_t* bytes = reinterpret_cast<uint8_t*>(&quantized);
+#pragma unroll
+    for (int j = 0; j < kBf16PerVector; ++j) {
+      bytes[j] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(values[j] * inverse, __NV_SATFINITE, __NV_E4M3));
+    }
+    const int group = v / kLanesPerScaleGroup;
+    for (int k = 0; k < common.num_topk; ++k) {
+      if (!(sending & (1u << k))) continue;
+      if (active) reinterpret_cast<uint2*>(to.row[k])[v] = quantized;
+      if (active && lane % kLanesPerScaleGroup == 0 && !args.use_ue8m0) reinterpret_cast<float*>(to.scales[k])[group] = scale;
+    }
+    if (args.use_ue8m0) {
+      // Lane 0 gathers this step's two exponent bytes; a full int32 holds four groups.
+      const uint32_t exponent = __float_as_uint(scale) >> kFloatMantissaBits;
+      const uint32_t upper = __shfl_sync(0xffffffffu, exponent, kLanesPerScaleGroup);
+      const int first_group = first / kLanesPerScaleGroup;
+      const int groups_here = min(2, (vectors - first) / kLanesPerScaleGroup);
+      if (lane == 0) {
+        packed_exponents |= exponent << (8 * (first_group % kUe8m0GroupsPerInt));
+        if (groups_here > 1) packed_exponents |= upper << (8 * ((first_group + 1) % kUe8m0GroupsPerInt));
+        const int last_group = first_group + groups_here - 1;
+        if (last_group % kUe8m0GroupsPerInt == kUe8m0GroupsPerInt - 1 || last_group == vectors / kLanesPerScaleGroup - 1) {
+          for (int k = 0; k < common.num_topk; ++k) {
+            if (sending & (1u << k)) reinterpret_cast<uint32_t*>(to.scales[k])[last_group / kUe8m0GroupsPerInt] = packed_exponents;
+          }
+          packed_exponents = 0;
+        }
+      }
+    }
+  }
+}
+
+__device__ void receive_expert(const IpcPeers& peers, const LowLatencyDispatchKernelArgs& args, const KernelContext& context,
+                               const LowLatencyLayout& layout, int local_expert, uint64_t epoch) {
+  __shared__ int32_t expert_total;
+  const LowLatencyCommon& common = args.common;
+  void* own_region = device::low_latency_region(peers, context.rank, common.region_offset);
+  const int num_ranks = context.num_ranks;
+  const int warps_per_source = kLowLatencyWarpsPerBlock / num_ranks;
+  const int source = device::warp_id() / warps_per_source;
+  const int warp_in_team = device::warp_id() % warps_per_source;
+  const int lane = device::lane_id();
+  if (threadIdx.x == 0) expert_total = 0;
+  __syncthreads();
+
+  if (source < num_ranks) {
+    uint64_t flag = 0;
+    if (lane == 0) {
+      const uint64_t* address = layout.dispatch_flag(own_region, common.set_index, local_expert, source);
+      const device::WaitSite site{DeviceOp::kLowLatencyDispatch, WaitTarget::kLowLatencyFlag, source, local_expert};
+      device::wait_at_least(address, epoch << 32, context, site);
+      flag = device::ld_acquire_sys(address);
+    }
+    flag = __shfl_sync(0xffffffffu, flag, 0);
+    // A timed-out wait leaves an old epoch: take no rows (the error is already recorded).
+    const int rows = (flag >> 32) == epoch ? min(static_cast<int>(flag & 0xffffffffu), common.max_tokens) : 0;
+    const size_t row_bytes = static_cast<size_t>(common.hidden) * (args.use_fp8 ? 1 : 2);
+    const int scale_words = args.use_ue8m0 ? common.hidden / (kFp8ChannelsPerScale * kUe8m0GroupsPerInt)
+                                            : common.hidden / kFp8ChannelsPerScale;
+    const size_t first_out = (static_cast<size_t>(local_expert) * num_ranks + source) * common.max_tokens;
+    for (int j = warp_in_team; j < common.max_tokens; j += warps_per_source) {
+      const size_t out = first_out + j;
+      if (j >= rows) {
+        if (lane == 0) {
+          args.recv_src_info[out] = -1;
+          args.recv_src_k[out] = -1;
+        }
+        continue;
+      }
+      const size_t slot = layout.slot(local_expert, source, j);
+      device::warp_copy<true>(static_cast<char*>(args.recv_x) + out * row_bytes, layout.row(own_region, common.set_index, slot),
+                              row_bytes);
+      if (args.use_fp8) {
+        const uint32_t* from = reinterpret_cast<const uint32_t*>(layout.scales(own_region, common.set_index, slot));
+        uint32_t* to = static_cast<uint32_t*>(args.recv_x_scales) + out * scale_words;
+        for (int w = lane; w < scale_words; w += kWarpSize) to[w] = __ldcg(from + w);
+      }
+      if (lane == 0) {
+        const int2 meta = __ldcg(layout.meta(own_region, common.set_index, slot));
+        args.recv_src_info[out] = meta.x;
+        args.recv_src_k[out] = meta.y;
+      }
+    }
+    if (warp_in_team == 0 && lane == 0) {
+      args.recv_count_from[static_cast<size_t>(local_expert) * num_ranks + source] = rows;
+      atomicAdd(&expert_total, rows);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    args.recv_count[local_expert] = expert_total;
+    if (args.cumulative_stats != nullptr) atomicAdd(&args.cumulative_stats[local_expert], expert_total);
+  }
+}
+
+__global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
+    low_latency_dispatch_kernel(const __grid_constant__ IpcPeers peers,
+                                const __grid_constant__ LowLatencyDispatchKernelArgs args, unsigned phases,
+                                KernelContext context) {
+  extern __shared__ int32_t plan[];  // expert_count [num_experts], then pair_slot [T * K]
+  const LowLatencyCommon& common = args.common;
+  LowLatencyLayout layout;
+  layout.num_ranks = context.num_ranks;
+  layout.experts_per_rank = common.num_experts / context.num_ranks;
+  layout.max_tokens = common.max_tokens;
+  layout.hidden = common.hidden;
+  void* own_region = device::low_latency_region(peers, context.rank, common.region_offset);
+  const uint64_t epoch = device::call_epoch(own_region, common.set_index);
+
+  if (phases & kSendPhase) {
+    int32_t* expert_count = plan;
+    int32_t* pair_slot = plan + common.num_experts;
+    plan_slots(common, context, expert_count, pair_slot);
+    const int warps = gridDim.x * kLowLatencyWarpsPerBlock;
+    for (int token = blockIdx.x * kLowLatencyWarpsPerBlock + device::warp_id(); token < common.num_tokens; token += warps) {
+      send_token(peers, args, context, layout, pair_slot, token);
+    }
+    if (device::last_block_to_arrive(LowLatencyLayout::send_blocks_done(own_region, common.set_index))) {
+      for (int expert = threadIdx.x; expert < common.num_experts; expert += blockDim.x) {
+        const int owner = expert / layout.experts_per_rank;
+        void* region = device::low_latency_region(peers, owner, common.region_offset);
+        // Pairs with the owner's acquire of this flag before it reads the rows.
+        device::st_release_sys(layout.dispatch_flag(region, common.set_index, expert % layout.experts_per_rank, context.rank),
+                               pack_flag(epoch, static_cast<uint32_t>(expert_count[expert])));
+      }
+    }
+  }
+  if (phases & kReceivePhase) {
+    for (int local = blockIdx.x; local < layout.experts_per_rank; local += gridDim.x) {
+      receive_expert(peers, args, context, layout, local, epoch);
+    }
+    device::finish_receive_phase(own_region, common.set_index, epoch);
+  }
+}
+
+}  // namespace
+
+void launch_low_latency_dispatch(const IpcPeers& peers, const LowLatencyDispatchKernelArgs& args, unsigned phases,
+                                 const KernelContext& context, cudaStream_t stream) {
+  const size_t plan_bytes = (phases & kSendPhase)
+                                ? sizeof(int32_t) * (static_cast<size_t>(args.common.num_experts) +
+                                                     static_cast<size_t>(args.common.num_tokens) * args.common.num_topk)
+                                : 0;
+  low_latency_dispatch_kernel<<<args.common.num_blocks, kLowLatencyThreadsPerBlock, plan_bytes, stream>>>(peers, args, phases,
+                                                                                                      context);
+  EPCOMM_CUDA_CHECK(cudaGetLastError());
+}
+
+void load_low_latency_dispatch_kernel_module() {
+  constexpr size_t kMaxPlanBytes = sizeof(int32_t) * (kMaxLowLatencyExperts + kMaxLowLatencyPairs);
+  EPCOMM_CUDA_CHECK(cudaFuncSetAttribute(low_latency_dispatch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kMaxPlanBytes)));
+}
+
+}  // namespace epcomm::kernels

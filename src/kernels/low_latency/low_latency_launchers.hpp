@@ -1,0 +1,58 @@
+// Host entry points of the low-latency kernels (CUDA IPC peers inside one node).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "common/kernel_context.hpp"
+#include "transport/ipc/ipc_peers.hpp"
+
+namespace epcomm::kernels {
+
+// Which halves of a call a launch runs: both, or (hook mode) the send now and the receive later.
+enum LowLatencyPhase : unsigned { kSendPhase = 1u, kReceivePhase = 2u };
+
+struct LowLatencyCommon {
+  size_t region_offset = 0;  // from each rank's buffer base to its low-latency region
+  int set_index = 0;
+  int num_experts = 0;
+  int max_tokens = 0;        // M
+  int hidden = 0;
+  int num_tokens = 0;        // this rank's T
+  int num_topk = 0;
+  const int64_t* topk_idx = nullptr;  // [T, K]
+  int num_blocks = 0;
+};
+
+struct LowLatencyDispatchKernelArgs {
+  LowLatencyCommon common;
+  const void* x = nullptr;  // bf16 [T, hidden]
+  bool use_fp8 = false;
+  bool round_scale = false;
+  bool use_ue8m0 = false;
+  void* recv_x = nullptr;                // out: e4m3 or bf16 [E_local, R*M, hidden]
+  void* recv_x_scales = nullptr;         // out: float32 [.., hidden/128] or int32 [.., hidden/512]
+  int32_t* recv_count = nullptr;         // out: [E_local]
+  int32_t* recv_count_from = nullptr;    // out: [E_local, R]
+  int32_t* recv_src_info = nullptr;      // out: [E_local, R*M]
+  int32_t* recv_src_k = nullptr;         // out: [E_local, R*M]
+  int32_t* cumulative_stats = nullptr;   // in/out, or null
+};
+void launch_low_latency_dispatch(const IpcPeers& peers, const LowLatencyDispatchKernelArgs& args, unsigned phases,
+                                 const KernelContext& context, cudaStream_t stream);
+
+struct LowLatencyCombineKernelArgs {
+  LowLatencyCommon common;
+  const void* x = nullptr;                // bf16 [E_local, R*M, hidden]
+  const float* topk_weights = nullptr;    // [T, K]
+  const int32_t* recv_count_from = nullptr;  // [E_local, R] (the dispatch's)
+  const int32_t* recv_src_info = nullptr;    // [E_local, R*M]
+  const int32_t* recv_src_k = nullptr;       // [E_local, R*M]
+  void* out = nullptr;                    // out: bf16 [T, hidden]
+};
+void launch_low_latency_combine(const IpcPeers& peers, const LowLatencyCombineKernelArgs& args, unsigned phases,
+                                const KernelContext& context, cudaStream_t stream);
+
+}  // namespace epcomm::kernels
