@@ -94,8 +94,8 @@ class Buffer {
   // ---- Diagnostics and benchmarks ----
   // Collective. Writes `bytes_per_rank` bytes from `source` (device) into every rank's NVLink
   // buffer at offset rank() * bytes_per_rank, using `num_sms` blocks: dispatch's traffic pattern
-  // without its bookkeeping, the roofline dispatch and combine are compared with. Followed by a
-  // barrier, so on return (in stream order) every rank's buffer holds every rank's bytes.
+  // without its bookkeeping, the roofline dispatch and combine are compared with. Between two
+  // barriers, so on return (in stream order) every rank's buffer holds every rank's bytes.
   void copy_to_all_ranks(const void* source, size_t bytes_per_rank, int num_sms, cudaStream_t stream);
   // This rank's NVLink buffer (device memory, num_nvl_bytes long).
   void* local_nvl_buffer() const;

@@ -7,12 +7,14 @@
 //   scales    [E_local][R][M] x scale_stride float32 scales, or packed UE8M0 int32
 //   meta      [E_local][R][M] x int2         (source token, k) of each dispatched row
 //   returned  [M][kMaxLowLatencyTopk] x row_stride   combine: the expert output for (token, k)
-//   dispatch_flags [E_local][R] u64          (epoch << 32) | rows, written by each source
-//   combine_flags  [R] u64                   (epoch << 32) | rows, written by each expert owner
 //
-// Plus one control block: per set, the epoch (owner only) and the counters that elect the last
-// block of a send phase and of a receive phase. Flags carry the epoch of the call that wrote them, so stale flags from
-// the set's previous use are never mistaken for new ones and nothing needs cleaning.
+// Before the sets, a control block at fixed offsets (independent of the call's shapes): per set,
+// the epoch (owner only), the counters that elect the last block of a send and of a receive
+// phase, and the flags:
+//   dispatch_flags [set][local expert][source] u64   (epoch << 32) | rows, written by each source
+//   combine_flags  [set][expert owner] u64           (epoch << 32) | rows, written by each owner
+// Flags carry the epoch of the call that wrote them, so a flag from the set's previous use is never
+// mistaken for a new one, and since flags never move, calls may change shapes without cleaning.
 #pragma once
 
 #include <cstddef>
@@ -30,7 +32,12 @@ struct LowLatencyLayout {
   static constexpr size_t kEpochOffset = 0;                                        // u64 [kNumSets]
   static constexpr size_t kSendBlocksDoneOffset = kNumSets * sizeof(uint64_t);     // u32 [kNumSets]
   static constexpr size_t kRecvBlocksDoneOffset = kSendBlocksDoneOffset + kNumSets * sizeof(uint32_t);
-  static constexpr size_t kControlBytes = kRegionAlignment;
+  static constexpr size_t kDispatchFlagsOffset = kRegionAlignment;
+  static constexpr size_t kDispatchFlagsBytes = sizeof(uint64_t) * kNumSets * kMaxLowLatencyExperts * kMaxNvlPeers;
+  static constexpr size_t kCombineFlagsOffset = kDispatchFlagsOffset + kDispatchFlagsBytes;
+  static constexpr size_t kCombineFlagsBytes = sizeof(uint64_t) * kNumSets * kMaxNvlPeers;
+  static constexpr size_t kControlBytes =
+      (kCombineFlagsOffset + kCombineFlagsBytes + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
 
   int num_ranks = 0;
   int experts_per_rank = 0;
@@ -48,13 +55,9 @@ struct LowLatencyLayout {
   EPCOMM_HOST_DEVICE size_t scales_offset() const { return align(rows_offset() + slots() * row_stride()); }
   EPCOMM_HOST_DEVICE size_t meta_offset() const { return align(scales_offset() + slots() * scale_stride()); }
   EPCOMM_HOST_DEVICE size_t returned_offset() const { return align(meta_offset() + slots() * sizeof(int2)); }
-  EPCOMM_HOST_DEVICE size_t dispatch_flags_offset() const {
+  EPCOMM_HOST_DEVICE size_t set_bytes() const {
     return align(returned_offset() + static_cast<size_t>(max_tokens) * kMaxLowLatencyTopk * row_stride());
   }
-  EPCOMM_HOST_DEVICE size_t combine_flags_offset() const {
-    return align(dispatch_flags_offset() + static_cast<size_t>(experts_per_rank) * num_ranks * sizeof(uint64_t));
-  }
-  EPCOMM_HOST_DEVICE size_t set_bytes() const { return align(combine_flags_offset() + num_ranks * sizeof(uint64_t)); }
   EPCOMM_HOST_DEVICE size_t total_bytes() const { return kControlBytes + kNumSets * set_bytes(); }
 
   // `region` is the start of a rank's low-latency region (as mapped in this process).
@@ -87,12 +90,13 @@ struct LowLatencyLayout {
     return set(region, set_index) + returned_offset() +
            (static_cast<size_t>(token) * kMaxLowLatencyTopk + k) * row_stride();
   }
-  EPCOMM_HOST_DEVICE uint64_t* dispatch_flag(void* region, int set_index, int local_expert, int source) const {
-    return reinterpret_cast<uint64_t*>(set(region, set_index) + dispatch_flags_offset()) +
-           static_cast<size_t>(local_expert) * num_ranks + source;
+  EPCOMM_HOST_DEVICE static uint64_t* dispatch_flag(void* region, int set_index, int local_expert, int source) {
+    return reinterpret_cast<uint64_t*>(static_cast<char*>(region) + kDispatchFlagsOffset) +
+           (static_cast<size_t>(set_index) * kMaxLowLatencyExperts + local_expert) * kMaxNvlPeers + source;
   }
-  EPCOMM_HOST_DEVICE uint64_t* combine_flag(void* region, int set_index, int expert_owner) const {
-    return reinterpret_cast<uint64_t*>(set(region, set_index) + combine_flags_offset()) + expert_owner;
+  EPCOMM_HOST_DEVICE static uint64_t* combine_flag(void* region, int set_index, int expert_owner) {
+    return reinterpret_cast<uint64_t*>(static_cast<char*>(region) + kCombineFlagsOffset) +
+           static_cast<size_t>(set_index) * kMaxNvlPeers + expert_owner;
   }
 };
 

@@ -100,7 +100,7 @@ void Buffer::warmup(cudaStream_t stream) {
   detail::ScopedDevice scoped(impl_->device);
   kernels::load_all_kernel_modules();
   // One barrier round touches every peer's mapping (first access to an IPC mapping is slow).
-  kernels::launch_nvl_barrier(impl_->nvl->peers(), impl_->context(), stream);
+  barrier(stream);
   synchronize(stream);
 }
 
@@ -152,10 +152,14 @@ void Buffer::get_dispatch_layout(const TensorView& topk_idx, int num_experts, co
   kernels::launch_dispatch_layout(args, impl_->num_device_sms, impl_->context(), stream);
 }
 
+// Barrier epochs and rings are touched only in the communication stream's order, whichever
+// stream the caller uses: the caller's stream hands over to it and waits for it.
 void Buffer::barrier(cudaStream_t stream) {
   impl_->begin("barrier");
   detail::ScopedDevice scoped(impl_->device);
-  kernels::launch_nvl_barrier(impl_->nvl->peers(), impl_->context(), stream);
+  Event::record(stream).wait(impl_->comm_stream);
+  kernels::launch_nvl_barrier(impl_->nvl->peers(), impl_->context(), impl_->comm_stream);
+  Event::record(impl_->comm_stream).wait(stream);
 }
 
 void Buffer::check_device_errors() {
@@ -184,8 +188,13 @@ void Buffer::copy_to_all_ranks(const void* source, size_t bytes_per_rank, int nu
   }
   detail::require_in_range(kOp, "num_sms", num_sms, 1, impl_->num_device_sms);
   detail::ScopedDevice scoped(impl_->device);
-  kernels::launch_peer_copy(impl_->nvl->peers(), source, bytes_per_rank, num_sms, impl_->context(), stream);
-  kernels::launch_nvl_barrier(impl_->nvl->peers(), impl_->context(), stream);
+  const cudaStream_t comm = impl_->comm_stream;
+  Event::record(stream).wait(comm);
+  // The leading barrier keeps the copy off rings a peer may still be reading (a combine).
+  kernels::launch_nvl_barrier(impl_->nvl->peers(), impl_->context(), comm);
+  kernels::launch_peer_copy(impl_->nvl->peers(), source, bytes_per_rank, num_sms, impl_->context(), comm);
+  kernels::launch_nvl_barrier(impl_->nvl->peers(), impl_->context(), comm);
+  Event::record(comm).wait(stream);
 }
 
 void* Buffer::local_nvl_buffer() const {

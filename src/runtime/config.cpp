@@ -1,5 +1,7 @@
 #include "epcomm/config.hpp"
 
+#include <algorithm>
+
 #include "common/constants.hpp"
 #include "common/nvl_layout.hpp"
 #include "epcomm/error.hpp"
@@ -47,11 +49,15 @@ void Config::validate() const {
     fail(ErrorCode::kInvalidArgument, "Config: num_max_nvl_chunked_send_tokens=", num_max_nvl_chunked_send_tokens,
          " must be at least 1");
   }
-  if (num_max_nvl_chunked_recv_tokens < kMinRingTokens ||
-      num_max_nvl_chunked_recv_tokens <= num_max_nvl_chunked_send_tokens) {
+  // A sender publishes only every send_chunk tokens, in windows of kSendWindowTokens, and may
+  // wait for ring space before publishing: the ring must hold a whole unpublished stretch plus a
+  // window, or sender and receiver could wait on each other.
+  const int send_stretch = (num_max_nvl_chunked_send_tokens + kSendWindowTokens - 1) / kSendWindowTokens * kSendWindowTokens;
+  const int min_ring = std::max(kMinRingTokens, send_stretch + kSendWindowTokens);
+  if (num_max_nvl_chunked_recv_tokens < min_ring) {
     fail(ErrorCode::kInvalidArgument, "Config: num_max_nvl_chunked_recv_tokens=", num_max_nvl_chunked_recv_tokens,
-         " must be at least ", kMinRingTokens, " and exceed num_max_nvl_chunked_send_tokens=",
-         num_max_nvl_chunked_send_tokens);
+         " must be at least ", min_ring, " with num_max_nvl_chunked_send_tokens=", num_max_nvl_chunked_send_tokens,
+         " (the send chunk rounded up to ", kSendWindowTokens, ", plus ", kSendWindowTokens, ")");
   }
   if (num_max_rdma_chunked_send_tokens < 1) {
     fail(ErrorCode::kInvalidArgument, "Config: num_max_rdma_chunked_send_tokens=", num_max_rdma_chunked_send_tokens,

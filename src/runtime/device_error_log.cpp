@@ -66,11 +66,15 @@ std::string DeviceErrorLog::describe(const DeviceErrorRecord& record) {
 }
 
 void DeviceErrorLog::raise_if_recorded() {
+  raise_if_unusable();
   // Pairs with the kernel's release store of `kind`, written after every other field.
   const int32_t kind = __atomic_load_n(&host_record()->kind, __ATOMIC_ACQUIRE);
   if (kind == static_cast<int32_t>(DeviceErrorKind::kNone)) return;
   const DeviceErrorRecord record = *host_record();
-  std::memset(host_record(), 0, sizeof(DeviceErrorRecord));
+  // Clear `kind` before `claimed` (release): a kernel that claims the record again must never
+  // find it claimed with no kind, or its error and every later one would be lost.
+  __atomic_store_n(&host_record()->kind, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&host_record()->claimed, 0, __ATOMIC_RELEASE);
   ErrorCode code = ErrorCode::kDeviceError;
   switch (static_cast<DeviceErrorKind>(kind)) {
     case DeviceErrorKind::kWaitTimeout: code = ErrorCode::kTimeout; break;
@@ -78,7 +82,19 @@ void DeviceErrorLog::raise_if_recorded() {
     case DeviceErrorKind::kTooManyRows: code = ErrorCode::kInvalidArgument; break;
     case DeviceErrorKind::kNone: break;
   }
-  throw Error(code, describe(record));
+  const std::string message = describe(record);
+  if (code == ErrorCode::kTimeout) {
+    // After a timeout the ranks disagree about rings, epochs and parities: refuse further calls.
+    sticky_failure_ = message;
+  }
+  throw Error(code, message);
+}
+
+void DeviceErrorLog::raise_if_unusable() const {
+  if (!sticky_failure_.empty()) {
+    fail(ErrorCode::kTimeout, "this Buffer is unusable after an earlier timeout (", sticky_failure_,
+         "); destroy it and create a new one on every rank");
+  }
 }
 
 }  // namespace detail

@@ -16,14 +16,19 @@ class DeviceErrorLog {
   DeviceErrorLog& operator=(const DeviceErrorLog&) = delete;
 
   DeviceErrorRecord* device_record() const { return static_cast<DeviceErrorRecord*>(memory_.device()); }
-  // If a kernel recorded a failure: clears the record and throws it as an epcomm::Error.
+  // If a kernel recorded a failure: clears the record and throws it as an epcomm::Error. A
+  // timeout is sticky: every later call throws too (the ranks' shared state is out of step).
   void raise_if_recorded();
+  void raise_if_unusable() const;
+  // A failure the host found itself (a host-side wait timed out) that leaves the ranks out of step.
+  void mark_unusable(const std::string& message) { sticky_failure_ = message; }
 
   static std::string describe(const DeviceErrorRecord& record);
 
  private:
   DeviceErrorRecord* host_record() const { return static_cast<DeviceErrorRecord*>(memory_.host()); }
   MappedHostMemory memory_;
+  std::string sticky_failure_;
 };
 
 }  // namespace epcomm::detail

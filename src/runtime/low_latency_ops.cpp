@@ -86,6 +86,9 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
   detail::require_device_tensor(kDispatchOp, "x", args.x, {DType::kBFloat16}, {detail::kAnyExtent, detail::kAnyExtent});
   const int num_tokens = static_cast<int>(args.x.shape[0]);
   const int hidden = static_cast<int>(args.x.shape[1]);
+  if (reinterpret_cast<uintptr_t>(args.x.data) % kVectorBytes != 0) {
+    fail(ErrorCode::kInvalidArgument, kDispatchOp, ": x at ", args.x.data, " must be ", kVectorBytes, "-byte aligned");
+  }
   detail::require_device_tensor(kDispatchOp, "topk_idx", args.topk_idx, {DType::kInt64}, {num_tokens, detail::kAnyExtent});
   const int num_topk = static_cast<int>(args.topk_idx.shape[1]);
   const int max_tokens = args.num_max_dispatch_tokens_per_rank;
@@ -194,6 +197,12 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
                                 {state.num_tokens, state.num_topk});
   if (given(args.out)) {
     detail::require_device_tensor(kCombineOp, "out", args.out, {DType::kBFloat16}, {state.num_tokens, state.hidden});
+  }
+  for (const TensorView* tensor : {&args.x, &args.out}) {
+    if (given(*tensor) && reinterpret_cast<uintptr_t>(tensor->data) % kVectorBytes != 0) {
+      fail(ErrorCode::kInvalidArgument, kCombineOp, ": ", tensor == &args.x ? "x" : "out", " at ", tensor->data,
+           " must be ", kVectorBytes, "-byte aligned");
+    }
   }
   const LowLatencyLayout layout = make_layout(ranks, state.num_experts, state.max_tokens, state.hidden);
   require_low_latency_region(kCombineOp, impl, layout);

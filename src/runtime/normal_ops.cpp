@@ -70,6 +70,23 @@ void require_ring_fits(const char* op, const Buffer::Impl& impl, const RingLayou
   }
 }
 
+// Every block of every rank on this GPU must be resident at once (see normal_kernel_blocks_per_sm).
+void require_resident(const char* op, const Buffer::Impl& impl, const Config& config) {
+  const int sharing = impl.nvl->ranks_on_my_device();
+  const int capacity = impl.num_device_sms * kernels::normal_kernel_blocks_per_sm();
+  if (sharing * config.num_sms > capacity) {
+    fail(ErrorCode::kInvalidArgument, op, ": config.num_sms=", config.num_sms, " with ", sharing,
+         " ranks sharing this GPU needs ", sharing * config.num_sms, " resident blocks, but it holds ", capacity,
+         "; use num_sms <= ", std::max(2, capacity / sharing / 2 * 2));
+  }
+}
+
+void require_vector_aligned(const char* op, const char* name, const TensorView& tensor) {
+  if (reinterpret_cast<uintptr_t>(tensor.data) % kVectorBytes != 0) {
+    fail(ErrorCode::kInvalidArgument, op, ": ", name, " at ", tensor.data, " must be ", kVectorBytes, "-byte aligned");
+  }
+}
+
 kernels::RingArgs ring_args(const Config& config) {
   kernels::RingArgs ring;
   ring.num_channels = config.num_channels();
@@ -86,9 +103,12 @@ void wait_for_notify(Buffer::Impl& impl, uint64_t sequence) {
   while (__atomic_load_n(&results->sequence, __ATOMIC_ACQUIRE) != sequence) {
     impl.errors.raise_if_recorded();  // e.g. the notify's barrier timed out on a missing peer
     if (std::chrono::steady_clock::now() > deadline) {
-      fail(ErrorCode::kTimeout, "rank ", impl.bootstrap->rank(), ": dispatch waited ", impl.options.wait_timeout.count(),
-           " ms on the host for the received-token counts of its notify step; a peer may not have called dispatch, "
-           "or this rank's GPU is stuck behind earlier work");
+      const std::string message =
+          concat("rank ", impl.bootstrap->rank(), ": dispatch waited ", impl.options.wait_timeout.count(),
+                 " ms on the host for the received-token counts of its notify step; a peer may not have called "
+                 "dispatch, or this rank's GPU is stuck behind earlier work");
+      impl.errors.mark_unusable(message);
+      fail(ErrorCode::kTimeout, message);
     }
     std::this_thread::yield();
   }
@@ -115,6 +135,7 @@ DispatchShape validate_dispatch(const Buffer::Impl& impl, const DispatchArgs& ar
     fail(ErrorCode::kInvalidArgument, kDispatchOp, ": hidden=", shape.hidden, " (", shape.row_bytes,
          " bytes per row) must be positive and give rows that are a multiple of ", kVectorBytes, " bytes");
   }
+  require_vector_aligned(kDispatchOp, "x", args.x);
   if (args.x.dtype == DType::kFloat8E4M3) {
     if (shape.hidden % kFp8ChannelsPerScale != 0) {
       fail(ErrorCode::kInvalidArgument, kDispatchOp, ": hidden=", shape.hidden, " must be a multiple of ",
@@ -190,6 +211,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, 
   rings.num_ranks = ranks;
   rings.capacity = args.config.num_max_nvl_chunked_recv_tokens;
   require_ring_fits(kDispatchOp, impl, rings, args.config, shape.row_bytes);
+  require_resident(kDispatchOp, impl, args.config);
 
   detail::ScopedDevice scoped(impl.device);
   const KernelContext context = impl.context();
@@ -209,12 +231,14 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, 
   const CallStreams streams(impl.comm_stream, call);
   const cudaStream_t allocation_stream = streams.allocation();
   if (cached == nullptr) {
-    state->recv_channel_prefix = allocate(allocator, DType::kInt32, {ranks, channels + 1}, allocation_stream);
-    state->is_token_in_rank = allocate(allocator, DType::kBool, {shape.num_tokens, ranks}, allocation_stream);
-    state->send_position = allocate(allocator, DType::kInt32, {shape.num_tokens, ranks}, allocation_stream);
+    // The handle's tensors live in the communication stream's order: every kernel that reads them
+    // runs there, so freeing them there (when the last handle goes) can never overtake a reader.
+    const cudaStream_t handle_stream = streams.comm();
+    state->recv_channel_prefix = allocate(allocator, DType::kInt32, {ranks, channels + 1}, handle_stream);
+    state->is_token_in_rank = allocate(allocator, DType::kBool, {shape.num_tokens, ranks}, handle_stream);
+    state->send_position = allocate(allocator, DType::kInt32, {shape.num_tokens, ranks}, handle_stream);
     state->num_recv_tokens_per_expert_device =
-        allocate(allocator, DType::kInt32, {shape.num_experts / ranks}, allocation_stream);
-    streams.order_after_allocations();
+        allocate(allocator, DType::kInt32, {shape.num_experts / ranks}, handle_stream);
     if (shape.num_tokens > 0) {
       EPCOMM_CUDA_CHECK(cudaMemcpyAsync(state->is_token_in_rank.view.data, args.is_token_in_rank.data,
                                         state->is_token_in_rank.view.nbytes(), cudaMemcpyDeviceToDevice, streams.comm()));
@@ -245,7 +269,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, 
       state->num_recv_tokens = -1;
       state->num_rows = args.num_worst_tokens;
     }
-    state->recv_src_idx = allocate(allocator, DType::kInt32, {state->num_rows}, allocation_stream);
+    state->recv_src_idx = allocate(allocator, DType::kInt32, {state->num_rows}, handle_stream);
   } else {
     // No notify: the barrier alone makes sure every rank has finished its previous call.
     kernels::launch_nvl_barrier(impl.nvl->peers(), context, streams.comm());
@@ -324,6 +348,10 @@ CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, con
   rings.num_ranks = num_ranks();
   rings.capacity = args.config.num_max_nvl_chunked_recv_tokens;
   require_ring_fits(kCombineOp, impl, rings, args.config, row_bytes);
+  require_resident(kCombineOp, impl, args.config);
+  require_vector_aligned(kCombineOp, "x", args.x);
+  if (given(args.bias0)) require_vector_aligned(kCombineOp, "bias0", args.bias0);
+  if (given(args.bias1)) require_vector_aligned(kCombineOp, "bias1", args.bias1);
 
   detail::ScopedDevice scoped(impl.device);
   const KernelContext context = impl.context();
@@ -347,6 +375,7 @@ CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, con
   kernel.recv_channel_prefix = state.recv_channel_prefix.view.ptr<int32_t>();
   kernel.send_position = state.send_position.view.ptr<int32_t>();
   kernel.num_tokens = state.num_tokens;
+  kernel.num_rows = state.num_rows;
   kernel.combined_x = result.combined_x.view.data;
   kernel.combined_topk_weights = result.combined_topk_weights.view.ptr<float>();
   kernel.ring = ring_args(args.config);

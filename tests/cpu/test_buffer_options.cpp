@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "common/device_error.hpp"
+#include "epcomm/buffer.hpp"
 #include "epcomm/config.hpp"
 #include "epcomm/error.hpp"
 #include "runtime/device_error_log.hpp"
@@ -62,6 +63,37 @@ TEST(BufferOptions, WhatThisBuildCannotDoIsUnsupported) {
   EXPECT_THROW(BufferOptions{}.validate(0), Error);
 }
 
+TEST(BufferOptions, LowLatencyRegionIsAllowedInsideOneNode) {
+  BufferOptions options;
+  options.low_latency_mode = true;
+  options.num_rdma_bytes = 1 << 20;
+  EXPECT_EQ(validation_error(options, 8), "");
+  options.num_rdma_bytes = 1000;
+  EXPECT_NE(validation_error(options, 8).find("num_rdma_bytes=1000 must be a multiple of 128"), std::string::npos);
+}
+
+TEST(LowLatencySizeHint, CoversTheLayoutAndGrowsWithEveryShape) {
+  const int64_t base = Buffer::low_latency_buffer_size_hint(128, 7168, 8, 256);
+  EXPECT_GT(base, 0);
+  EXPECT_EQ(base % 128, 0);
+  // Two sets of [E_local][R][M] bf16 rows at least.
+  EXPECT_GE(base, 2LL * 32 * 8 * 128 * 7168 * 2);
+  EXPECT_GT(Buffer::low_latency_buffer_size_hint(256, 7168, 8, 256), base);
+  EXPECT_GT(Buffer::low_latency_buffer_size_hint(128, 8192, 8, 256), base);
+  EXPECT_THROW(Buffer::low_latency_buffer_size_hint(128, 7168, 8, 250), Error);  // 250 % 8 != 0
+  EXPECT_THROW(Buffer::low_latency_buffer_size_hint(0, 7168, 8, 256), Error);
+  EXPECT_THROW(Buffer::low_latency_buffer_size_hint(128, 100, 8, 256), Error);  // rows not 16-byte multiples
+}
+
+TEST(NormalSizeHint, FitsTheRingsOfTheConfig) {
+  const Config config = default_dispatch_config(8);
+  const int64_t hint = config.nvl_buffer_size_hint(7168 * 2, 8);
+  // channels x ranks x ring slots x (row + metadata).
+  EXPECT_GE(hint, static_cast<int64_t>(config.num_channels()) * 8 * config.num_max_nvl_chunked_recv_tokens * 7168 * 2);
+  EXPECT_EQ(hint % 128, 0);
+  EXPECT_THROW(default_dispatch_config(16), Error);
+}
+
 TEST(Config, DefaultsAreValidAndBadFieldsNamed) {
   EXPECT_NO_THROW(Config{}.validate());
   Config config;
@@ -75,6 +107,17 @@ TEST(Config, DefaultsAreValidAndBadFieldsNamed) {
   config = Config{};
   config.num_max_nvl_chunked_recv_tokens = config.num_max_nvl_chunked_send_tokens;
   EXPECT_THROW(config.validate(), Error);
+  config = Config{};
+  config.num_max_nvl_chunked_send_tokens = 48;  // a 64-token stretch unpublished + a window: 96
+  config.num_max_nvl_chunked_recv_tokens = 64;
+  try {
+    config.validate();
+    FAIL();
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("must be at least 96"), std::string::npos) << error.what();
+  }
+  config.num_max_nvl_chunked_recv_tokens = 96;
+  EXPECT_NO_THROW(config.validate());
   config = Config{};
   config.num_max_rdma_chunked_send_tokens = 0;
   EXPECT_THROW(config.validate(), Error);

@@ -11,5 +11,6 @@ void run_peer_case(RankHarness& harness);
 void run_lifecycle_case(RankHarness& harness);
 void run_timeout_case(RankHarness& harness);
 void run_normal_case(RankHarness& harness);
+void run_low_latency_case(RankHarness& harness);
 
 }  // namespace epcomm::testing

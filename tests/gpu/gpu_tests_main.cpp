@@ -18,6 +18,7 @@ constexpr Case kCases[] = {
     {"lifecycle", epcomm::testing::run_lifecycle_case},
     {"timeout", epcomm::testing::run_timeout_case},
     {"normal", epcomm::testing::run_normal_case},
+    {"low_latency", epcomm::testing::run_low_latency_case},
 };
 
 int usage() {

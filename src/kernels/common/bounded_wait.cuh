@@ -26,16 +26,17 @@ __device__ __forceinline__ bool wait_at_least(const uint64_t* flag, uint64_t exp
   uint64_t observed = ld_acquire_sys(flag);
   if (observed >= expected) return true;
   const uint64_t start_ns = global_timer_ns();
-  for (int polls = 1;; ++polls) {
+  for (uint64_t polls = 1;; ++polls) {
     // Poll with relaxed loads (an acquire per poll would order memory for nothing), then take
     // one acquire of the value that satisfied us.
     if (ld_relaxed_sys(flag) >= expected) return ld_acquire_sys(flag) >= expected;
     if (polls % kPollsPerTimerRead != 0) continue;
     if (global_timer_ns() - start_ns > context.wait_timeout_ns) break;
-    // Another wait of this rank already failed: give up too (the record lives in host memory,
-    // so it is read only every kPollsPerErrorCheck polls).
+    // Another wait of this rank already timed out: give up too (the record lives in host memory,
+    // so it is read only every kPollsPerErrorCheck polls). Other recorded errors (a bad id, too
+    // many rows) are not fatal to the call, so they must not cut waits short.
     if (polls % kPollsPerErrorCheck == 0 &&
-        ld_relaxed_sys(&context.errors->kind) != static_cast<int32_t>(DeviceErrorKind::kNone)) {
+        ld_relaxed_sys(&context.errors->kind) == static_cast<int32_t>(DeviceErrorKind::kWaitTimeout)) {
       return false;
     }
   }

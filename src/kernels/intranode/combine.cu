@@ -45,6 +45,9 @@ __device__ void send_channel(const IpcPeers& peers, const CombineKernelArgs& arg
     __syncwarp();
     for (uint64_t i = warp_in_team; i < step; i += warps) {
       const int64_t row = first_row + static_cast<int64_t>(done + i);
+      // Rows past x (more arrived than num_worst_tokens; reported by the dispatch) keep their slot
+      // so positions stay in step, but nothing is read for them.
+      if (row >= args.num_rows) continue;
       char* slot = ring.slot_at(destination_base, channel, context.rank, start + done + i);
       device::warp_copy(slot, static_cast<const char*>(args.x) + row * row_bytes, row_bytes);
       if (args.topk_weights != nullptr && lane < args.num_topk) {
@@ -206,6 +209,12 @@ void launch_combine(const IpcPeers& peers, const CombineKernelArgs& args, const 
                     cudaStream_t stream) {
   combine_kernel<<<2 * args.ring.num_channels, kNormalThreadsPerBlock, 0, stream>>>(peers, args, context);
   EPCOMM_CUDA_CHECK(cudaGetLastError());
+}
+
+int combine_blocks_per_sm() {
+  int blocks = 0;
+  EPCOMM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, combine_kernel, kNormalThreadsPerBlock, 0));
+  return blocks;
 }
 
 void load_combine_kernel_module() {

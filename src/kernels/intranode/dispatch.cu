@@ -7,6 +7,8 @@
 //                          at the rows the notify step assigned, then frees the slots.
 // Ring positions grow across calls (see nvl_layout.hpp); the tail a sender publishes and the head
 // a receiver publishes are the only synchronisation, each a release paired with an acquire.
+#include <algorithm>
+
 #include "common/nvl_layout.hpp"
 #include "kernels/common/bounded_wait.cuh"
 #include "kernels/common/warp_ops.cuh"
@@ -205,6 +207,14 @@ void launch_dispatch(const IpcPeers& peers, const DispatchKernelArgs& args, cons
                      cudaStream_t stream) {
   dispatch_kernel<<<2 * args.ring.num_channels, kNormalThreadsPerBlock, 0, stream>>>(peers, args, context);
   EPCOMM_CUDA_CHECK(cudaGetLastError());
+}
+
+int combine_blocks_per_sm();
+
+int normal_kernel_blocks_per_sm() {
+  int blocks = 0;
+  EPCOMM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, dispatch_kernel, kNormalThreadsPerBlock, 0));
+  return std::min(blocks, combine_blocks_per_sm());
 }
 
 void load_dispatch_kernel_module() {

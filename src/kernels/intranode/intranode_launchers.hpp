@@ -69,11 +69,17 @@ struct CombineKernelArgs {
   const int32_t* recv_channel_prefix = nullptr;  // [R, num_channels + 1] (dispatch's)
   const int32_t* send_position = nullptr;        // [num_tokens, R] (dispatch's)
   int num_tokens = 0;
+  int num_rows = 0;                      // rows of x (rows past it were dropped by the dispatch)
   void* combined_x = nullptr;            // out: bf16 [num_tokens, hidden]
   float* combined_topk_weights = nullptr;  // out: [num_tokens, num_topk], or null
   RingArgs ring;
 };
 void launch_combine(const IpcPeers& peers, const CombineKernelArgs& args, const KernelContext& context,
                     cudaStream_t stream);
+
+// Blocks of the dispatch and combine kernels one SM holds at once (the smaller of the two). Every
+// block of every rank sharing a GPU must be resident together, or a waiting block can starve the
+// one it waits for.
+int normal_kernel_blocks_per_sm();
 
 }  // namespace epcomm::kernels

@@ -58,8 +58,10 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
         args.num_tokens_per_rank[threadIdx.x];
   }
 
-  // (2) After the barrier every source's counts for me are in my slots.
-  if (!device::block_barrier(peers, context, DeviceOp::kNotifyDispatch)) return;
+  // (2) After the barrier every source's counts for me are in my slots. If it timed out (the error
+  // is recorded), go on as if every source sent nothing: the outputs stay well-formed (zero rows)
+  // and the dispatch kernel behind this one writes nowhere it should not.
+  const bool arrived = device::block_barrier(peers, context, DeviceOp::kNotifyDispatch);
 
   // (3a) Row prefix over (source, channel), in receive order: source-major, then channel.
   if (device::warp_id() == 0) {
@@ -67,7 +69,7 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
     for (int source = 0; source < num_ranks; ++source) {
       const NotifySlot* slot = NvlLayout::notify_slot(own_base, parity, source);
       const int lane = device::lane_id();
-      const int count = lane < args.num_channels ? slot->channel_counts[lane] : 0;
+      const int count = arrived && lane < args.num_channels ? slot->channel_counts[lane] : 0;
       const int inclusive = device::warp_inclusive_scan(count);
       int32_t* prefix = args.recv_channel_prefix + source * (args.num_channels + 1);
       if (lane < args.num_channels) prefix[lane] = base + inclusive - count;
@@ -81,7 +83,9 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
   // (3b) Per local expert, summed over sources and padded to the alignment.
   for (int expert = threadIdx.x; expert < experts_per_rank; expert += blockDim.x) {
     int total = 0;
-    for (int source = 0; source < num_ranks; ++source) total += NvlLayout::notify_slot(own_base, parity, source)->expert_counts[expert];
+    for (int source = 0; source < num_ranks && arrived; ++source) {
+      total += NvlLayout::notify_slot(own_base, parity, source)->expert_counts[expert];
+    }
     const int padded = (total + args.expert_alignment - 1) / args.expert_alignment * args.expert_alignment;
     args.num_recv_tokens_per_expert[expert] = padded;
     if (args.host_results != nullptr) device::st_relaxed_sys(&args.host_results->num_recv_tokens_per_expert[expert], padded);
