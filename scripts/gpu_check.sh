@@ -4,7 +4,8 @@
 # Builds with every core, starts MPS when ranks must share GPUs, runs the whole test suite (CPU
 # tests and GPU tests at 1, 2, 4 and 8 ranks), runs epcomm-bench at 1, 2, 4 and 8 ranks and a
 # config sweep at 8 ranks (EPCOMM_SWEEP=0 skips it), stops MPS, and leaves in RESULTS_DIR:
-# (EPCOMM_TEST_EXCLUDE: a ctest regex to skip; EPCOMM_BENCH_RANKS: rank counts to benchmark)
+# (EPCOMM_TEST_EXCLUDE: a ctest regex to skip; EPCOMM_BENCH_RANKS: rank counts to benchmark;
+# EPCOMM_BENCH_ARGS: more epcomm-bench options)
 # build.log, tests.log, bench.jsonl, bench.log, machine.txt, summary.txt. Exits non-zero if the build, a test or a benchmark failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -54,7 +55,8 @@ grep -E 'Failed|\*\*\*Skipped|Timeout' "$results/tests.log" | tee -a "$summary" 
 
 : >"$results/bench.jsonl"
 for ranks in ${EPCOMM_BENCH_RANKS:-1 2 4 8}; do
-  if ! "$EPCOMM_BUILD_DIR"/tools/epcomm-bench --ranks "$ranks" --out "$results/bench.jsonl" >>"$results/bench.log" 2>&1; then
+  # shellcheck disable=SC2086  # EPCOMM_BENCH_ARGS is a list of options
+  if ! "$EPCOMM_BUILD_DIR"/tools/epcomm-bench --ranks "$ranks" ${EPCOMM_BENCH_ARGS:-} --out "$results/bench.jsonl" >>"$results/bench.log" 2>&1; then
     status=1; note "bench --ranks $ranks: FAILED (see bench.log)"
   fi
 done

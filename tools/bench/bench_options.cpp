@@ -36,6 +36,7 @@ const char* bench_usage() {
          "  --seed N          workload seed (default 1)\n"
          "  --setup NAME      label for the records (default: detected)\n"
          "  --sweep           also time a grid of normal-mode configs (SMs, chunk and ring sizes)\n"
+         "  --skip-normal     skip normal-mode dispatch and combine\n"
          "  --out FILE        also append the JSON records to FILE\n";
 }
 
@@ -64,6 +65,10 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       options.sweep = true;
       continue;
     }
+    if (args[i] == "--skip-normal") {
+      options.skip_normal = true;
+      continue;
+    }
     const auto setter = setters.find(args[i]);
     if (setter == setters.end()) fail(ErrorCode::kInvalidArgument, "epcomm-bench: unknown option '", args[i], "'");
     if (i + 1 >= args.size()) fail(ErrorCode::kInvalidArgument, "epcomm-bench: ", args[i], " needs a value");
@@ -89,6 +94,7 @@ std::vector<std::string> to_arguments(const BenchOptions& options) {
   if (!options.setup.empty()) args.insert(args.end(), {"--setup", options.setup});
   if (!options.out_path.empty()) args.insert(args.end(), {"--out", options.out_path});
   if (options.sweep) args.push_back("--sweep");
+  if (options.skip_normal) args.push_back("--skip-normal");
   return args;
 }
 

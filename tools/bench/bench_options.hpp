@@ -22,6 +22,7 @@ struct BenchOptions {
   std::string out_path;  // JSON lines are also appended here when set
   std::string setup;     // empty: detect (single | mps | timeslice | nvlink)
   bool sweep = false;    // also time a grid of normal-mode configs
+  bool skip_normal = false;  // time only layout, copy and low-latency mode
   bool help = false;
 };
 

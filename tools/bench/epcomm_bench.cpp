@@ -100,6 +100,7 @@ int run_rank(const BenchOptions& options) {
   const double copy_gbps = bench_copy(context, bytes_per_peer);
   bool first = true;
   for (const Config& config : bench_configs(context)) {
+    if (options.skip_normal) break;
     bench_normal(context, copy_gbps, config, first);
     first = false;
   }

@@ -3,8 +3,9 @@
 // Send phase: one warp per received row (strided over the grid) writes the expert output into
 // the source rank's slot for that (token, k); the last block to finish publishes, per source
 // rank, (epoch, rows sent there).
-// Receive phase: every block waits for every rank's flag, then one warp per token sums its K
-// outputs weighted by topk_weights: each product rounded, added in k order (the reference's).
+// Receive phase: every block waits for every rank's flag, then warps sum each token's K outputs
+// (a chunk of the row per warp) weighted by topk_weights: each product rounded, added in k order
+// (the reference's).
 #include <cuda_bf16.h>
 
 #include "kernels/common/bounded_wait.cuh"
@@ -37,8 +38,11 @@ __device__ void send_rows(const IpcPeers& peers, const LowLatencyCombineKernelAr
   }
 }
 
-__device__ void reduce_token(const LowLatencyCombineKernelArgs& args, const LowLatencyLayout& layout, void* own_region,
-                             int token) {
+// A warp reduces one chunk of one token: kWarpSize vectors, one per lane, with the K rows' loads
+// all issued before any is added. Splitting tokens into chunks spreads a few hundred tokens over
+// every warp of the grid.
+__device__ void reduce_chunk(const LowLatencyCombineKernelArgs& args, const LowLatencyLayout& layout, void* own_region,
+                             int token, int chunk) {
   const LowLatencyCommon& common = args.common;
   const int lane = device::lane_id();
   int64_t my_expert = -1;
@@ -47,30 +51,34 @@ __device__ void reduce_token(const LowLatencyCombineKernelArgs& args, const LowL
     my_expert = common.topk_idx[static_cast<int64_t>(token) * common.num_topk + lane];
     my_weight = args.topk_weights[static_cast<int64_t>(token) * common.num_topk + lane];
   }
-  // Every lane learns every pair's expert and weight before the per-lane loop below.
-  int64_t experts[kMaxLowLatencyTopk];
-  float weights[kMaxLowLatencyTopk];
-  for (int k = 0; k < common.num_topk; ++k) {
-    experts[k] = __shfl_sync(0xffffffffu, my_expert, k);
-    weights[k] = __shfl_sync(0xffffffffu, my_weight, k);
-  }
   const int vectors = common.hidden / kBf16PerVector;
-  int4* out = static_cast<int4*>(args.out) + static_cast<int64_t>(token) * vectors;
-  for (int v = lane; v < vectors; v += kWarpSize) {
-    float sum[kBf16PerVector] = {};
-    for (int k = 0; k < common.num_topk; ++k) {
-      if (experts[k] < 0 || experts[k] >= common.num_experts) continue;
-      const int4 raw = __ldcg(reinterpret_cast<const int4*>(layout.returned(own_region, common.set_index, token, k)) + v);
-      const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&raw);
+  const int v = chunk * kWarpSize + lane;
+  int4 raw[kMaxLowLatencyTopk];
+  uint32_t present = 0;  // bit k: pair k has an expert
 #pragma unroll
-      for (int j = 0; j < kBf16PerVector; ++j) sum[j] = __fadd_rn(sum[j], __fmul_rn(weights[k], __bfloat162float(values[j])));
-    }
-    int4 packed;
-    __nv_bfloat16* result = reinterpret_cast<__nv_bfloat16*>(&packed);
-#pragma unroll
-    for (int j = 0; j < kBf16PerVector; ++j) result[j] = __float2bfloat16_rn(sum[j]);
-    out[v] = packed;
+  for (int k = 0; k < kMaxLowLatencyTopk; ++k) {
+    if (k >= common.num_topk) break;  // uniform
+    const int64_t expert = __shfl_sync(0xffffffffu, my_expert, k);
+    if (expert < 0 || expert >= common.num_experts) continue;
+    present |= 1u << k;
+    if (v < vectors) raw[k] = __ldcg(reinterpret_cast<const int4*>(layout.returned(own_region, common.set_index, token, k)) + v);
   }
+  float sum[kBf16PerVector] = {};
+#pragma unroll
+  for (int k = 0; k < kMaxLowLatencyTopk; ++k) {
+    if (k >= common.num_topk) break;
+    const float weight = __shfl_sync(0xffffffffu, my_weight, k);
+    if (!(present & (1u << k))) continue;
+    const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&raw[k]);
+#pragma unroll
+    for (int j = 0; j < kBf16PerVector; ++j) sum[j] = __fadd_rn(sum[j], __fmul_rn(weight, __bfloat162float(values[j])));
+  }
+  if (v >= vectors) return;
+  int4 packed;
+  __nv_bfloat16* result = reinterpret_cast<__nv_bfloat16*>(&packed);
+#pragma unroll
+  for (int j = 0; j < kBf16PerVector; ++j) result[j] = __float2bfloat16_rn(sum[j]);
+  static_cast<int4*>(args.out)[static_cast<int64_t>(token) * vectors + v] = packed;
 }
 
 __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
@@ -109,8 +117,10 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
     }
     __syncthreads();  // the acquires above order every warp's reads of the returned rows
     const int warps = gridDim.x * kLowLatencyWarpsPerBlock;
-    for (int token = blockIdx.x * kLowLatencyWarpsPerBlock + device::warp_id(); token < common.num_tokens; token += warps) {
-      reduce_token(args, layout, own_region, token);
+    const int chunks = (common.hidden / kBf16PerVector + kWarpSize - 1) / kWarpSize;
+    for (int item = blockIdx.x * kLowLatencyWarpsPerBlock + device::warp_id(); item < common.num_tokens * chunks;
+         item += warps) {
+      reduce_chunk(args, layout, own_region, item / chunks, item % chunks);
     }
     device::finish_receive_phase(own_region, common.set_index, epoch);
   }

@@ -78,13 +78,17 @@ __device__ void plan_slots(const LowLatencyCommon& common, const KernelContext& 
   __syncthreads();
 }
 
+// A warp sends one chunk of one token's row: kChunkVectors 16-byte vectors (512 channels, four
+// scale groups), so the rows of a few hundred tokens still spread over every warp of the grid.
+constexpr int kChunkVectors = 64;
+
 struct Destinations {  // where one token's row goes, for each k (kMaxLowLatencyTopk at most)
   char* row[kMaxLowLatencyTopk];
   char* scales[kMaxLowLatencyTopk];
 };
 
-__device__ void send_token(const IpcPeers& peers, const LowLatencyDispatchKernelArgs& args, const KernelContext& context,
-                           const LowLatencyLayout& layout, const int32_t* pair_slot, int token) {
+__device__ void send_chunk(const IpcPeers& peers, const LowLatencyDispatchKernelArgs& args, const KernelContext& context,
+                           const LowLatencyLayout& layout, const int32_t* pair_slot, int token, int chunk) {
   const LowLatencyCommon& common = args.common;
   const int lane = device::lane_id();
   const int experts_per_rank = layout.experts_per_rank;
@@ -105,15 +109,17 @@ __device__ void send_token(const IpcPeers& peers, const LowLatencyDispatchKernel
     void* region = device::low_latency_region(peers, owner, common.region_offset);
     to.row[k] = layout.row(region, common.set_index, slot);
     to.scales[k] = layout.scales(region, common.set_index, slot);
-    if (lane == 0) *layout.meta(region, common.set_index, slot) = make_int2(token, k);
+    if (lane == 0 && chunk == 0) *layout.meta(region, common.set_index, slot) = make_int2(token, k);
     sending |= 1u << k;
   }
   if (sending == 0) return;
 
   const int4* row = static_cast<const int4*>(args.x) + static_cast<int64_t>(token) * (common.hidden / kBf16PerVector);
   const int vectors = common.hidden / kBf16PerVector;
+  const int chunk_begin = chunk * kChunkVectors;
+  const int chunk_end = min(chunk_begin + kChunkVectors, vectors);
   if (!args.use_fp8) {
-    for (int v = lane; v < vectors; v += kWarpSize) {
+    for (int v = chunk_begin + lane; v < chunk_end; v += kWarpSize) {
       const int4 value = row[v];
       for (int k = 0; k < common.num_topk; ++k) {
         if (sending & (1u << k)) reinterpret_cast<int4*>(to.row[k])[v] = value;
@@ -121,18 +127,26 @@ __device__ void send_token(const IpcPeers& peers, const LowLatencyDispatchKernel
     }
     return;
   }
-  // FP8: a warp covers two scale groups per step, 16 lanes (8 channels each) per group.
-  uint32_t packed_exponents = 0;  // UE8M0 bytes of groups not yet stored (lane 0)
-  for (int first = 0; first < vectors; first += kWarpSize) {
-    const int v = first + lane;
-    const bool active = v < vectors;
-    float values[kBf16PerVector] = {};
-    if (active) {
-      const int4 raw = row[v];
-      const __nv_bfloat16* halves = reinterpret_cast<const __nv_bfloat16*>(&raw);
+  // FP8: a warp covers two scale groups per step, 16 lanes (8 channels each) per group. Both steps'
+  // loads are issued before either is used.
+  constexpr int kSteps = kChunkVectors / kWarpSize;
+  int4 raw[kSteps];
 #pragma unroll
-      for (int j = 0; j < kBf16PerVector; ++j) values[j] = __bfloat162float(halves[j]);
-    }
+  for (int step = 0; step < kSteps; ++step) {
+    const int v = chunk_begin + step * kWarpSize + lane;
+    raw[step] = v < chunk_end ? row[v] : make_int4(0, 0, 0, 0);
+  }
+  uint32_t packed_exponents = 0;  // UE8M0 bytes of this chunk's four groups (lane 0)
+#pragma unroll
+  for (int step = 0; step < kSteps; ++step) {
+    const int first = chunk_begin + step * kWarpSize;
+    if (first >= chunk_end) break;  // uniform across the warp
+    const int v = first + lane;
+    const bool active = v < chunk_end;
+    float values[kBf16PerVector];
+    const __nv_bfloat16* halves = reinterpret_cast<const __nv_bfloat16*>(&raw[step]);
+#pragma unroll
+    for (int j = 0; j < kBf16PerVector; ++j) values[j] = __bfloat162float(halves[j]);
     float amax = 0.0f;
 #pragma unroll
     for (int j = 0; j < kBf16PerVector; ++j) amax = fmaxf(amax, fabsf(values[j]));
@@ -155,22 +169,16 @@ __device__ void send_token(const IpcPeers& peers, const LowLatencyDispatchKernel
       if (active && lane % kLanesPerScaleGroup == 0 && !args.use_ue8m0) reinterpret_cast<float*>(to.scales[k])[group] = scale;
     }
     if (args.use_ue8m0) {
-      // Lane 0 gathers this step's two exponent bytes; a full int32 holds four groups.
+      // Lane 0 gathers this step's two exponent bytes (UE8M0 needs hidden % 512 == 0, so a chunk
+      // is always four whole groups).
       const uint32_t exponent = __float_as_uint(scale) >> kFloatMantissaBits;
       const uint32_t upper = __shfl_sync(0xffffffffu, exponent, kLanesPerScaleGroup);
-      const int first_group = first / kLanesPerScaleGroup;
-      const int groups_here = min(2, (vectors - first) / kLanesPerScaleGroup);
-      if (lane == 0) {
-        packed_exponents |= exponent << (8 * (first_group % kUe8m0GroupsPerInt));
-        if (groups_here > 1) packed_exponents |= upper << (8 * ((first_group + 1) % kUe8m0GroupsPerInt));
-        const int last_group = first_group + groups_here - 1;
-        if (last_group % kUe8m0GroupsPerInt == kUe8m0GroupsPerInt - 1 || last_group == vectors / kLanesPerScaleGroup - 1) {
-          for (int k = 0; k < common.num_topk; ++k) {
-            if (sending & (1u << k)) reinterpret_cast<uint32_t*>(to.scales[k])[last_group / kUe8m0GroupsPerInt] = packed_exponents;
-          }
-          packed_exponents = 0;
-        }
-      }
+      if (lane == 0) packed_exponents |= (exponent | (upper << 8)) << (16 * step);
+    }
+  }
+  if (args.use_ue8m0 && lane == 0) {
+    for (int k = 0; k < common.num_topk; ++k) {
+      if (sending & (1u << k)) reinterpret_cast<uint32_t*>(to.scales[k])[chunk] = packed_exponents;
     }
   }
 }
@@ -257,8 +265,10 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
     int32_t* pair_slot = plan + common.num_experts;
     plan_slots(common, context, expert_count, pair_slot);
     const int warps = gridDim.x * kLowLatencyWarpsPerBlock;
-    for (int token = blockIdx.x * kLowLatencyWarpsPerBlock + device::warp_id(); token < common.num_tokens; token += warps) {
-      send_token(peers, args, context, layout, pair_slot, token);
+    const int chunks = (common.hidden / kBf16PerVector + kChunkVectors - 1) / kChunkVectors;
+    for (int item = blockIdx.x * kLowLatencyWarpsPerBlock + device::warp_id(); item < common.num_tokens * chunks;
+         item += warps) {
+      send_chunk(peers, args, context, layout, pair_slot, item / chunks, item % chunks);
     }
     if (device::last_block_to_arrive(LowLatencyLayout::send_blocks_done(own_region, common.set_index))) {
       for (int expert = threadIdx.x; expert < common.num_experts; expert += blockDim.x) {
