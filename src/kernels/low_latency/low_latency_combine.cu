@@ -18,7 +18,7 @@ namespace {
 
 constexpr int kBf16PerVector = 8;
 
-__device__ void send_rows(const IpcPeers& peers, const LowLatencyCombineKernelArgs& args, const KernelContext& context,
+__device__ void send_rows(const device::IpcTransport& transport, const LowLatencyCombineKernelArgs& args, const KernelContext& context,
                           const LowLatencyLayout& layout) {
   const LowLatencyCommon& common = args.common;
   const size_t rows_per_expert = static_cast<size_t>(context.num_ranks) * common.max_tokens;
@@ -32,8 +32,7 @@ __device__ void send_rows(const IpcPeers& peers, const LowLatencyCombineKernelAr
     if (index >= args.recv_count_from[static_cast<size_t>(local_expert) * context.num_ranks + source]) continue;
     const int token = args.recv_src_info[row];
     const int k = args.recv_src_k[row];
-    void* region = device::low_latency_region(peers, source, common.region_offset);
-    device::warp_copy(layout.returned(region, common.set_index, token, k),
+    device::warp_copy(layout.returned(transport.region(source), common.set_index, token, k),
                       static_cast<const char*>(args.x) + row * row_bytes, row_bytes);
   }
 }
@@ -91,11 +90,12 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
   layout.experts_per_rank = common.num_experts / context.num_ranks;
   layout.max_tokens = common.max_tokens;
   layout.hidden = common.hidden;
-  void* own_region = device::low_latency_region(peers, context.rank, common.region_offset);
+  const device::IpcTransport transport{peers, common.region_offset};
+  void* own_region = transport.region(context.rank);
   const uint64_t epoch = device::call_epoch(own_region, common.set_index);
 
   if (phases & kSendPhase) {
-    send_rows(peers, args, context, layout);
+    send_rows(transport, args, context, layout);
     if (device::last_block_to_arrive(LowLatencyLayout::send_blocks_done(own_region, common.set_index)) &&
         threadIdx.x < context.num_ranks) {
       const int source = threadIdx.x;
@@ -103,17 +103,16 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
       for (int local = 0; local < layout.experts_per_rank; ++local) {
         rows += args.recv_count_from[static_cast<size_t>(local) * context.num_ranks + source];
       }
-      void* region = device::low_latency_region(peers, source, common.region_offset);
-      // Pairs with the source's acquire of this flag before it reads the returned rows.
-      device::st_release_sys(layout.combine_flag(region, common.set_index, context.rank),
-                             pack_flag(epoch, static_cast<uint32_t>(rows)));
+      // Pairs with the source's wait on this flag before it reads the returned rows.
+      transport.signal(layout.combine_flag(transport.region(source), common.set_index, context.rank),
+                       pack_flag(epoch, static_cast<uint32_t>(rows)));
     }
   }
   if (phases & kReceivePhase) {
     if (threadIdx.x < context.num_ranks) {
       const int owner = threadIdx.x;
       const device::WaitSite site{DeviceOp::kLowLatencyCombine, WaitTarget::kLowLatencyFlag, owner, -1};
-      device::wait_at_least(layout.combine_flag(own_region, common.set_index, owner), epoch << 32, context, site);
+      transport.wait(layout.combine_flag(own_region, common.set_index, owner), epoch << 32, context, site);
     }
     __syncthreads();  // the acquires above order every warp's reads of the returned rows
     const int warps = gridDim.x * kLowLatencyWarpsPerBlock;

@@ -1,17 +1,14 @@
-// Pieces both low-latency kernels share: the region of a rank, the epoch of a call, and the
-// "last block" election that publishes a phase's flags once every block's data is written.
+// Pieces both low-latency kernels share: the epoch of a call and the end of a receive phase.
+// Peers are reached through device::IpcTransport (transport/ipc/ipc_transport.cuh).
 #pragma once
 
 #include "common/low_latency_layout.hpp"
 #include "kernels/common/last_block.cuh"
 #include "kernels/common/memory_ordering.cuh"
 #include "kernels/low_latency/low_latency_launchers.hpp"
+#include "transport/ipc/ipc_transport.cuh"
 
 namespace epcomm::device {
-
-__device__ __forceinline__ void* low_latency_region(const IpcPeers& peers, int rank, size_t region_offset) {
-  return static_cast<char*>(peers.base(rank)) + region_offset;
-}
 
 // The epoch this call's flags carry: one more than the set's last completed call. Read once at
 // the start of every launch; stored by the last block of the receive phase (see there).

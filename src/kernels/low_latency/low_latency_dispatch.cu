@@ -87,7 +87,7 @@ struct Destinations {  // where one token's row goes, for each k (kMaxLowLatency
   char* scales[kMaxLowLatencyTopk];
 };
 
-__device__ void send_chunk(const IpcPeers& peers, const LowLatencyDispatchKernelArgs& args, const KernelContext& context,
+__device__ void send_chunk(const device::IpcTransport& transport, const LowLatencyDispatchKernelArgs& args, const KernelContext& context,
                            const LowLatencyLayout& layout, const int32_t* pair_slot, int token, int chunk) {
   const LowLatencyCommon& common = args.common;
   const int lane = device::lane_id();
@@ -106,7 +106,7 @@ __device__ void send_chunk(const IpcPeers& peers, const LowLatencyDispatchKernel
     const int owner = static_cast<int>(expert / experts_per_rank);
     const int local = static_cast<int>(expert % experts_per_rank);
     const size_t slot = layout.slot(local, context.rank, pair_slot[token * common.num_topk + k]);
-    void* region = device::low_latency_region(peers, owner, common.region_offset);
+    void* region = transport.region(owner);
     to.row[k] = layout.row(region, common.set_index, slot);
     to.scales[k] = layout.scales(region, common.set_index, slot);
     if (lane == 0 && chunk == 0) *layout.meta(region, common.set_index, slot) = make_int2(token, k);
@@ -183,11 +183,11 @@ __device__ void send_chunk(const IpcPeers& peers, const LowLatencyDispatchKernel
   }
 }
 
-__device__ void receive_expert(const IpcPeers& peers, const LowLatencyDispatchKernelArgs& args, const KernelContext& context,
+__device__ void receive_expert(const device::IpcTransport& transport, const LowLatencyDispatchKernelArgs& args, const KernelContext& context,
                                const LowLatencyLayout& layout, int local_expert, uint64_t epoch) {
   __shared__ int32_t expert_total;
   const LowLatencyCommon& common = args.common;
-  void* own_region = device::low_latency_region(peers, context.rank, common.region_offset);
+  void* own_region = transport.region(context.rank);
   const int num_ranks = context.num_ranks;
   const int warps_per_source = kLowLatencyWarpsPerBlock / num_ranks;
   const int source = device::warp_id() / warps_per_source;
@@ -201,7 +201,7 @@ __device__ void receive_expert(const IpcPeers& peers, const LowLatencyDispatchKe
     if (lane == 0) {
       const uint64_t* address = layout.dispatch_flag(own_region, common.set_index, local_expert, source);
       const device::WaitSite site{DeviceOp::kLowLatencyDispatch, WaitTarget::kLowLatencyFlag, source, local_expert};
-      device::wait_at_least(address, epoch << 32, context, site);
+      transport.wait(address, epoch << 32, context, site);
       flag = device::ld_acquire_sys(address);
     }
     flag = __shfl_sync(0xffffffffu, flag, 0);
@@ -257,7 +257,8 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
   layout.experts_per_rank = common.num_experts / context.num_ranks;
   layout.max_tokens = common.max_tokens;
   layout.hidden = common.hidden;
-  void* own_region = device::low_latency_region(peers, context.rank, common.region_offset);
+  const device::IpcTransport transport{peers, common.region_offset};
+  void* own_region = transport.region(context.rank);
   const uint64_t epoch = device::call_epoch(own_region, common.set_index);
 
   if (phases & kSendPhase) {
@@ -268,21 +269,21 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
     const int chunks = (common.hidden / kBf16PerVector + kChunkVectors - 1) / kChunkVectors;
     for (int item = blockIdx.x * kLowLatencyWarpsPerBlock + device::warp_id(); item < common.num_tokens * chunks;
          item += warps) {
-      send_chunk(peers, args, context, layout, pair_slot, item / chunks, item % chunks);
+      send_chunk(transport, args, context, layout, pair_slot, item / chunks, item % chunks);
     }
     if (device::last_block_to_arrive(LowLatencyLayout::send_blocks_done(own_region, common.set_index))) {
       for (int expert = threadIdx.x; expert < common.num_experts; expert += blockDim.x) {
         const int owner = expert / layout.experts_per_rank;
-        void* region = device::low_latency_region(peers, owner, common.region_offset);
-        // Pairs with the owner's acquire of this flag before it reads the rows.
-        device::st_release_sys(layout.dispatch_flag(region, common.set_index, expert % layout.experts_per_rank, context.rank),
-                               pack_flag(epoch, static_cast<uint32_t>(expert_count[expert])));
+        // Pairs with the owner's wait on this flag before it reads the rows.
+        transport.signal(layout.dispatch_flag(transport.region(owner), common.set_index, expert % layout.experts_per_rank,
+                                              context.rank),
+                         pack_flag(epoch, static_cast<uint32_t>(expert_count[expert])));
       }
     }
   }
   if (phases & kReceivePhase) {
     for (int local = blockIdx.x; local < layout.experts_per_rank; local += gridDim.x) {
-      receive_expert(peers, args, context, layout, local, epoch);
+      receive_expert(transport, args, context, layout, local, epoch);
     }
     device::finish_receive_phase(own_region, common.set_index, epoch);
   }
