@@ -34,6 +34,7 @@ if ! scripts/build.sh "${cmake_args[@]}" >"$results/build.log" 2>&1; then
   note "BUILD FAILED (see build.log)"; tail -30 "$results/build.log"; exit 1
 fi
 note "build: ok ($(grep -c 'Building' "$results/build.log") steps)"
+{ echo; echo "== epcomm-check-env --ranks 8"; "$EPCOMM_BUILD_DIR"/tools/epcomm-check-env --ranks 8; } >>"$results/machine.txt" 2>&1
 
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 mps_started=0

@@ -25,6 +25,10 @@ struct BufferOptions {
   // Do every one-time cost (module loading, peer mapping first touch, a barrier round) inside
   // the constructor, so the first call costs what later calls do.
   bool preinitialize = false;
+  // Run the initialisation (allocation, peer mapping, preinitialize) on a background thread: the
+  // constructor returns at once and the first call waits for it; its errors surface at that call
+  // (and every later one). The bootstrap belongs to that thread until then.
+  bool initialize_in_background = false;
   // Bound on every GPU spin-wait. On expiry the kernel records which rank waited on which peer
   // for what, and the call fails with an epcomm::Error instead of hanging.
   std::chrono::milliseconds wait_timeout{100 * 1000};

@@ -43,40 +43,58 @@ int resolve_device(int requested) {
 Buffer::Buffer(std::shared_ptr<Bootstrap> bootstrap, const BufferOptions& options) {
   if (!bootstrap) fail(ErrorCode::kInvalidArgument, "Buffer: bootstrap is null");
   options.validate(bootstrap->num_ranks());
-  const int device = resolve_device(options.device);
-  detail::ScopedDevice scoped(device);
-
   impl_ = std::make_unique<Impl>();
   impl_->bootstrap = std::move(bootstrap);
   impl_->options = options;
-  impl_->device = device;
-  EPCOMM_CUDA_CHECK(cudaDeviceGetAttribute(&impl_->num_device_sms, cudaDevAttrMultiProcessorCount, device));
-  EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->comm_stream, cudaStreamNonBlocking));
-  impl_->notify_results = detail::MappedHostMemory(sizeof(NotifyResults));
-  impl_->layout_workspace = detail::DeviceAllocation(LayoutWorkspace::kTotalBytes);
-  EPCOMM_CUDA_CHECK(cudaMemset(impl_->layout_workspace.get(), 0, LayoutWorkspace::kTotalBytes));
-  // The low-latency region follows the normal-mode data in the same IPC allocation.
-  impl_->nvl.emplace(*impl_->bootstrap, device, static_cast<size_t>(options.num_nvl_bytes + options.num_rdma_bytes));
+  if (detail::Profiler::enabled_by_environment()) impl_->profiler = std::make_unique<detail::Profiler>(impl_->bootstrap->rank());
+  if (options.initialize_in_background) {
+    impl_->initialization = std::async(std::launch::async, [impl = impl_.get()] { impl->initialize(); });
+  } else {
+    impl_->initialize();
+  }
+}
 
+void Buffer::Impl::initialize() {
+  using Kind = detail::ProfileRecord::Kind;
+  detail::Profiler* const profile = profiler.get();
+  device = resolve_device(options.device);
+  detail::ScopedDevice scoped(device);
+  {
+    const detail::ProfiledRegion phase(profile, Kind::kInitPhase, "streams, workspace, pinned memory");
+    errors.allocate();
+    EPCOMM_CUDA_CHECK(cudaDeviceGetAttribute(&num_device_sms, cudaDevAttrMultiProcessorCount, device));
+    EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream, cudaStreamNonBlocking));
+    notify_results = detail::MappedHostMemory(sizeof(NotifyResults));
+    layout_workspace = detail::DeviceAllocation(LayoutWorkspace::kTotalBytes);
+    EPCOMM_CUDA_CHECK(cudaMemset(layout_workspace.get(), 0, LayoutWorkspace::kTotalBytes));
+  }
+  {
+    const detail::ProfiledRegion phase(profile, Kind::kInitPhase, "allocate, exchange and map peer buffers");
+    // The low-latency region follows the normal-mode data in the same IPC allocation.
+    nvl.emplace(*bootstrap, device, static_cast<size_t>(options.num_nvl_bytes + options.num_rdma_bytes));
+  }
   if (options.preinitialize) {
-    cudaStream_t stream = nullptr;
-    EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    try {
-      warmup(stream);
-    } catch (...) {
-      EPCOMM_CUDA_WARN(cudaStreamDestroy(stream));
-      throw;
+    {
+      const detail::ProfiledRegion phase(profile, Kind::kInitPhase, "load kernel modules");
+      kernels::load_all_kernel_modules();
     }
-    EPCOMM_CUDA_CHECK(cudaStreamDestroy(stream));
+    const detail::ProfiledRegion phase(profile, Kind::kInitPhase, "first touch of peers (barrier round)");
+    KernelContext kernel_context = context();
+    kernels::launch_nvl_barrier(nvl->peers(), kernel_context, comm_stream);
+    EPCOMM_CUDA_CHECK(cudaStreamSynchronize(comm_stream));
+    errors.raise_if_recorded();
   }
 }
 
 Buffer::Impl::~Impl() {
+  if (profiler) profiler->write_reports();
   if (comm_stream != nullptr) EPCOMM_CUDA_WARN(cudaStreamDestroy(comm_stream));
 }
 
 Buffer::~Buffer() {
-  if (!impl_ || !impl_->nvl) return;
+  if (!impl_) return;
+  if (impl_->initialization.valid()) impl_->initialization.wait();  // never leave the thread running
+  if (!impl_->nvl) return;
   try {
     destroy();
   } catch (const std::exception& error) {
@@ -90,10 +108,20 @@ Buffer& Buffer::operator=(Buffer&&) noexcept = default;
 
 int Buffer::rank() const { return impl_->bootstrap->rank(); }
 int Buffer::num_ranks() const { return impl_->bootstrap->num_ranks(); }
-int Buffer::device() const { return impl_->device; }
-cudaStream_t Buffer::comm_stream() const { return impl_->comm_stream; }
+int Buffer::device() const {
+  impl_->wait_until_ready();
+  return impl_->device;
+}
+cudaStream_t Buffer::comm_stream() const {
+  impl_->wait_until_ready();
+  return impl_->comm_stream;
+}
 const BufferOptions& Buffer::options() const { return impl_->options; }
-bool Buffer::is_available() const { return impl_ && impl_->nvl.has_value(); }
+bool Buffer::is_available() const {
+  if (!impl_ || impl_->initialization_error) return false;
+  if (impl_->initialization.valid()) impl_->initialization.wait();
+  return impl_->nvl.has_value();
+}
 
 void Buffer::warmup(cudaStream_t stream) {
   impl_->begin("warmup");
@@ -105,7 +133,9 @@ void Buffer::warmup(cudaStream_t stream) {
 }
 
 void Buffer::destroy() {
-  if (!impl_ || !impl_->nvl) return;
+  if (!impl_) return;
+  if (impl_->initialization.valid()) impl_->initialization.wait();
+  if (!impl_->nvl) return;
   detail::ScopedDevice scoped(impl_->device);
   // No kernel of this rank may still touch a peer, and no peer one of ours, once memory is freed.
   EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
@@ -119,6 +149,7 @@ void Buffer::get_dispatch_layout(const TensorView& topk_idx, int num_experts, co
                                  cudaStream_t stream) {
   constexpr const char* kOp = "get_dispatch_layout";
   impl_->begin(kOp);
+  const auto profiled = impl_->profile_call(kOp, stream);
   const int ranks = num_ranks();
   detail::require_device_tensor(kOp, "topk_idx", topk_idx, {DType::kInt64, DType::kInt32},
                                 {detail::kAnyExtent, detail::kAnyExtent});
@@ -163,10 +194,13 @@ void Buffer::barrier(cudaStream_t stream) {
 }
 
 void Buffer::check_device_errors() {
-  if (impl_) impl_->errors.raise_if_recorded();
+  if (!impl_) return;
+  impl_->wait_until_ready();
+  impl_->errors.raise_if_recorded();
 }
 
 void Buffer::synchronize(cudaStream_t stream) {
+  impl_->wait_until_ready();
   detail::ScopedDevice scoped(impl_->device);
   EPCOMM_CUDA_CHECK(cudaStreamSynchronize(stream));
   check_device_errors();
@@ -198,7 +232,9 @@ void Buffer::copy_to_all_ranks(const void* source, size_t bytes_per_rank, int nu
 }
 
 void* Buffer::local_nvl_buffer() const {
-  if (!impl_ || !impl_->nvl) return nullptr;
+  if (!impl_) return nullptr;
+  impl_->wait_until_ready();
+  if (!impl_->nvl) return nullptr;
   return NvlLayout::user(impl_->nvl->local_base());
 }
 

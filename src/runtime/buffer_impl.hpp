@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
+#include <future>
 #include <memory>
 #include <optional>
 
@@ -10,6 +12,7 @@
 #include "runtime/cuda_check.hpp"
 #include "runtime/device_allocation.hpp"
 #include "runtime/device_error_log.hpp"
+#include "runtime/profiler.hpp"
 #include "transport/ipc/ipc_buffer.hpp"
 
 namespace epcomm {
@@ -52,6 +55,28 @@ struct Buffer::Impl {
   uint64_t notify_sequence = 0;               // last sequence number a host-waited notify published
   cudaStream_t comm_stream = nullptr;         // every normal-mode call runs here
   uint64_t low_latency_calls = 0;             // picks the buffer set of each low-latency call
+  std::unique_ptr<detail::Profiler> profiler;  // EPCOMM_PROFILE=1, else null
+  std::future<void> initialization;           // initialize_in_background: the running initialize()
+  std::exception_ptr initialization_error;    // what it threw, raised again at every call
+
+  // Everything after option validation: device, memory, peer mapping, preinitialize.
+  void initialize();
+  // Returns once initialize() has finished (at once unless it runs in the background); throws its
+  // error, at this call and every later one.
+  void wait_until_ready() {
+    if (initialization.valid()) {
+      try {
+        initialization.get();
+      } catch (...) {
+        initialization_error = std::current_exception();
+      }
+    }
+    if (initialization_error) std::rethrow_exception(initialization_error);
+  }
+  // A call's profile scope (host time; device time on `stream`), or nothing when profiling is off.
+  detail::ProfiledRegion profile_call(const char* name, cudaStream_t stream) {
+    return detail::ProfiledRegion(profiler.get(), detail::ProfileRecord::Kind::kCall, name, stream, true);
+  }
 
   KernelContext context() const {
     KernelContext context;
@@ -65,6 +90,7 @@ struct Buffer::Impl {
   // Every operation starts here: a Buffer that was destroyed, or whose earlier kernel recorded a
   // failure, refuses to go on.
   void begin(const char* op) {
+    wait_until_ready();
     if (!nvl) fail(ErrorCode::kInvalidArgument, op, ": the Buffer was destroyed");
     errors.raise_if_recorded();
   }

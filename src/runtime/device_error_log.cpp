@@ -41,7 +41,7 @@ void warn_cuda(const char* call, cudaError_t status, const char* file, int line)
                cudaGetErrorString(status), file, line);
 }
 
-DeviceErrorLog::DeviceErrorLog() : memory_(sizeof(DeviceErrorRecord)) {}
+void DeviceErrorLog::allocate() { memory_ = MappedHostMemory(sizeof(DeviceErrorRecord)); }
 
 std::string DeviceErrorLog::describe(const DeviceErrorRecord& record) {
   const auto op = static_cast<DeviceOp>(record.op);
@@ -67,6 +67,7 @@ std::string DeviceErrorLog::describe(const DeviceErrorRecord& record) {
 
 void DeviceErrorLog::raise_if_recorded() {
   raise_if_unusable();
+  if (host_record() == nullptr) return;  // not allocated yet: no kernel can have written
   // Pairs with the kernel's release store of `kind`, written after every other field.
   const int32_t kind = __atomic_load_n(&host_record()->kind, __ATOMIC_ACQUIRE);
   if (kind == static_cast<int32_t>(DeviceErrorKind::kNone)) return;

@@ -11,7 +11,8 @@ namespace epcomm::detail {
 
 class DeviceErrorLog {
  public:
-  DeviceErrorLog();
+  DeviceErrorLog() = default;  // holds nothing until allocate()
+  void allocate();              // the pinned, device-mapped record
   DeviceErrorLog(const DeviceErrorLog&) = delete;
   DeviceErrorLog& operator=(const DeviceErrorLog&) = delete;
 

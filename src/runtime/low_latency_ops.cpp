@@ -82,6 +82,7 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
                                                       const CallOptions& call) {
   impl_->begin(kDispatchOp);
   Impl& impl = *impl_;
+  const auto profiled = impl.profile_call(kDispatchOp, call.stream);
   const int ranks = num_ranks();
   detail::require_device_tensor(kDispatchOp, "x", args.x, {DType::kBFloat16}, {detail::kAnyExtent, detail::kAnyExtent});
   const int num_tokens = static_cast<int>(args.x.shape[0]);
@@ -184,6 +185,7 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
                                                     const CallOptions& call) {
   impl_->begin(kCombineOp);
   Impl& impl = *impl_;
+  const auto profiled = impl.profile_call(kCombineOp, call.stream);
   if (args.handle == nullptr || args.handle->empty() || args.handle->state_->owner != &impl) {
     fail(ErrorCode::kInvalidArgument, kCombineOp, ": handle must be a low-latency dispatch handle made by this Buffer");
   }
@@ -250,6 +252,7 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
 }
 
 TensorView Buffer::get_next_low_latency_combine_buffer(const LowLatencyHandle& handle) const {
+  impl_->wait_until_ready();
   if (handle.empty() || handle.state_->owner != impl_.get()) {
     fail(ErrorCode::kInvalidArgument, "get_next_low_latency_combine_buffer: handle must come from this Buffer");
   }

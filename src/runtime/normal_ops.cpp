@@ -197,6 +197,7 @@ DispatchShape validate_dispatch(const Buffer::Impl& impl, const DispatchArgs& ar
 DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, const CallOptions& call) {
   impl_->begin(kDispatchOp);
   Impl& impl = *impl_;
+  const auto profiled = impl.profile_call(kDispatchOp, call.stream);
   const int ranks = num_ranks();
   const detail::DispatchHandleState* cached = args.handle != nullptr ? args.handle->state_.get() : nullptr;
   const DispatchShape shape = validate_dispatch(impl, args, cached, ranks);
@@ -318,6 +319,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, 
 CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, const CallOptions& call) {
   impl_->begin(kCombineOp);
   Impl& impl = *impl_;
+  const auto profiled = impl.profile_call(kCombineOp, call.stream);
   if (args.handle == nullptr || args.handle->empty() || args.handle->state_->owner != &impl) {
     fail(ErrorCode::kInvalidArgument, kCombineOp, ": handle must be a dispatch handle made by this Buffer");
   }

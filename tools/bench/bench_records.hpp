@@ -5,34 +5,17 @@
 #include <cuda_runtime_api.h>
 
 #include <functional>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "epcomm/bootstrap.hpp"
+#include "support/json_record.hpp"
 
 namespace epcomm::bench {
 
-// An ordered JSON object with scalar values.
-class Record {
- public:
-  Record& set(const std::string& key, const std::string& value);
-  Record& set(const std::string& key, const char* value) { return set(key, std::string(value)); }
-  Record& set(const std::string& key, double value);
-  Record& set(const std::string& key, int64_t value);
-  Record& set(const std::string& key, int value) { return set(key, static_cast<int64_t>(value)); }
-  Record& set(const std::string& key, bool value);
-  Record& set_null(const std::string& key);
-  Record& set(const std::string& key, std::optional<double> value) {
-    return value ? set(key, *value) : set_null(key);
-  }
-  std::string to_json() const;
-
- private:
-  Record& set_raw(const std::string& key, std::string json_value);
-  std::vector<std::pair<std::string, std::string>> fields_;
-};
+// Records are the shared JSON object writer; the name stays here for the bench's code.
+using tools::Record;
 
 // Prints records to stdout and, if a path was given, appends them to that file.
 class RecordSink {
