@@ -4,6 +4,7 @@
 # Builds with every core, starts MPS when ranks must share GPUs, runs the whole test suite (CPU
 # tests and GPU tests at 1, 2, 4 and 8 ranks), runs epcomm-bench at 1, 2, 4 and 8 ranks and a
 # config sweep at 8 ranks (EPCOMM_SWEEP=0 skips it), stops MPS, and leaves in RESULTS_DIR:
+# and cold-start trials at 1 and 8 ranks (EPCOMM_COLD=0 skips them)
 # (EPCOMM_TEST_EXCLUDE: a ctest regex to skip; EPCOMM_BENCH_RANKS: rank counts to benchmark;
 # EPCOMM_BENCH_ARGS: more epcomm-bench options)
 # build.log, tests.log, bench.jsonl, bench.log, machine.txt, summary.txt. Exits non-zero if the build, a test or a benchmark failed.
@@ -65,6 +66,13 @@ if [ "${EPCOMM_SWEEP:-1}" = 1 ]; then
   if ! "$EPCOMM_BUILD_DIR"/tools/epcomm-bench --ranks 8 --sweep --warmup 2 --iters 10 --out "$results/bench.jsonl" >>"$results/bench.log" 2>&1; then
     status=1; note "bench --ranks 8 --sweep: FAILED (see bench.log)"
   fi
+fi
+if [ "${EPCOMM_COLD:-1}" = 1 ]; then
+  for ranks in 1 8; do
+    if ! "$EPCOMM_BUILD_DIR"/tools/epcomm-bench --cold --trials 2 --ranks "$ranks" --out "$results/bench.jsonl" >>"$results/bench.log" 2>&1; then
+      status=1; note "bench --cold --ranks $ranks: FAILED (see bench.log)"
+    fi
+  done
 fi
 note "bench: $(wc -l <"$results/bench.jsonl") records in bench.jsonl"
 stop_mps

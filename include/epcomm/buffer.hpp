@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 
@@ -26,6 +27,12 @@ struct DispatchLayoutOutputs {
   TensorView num_tokens_per_rank;    // out: int32 [num_ranks]
   TensorView num_tokens_per_expert;  // out: int32 [num_experts]
   TensorView is_token_in_rank;       // out: bool  [num_tokens, num_ranks]
+};
+
+// One timed step of a Buffer's initialisation (see Buffer::initialization_phases).
+struct InitPhase {
+  std::string name;
+  double milliseconds = 0;
 };
 
 class Buffer {
@@ -46,9 +53,14 @@ class Buffer {
   const BufferOptions& options() const;
   bool is_available() const;  // false after destroy()
 
-  // Collective. Loads every kernel module, touches every peer mapping and runs one barrier round,
-  // so that no later call pays a one-time cost. Done by the constructor with preinitialize.
+  // Collective. Pays every one-time cost now, so that no later call does: loads every kernel
+  // module, writes every peer's NVLink buffer once (first touch of each IPC mapping), and runs one
+  // round on dummy data of each mode the Buffer has room for (layout + dispatch + combine; a
+  // low-latency dispatch + combine with low_latency_mode). Done by the constructor with
+  // preinitialize.
   void warmup(cudaStream_t stream);
+  // How long each step of the initialisation (and of warmup) took, in order; for reports.
+  std::vector<InitPhase> initialization_phases() const;
   // Collective explicit teardown (deep_ep's explicitly_destroy); the destructor calls it if needed.
   void destroy();
 
@@ -106,6 +118,7 @@ class Buffer {
   struct Impl;  // the implementation's state; opaque outside the library
 
  private:
+  void warm_up(cudaStream_t stream);  // warmup() without its readiness check
   std::unique_ptr<Impl> impl_;
 };
 

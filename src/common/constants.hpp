@@ -48,7 +48,8 @@ inline constexpr int kMaxLowLatencyExperts = 1024;
 inline constexpr int kMaxLowLatencyPairs = 8192;
 inline constexpr int kUe8m0GroupsPerInt = 4;
 
-// Peer copy (the bandwidth roofline): threads per block.
+// Peer copy (the bandwidth roofline): threads per block; SMs it uses when warming buffers up.
+inline constexpr int kCopyWarmupSms = 16;
 inline constexpr int kCopyThreadsPerBlock = 512;
 
 // Bounded waits: a spin-wait reads the global timer only every this many polls, to keep the

@@ -47,20 +47,30 @@ Buffer::Buffer(std::shared_ptr<Bootstrap> bootstrap, const BufferOptions& option
   impl_->bootstrap = std::move(bootstrap);
   impl_->options = options;
   if (detail::Profiler::enabled_by_environment()) impl_->profiler = std::make_unique<detail::Profiler>(impl_->bootstrap->rank());
+  auto initialize = [this] {
+    detail::initializing_on_this_thread = true;
+    try {
+      impl_->initialize();
+      if (impl_->options.preinitialize) warm_up(impl_->comm_stream);
+    } catch (...) {
+      detail::initializing_on_this_thread = false;
+      throw;
+    }
+    detail::initializing_on_this_thread = false;
+  };
   if (options.initialize_in_background) {
-    impl_->initialization = std::async(std::launch::async, [impl = impl_.get()] { impl->initialize(); });
+    // Safe to capture `this`: moving a Buffer waits for its initialisation first.
+    impl_->initialization = std::async(std::launch::async, initialize);
   } else {
-    impl_->initialize();
+    initialize();
   }
 }
 
 void Buffer::Impl::initialize() {
-  using Kind = detail::ProfileRecord::Kind;
-  detail::Profiler* const profile = profiler.get();
   device = resolve_device(options.device);
   detail::ScopedDevice scoped(device);
   {
-    const detail::ProfiledRegion phase(profile, Kind::kInitPhase, "streams, workspace, pinned memory");
+    const InitPhaseTimer phase(*this, "streams, workspace, pinned memory");
     errors.allocate();
     EPCOMM_CUDA_CHECK(cudaDeviceGetAttribute(&num_device_sms, cudaDevAttrMultiProcessorCount, device));
     EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream, cudaStreamNonBlocking));
@@ -68,22 +78,9 @@ void Buffer::Impl::initialize() {
     layout_workspace = detail::DeviceAllocation(LayoutWorkspace::kTotalBytes);
     EPCOMM_CUDA_CHECK(cudaMemset(layout_workspace.get(), 0, LayoutWorkspace::kTotalBytes));
   }
-  {
-    const detail::ProfiledRegion phase(profile, Kind::kInitPhase, "allocate, exchange and map peer buffers");
-    // The low-latency region follows the normal-mode data in the same IPC allocation.
-    nvl.emplace(*bootstrap, device, static_cast<size_t>(options.num_nvl_bytes + options.num_rdma_bytes));
-  }
-  if (options.preinitialize) {
-    {
-      const detail::ProfiledRegion phase(profile, Kind::kInitPhase, "load kernel modules");
-      kernels::load_all_kernel_modules();
-    }
-    const detail::ProfiledRegion phase(profile, Kind::kInitPhase, "first touch of peers (barrier round)");
-    KernelContext kernel_context = context();
-    kernels::launch_nvl_barrier(nvl->peers(), kernel_context, comm_stream);
-    EPCOMM_CUDA_CHECK(cudaStreamSynchronize(comm_stream));
-    errors.raise_if_recorded();
-  }
+  const InitPhaseTimer phase(*this, "allocate, exchange and map peer buffers");
+  // The low-latency region follows the normal-mode data in the same IPC allocation.
+  nvl.emplace(*bootstrap, device, static_cast<size_t>(options.num_nvl_bytes + options.num_rdma_bytes));
 }
 
 Buffer::Impl::~Impl() {
@@ -103,8 +100,17 @@ Buffer::~Buffer() {
   }
 }
 
-Buffer::Buffer(Buffer&&) noexcept = default;
-Buffer& Buffer::operator=(Buffer&&) noexcept = default;
+// A background initialisation runs with `this` of the Buffer that started it: let it finish first.
+Buffer::Buffer(Buffer&& other) noexcept {
+  if (other.impl_ && other.impl_->initialization.valid()) other.impl_->initialization.wait();
+  impl_ = std::move(other.impl_);
+}
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (other.impl_ && other.impl_->initialization.valid()) other.impl_->initialization.wait();
+  if (impl_ && impl_->initialization.valid()) impl_->initialization.wait();
+  impl_ = std::move(other.impl_);
+  return *this;
+}
 
 int Buffer::rank() const { return impl_->bootstrap->rank(); }
 int Buffer::num_ranks() const { return impl_->bootstrap->num_ranks(); }
@@ -125,11 +131,12 @@ bool Buffer::is_available() const {
 
 void Buffer::warmup(cudaStream_t stream) {
   impl_->begin("warmup");
-  detail::ScopedDevice scoped(impl_->device);
-  kernels::load_all_kernel_modules();
-  // One barrier round touches every peer's mapping (first access to an IPC mapping is slow).
-  barrier(stream);
-  synchronize(stream);
+  warm_up(stream);
+}
+
+std::vector<InitPhase> Buffer::initialization_phases() const {
+  impl_->wait_until_ready();
+  return impl_->init_phases;
 }
 
 void Buffer::destroy() {

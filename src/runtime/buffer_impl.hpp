@@ -1,6 +1,7 @@
 // The state behind epcomm::Buffer, shared by the files that implement its operations.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <future>
@@ -20,6 +21,10 @@ namespace epcomm {
 inline constexpr int64_t kNanosecondsPerMillisecond = 1000 * 1000;
 
 namespace detail {
+
+// True on the thread running a Buffer's initialisation: calls it makes itself (the preinitialize
+// round) must not wait for the initialisation to finish.
+inline thread_local bool initializing_on_this_thread = false;
 
 // Makes `device` current for one operation and restores the caller's device afterwards.
 class ScopedDevice {
@@ -58,12 +63,14 @@ struct Buffer::Impl {
   std::unique_ptr<detail::Profiler> profiler;  // EPCOMM_PROFILE=1, else null
   std::future<void> initialization;           // initialize_in_background: the running initialize()
   std::exception_ptr initialization_error;    // what it threw, raised again at every call
+  std::vector<InitPhase> init_phases;         // recorded always (cheap), profiled when asked
 
   // Everything after option validation: device, memory, peer mapping, preinitialize.
   void initialize();
   // Returns once initialize() has finished (at once unless it runs in the background); throws its
   // error, at this call and every later one.
   void wait_until_ready() {
+    if (detail::initializing_on_this_thread) return;
     if (initialization.valid()) {
       try {
         initialization.get();
@@ -73,6 +80,26 @@ struct Buffer::Impl {
     }
     if (initialization_error) std::rethrow_exception(initialization_error);
   }
+  // A timed initialisation step: recorded in init_phases, and as a profile range / NVTX range.
+  class InitPhaseTimer {
+   public:
+    InitPhaseTimer(Impl& impl, const char* name)
+        : impl_(impl), name_(name), start_(std::chrono::steady_clock::now()),
+          region_(impl.profiler.get(), detail::ProfileRecord::Kind::kInitPhase, name) {}
+    ~InitPhaseTimer() {
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count();
+      impl_.init_phases.push_back(InitPhase{name_, ms});
+    }
+    InitPhaseTimer(const InitPhaseTimer&) = delete;
+    InitPhaseTimer& operator=(const InitPhaseTimer&) = delete;
+
+   private:
+    Impl& impl_;
+    const char* name_;
+    std::chrono::steady_clock::time_point start_;
+    detail::ProfiledRegion region_;
+  };
+
   // A call's profile scope (host time; device time on `stream`), or nothing when profiling is off.
   detail::ProfiledRegion profile_call(const char* name, cudaStream_t stream) {
     return detail::ProfiledRegion(profiler.get(), detail::ProfileRecord::Kind::kCall, name, stream, true);

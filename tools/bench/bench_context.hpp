@@ -45,6 +45,9 @@ std::vector<Config> bench_configs(const BenchContext& context);
 // Writes low-latency dispatch / combine records (full calls and hook halves), checked first.
 void bench_low_latency(BenchContext& context, double copy_gbps);
 
+// One cold-start trial in this (fresh) rank process: writes init and first-call records.
+int run_cold_trial(BenchContext& context, double cuda_context_ms);
+
 // Bytes one rank sends in a BF16 dispatch of the standard workload, by DeepEP's convention:
 // every (token, destination rank) pair, the local rank included, times the hidden bytes.
 size_t dispatch_bytes_per_rank(const BenchOptions& options, int rank);

@@ -37,6 +37,9 @@ const char* bench_usage() {
          "  --setup NAME      label for the records (default: detected)\n"
          "  --sweep           also time a grid of normal-mode configs (SMs, chunk and ring sizes)\n"
          "  --skip-normal     skip normal-mode dispatch and combine\n"
+         "  --cold            cold start: --trials trials in fresh processes, with and without\n"
+         "                    preinitialize; init time by phase, first / second / steady call of each op\n"
+         "  --trials N        cold-start trials (default 3)\n"
          "  --out FILE        also append the JSON records to FILE\n";
 }
 
@@ -54,6 +57,9 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       {"--iters", [&](const std::string& v) { options.timed_iters = static_cast<int>(parse_integer("--iters", v, 1, 100000)); }},
       {"--seed", [&](const std::string& v) { options.seed = static_cast<uint64_t>(parse_integer("--seed", v, 0, INT64_MAX)); }},
       {"--setup", [&](const std::string& v) { options.setup = v; }},
+      {"--trials", [&](const std::string& v) { options.cold_trials = static_cast<int>(parse_integer("--trials", v, 1, 1000)); }},
+      {"--cold-trial", [&](const std::string& v) { options.cold_trial = static_cast<int>(parse_integer("--cold-trial", v, 0, 1000)); }},
+      {"--cold-preinitialize", [&](const std::string& v) { options.cold_preinitialize = parse_integer("--cold-preinitialize", v, 0, 1) == 1; }},
       {"--out", [&](const std::string& v) { options.out_path = v; }},
   };
   for (size_t i = 0; i < args.size(); ++i) {
@@ -67,6 +73,10 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
     }
     if (args[i] == "--skip-normal") {
       options.skip_normal = true;
+      continue;
+    }
+    if (args[i] == "--cold") {
+      options.cold = true;
       continue;
     }
     const auto setter = setters.find(args[i]);
@@ -95,6 +105,10 @@ std::vector<std::string> to_arguments(const BenchOptions& options) {
   if (!options.out_path.empty()) args.insert(args.end(), {"--out", options.out_path});
   if (options.sweep) args.push_back("--sweep");
   if (options.skip_normal) args.push_back("--skip-normal");
+  if (options.cold_trial >= 0) {
+    args.insert(args.end(), {"--cold-trial", std::to_string(options.cold_trial), "--cold-preinitialize",
+                             options.cold_preinitialize ? "1" : "0"});
+  }
   return args;
 }
 

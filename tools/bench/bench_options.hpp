@@ -23,6 +23,12 @@ struct BenchOptions {
   std::string setup;     // empty: detect (single | mps | timeslice | nvlink)
   bool sweep = false;    // also time a grid of normal-mode configs
   bool skip_normal = false;  // time only layout, copy and low-latency mode
+  // --cold: trials of fresh processes, each timing init and the first / second / steady call of
+  // every op, with and without preinitialize. The last two are set for the processes it starts.
+  bool cold = false;
+  int cold_trials = 3;
+  int cold_trial = -1;         // >= 0: this process is one cold trial
+  bool cold_preinitialize = false;
   bool help = false;
 };
 

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
@@ -68,12 +69,23 @@ int run_rank(const BenchOptions& options) {
   EPCOMM_CUDA_CHECK(cudaGetDeviceCount(&context.num_gpus));
   const int device = context.bootstrap->rank() % context.num_gpus;
   EPCOMM_CUDA_CHECK(cudaSetDevice(device));
+  // cudaFree(nullptr) creates the CUDA context: the first one-time cost of any GPU process.
+  const auto context_start = std::chrono::steady_clock::now();
+  EPCOMM_CUDA_CHECK(cudaFree(nullptr));
+  const double context_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - context_start).count();
   cudaDeviceProp properties{};
   EPCOMM_CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
   context.gpu_name = properties.name;
   context.device_sms = properties.multiProcessorCount;
   context.setup = options.setup.empty() ? detect_setup(options.num_ranks, context.num_gpus) : options.setup;
   context.sink = RecordSink(context.bootstrap->rank() == 0 ? options.out_path : "");
+  if (options.cold_trial >= 0) {
+    EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&context.stream, cudaStreamNonBlocking));
+    const int status = run_cold_trial(context, context_ms);
+    EPCOMM_CUDA_CHECK(cudaStreamDestroy(context.stream));
+    return status;
+  }
 
   // Every rank sends about as much as rank 0; size for the largest so the copy fits everywhere.
   size_t copy_bytes = 0;
@@ -187,11 +199,26 @@ int main(int argc, char** argv) {
                    status == cudaSuccess ? "0 devices" : cudaGetErrorString(status));
       return bench::kExitNoGpu;
     }
-    tools::LaunchOptions launch;
-    launch.num_ranks = options.num_ranks;
-    launch.argv = {tools::self_executable_path()};
-    for (const std::string& arg : bench::to_arguments(options)) launch.argv.push_back(arg);
-    return tools::launch_ranks(launch);
+    auto launch_with = [&](const bench::BenchOptions& rank_options) {
+      tools::LaunchOptions launch;
+      launch.num_ranks = rank_options.num_ranks;
+      launch.argv = {tools::self_executable_path()};
+      for (const std::string& arg : bench::to_arguments(rank_options)) launch.argv.push_back(arg);
+      return tools::launch_ranks(launch);
+    };
+    if (!options.cold) return launch_with(options);
+    // Cold start: every trial in fresh processes, without and with preinitialize.
+    int cold_status = EXIT_SUCCESS;
+    for (int trial = 0; trial < options.cold_trials; ++trial) {
+      for (const bool preinitialize : {false, true}) {
+        bench::BenchOptions trial_options = options;
+        trial_options.cold_trial = trial;
+        trial_options.cold_preinitialize = preinitialize;
+        const int trial_status = launch_with(trial_options);
+        if (trial_status != EXIT_SUCCESS) cold_status = trial_status;
+      }
+    }
+    return cold_status;
   } catch (const std::exception& error) {
     std::fprintf(stderr, "epcomm-bench: %s\n", error.what());
     return EXIT_FAILURE;

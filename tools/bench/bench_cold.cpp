@@ -1,0 +1,175 @@
+// epcomm-bench --cold: what the first call costs. Each trial is a fresh set of rank processes: it
+// times the CUDA context, the Buffer's construction by phase, then the first, the second and the
+// steady (median) call of every op, from the host call to completion on the stream, ranks lined
+// up by a host barrier before each call. Records carry first / steady, the number that preinitialize
+// must bring to <= 1.10.
+#include <algorithm>
+#include <chrono>
+#include <functional>
+
+#include "bench/bench_context.hpp"
+#include "reference/workload.hpp"
+#include "runtime/cuda_check.hpp"
+#include "support/device_bytes.hpp"
+
+namespace epcomm::bench {
+namespace {
+
+constexpr int kSteadyCalls = 20;
+
+double elapsed_us(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+}
+
+struct CallTimes {
+  double first_us = 0;
+  double second_us = 0;
+  double steady_us = 0;
+};
+
+// The slowest rank's first, second and median-steady times of `op`.
+CallTimes time_calls(BenchContext& context, const std::function<void()>& op) {
+  std::vector<double> samples;
+  for (int call = 0; call < 2 + kSteadyCalls; ++call) {
+    context.bootstrap->barrier();
+    const auto start = std::chrono::steady_clock::now();
+    op();
+    EPCOMM_CUDA_CHECK(cudaStreamSynchronize(context.stream));
+    samples.push_back(elapsed_us(start));
+  }
+  std::vector<double> all(samples.size() * context.bootstrap->num_ranks());
+  context.bootstrap->allgather(samples.data(), all.data(), samples.size() * sizeof(double));
+  std::vector<double> slowest(samples.size(), 0.0);
+  for (size_t i = 0; i < all.size(); ++i) slowest[i % samples.size()] = std::max(slowest[i % samples.size()], all[i]);
+  CallTimes times;
+  times.first_us = slowest[0];
+  times.second_us = slowest[1];
+  std::vector<double> steady(slowest.begin() + 2, slowest.end());
+  std::sort(steady.begin(), steady.end());
+  times.steady_us = steady[steady.size() / 2];
+  return times;
+}
+
+}  // namespace
+
+int run_cold_trial(BenchContext& context, double context_ms) {
+  const BenchOptions& options = context.options;
+  const int rank = context.bootstrap->rank();
+  const int ranks = options.num_ranks;
+  BufferOptions buffer_options;
+  buffer_options.num_nvl_bytes = default_dispatch_config(ranks).nvl_buffer_size_hint(static_cast<int64_t>(options.hidden) * 2, ranks);
+  buffer_options.low_latency_mode = true;
+  buffer_options.num_rdma_bytes =
+      Buffer::low_latency_buffer_size_hint(options.low_latency_tokens, options.hidden, ranks, options.num_experts);
+  buffer_options.preinitialize = options.cold_preinitialize;
+  const auto construction = std::chrono::steady_clock::now();
+  Buffer buffer(context.bootstrap, buffer_options);
+  const double init_ms = elapsed_us(construction) / 1000.0;
+  context.buffer = &buffer;
+
+  // Inputs: the standard workload (random, never zeros), FP8 dispatch, BF16 combine.
+  const int tokens = options.num_tokens;
+  const std::vector<int64_t> ids = reference::random_topk_idx(reference::derive_seed(options.seed, rank), tokens,
+                                                              options.num_topk, options.num_experts);
+  testing::DeviceBytes topk_idx(ids.size() * sizeof(int64_t));
+  topk_idx.upload(ids);
+  const std::vector<uint16_t> x_values = reference::random_bf16(reference::derive_seed(options.seed, rank, 1),
+                                                                static_cast<size_t>(tokens) * options.hidden);
+  testing::DeviceBytes x(x_values.size() * sizeof(uint16_t));
+  x.upload(x_values);
+  const std::vector<uint8_t> fp8_values = reference::random_e4m3(reference::derive_seed(options.seed, rank, 2),
+                                                                 static_cast<size_t>(tokens) * options.hidden);
+  testing::DeviceBytes x_fp8(fp8_values.size());
+  x_fp8.upload(fp8_values);
+  const int groups = options.hidden / 128;
+  testing::DeviceBytes scales(static_cast<size_t>(tokens) * groups * sizeof(float));
+  scales.upload(reference::random_scales(reference::derive_seed(options.seed, rank, 3), static_cast<size_t>(tokens) * groups));
+  testing::DeviceBytes per_rank(ranks * sizeof(int32_t)), per_expert(options.num_experts * sizeof(int32_t));
+  testing::DeviceBytes in_rank(static_cast<size_t>(tokens) * ranks);
+  DispatchLayoutOutputs layout{TensorView::contiguous(per_rank.get(), DType::kInt32, {ranks}),
+                               TensorView::contiguous(per_expert.get(), DType::kInt32, {options.num_experts}),
+                               TensorView::contiguous(in_rank.get(), DType::kBool, {tokens, ranks})};
+  const TensorView ids_view = TensorView::contiguous(topk_idx.get(), DType::kInt64, {tokens, options.num_topk});
+  auto allocator = make_stream_ordered_allocator();
+  CallOptions call;
+  call.stream = context.stream;
+
+  std::vector<std::pair<const char*, CallTimes>> results;
+  results.emplace_back("layout", time_calls(context, [&] {
+    buffer.get_dispatch_layout(ids_view, options.num_experts, layout, context.stream);
+  }));
+  DispatchArgs dispatch_args;
+  dispatch_args.x = TensorView::contiguous(x_fp8.get(), DType::kFloat8E4M3, {tokens, options.hidden});
+  dispatch_args.x_scales = TensorView::contiguous(scales.get(), DType::kFloat32, {tokens, groups});
+  dispatch_args.topk_idx = ids_view;
+  dispatch_args.num_tokens_per_rank = layout.num_tokens_per_rank;
+  dispatch_args.num_tokens_per_expert = layout.num_tokens_per_expert;
+  dispatch_args.is_token_in_rank = layout.is_token_in_rank;
+  dispatch_args.config = bench_configs(context).front();
+  DispatchResult kept;
+  results.emplace_back("dispatch", time_calls(context, [&] { kept = buffer.dispatch(dispatch_args, *allocator, call); }));
+  testing::DeviceBytes expert_out(static_cast<size_t>(kept.handle.num_rows()) * options.hidden * sizeof(uint16_t));
+  CombineArgs combine_args;
+  combine_args.x = TensorView::contiguous(expert_out.get(), DType::kBFloat16, {kept.handle.num_rows(), options.hidden});
+  combine_args.handle = &kept.handle;
+  combine_args.config = dispatch_args.config;
+  results.emplace_back("combine", time_calls(context, [&] { buffer.combine(combine_args, *allocator, call); }));
+
+  const int ll_tokens = options.low_latency_tokens;
+  LowLatencyDispatchArgs ll_args;
+  ll_args.x = TensorView::contiguous(x.get(), DType::kBFloat16, {ll_tokens, options.hidden});
+  ll_args.topk_idx = TensorView::contiguous(topk_idx.get(), DType::kInt64, {ll_tokens, options.num_topk});
+  ll_args.num_max_dispatch_tokens_per_rank = ll_tokens;
+  ll_args.num_experts = options.num_experts;
+  ll_args.use_fp8 = true;
+  LowLatencyDispatchResult ll_kept;
+  results.emplace_back("ll_dispatch", time_calls(context, [&] { ll_kept = buffer.low_latency_dispatch(ll_args, *allocator, call); }));
+  testing::DeviceBytes ll_out(static_cast<size_t>(options.num_experts / ranks) * ranks * ll_tokens * options.hidden * sizeof(uint16_t));
+  testing::DeviceBytes weights(static_cast<size_t>(ll_tokens) * options.num_topk * sizeof(float));
+  LowLatencyCombineArgs ll_back;
+  ll_back.x = TensorView::contiguous(ll_out.get(), DType::kBFloat16,
+                                     {options.num_experts / ranks, static_cast<int64_t>(ranks) * ll_tokens, options.hidden});
+  ll_back.topk_idx = ll_args.topk_idx;
+  ll_back.topk_weights = TensorView::contiguous(weights.get(), DType::kFloat32, {ll_tokens, options.num_topk});
+  ll_back.handle = &ll_kept.handle;
+  results.emplace_back("ll_combine", time_calls(context, [&] { buffer.low_latency_combine(ll_back, *allocator, call); }));
+  buffer.synchronize(context.stream);
+
+  // Every rank's init, the slowest reported (ranks construct together: the exchange waits for all).
+  const double slowest_init = [&] {
+    std::vector<double> all(ranks);
+    context.bootstrap->allgather(&init_ms, all.data(), sizeof(double));
+    return *std::max_element(all.begin(), all.end());
+  }();
+  if (!context.is_reporting_rank()) return EXIT_SUCCESS;
+  std::string phases = "{";
+  for (const InitPhase& phase : buffer.initialization_phases()) {
+    phases += (phases.size() > 1 ? ", " : "") + tools::json_string(phase.name) + ": " + std::to_string(phase.milliseconds);
+  }
+  phases += "}";
+  for (const auto& [op, times] : results) {
+    const bool low_latency = op[0] == 'l' && op[1] == 'l';
+    Record record = context.base_record(op, low_latency ? "low_latency" : "normal");
+    record.set("tokens", low_latency ? ll_tokens : tokens)
+        .set("dtype", op == std::string("combine") || op == std::string("ll_combine") ? "bf16" : (op == std::string("layout") ? "int64" : "fp8"))
+        .set("sms", dispatch_args.config.num_sms)
+        .set("trial", options.cold_trial)
+        .set("preinitialize", options.cold_preinitialize)
+        .set("cuda_context_ms", context_ms)
+        .set("init_ms", slowest_init)
+        .set_json("init_phases", phases)
+        .set("first_us", times.first_us)
+        .set("second_us", times.second_us)
+        .set("steady_us", times.steady_us)
+        .set("first_over_steady", times.first_us / times.steady_us)
+        .set("median_us", times.steady_us)
+        .set_null("p99_us")
+        .set_null("gbps")
+        .set_null("roofline_ratio")
+        .set("correct", false);  // timing only: the warm benchmark checks these ops
+    context.sink.write(record);
+  }
+  return EXIT_SUCCESS;
+}
+
+}  // namespace epcomm::bench
