@@ -44,6 +44,15 @@ struct LowLatencyLayout {
   int max_tokens = 0;  // M
   int hidden = 0;
 
+  EPCOMM_HOST_DEVICE static LowLatencyLayout of(int num_ranks, int num_experts, int max_tokens, int hidden) {
+    LowLatencyLayout layout;
+    layout.num_ranks = num_ranks;
+    layout.experts_per_rank = num_experts / num_ranks;
+    layout.max_tokens = max_tokens;
+    layout.hidden = hidden;
+    return layout;
+  }
+
   EPCOMM_HOST_DEVICE static size_t align(size_t value) {
     return (value + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
   }

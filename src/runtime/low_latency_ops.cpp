@@ -15,12 +15,7 @@ constexpr const char* kCombineOp = "low_latency_combine";
 bool given(const TensorView& tensor) { return tensor.ndim > 0; }
 
 LowLatencyLayout make_layout(int num_ranks, int num_experts, int max_tokens, int hidden) {
-  LowLatencyLayout layout;
-  layout.num_ranks = num_ranks;
-  layout.experts_per_rank = num_experts / num_ranks;
-  layout.max_tokens = max_tokens;
-  layout.hidden = hidden;
-  return layout;
+  return LowLatencyLayout::of(num_ranks, num_experts, max_tokens, hidden);
 }
 
 void require_low_latency_region(const char* op, const Buffer::Impl& impl, const LowLatencyLayout& layout) {

@@ -38,4 +38,17 @@ __device__ __forceinline__ void report_error(const KernelContext& context, const
   st_release_sys(&record->kind, static_cast<int32_t>(details.kind));
 }
 
+// topk_idx[token][slot] = expert is outside [-1, num_experts).
+__device__ __forceinline__ void report_invalid_expert(const KernelContext& context, DeviceOp op, int64_t token,
+                                                      int slot, int64_t expert, int num_experts) {
+  ErrorDetails details;
+  details.kind = DeviceErrorKind::kInvalidExpertId;
+  details.op = op;
+  details.index0 = token;
+  details.index1 = slot;
+  details.observed = expert;
+  details.limit = num_experts;
+  report_error(context, details);
+}
+
 }  // namespace epcomm::device

@@ -16,18 +16,6 @@
 namespace epcomm::kernels {
 namespace {
 
-__device__ __forceinline__ void report_invalid_id(const KernelContext& context, int token, int slot, int64_t expert,
-                                                  int num_experts) {
-  device::ErrorDetails details;
-  details.kind = DeviceErrorKind::kInvalidExpertId;
-  details.op = DeviceOp::kDispatchLayout;
-  details.index0 = token;
-  details.index1 = slot;
-  details.observed = expert;
-  details.limit = num_experts;
-  device::report_error(context, details);
-}
-
 template <typename Index>
 __global__ void __launch_bounds__(kLayoutThreadsPerBlock)
     dispatch_layout_kernel(const Index* topk_idx, int num_tokens, int num_topk, int num_experts, int num_ranks,
@@ -49,7 +37,7 @@ __global__ void __launch_bounds__(kLayoutThreadsPerBlock)
       const int64_t expert = static_cast<int64_t>(ids[slot]);
       if (expert == -1) continue;
       if (expert < -1 || expert >= num_experts) {
-        report_invalid_id(context, token, slot, expert, num_experts);
+        device::report_invalid_expert(context, DeviceOp::kDispatchLayout, token, slot, expert, num_experts);
         continue;
       }
       atomicAdd(&block_counts[expert], 1);

@@ -85,11 +85,8 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
                                const __grid_constant__ LowLatencyCombineKernelArgs args, unsigned phases,
                                KernelContext context) {
   const LowLatencyCommon& common = args.common;
-  LowLatencyLayout layout;
-  layout.num_ranks = context.num_ranks;
-  layout.experts_per_rank = common.num_experts / context.num_ranks;
-  layout.max_tokens = common.max_tokens;
-  layout.hidden = common.hidden;
+  const LowLatencyLayout layout =
+      LowLatencyLayout::of(context.num_ranks, common.num_experts, common.max_tokens, common.hidden);
   const device::IpcTransport transport{peers, common.region_offset};
   void* own_region = transport.region(context.rank);
   const uint64_t epoch = device::call_epoch(own_region, common.set_index);

@@ -35,17 +35,6 @@ __device__ __forceinline__ float group_scale(float amax, bool round_scale) {
   return __uint_as_float((bits & ~kFloatMantissaMask) + (1u << kFloatMantissaBits));
 }
 
-__device__ void report_bad_expert(const KernelContext& context, int token, int slot, int64_t expert, int num_experts) {
-  device::ErrorDetails details;
-  details.kind = DeviceErrorKind::kInvalidExpertId;
-  details.op = DeviceOp::kLowLatencyDispatch;
-  details.index0 = token;
-  details.index1 = slot;
-  details.observed = expert;
-  details.limit = num_experts;
-  device::report_error(context, details);
-}
-
 // Slot of every pair, and the count of every expert, of this rank's tokens (shared memory).
 __device__ void plan_slots(const LowLatencyCommon& common, const KernelContext& context, int32_t* expert_count,
                            int32_t* pair_slot) {
@@ -57,7 +46,10 @@ __device__ void plan_slots(const LowLatencyCommon& common, const KernelContext& 
     const int pair = base + threadIdx.x;
     int64_t expert = pair < num_pairs ? common.topk_idx[pair] : -1;
     if (expert < -1 || expert >= common.num_experts) {
-      if (blockIdx.x == 0) report_bad_expert(context, pair / common.num_topk, pair % common.num_topk, expert, common.num_experts);
+      if (blockIdx.x == 0) {
+        device::report_invalid_expert(context, DeviceOp::kLowLatencyDispatch, pair / common.num_topk,
+                                      pair % common.num_topk, expert, common.num_experts);
+      }
       expert = -1;
     }
     const uint32_t peers = __match_any_sync(0xffffffffu, static_cast<int>(expert));
@@ -252,11 +244,8 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
                                 KernelContext context) {
   extern __shared__ int32_t plan[];  // expert_count [num_experts], then pair_slot [T * K]
   const LowLatencyCommon& common = args.common;
-  LowLatencyLayout layout;
-  layout.num_ranks = context.num_ranks;
-  layout.experts_per_rank = common.num_experts / context.num_ranks;
-  layout.max_tokens = common.max_tokens;
-  layout.hidden = common.hidden;
+  const LowLatencyLayout layout =
+      LowLatencyLayout::of(context.num_ranks, common.num_experts, common.max_tokens, common.hidden);
   const device::IpcTransport transport{peers, common.region_offset};
   void* own_region = transport.region(context.rank);
   const uint64_t epoch = device::call_epoch(own_region, common.set_index);
