@@ -27,7 +27,8 @@ struct BufferOptions {
   bool preinitialize = false;
   // Run the initialisation (allocation, peer mapping, preinitialize) on a background thread: the
   // constructor returns at once and the first call waits for it; its errors surface at that call
-  // (and every later one). The bootstrap belongs to that thread until then.
+  // (and every later one). The bootstrap belongs to that thread until then: make no other use of
+  // it (another Buffer on it, a barrier) and capture no CUDA graph in global mode meanwhile.
   bool initialize_in_background = false;
   // Bound on every GPU spin-wait. On expiry the kernel records which rank waited on which peer
   // for what, and the call fails with an epcomm::Error instead of hanging.

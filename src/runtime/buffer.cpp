@@ -47,10 +47,17 @@ Buffer::Buffer(std::shared_ptr<Bootstrap> bootstrap, const BufferOptions& option
   impl_->bootstrap = std::move(bootstrap);
   impl_->options = options;
   if (detail::Profiler::enabled_by_environment()) impl_->profiler = std::make_unique<detail::Profiler>(impl_->bootstrap->rank());
-  auto initialize = [this] {
+  // The device current on this (the caller's) thread: what device=-1 means, even if the
+  // initialisation runs on another thread, where the current device would be 0.
+  int caller_device = -1;
+  if (cudaGetDevice(&caller_device) != cudaSuccess) {
+    (void)cudaGetLastError();  // no usable GPU: initialize() reports it
+    caller_device = -1;
+  }
+  auto initialize = [this, caller_device] {
     detail::initializing_on_this_thread = true;
     try {
-      impl_->initialize();
+      impl_->initialize(caller_device);
       if (impl_->options.preinitialize) warm_up(impl_->comm_stream);
     } catch (...) {
       detail::initializing_on_this_thread = false;
@@ -66,8 +73,11 @@ Buffer::Buffer(std::shared_ptr<Bootstrap> bootstrap, const BufferOptions& option
   }
 }
 
-void Buffer::Impl::initialize() {
-  device = resolve_device(options.device);
+void Buffer::Impl::initialize(int caller_device) {
+  device = resolve_device(options.device == -1 && caller_device >= 0 ? caller_device : options.device);
+  // Make it current on this thread for good: a thread that never chose a device would otherwise be
+  // "on" device 0, and restoring that would create a context there.
+  EPCOMM_CUDA_CHECK(cudaSetDevice(device));
   detail::ScopedDevice scoped(device);
   {
     const InitPhaseTimer phase(*this, "streams, workspace, pinned memory");
@@ -79,8 +89,11 @@ void Buffer::Impl::initialize() {
     EPCOMM_CUDA_CHECK(cudaMemset(layout_workspace.get(), 0, LayoutWorkspace::kTotalBytes));
   }
   const InitPhaseTimer phase(*this, "allocate, exchange and map peer buffers");
-  // The low-latency region follows the normal-mode data in the same IPC allocation.
-  nvl.emplace(*bootstrap, device, static_cast<size_t>(options.num_nvl_bytes + options.num_rdma_bytes));
+  // The low-latency region follows the normal-mode data in the same IPC allocation. Every rank
+  // must have asked for the same things, or collective steps (warmup) would take different paths.
+  const std::string agreed = concat("num_nvl_bytes=", options.num_nvl_bytes, " num_rdma_bytes=", options.num_rdma_bytes,
+                                    " low_latency_mode=", options.low_latency_mode, " preinitialize=", options.preinitialize);
+  nvl.emplace(*bootstrap, device, static_cast<size_t>(options.num_nvl_bytes + options.num_rdma_bytes), agreed);
 }
 
 Buffer::Impl::~Impl() {
@@ -106,8 +119,12 @@ Buffer::Buffer(Buffer&& other) noexcept {
   impl_ = std::move(other.impl_);
 }
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this == &other) return *this;
   if (other.impl_ && other.impl_->initialization.valid()) other.impl_->initialization.wait();
-  if (impl_ && impl_->initialization.valid()) impl_->initialization.wait();
+  {
+    // The Buffer being replaced is torn down like a destroyed one (collectively), not dropped.
+    Buffer replaced(std::move(*this));
+  }
   impl_ = std::move(other.impl_);
   return *this;
 }

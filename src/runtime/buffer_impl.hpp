@@ -14,6 +14,7 @@
 #include "runtime/device_allocation.hpp"
 #include "runtime/device_error_log.hpp"
 #include "runtime/profiler.hpp"
+#include "runtime/scoped_device.hpp"
 #include "transport/ipc/ipc_buffer.hpp"
 
 namespace epcomm {
@@ -25,24 +26,6 @@ namespace detail {
 // True on the thread running a Buffer's initialisation: calls it makes itself (the preinitialize
 // round) must not wait for the initialisation to finish.
 inline thread_local bool initializing_on_this_thread = false;
-
-// Makes `device` current for one operation and restores the caller's device afterwards.
-class ScopedDevice {
- public:
-  explicit ScopedDevice(int device) {
-    EPCOMM_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) EPCOMM_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~ScopedDevice() {
-    int current = previous_;
-    if (cudaGetDevice(&current) == cudaSuccess && current != previous_) EPCOMM_CUDA_WARN(cudaSetDevice(previous_));
-  }
-  ScopedDevice(const ScopedDevice&) = delete;
-  ScopedDevice& operator=(const ScopedDevice&) = delete;
-
- private:
-  int previous_ = 0;
-};
 
 }  // namespace detail
 
@@ -61,12 +44,14 @@ struct Buffer::Impl {
   cudaStream_t comm_stream = nullptr;         // every normal-mode call runs here
   uint64_t low_latency_calls = 0;             // picks the buffer set of each low-latency call
   std::unique_ptr<detail::Profiler> profiler;  // EPCOMM_PROFILE=1, else null
+  bool warming_up = false;                    // calls made by warm_up() are not profiled as calls
   std::future<void> initialization;           // initialize_in_background: the running initialize()
   std::exception_ptr initialization_error;    // what it threw, raised again at every call
   std::vector<InitPhase> init_phases;         // recorded always (cheap), profiled when asked
 
-  // Everything after option validation: device, memory, peer mapping, preinitialize.
-  void initialize();
+  // Everything after option validation: device, memory, peer mapping. `caller_device` is the
+  // device current on the constructing thread (-1 if unknown), used when options.device is -1.
+  void initialize(int caller_device);
   // Returns once initialize() has finished (at once unless it runs in the background); throws its
   // error, at this call and every later one.
   void wait_until_ready() {
@@ -102,7 +87,8 @@ struct Buffer::Impl {
 
   // A call's profile scope (host time; device time on `stream`), or nothing when profiling is off.
   detail::ProfiledRegion profile_call(const char* name, cudaStream_t stream) {
-    return detail::ProfiledRegion(profiler.get(), detail::ProfileRecord::Kind::kCall, name, stream, true);
+    return detail::ProfiledRegion(warming_up ? nullptr : profiler.get(), detail::ProfileRecord::Kind::kCall, name,
+                                  stream, true, device);
   }
 
   KernelContext context() const {

@@ -57,8 +57,11 @@ std::string DeviceErrorLog::describe(const DeviceErrorRecord& record) {
                     " (expected >= ", record.expected, ", last saw ", record.observed,
                     "); that rank may have died, be stuck, or not have made the same call");
     case DeviceErrorKind::kTooManyRows:
-      return concat("rank ", record.rank, ": ", device_op_name(op), " received ", record.observed,
-                    " rows but num_worst_tokens=", record.limit, " rows were allocated; rows past it were dropped");
+      return concat("rank ", record.rank, ": ", device_op_name(op), " needed ", record.observed, " rows where ",
+                    op == DeviceOp::kLowLatencyDispatch ? "num_max_dispatch_tokens_per_rank=" : "num_worst_tokens=",
+                    record.limit, " fit",
+                    op == DeviceOp::kLowLatencyDispatch ? " (a token names one expert twice?)" : "",
+                    "; the rows past it were dropped");
     case DeviceErrorKind::kNone:
       break;
   }

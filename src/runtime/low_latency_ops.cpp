@@ -164,9 +164,10 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
   if (args.return_recv_hook) {
     // The hook keeps the outputs alive until it has launched the receive.
     auto keep = std::make_shared<LowLatencyDispatchResult>(result);
+    std::shared_ptr<const detail::LowLatencyHandleState> handle_state = state;  // the receive writes into it
     const cudaStream_t default_stream = call.stream;
     const int device = impl.device;
-    result.hook = RecvHook([peers, kernel, context, keep, default_stream, device](cudaStream_t stream) {
+    result.hook = RecvHook([peers, kernel, context, keep, handle_state, default_stream, device](cudaStream_t stream) {
       detail::ScopedDevice hook_device(device);
       kernels::launch_low_latency_dispatch(peers, kernel, kernels::kReceivePhase, context, stream ? stream : default_stream);
     });
@@ -269,7 +270,9 @@ void Buffer::clean_low_latency_buffer(int num_max_dispatch_tokens_per_rank, int 
   validate_shapes(kOp, num_ranks(), num_max_dispatch_tokens_per_rank, hidden, num_experts, 1);
   require_low_latency_region(kOp, *impl_, make_layout(num_ranks(), num_experts, num_max_dispatch_tokens_per_rank, hidden));
   detail::ScopedDevice scoped(impl_->device);
+  // Every stream (hooks may have been launched anywhere), not just `stream`.
   EPCOMM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
   // Nobody may still write flags into this region while it is zeroed, nor before every rank is.
   impl_->bootstrap->barrier();
   void* region = static_cast<char*>(impl_->nvl->local_base()) + NvlLayout::kUserOffset + impl_->options.num_nvl_bytes;

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "runtime/cuda_check.hpp"
+#include "runtime/scoped_device.hpp"
 
 namespace epcomm::detail {
 namespace {
@@ -83,8 +84,8 @@ std::string format_chrome_trace(const std::vector<ProfileRecord>& records, int r
   bool first = true;
   auto event = [&](const ProfileRecord& record, int thread, double start_us, double duration_us, const char* category) {
     out << (first ? "\n" : ",\n") << "  {\"name\": \"" << json_escape(record.name) << "\", \"cat\": \"" << category
-        << "\", \"ph\": \"X\", \"pid\": " << rank << ", \"tid\": " << thread << ", \"ts\": " << fixed(start_us)
-        << ", \"dur\": " << fixed(duration_us) << "}";
+        << "\", \"ph\": \"X\", \"pid\": " << rank << ", \"tid\": " << thread << ", \"ts\": " << fixed(std::max(0.0, start_us))
+        << ", \"dur\": " << fixed(std::max(0.0, duration_us)) << "}";
     first = false;
   };
   for (const ProfileRecord& record : records) {
@@ -116,8 +117,8 @@ double Profiler::now_us() const {
 }
 
 Profiler::Scope::Scope(Profiler* profiler, ProfileRecord::Kind kind, const char* name, cudaStream_t stream,
-                       bool timed_stream)
-    : profiler_(profiler), stream_(stream), timed_stream_(timed_stream) {
+                       bool timed_stream, int device)
+    : profiler_(profiler), stream_(stream), timed_stream_(timed_stream), device_(device) {
   nvtxRangePushA(name);
   ProfileRecord record;
   record.kind = kind;
@@ -127,10 +128,14 @@ Profiler::Scope::Scope(Profiler* profiler, ProfileRecord::Kind kind, const char*
   profiler_->records_.push_back(record);
   profiler_->events_.emplace_back();
   if (timed_stream_) {
+    int current = 0;
+    EPCOMM_CUDA_CHECK(cudaGetDevice(&current));
+    const ScopedDevice on_stream_device(device_ >= 0 ? device_ : current);
     PendingEvents& pending = profiler_->events_.back();
     if (profiler_->reference_ == nullptr) {
       EPCOMM_CUDA_CHECK(cudaEventCreate(&profiler_->reference_));
       EPCOMM_CUDA_CHECK(cudaEventRecord(profiler_->reference_, stream_));
+      profiler_->reference_host_us_ = profiler_->now_us();
     }
     EPCOMM_CUDA_CHECK(cudaEventCreate(&pending.start));
     EPCOMM_CUDA_CHECK(cudaEventCreate(&pending.stop));
@@ -140,7 +145,13 @@ Profiler::Scope::Scope(Profiler* profiler, ProfileRecord::Kind kind, const char*
 
 Profiler::Scope::~Scope() {
   ProfileRecord& record = profiler_->records_[index_];
-  if (timed_stream_) EPCOMM_CUDA_WARN(cudaEventRecord(profiler_->events_[index_].stop, stream_));
+  if (timed_stream_) {
+    int current = 0;
+    if (cudaGetDevice(&current) == cudaSuccess) {
+      const ScopedDevice on_stream_device(device_ >= 0 ? device_ : current);
+      EPCOMM_CUDA_WARN(cudaEventRecord(profiler_->events_[index_].stop, stream_));
+    }
+  }
   record.host_us = profiler_->now_us() - record.host_start_us;
   nvtxRangePop();
 }
@@ -156,7 +167,8 @@ std::vector<ProfileRecord> Profiler::records() {
       (void)cudaGetLastError();  // untimed; the table shows "-"
       continue;
     }
-    records_[i].device_start_us = start_ms * kMicrosecondsPerMillisecond;
+    // The reference event was recorded at reference_host_us_: put GPU work on the host's clock.
+    records_[i].device_start_us = std::max(0.0, reference_host_us_ + start_ms * kMicrosecondsPerMillisecond);
     records_[i].device_us = duration_ms * kMicrosecondsPerMillisecond;
   }
   return records_;
@@ -178,9 +190,9 @@ void Profiler::write_reports() {
 }
 
 ProfiledRegion::ProfiledRegion(Profiler* profiler, ProfileRecord::Kind kind, const char* name, cudaStream_t stream,
-                               bool timed_stream) {
+                               bool timed_stream, int device) {
   if (profiler != nullptr) {
-    scope_ = std::make_unique<Profiler::Scope>(profiler, kind, name, stream, timed_stream);
+    scope_ = std::make_unique<Profiler::Scope>(profiler, kind, name, stream, timed_stream, device);
   } else {
     nvtxRangePushA(name);
   }

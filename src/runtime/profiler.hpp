@@ -21,7 +21,7 @@ struct ProfileRecord {
   std::string name;
   double host_start_us = 0;   // since the profiler started
   double host_us = 0;         // wall time on the host
-  double device_start_us = -1;  // since the profiler's reference event; -1 when no GPU work was timed
+  double device_start_us = -1;  // since the profiler started (aligned through a reference event); -1 if untimed
   double device_us = -1;
 };
 
@@ -40,7 +40,9 @@ class Profiler {
   // A timed region: host time always, device time when `stream` work is recorded (timed_stream).
   class Scope {
    public:
-    Scope(Profiler* profiler, ProfileRecord::Kind kind, const char* name, cudaStream_t stream, bool timed_stream);
+    // `device`: where `stream` lives (events must be made there); -1 for the current device.
+    Scope(Profiler* profiler, ProfileRecord::Kind kind, const char* name, cudaStream_t stream, bool timed_stream,
+          int device = -1);
     ~Scope();
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
@@ -50,6 +52,7 @@ class Profiler {
     size_t index_ = 0;
     cudaStream_t stream_ = nullptr;
     bool timed_stream_ = false;
+    int device_ = -1;
   };
 
   // The records so far, with device times resolved (waits for the recorded events).
@@ -68,6 +71,7 @@ class Profiler {
   int rank_;
   std::chrono::steady_clock::time_point origin_;
   cudaEvent_t reference_ = nullptr;
+  double reference_host_us_ = 0;  // host time when reference_ was recorded: aligns the GPU track
   std::vector<ProfileRecord> records_;
   std::vector<PendingEvents> events_;  // parallel to records_
 };
@@ -77,7 +81,7 @@ class Profiler {
 class ProfiledRegion {
  public:
   ProfiledRegion(Profiler* profiler, ProfileRecord::Kind kind, const char* name, cudaStream_t stream = nullptr,
-                 bool timed_stream = false);
+                 bool timed_stream = false, int device = -1);
   ~ProfiledRegion();
   ProfiledRegion(const ProfiledRegion&) = delete;
   ProfiledRegion& operator=(const ProfiledRegion&) = delete;

@@ -5,6 +5,7 @@
 
 #include "common/constants.hpp"
 #include "common/low_latency_layout.hpp"
+#include "common/nvl_layout.hpp"
 #include "kernels/launchers.hpp"
 #include "runtime/buffer_impl.hpp"
 
@@ -35,6 +36,12 @@ Tensor zeros(Allocator& allocator, DType dtype, std::initializer_list<int64_t> s
 
 void Buffer::warm_up(cudaStream_t stream) {
   Impl& impl = *impl_;
+  // The dummy calls below are part of the warmup, not calls of the user's: not profiled as calls.
+  struct WarmingUp {
+    explicit WarmingUp(Impl& owner) : impl(owner) { impl.warming_up = true; }
+    ~WarmingUp() { impl.warming_up = false; }
+    Impl& impl;
+  } warming_up(impl);
   using Timer = Impl::InitPhaseTimer;
   detail::ScopedDevice scoped(impl.device);
   const int ranks = num_ranks();
@@ -44,15 +51,31 @@ void Buffer::warm_up(cudaStream_t stream) {
     kernels::load_all_kernel_modules();
   }
   {
-    // Each peer's first access to an IPC mapping pays for page mapping: write all of them once.
+    // Each rank's first access through an IPC mapping pays for mapping its pages: write every
+    // peer's whole buffer once (normal-mode data and low-latency region; each rank a slice of
+    // each). Nothing there is live yet during preinitialize; a later warmup() leaves rings drained
+    // and resets the low-latency region on every rank alike (epochs and flags back to 0).
     const Timer phase(impl, "first touch of every peer's buffer");
-    const size_t bytes_per_rank = static_cast<size_t>(impl.options.num_nvl_bytes) / ranks / kVectorBytes * kVectorBytes;
-    if (bytes_per_rank > 0) {
+    const size_t user_bytes = static_cast<size_t>(impl.options.num_nvl_bytes + impl.options.num_rdma_bytes);
+    const size_t bytes_per_rank = user_bytes / ranks / kVectorBytes * kVectorBytes;
+    barrier(stream);
+    if (ranks > 1 && bytes_per_rank > 0) {
       detail::DeviceAllocation source(bytes_per_rank);
       EPCOMM_CUDA_CHECK(cudaMemsetAsync(source.get(), 0, bytes_per_rank, stream));
-      copy_to_all_ranks(source.get(), bytes_per_rank, std::min(impl.num_device_sms, kCopyWarmupSms), stream);
+      Event::record(stream).wait(impl.comm_stream);
+      kernels::launch_peer_copy(impl.nvl->peers(), source.get(), bytes_per_rank, std::min(impl.num_device_sms, kCopyWarmupSms),
+                                impl.context(), impl.comm_stream);
+      Event::record(impl.comm_stream).wait(stream);
+      barrier(stream);
       synchronize(stream);
     } else {
+      synchronize(stream);
+    }
+    if (impl.options.num_rdma_bytes > 0) {
+      // Own region (ranks == 1, or the slice nobody wrote): epochs and flags start from zero.
+      const size_t region = NvlLayout::kUserOffset + static_cast<size_t>(impl.options.num_nvl_bytes);
+      EPCOMM_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(impl.nvl->local_base()) + region, 0,
+                                        LowLatencyLayout::kControlBytes, stream));
       barrier(stream);
       synchronize(stream);
     }

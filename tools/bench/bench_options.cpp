@@ -88,6 +88,10 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
     fail(ErrorCode::kInvalidArgument, "epcomm-bench: --experts ", options.num_experts, " must be a multiple of --ranks ",
          options.num_ranks);
   }
+  if (options.low_latency_tokens > options.num_tokens) {
+    fail(ErrorCode::kInvalidArgument, "epcomm-bench: --ll-tokens ", options.low_latency_tokens, " exceeds --tokens ",
+         options.num_tokens, " (the low-latency benchmark uses the first --ll-tokens tokens)");
+  }
   if (options.num_topk > options.num_experts) {
     fail(ErrorCode::kInvalidArgument, "epcomm-bench: --topk ", options.num_topk, " exceeds --experts ", options.num_experts);
   }

@@ -68,9 +68,10 @@ int run_rank(const BenchOptions& options) {
   context.bootstrap = make_bootstrap_from_env();
   EPCOMM_CUDA_CHECK(cudaGetDeviceCount(&context.num_gpus));
   const int device = context.bootstrap->rank() % context.num_gpus;
-  EPCOMM_CUDA_CHECK(cudaSetDevice(device));
-  // cudaFree(nullptr) creates the CUDA context: the first one-time cost of any GPU process.
+  // Setting the device creates the CUDA context (cudaFree(nullptr) makes sure): the first one-time
+  // cost of any GPU process.
   const auto context_start = std::chrono::steady_clock::now();
+  EPCOMM_CUDA_CHECK(cudaSetDevice(device));
   EPCOMM_CUDA_CHECK(cudaFree(nullptr));
   const double context_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - context_start).count();

@@ -97,7 +97,21 @@ __device__ void send_chunk(const device::IpcTransport& transport, const LowLaten
     if (expert < 0) continue;
     const int owner = static_cast<int>(expert / experts_per_rank);
     const int local = static_cast<int>(expert % experts_per_rank);
-    const size_t slot = layout.slot(local, context.rank, pair_slot[token * common.num_topk + k]);
+    const int index = pair_slot[token * common.num_topk + k];
+    if (index >= common.max_tokens) {
+      // Only a token naming one expert twice can need more than M slots of it: never write into
+      // another source's slots; report it (once, from the chunk that writes metadata).
+      if (lane == 0 && chunk == 0) {
+        device::ErrorDetails details;
+        details.kind = DeviceErrorKind::kTooManyRows;
+        details.op = DeviceOp::kLowLatencyDispatch;
+        details.observed = index + 1;
+        details.limit = common.max_tokens;
+        device::report_error(context, details);
+      }
+      continue;
+    }
+    const size_t slot = layout.slot(local, context.rank, index);
     void* region = transport.region(owner);
     to.row[k] = layout.row(region, common.set_index, slot);
     to.scales[k] = layout.scales(region, common.set_index, slot);

@@ -14,6 +14,7 @@ namespace {
 
 constexpr size_t kHostNameBytes = 64;
 constexpr size_t kBusIdBytes = 32;
+constexpr size_t kAgreedBytes = 256;
 
 // What each rank publishes so peers can map its buffer and detect a mismatched setup.
 struct IpcExport {
@@ -21,6 +22,7 @@ struct IpcExport {
   uint64_t user_bytes;
   char host_name[kHostNameBytes];
   char pci_bus_id[kBusIdBytes];
+  char agreed[kAgreedBytes];
 };
 
 }  // namespace
@@ -34,7 +36,7 @@ IpcMapping& IpcMapping::operator=(IpcMapping&& other) noexcept {
   return *this;
 }
 
-IpcBuffer::IpcBuffer(Bootstrap& bootstrap, int device, size_t user_bytes)
+IpcBuffer::IpcBuffer(Bootstrap& bootstrap, int device, size_t user_bytes, const std::string& agreed)
     : user_bytes_(user_bytes), local_(NvlLayout::total_bytes(user_bytes)) {
   const int rank = bootstrap.rank();
   const int num_ranks = bootstrap.num_ranks();
@@ -46,15 +48,16 @@ IpcBuffer::IpcBuffer(Bootstrap& bootstrap, int device, size_t user_bytes)
   mine.user_bytes = user_bytes;
   gethostname(mine.host_name, kHostNameBytes - 1);
   EPCOMM_CUDA_CHECK(cudaDeviceGetPCIBusId(mine.pci_bus_id, kBusIdBytes, device));
+  std::strncpy(mine.agreed, agreed.c_str(), kAgreedBytes - 1);
 
   std::vector<IpcExport> all(num_ranks);
   bootstrap.allgather(&mine, all.data(), sizeof(IpcExport));
 
   for (int peer = 0; peer < num_ranks; ++peer) {
     const IpcExport& theirs = all[peer];
-    if (theirs.user_bytes != user_bytes) {
-      fail(ErrorCode::kInvalidArgument, "Buffer: rank ", peer, " has num_nvl_bytes=", theirs.user_bytes, " but rank ",
-           rank, " has ", user_bytes, "; every rank must pass the same value");
+    if (theirs.user_bytes != user_bytes || std::strncmp(theirs.agreed, mine.agreed, kAgreedBytes) != 0) {
+      fail(ErrorCode::kInvalidArgument, "Buffer: rank ", peer, " was created with {", theirs.agreed, "} but rank ", rank,
+           " with {", mine.agreed, "}; every rank must pass the same options");
     }
     if (std::strncmp(theirs.host_name, mine.host_name, kHostNameBytes) != 0) {
       fail(ErrorCode::kUnsupported, "Buffer: rank ", peer, " runs on host '", theirs.host_name, "' and rank ", rank,

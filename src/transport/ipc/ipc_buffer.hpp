@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "epcomm/bootstrap.hpp"
@@ -27,9 +28,9 @@ class IpcMapping {
 
 class IpcBuffer {
  public:
-  // Collective: every rank passes the same user_bytes (checked). The buffer is zeroed before any
-  // peer can see it, so signal slots start at zero.
-  IpcBuffer(Bootstrap& bootstrap, int device, size_t user_bytes);
+  // Collective: every rank passes the same user_bytes and `agreed` text (a summary of options that
+  // must match; both checked). The buffer is zeroed before any peer can see it, so signals start at 0.
+  IpcBuffer(Bootstrap& bootstrap, int device, size_t user_bytes, const std::string& agreed);
 
   // Collective teardown: unmaps every peer, waits until every rank has done the same, then frees
   // the local buffer, so no rank frees memory a peer still maps. The destructor alone (e.g. while
