@@ -47,6 +47,9 @@ inline constexpr int kMaxLowLatencyExperts = 1024;
 // Every block plans the slots of all (token, k) pairs in shared memory.
 inline constexpr int kMaxLowLatencyPairs = 8192;
 inline constexpr int kUe8m0GroupsPerInt = 4;
+// A warp sends one chunk of a token's row at a time: this many 16-byte vectors (512 BF16
+// channels, four FP8 scale groups).
+inline constexpr int kLowLatencyChunkVectors = 64;
 
 // Peer copy (the bandwidth roofline): threads per block; SMs it uses when warming buffers up.
 inline constexpr int kCopyWarmupSms = 16;

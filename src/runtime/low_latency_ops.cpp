@@ -143,7 +143,10 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
   kernels::LowLatencyDispatchKernelArgs kernel;
   kernel.common = common_args(impl, set_index, args.num_experts, max_tokens, hidden, num_tokens, num_topk,
                               args.topk_idx.ptr<int64_t>());
-  kernel.common.num_blocks = low_latency_blocks(impl, std::max(experts_per_rank, (num_tokens + kLowLatencyWarpsPerBlock - 1) / kLowLatencyWarpsPerBlock));
+  // Work: one block per local expert to receive; one warp per 512-channel chunk of a token to send.
+  const int send_warps = num_tokens * ((hidden / 8 + kLowLatencyChunkVectors - 1) / kLowLatencyChunkVectors);
+  kernel.common.num_blocks = low_latency_blocks(
+      impl, std::max(experts_per_rank, (send_warps + kLowLatencyWarpsPerBlock - 1) / kLowLatencyWarpsPerBlock));
   kernel.x = args.x.data;
   kernel.use_fp8 = args.use_fp8;
   kernel.round_scale = round_scale;

@@ -70,9 +70,9 @@ __device__ void plan_slots(const LowLatencyCommon& common, const KernelContext& 
   __syncthreads();
 }
 
-// A warp sends one chunk of one token's row: kChunkVectors 16-byte vectors (512 channels, four
-// scale groups), so the rows of a few hundred tokens still spread over every warp of the grid.
-constexpr int kChunkVectors = 64;
+// A warp sends one chunk of one token's row (kLowLatencyChunkVectors), so the rows of a few hundred
+// tokens still spread over every warp of the grid.
+constexpr int kChunkVectors = kLowLatencyChunkVectors;
 
 struct Destinations {  // where one token's row goes, for each k (kMaxLowLatencyTopk at most)
   char* row[kMaxLowLatencyTopk];
