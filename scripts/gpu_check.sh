@@ -53,6 +53,14 @@ exclude=()
 ctest --test-dir "$EPCOMM_BUILD_DIR" --output-on-failure --timeout "${EPCOMM_TEST_TIMEOUT:-300}" "${exclude[@]}" \
   >"$results/tests.log" 2>&1 || status=1
 note "tests: $(grep -E 'tests passed|tests failed' "$results/tests.log" | tail -1)"
+if [ "${EPCOMM_PYTHON:-1}" = 1 ]; then
+  # The GPU machine is offline: scikit-build-core, nanobind, pytest and torch must be installed.
+  if EPCOMM_PIP_OFFLINE=1 scripts/python_tests.sh >>"$results/tests.log" 2>&1; then
+    note "python: $(grep -E '[0-9]+ passed' "$results/tests.log" | tail -1)"
+  else
+    status=1; note "python: FAILED (see tests.log)"
+  fi
+fi
 grep -E 'Failed|\*\*\*Skipped|Timeout' "$results/tests.log" | tee -a "$summary" || true
 
 : >"$results/bench.jsonl"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds epcomm and runs every test: CPU tests always; GPU tests when a CUDA GPU is visible,
-# otherwise ctest lists them as skipped and this script says why.
+# otherwise ctest lists them as skipped and this script says why; then the Python package's tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh
@@ -15,3 +15,4 @@ if [ "$probe_status" -eq 77 ]; then
   echo "The GPU tests (ctest label 'gpu') will be reported as skipped; the CPU tests run."
 fi
 ctest --test-dir "$build_dir" --output-on-failure "$@"
+scripts/python_tests.sh

@@ -33,9 +33,9 @@ class Error : public std::runtime_error {
   ErrorCode code_;
 };
 
-// Builds a message from any streamable parts: concat("hidden=", h, " must be ...").
+// Builds a message from any streamable parts: join_message("hidden=", h, " must be ...").
 template <typename... Parts>
-std::string concat(Parts&&... parts) {
+std::string join_message(Parts&&... parts) {
   std::ostringstream out;
   (out << ... << std::forward<Parts>(parts));
   return out.str();
@@ -43,7 +43,7 @@ std::string concat(Parts&&... parts) {
 
 template <typename... Parts>
 [[noreturn]] void fail(ErrorCode code, Parts&&... parts) {
-  throw Error(code, concat(std::forward<Parts>(parts)...));
+  throw Error(code, join_message(std::forward<Parts>(parts)...));
 }
 
 }  // namespace epcomm

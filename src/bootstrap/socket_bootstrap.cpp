@@ -90,7 +90,7 @@ std::string describe_ranks(const std::vector<int>& ranks) {
   for (size_t i = 0; i < ranks.size() && i < kMaxListedRanks; ++i) {
     text += (i ? ", " : "") + std::to_string(ranks[i]);
   }
-  if (ranks.size() > kMaxListedRanks) text += concat(", ... (", ranks.size(), " in all)");
+  if (ranks.size() > kMaxListedRanks) text += join_message(", ... (", ranks.size(), " in all)");
   return text;
 }
 
@@ -277,7 +277,7 @@ class SocketBootstrap final : public Bootstrap {
     for (int peer = 1; peer < num_ranks_; ++peer) {
       Header request{};
       const IoStatus status = read_all(fd_of(peer), request.data(), request.size(), deadline);
-      if (!status.ok()) fail_io(status, peer, concat("enter ", name));
+      if (!status.ok()) fail_io(status, peer, join_message("enter ", name));
       const uint32_t peer_op = load_u32(request.data());
       const uint64_t peer_bytes = load_u64(request.data() + 4);
       if (peer_op != static_cast<uint32_t>(op)) {
@@ -292,21 +292,21 @@ class SocketBootstrap final : public Bootstrap {
     const Header proceed = make_header(static_cast<uint32_t>(FrameKind::kProceed), 0);
     for (int peer = 1; peer < num_ranks_; ++peer) {
       const IoStatus status = write_all(fd_of(peer), proceed.data(), proceed.size(), deadline);
-      if (!status.ok()) fail_io(status, peer, concat("receive the go-ahead for ", name));
+      if (!status.ok()) fail_io(status, peer, join_message("receive the go-ahead for ", name));
     }
 
     auto* result = static_cast<unsigned char*>(out);
     if (bytes > 0) std::memmove(result, in, bytes);  // first: `in` may alias another rank's slot
     for (int peer = 1; peer < num_ranks_; ++peer) {
       const IoStatus status = read_all(fd_of(peer), result + peer * bytes, bytes, deadline);
-      if (!status.ok()) fail_io(status, peer, concat("send its ", bytes, " bytes of ", name, " data"));
+      if (!status.ok()) fail_io(status, peer, join_message("send its ", bytes, " bytes of ", name, " data"));
     }
     const size_t total = bytes * static_cast<size_t>(num_ranks_);
     const Header frame = make_header(static_cast<uint32_t>(FrameKind::kResult), total);
     for (int peer = 1; peer < num_ranks_; ++peer) {
       IoStatus status = write_all(fd_of(peer), frame.data(), frame.size(), deadline);
       if (status.ok()) status = write_all(fd_of(peer), result, total, deadline);
-      if (!status.ok()) fail_io(status, peer, concat("receive the ", name, " result"));
+      if (!status.ok()) fail_io(status, peer, join_message("receive the ", name, " result"));
     }
   }
 
@@ -348,16 +348,16 @@ class SocketBootstrap final : public Bootstrap {
     const char* name = op_name(static_cast<uint32_t>(op));
     const Header request = make_header(static_cast<uint32_t>(op), bytes);
     IoStatus status = write_all(fd_of(0), request.data(), request.size(), deadline);
-    if (!status.ok()) fail_from_root(status, concat("receive our ", name, " request"));
+    if (!status.ok()) fail_from_root(status, join_message("receive our ", name, " request"));
     expect_frame(FrameKind::kProceed, 0, deadline,
-                 concat("start ", name, " (it starts once every rank has entered ", name,
+                 join_message("start ", name, " (it starts once every rank has entered ", name,
                         "; a rank that never did is the likely cause and rank 0's error names it)"));
     status = write_all(fd_of(0), in, bytes, deadline);
-    if (!status.ok()) fail_from_root(status, concat("receive our ", name, " data"));
+    if (!status.ok()) fail_from_root(status, join_message("receive our ", name, " data"));
     const size_t total = bytes * static_cast<size_t>(num_ranks_);
-    expect_frame(FrameKind::kResult, total, deadline, concat("send the ", name, " result"));
+    expect_frame(FrameKind::kResult, total, deadline, join_message("send the ", name, " result"));
     status = read_all(fd_of(0), out, total, deadline);
-    if (!status.ok()) fail_from_root(status, concat("send the ", name, " result"));
+    if (!status.ok()) fail_from_root(status, join_message("send the ", name, " result"));
   }
 
   // Reads the next frame from rank 0; an Abort becomes an Error carrying rank 0's reason.

@@ -31,7 +31,7 @@ void check_args(const char* op, const std::vector<LowLatencyRankInput>& inputs, 
   }
   for (int r = 0; r < partition.num_ranks; ++r) {
     const LowLatencyRankInput& in = inputs[r];
-    const std::string prefix = concat("inputs[", r, "].");
+    const std::string prefix = join_message("inputs[", r, "].");
     detail::check_at_least(op, (prefix + "num_tokens").c_str(), in.num_tokens, 0);
     if (in.num_tokens > shape.max_tokens_per_rank) {
       fail(ErrorCode::kInvalidArgument, op, ": ", prefix, "num_tokens = ", in.num_tokens,
@@ -182,7 +182,7 @@ std::vector<std::vector<uint16_t>> low_latency_combine(const std::vector<LowLate
   const int slots_per_expert = num_ranks * shape.max_tokens_per_rank;
   detail::check_size(kOp, "expert_outputs (one per rank)", expert_outputs.size(), num_ranks);
   for (int d = 0; d < num_ranks; ++d) {
-    detail::check_size(kOp, concat("expert_outputs[", d, "]"), expert_outputs[d].size(),
+    detail::check_size(kOp, join_message("expert_outputs[", d, "]"), expert_outputs[d].size(),
                        product(partition.experts_per_rank(), product(slots_per_expert, hidden)));
   }
   const std::vector<std::vector<int>> slots = assign_slots(kOp, inputs, partition, shape);

@@ -11,7 +11,7 @@ namespace {
 using detail::product;
 
 std::string rank_field(int rank, const char* field) {
-  return concat("inputs[", rank, "].", field);
+  return join_message("inputs[", rank, "].", field);
 }
 
 void check_dispatch_args(const std::vector<NormalRankInput>& inputs, const ExpertPartition& partition,
@@ -66,18 +66,18 @@ bool check_combine_args(const std::vector<NormalRankDispatched>& dispatched,
   detail::check_size(kOp, "inputs (one per rank)", inputs.size(), num_ranks);
   detail::check_size(kOp, "num_tokens_per_rank", num_tokens_per_rank.size(), num_ranks);
   for (size_t s = 0; s < num_ranks; ++s) {
-    detail::check_at_least(kOp, concat("num_tokens_per_rank[", s, "]").c_str(), num_tokens_per_rank[s], 0);
+    detail::check_at_least(kOp, join_message("num_tokens_per_rank[", s, "]").c_str(), num_tokens_per_rank[s], 0);
   }
   const bool with_weights = std::any_of(inputs.begin(), inputs.end(),
                                         [](const NormalCombineRankInput& in) { return !in.topk_weights.empty(); });
   for (size_t d = 0; d < num_ranks; ++d) {
     const NormalRankDispatched& from = dispatched[d];
     const int num_recv = from.num_recv_tokens;
-    detail::check_size(kOp, concat("dispatched[", d, "].recv_src_rank"), from.recv_src_rank.size(), num_recv);
-    detail::check_size(kOp, concat("dispatched[", d, "].recv_src_token"), from.recv_src_token.size(), num_recv);
-    detail::check_size(kOp, concat("inputs[", d, "].x"), inputs[d].x.size(), product(num_recv, hidden));
+    detail::check_size(kOp, join_message("dispatched[", d, "].recv_src_rank"), from.recv_src_rank.size(), num_recv);
+    detail::check_size(kOp, join_message("dispatched[", d, "].recv_src_token"), from.recv_src_token.size(), num_recv);
+    detail::check_size(kOp, join_message("inputs[", d, "].x"), inputs[d].x.size(), product(num_recv, hidden));
     if (with_weights) {
-      detail::check_size(kOp, concat("inputs[", d, "].topk_weights"), inputs[d].topk_weights.size(),
+      detail::check_size(kOp, join_message("inputs[", d, "].topk_weights"), inputs[d].topk_weights.size(),
                          product(num_recv, num_topk));
     }
     for (int i = 0; i < num_recv; ++i) {
@@ -92,9 +92,9 @@ bool check_combine_args(const std::vector<NormalRankDispatched>& dispatched,
   for (const auto* bias : {&bias0, &bias1}) {
     const char* name = bias == &bias0 ? "bias0" : "bias1";
     if (bias->empty()) continue;
-    detail::check_size(kOp, concat(name, " (one per rank)"), bias->size(), num_ranks);
+    detail::check_size(kOp, join_message(name, " (one per rank)"), bias->size(), num_ranks);
     for (size_t s = 0; s < num_ranks; ++s) {
-      detail::check_size(kOp, concat(name, "[", s, "]"), (*bias)[s].size(), product(num_tokens_per_rank[s], hidden));
+      detail::check_size(kOp, join_message(name, "[", s, "]"), (*bias)[s].size(), product(num_tokens_per_rank[s], hidden));
     }
   }
   return with_weights;

@@ -91,7 +91,7 @@ void Buffer::Impl::initialize(int caller_device) {
   const InitPhaseTimer phase(*this, "allocate, exchange and map peer buffers");
   // The low-latency region follows the normal-mode data in the same IPC allocation. Every rank
   // must have asked for the same things, or collective steps (warmup) would take different paths.
-  const std::string agreed = concat("num_nvl_bytes=", options.num_nvl_bytes, " num_rdma_bytes=", options.num_rdma_bytes,
+  const std::string agreed = join_message("num_nvl_bytes=", options.num_nvl_bytes, " num_rdma_bytes=", options.num_rdma_bytes,
                                     " low_latency_mode=", options.low_latency_mode, " preinitialize=", options.preinitialize);
   nvl.emplace(*bootstrap, device, static_cast<size_t>(options.num_nvl_bytes + options.num_rdma_bytes), agreed);
 }
@@ -263,7 +263,7 @@ void* Buffer::local_nvl_buffer() const {
 }
 
 std::string Buffer::version() {
-  return concat(EPCOMM_VERSION_STRING, " (", EPCOMM_GIT_REVISION, ")");
+  return join_message(EPCOMM_VERSION_STRING, " (", EPCOMM_GIT_REVISION, ")");
 }
 
 }  // namespace epcomm

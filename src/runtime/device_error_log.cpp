@@ -47,17 +47,17 @@ std::string DeviceErrorLog::describe(const DeviceErrorRecord& record) {
   const auto op = static_cast<DeviceOp>(record.op);
   switch (static_cast<DeviceErrorKind>(record.kind)) {
     case DeviceErrorKind::kInvalidExpertId:
-      return concat("rank ", record.rank, ": ", device_op_name(op), ": topk_idx[", record.index0, "][",
+      return join_message("rank ", record.rank, ": ", device_op_name(op), ": topk_idx[", record.index0, "][",
                     record.index1, "] = ", record.observed, " is outside [-1, ", record.limit,
                     ") (num_experts=", record.limit, ")");
     case DeviceErrorKind::kWaitTimeout:
-      return concat("rank ", record.rank, " waited ", record.limit / 1000000, " ms in ", device_op_name(op),
+      return join_message("rank ", record.rank, " waited ", record.limit / 1000000, " ms in ", device_op_name(op),
                     " for rank ", record.peer, "'s ", wait_target_name(static_cast<WaitTarget>(record.target)),
-                    record.channel >= 0 ? concat(" on channel ", record.channel) : std::string(),
+                    record.channel >= 0 ? join_message(" on channel ", record.channel) : std::string(),
                     " (expected >= ", record.expected, ", last saw ", record.observed,
                     "); that rank may have died, be stuck, or not have made the same call");
     case DeviceErrorKind::kTooManyRows:
-      return concat("rank ", record.rank, ": ", device_op_name(op), " needed ", record.observed, " rows where ",
+      return join_message("rank ", record.rank, ": ", device_op_name(op), " needed ", record.observed, " rows where ",
                     op == DeviceOp::kLowLatencyDispatch ? "num_max_dispatch_tokens_per_rank=" : "num_worst_tokens=",
                     record.limit, " fit",
                     op == DeviceOp::kLowLatencyDispatch ? " (a token names one expert twice?)" : "",
@@ -65,7 +65,7 @@ std::string DeviceErrorLog::describe(const DeviceErrorRecord& record) {
     case DeviceErrorKind::kNone:
       break;
   }
-  return concat("rank ", record.rank, ": ", device_op_name(op), ": unknown device error kind ", record.kind);
+  return join_message("rank ", record.rank, ": ", device_op_name(op), ": unknown device error kind ", record.kind);
 }
 
 void DeviceErrorLog::raise_if_recorded() {

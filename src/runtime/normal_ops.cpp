@@ -104,7 +104,7 @@ void wait_for_notify(Buffer::Impl& impl, uint64_t sequence) {
     impl.errors.raise_if_recorded();  // e.g. the notify's barrier timed out on a missing peer
     if (std::chrono::steady_clock::now() > deadline) {
       const std::string message =
-          concat("rank ", impl.bootstrap->rank(), ": dispatch waited ", impl.options.wait_timeout.count(),
+          join_message("rank ", impl.bootstrap->rank(), ": dispatch waited ", impl.options.wait_timeout.count(),
                  " ms on the host for the received-token counts of its notify step; a peer may not have called "
                  "dispatch, or this rank's GPU is stuck behind earlier work");
       impl.errors.mark_unusable(message);

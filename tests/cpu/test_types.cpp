@@ -89,7 +89,7 @@ TEST(Validate, ShapeMismatchAndHostMemoryAreRejected) {
 }
 
 TEST(Error, CodesHaveNamesAndMessagesCompose) {
-  const Error error(ErrorCode::kTimeout, concat("rank ", 3, " waited"));
+  const Error error(ErrorCode::kTimeout, join_message("rank ", 3, " waited"));
   EXPECT_EQ(error.code(), ErrorCode::kTimeout);
   EXPECT_STREQ(error.what(), "Timeout: rank 3 waited");
 }

@@ -1,0 +1,191 @@
+"""deep_ep-compatible Buffer over epcomm's C++ runtime (inside one node, over NVLink)."""
+
+from typing import Any, Callable, List, Optional, Tuple, Union
+
+from . import _C
+from . import _torch
+from .event import EventOverlap
+
+Config = _C.Config
+
+
+class Buffer:
+    """Communication buffers of one rank, with deep_ep's methods and return tuples.
+
+    ``group`` is a torch.distributed ProcessGroup (gloo or nccl) used only to exchange a few bytes
+    at construction. Differences from deep_ep, all deliberate:
+      - everything runs inside one node (NVLink); num_rdma_bytes is the low-latency region, shared
+        over CUDA IPC like the NVLink buffer (across nodes needs NVSHMEM, not in this build);
+      - the dispatch handle is an opaque object (deep_ep returns a tuple of tensors);
+      - low-latency FP8 scales are row-major [E_local, R*M, hidden/128] (deep_ep's are
+        column-major in the token dimension);
+      - ``preinitialize`` / ``initialize_in_background`` / ``warmup()`` exist to pay every
+        one-time cost before the first call.
+    """
+
+    num_sms: int = 24
+
+    def __init__(self, group: Any, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0, low_latency_mode: bool = False,
+                 num_qps_per_rank: int = 24, allow_nvlink_for_low_latency_mode: bool = True, allow_mnnvl: bool = False,
+                 use_fabric: bool = False, explicitly_destroy: bool = False, enable_shrink: bool = False,
+                 comm: Any = None, preinitialize: bool = False, initialize_in_background: bool = False,
+                 wait_timeout_ms: int = 100_000) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if allow_mnnvl or use_fabric or enable_shrink or comm is not None:
+            raise ValueError("epcomm: allow_mnnvl, use_fabric, enable_shrink and comm are not supported in this build")
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.group_size = dist.get_world_size(group)
+        self.num_nvl_bytes = num_nvl_bytes
+        self.num_rdma_bytes = num_rdma_bytes
+        self.low_latency_mode = low_latency_mode
+        self.explicitly_destroy = explicitly_destroy
+        self.device = torch.cuda.current_device()
+        bootstrap = _C.Bootstrap(self.rank, self.group_size, lambda data: _torch.gathered_bytes(group, data),
+                                 lambda: dist.barrier(group))
+        self.runtime = _C.Buffer(bootstrap, num_nvl_bytes=num_nvl_bytes, num_rdma_bytes=num_rdma_bytes,
+                                 low_latency_mode=low_latency_mode, num_qps_per_rank=num_qps_per_rank,
+                                 allow_nvlink_for_low_latency_mode=allow_nvlink_for_low_latency_mode,
+                                 device=self.device, preinitialize=preinitialize,
+                                 initialize_in_background=initialize_in_background, wait_timeout_ms=wait_timeout_ms)
+        self.allocator = _torch.TorchAllocator(self.device)
+
+    # ---- configuration (deep_ep's static helpers) ----
+    @staticmethod
+    def set_num_sms(new_num_sms: int) -> None:
+        if new_num_sms % 2 != 0 or new_num_sms < 2:
+            raise ValueError(f"epcomm: num_sms={new_num_sms} must be an even number >= 2")
+        Buffer.num_sms = new_num_sms
+
+    @staticmethod
+    def get_dispatch_config(num_ranks: int) -> Config:
+        return _C.default_dispatch_config(num_ranks)
+
+    @staticmethod
+    def get_combine_config(num_ranks: int) -> Config:
+        return _C.default_combine_config(num_ranks)
+
+    @staticmethod
+    def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int,
+                                       num_experts: int) -> int:
+        return _C.low_latency_buffer_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)
+
+    # ---- lifetime ----
+    def destroy(self) -> None:
+        """Collective teardown (deep_ep's explicitly_destroy); the object is unusable afterwards."""
+        self.runtime.destroy()
+
+    def warmup(self) -> None:
+        """Pay every one-time cost now (collective); see the C++ Buffer::warmup."""
+        self.runtime.warmup(_torch.current_stream())
+
+    def get_comm_stream(self):
+        import torch
+
+        return torch.cuda.ExternalStream(self.runtime.comm_stream(), device=self.device)
+
+    @staticmethod
+    def capture() -> EventOverlap:
+        """An EventOverlap of the work queued on the current stream so far."""
+        return EventOverlap(_C.Event.record(_torch.current_stream()))
+
+    def _config(self, config: Optional[Config], default: Callable[[int], Config]) -> Config:
+        if config is not None:
+            return config
+        chosen = default(self.group_size)
+        chosen.num_sms = Buffer.num_sms
+        return chosen
+
+    # ---- normal mode ----
+    def get_dispatch_layout(self, topk_idx, num_experts: int, previous_event: Optional[EventOverlap] = None,
+                            async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        """-> (num_tokens_per_rank, num_tokens_per_rdma_rank (None inside a node), num_tokens_per_expert,
+        is_token_in_rank, event)"""
+        import torch
+
+        stream = _torch.current_stream()
+        num_tokens = topk_idx.size(0)
+        device = topk_idx.device
+        if previous_event is not None:
+            previous_event.current_stream_wait()
+        per_rank = torch.empty((self.group_size,), dtype=torch.int32, device=device)
+        per_expert = torch.empty((num_experts,), dtype=torch.int32, device=device)
+        in_rank = torch.empty((num_tokens, self.group_size), dtype=torch.bool, device=device)
+        self.runtime.get_dispatch_layout(_torch.view(topk_idx, "topk_idx"), num_experts, _torch.view(per_rank, "per_rank"),
+                                         _torch.view(per_expert, "per_expert"), _torch.view(in_rank, "in_rank"), stream)
+        event = EventOverlap(_C.Event.record(stream), (topk_idx,)) if async_finish else EventOverlap()
+        return per_rank, None, per_expert, in_rank, event
+
+    def dispatch(self, x: Union[Any, Tuple[Any, Any]], handle: Optional[Any] = None, num_tokens_per_rank=None,
+                 num_tokens_per_rdma_rank=None, is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None,
+                 topk_weights=None, expert_alignment: int = 1, num_worst_tokens: int = 0,
+                 config: Optional[Config] = None, previous_event: Optional[EventOverlap] = None,
+                 async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        """-> (recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle, event).
+
+        ``x`` is a BF16 tensor or an (FP8 tensor, float32 scales) tuple; recv_x has the same form.
+        With ``handle`` (cached dispatch) the layout arguments are not needed.
+        """
+        x_data, x_scales = x if isinstance(x, tuple) else (x, None)
+        event = previous_event.event if previous_event is not None and previous_event.event is not None else _C.Event()
+        recv_x, recv_scales, recv_idx, recv_weights, per_expert, new_handle, done = self.runtime.dispatch(
+            _torch.view(x_data, "x"), _torch.view(x_scales, "x_scales"), _torch.view(topk_idx, "topk_idx"),
+            _torch.view(topk_weights, "topk_weights"), _torch.view(num_tokens_per_rank, "num_tokens_per_rank"),
+            _torch.view(num_tokens_per_expert, "num_tokens_per_expert"), _torch.view(is_token_in_rank, "is_token_in_rank"),
+            handle, expert_alignment, num_worst_tokens, self._config(config, _C.default_dispatch_config), self.allocator.native,
+            _torch.current_stream(), event, async_finish, allocate_on_comm_stream)
+        received = (recv_x, recv_scales) if x_scales is not None else recv_x
+        overlap = EventOverlap(done, (x_data, x_scales, topk_idx, topk_weights)) if async_finish else EventOverlap()
+        return received, recv_idx, recv_weights, list(per_expert), new_handle, overlap
+
+    def combine(self, x, handle: Any, topk_weights=None, bias: Union[Any, Tuple[Any, Any], None] = None,
+                config: Optional[Config] = None, previous_event: Optional[EventOverlap] = None,
+                async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        """-> (combined_x, combined_topk_weights, event). ``bias`` is a tensor or a pair of tensors."""
+        bias0, bias1 = bias if isinstance(bias, tuple) else (bias, None)
+        event = previous_event.event if previous_event is not None and previous_event.event is not None else _C.Event()
+        combined, weights, done = self.runtime.combine(
+            _torch.view(x, "x"), _torch.view(topk_weights, "topk_weights"), _torch.view(bias0, "bias[0]"),
+            _torch.view(bias1, "bias[1]"), handle, self._config(config, _C.default_combine_config), self.allocator.native,
+            _torch.current_stream(), event, async_finish, allocate_on_comm_stream)
+        overlap = EventOverlap(done, (x, topk_weights)) if async_finish else EventOverlap()
+        return combined, weights, overlap
+
+    # ---- low-latency mode ----
+    def low_latency_dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank: int, num_experts: int,
+                             cumulative_local_expert_recv_stats=None, dispatch_wait_recv_cost_stats=None,
+                             use_fp8: bool = True, round_scale: bool = False, use_ue8m0: bool = False,
+                             async_finish: bool = False, return_recv_hook: bool = False):
+        """-> (recv_x (a (data, scales) tuple with use_fp8), recv_count, handle, event, hook)."""
+        if dispatch_wait_recv_cost_stats is not None:
+            raise ValueError("epcomm: dispatch_wait_recv_cost_stats is not supported")
+        recv_x, scales, count, handle, done, hook = self.runtime.low_latency_dispatch(
+            _torch.view(x, "x"), _torch.view(topk_idx, "topk_idx"), num_max_dispatch_tokens_per_rank, num_experts, use_fp8,
+            round_scale, use_ue8m0, _torch.view(cumulative_local_expert_recv_stats, "cumulative_local_expert_recv_stats"),
+            return_recv_hook, self.allocator.native, _torch.current_stream(), async_finish)
+        received = (recv_x, scales) if use_fp8 else recv_x
+        overlap = EventOverlap(done, (x, topk_idx)) if async_finish else EventOverlap()
+        return received, count, handle, overlap, (hook if return_recv_hook else None)
+
+    def low_latency_combine(self, x, topk_idx, topk_weights, handle: Any, use_logfmt: bool = False,
+                            zero_copy: bool = False, async_finish: bool = False, return_recv_hook: bool = False,
+                            out=None, combine_wait_recv_cost_stats=None):
+        """-> (combined_x, event, hook)."""
+        if use_logfmt or combine_wait_recv_cost_stats is not None:
+            raise ValueError("epcomm: use_logfmt and combine_wait_recv_cost_stats are not supported")
+        combined, done, hook = self.runtime.low_latency_combine(
+            _torch.view(x, "x"), _torch.view(topk_idx, "topk_idx"), _torch.view(topk_weights, "topk_weights"), handle,
+            zero_copy, _torch.view(out, "out"), return_recv_hook, self.allocator.native, _torch.current_stream(),
+            async_finish)
+        overlap = EventOverlap(done, (x, topk_idx, topk_weights)) if async_finish else EventOverlap()
+        return (out if out is not None else combined), overlap, (hook if return_recv_hook else None)
+
+    def get_next_low_latency_combine_buffer(self, handle: Any):
+        """The buffer the next zero-copy low_latency_combine reads: bf16 [E_local, R * M, hidden]."""
+        return _torch.as_tensor(self.runtime.get_next_low_latency_combine_buffer(handle), self.device)
+
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
+        self.runtime.clean_low_latency_buffer(num_max_dispatch_tokens_per_rank, hidden, num_experts,
+                                              _torch.current_stream())

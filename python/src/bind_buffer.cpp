@@ -1,0 +1,281 @@
+// Bindings of Buffer and the types its calls take. Tensors cross as TensorView (a data pointer,
+// dtype, shape and strides the Python layer reads from torch tensors); outputs come from a
+// PythonAllocator and go back as the Python objects it returned. Every Buffer call releases the
+// GIL: calls wait on the GPU and on other ranks.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "epcomm/buffer.hpp"
+#include "epcomm/error.hpp"
+#include "python_allocator.hpp"
+#include "python_bootstrap.hpp"
+
+namespace nb = nanobind;
+
+namespace epcomm::python {
+namespace {
+
+cudaStream_t as_stream(uintptr_t handle) { return reinterpret_cast<cudaStream_t>(handle); }
+
+TensorView make_view(uintptr_t data, int dtype, const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
+  if (shape.size() != strides.size() || shape.size() > static_cast<size_t>(TensorView::kMaxDims)) {
+    fail(ErrorCode::kInvalidArgument, "TensorView: ", shape.size(), " extents and ", strides.size(),
+         " strides given; they must match and be at most ", TensorView::kMaxDims);
+  }
+  TensorView view;
+  view.data = reinterpret_cast<void*>(data);
+  view.dtype = static_cast<DType>(dtype);
+  view.ndim = static_cast<int>(shape.size());
+  for (size_t d = 0; d < shape.size(); ++d) {
+    view.shape[d] = shape[d];
+    view.strides[d] = strides[d];
+  }
+  return view;
+}
+
+CallOptions make_call(uintptr_t stream, const Event& previous_event, bool async_finish, bool allocate_on_comm_stream) {
+  CallOptions call;
+  call.stream = as_stream(stream);
+  call.previous_event = previous_event;
+  call.async_finish = async_finish;
+  call.allocate_on_comm_stream = allocate_on_comm_stream;
+  return call;
+}
+
+void bind_types(nb::module_& m) {
+  nb::enum_<DType>(m, "DType")
+      .value("bfloat16", DType::kBFloat16)
+      .value("float8_e4m3fn", DType::kFloat8E4M3)
+      .value("float32", DType::kFloat32)
+      .value("int32", DType::kInt32)
+      .value("int64", DType::kInt64)
+      .value("bool", DType::kBool)
+      .value("uint8", DType::kUInt8);
+  nb::class_<TensorView>(m, "TensorView", "A view of device memory: data pointer, dtype, shape, strides (elements).")
+      .def(nb::init<>())
+      .def_static("make", &make_view, nb::arg("data"), nb::arg("dtype"), nb::arg("shape"), nb::arg("strides"))
+      .def_prop_ro("data", [](const TensorView& v) { return reinterpret_cast<uintptr_t>(v.data); })
+      .def_prop_ro("shape", [](const TensorView& v) { return std::vector<int64_t>(v.shape, v.shape + v.ndim); })
+      .def_prop_ro("dtype", [](const TensorView& v) { return static_cast<int>(v.dtype); })
+      .def("__repr__", &TensorView::describe);
+  nb::class_<Event>(m, "Event")
+      .def(nb::init<>())
+      .def_static("record", [](uintptr_t stream) { return Event::record(as_stream(stream)); })
+      .def("wait", [](const Event& e, uintptr_t stream) { e.wait(as_stream(stream)); })
+      .def("synchronize", &Event::synchronize, nb::call_guard<nb::gil_scoped_release>())
+      .def("query", &Event::query)
+      .def_prop_ro("empty", &Event::empty);
+  nb::class_<Config>(m, "Config")
+      .def(nb::init<>())
+      .def("__init__",
+           [](Config* self, int num_sms, int nvl_send, int nvl_recv, int rdma_send, int rdma_recv) {
+             new (self) Config();
+             self->num_sms = num_sms;
+             self->num_max_nvl_chunked_send_tokens = nvl_send;
+             self->num_max_nvl_chunked_recv_tokens = nvl_recv;
+             self->num_max_rdma_chunked_send_tokens = rdma_send;
+             self->num_max_rdma_chunked_recv_tokens = rdma_recv;
+           },
+           nb::arg("num_sms"), nb::arg("num_max_nvl_chunked_send_tokens"), nb::arg("num_max_nvl_chunked_recv_tokens"),
+           nb::arg("num_max_rdma_chunked_send_tokens") = 6, nb::arg("num_max_rdma_chunked_recv_tokens") = 256)
+      .def_rw("num_sms", &Config::num_sms)
+      .def_rw("num_max_nvl_chunked_send_tokens", &Config::num_max_nvl_chunked_send_tokens)
+      .def_rw("num_max_nvl_chunked_recv_tokens", &Config::num_max_nvl_chunked_recv_tokens)
+      .def_rw("num_max_rdma_chunked_send_tokens", &Config::num_max_rdma_chunked_send_tokens)
+      .def_rw("num_max_rdma_chunked_recv_tokens", &Config::num_max_rdma_chunked_recv_tokens)
+      .def("validate", &Config::validate)
+      .def("get_nvl_buffer_size_hint", &Config::nvl_buffer_size_hint, nb::arg("hidden_bytes"), nb::arg("num_ranks"))
+      .def("get_rdma_buffer_size_hint", [](const Config&, int64_t, int) { return int64_t{0}; },
+           nb::arg("hidden_bytes"), nb::arg("num_ranks"), "0: normal mode across nodes is not in this build");
+  m.def("default_dispatch_config", &default_dispatch_config, nb::arg("num_ranks"));
+  m.def("default_combine_config", &default_combine_config, nb::arg("num_ranks"));
+  m.def("low_latency_buffer_size_hint", &Buffer::low_latency_buffer_size_hint, nb::arg("num_max_dispatch_tokens_per_rank"),
+        nb::arg("hidden"), nb::arg("num_ranks"), nb::arg("num_experts"));
+  nb::class_<PythonBootstrap>(m, "Bootstrap", "Rank-to-rank byte exchange through Python callables.")
+      .def(nb::init<int, int, nb::object, nb::object>(), nb::arg("rank"), nb::arg("num_ranks"), nb::arg("allgather"),
+           nb::arg("barrier"));
+  nb::class_<PythonAllocator>(m, "Allocator", "Output memory from a Python callable: (dtype, shape, stream) -> (ptr, owner).")
+      .def(nb::init<nb::object>(), nb::arg("allocate"));
+  nb::class_<RecvHook>(m, "RecvHook")
+      .def("__call__", [](const RecvHook& hook) { hook(); }, nb::call_guard<nb::gil_scoped_release>())
+      .def("__call__", [](const RecvHook& hook, uintptr_t stream) { hook(as_stream(stream)); },
+           nb::call_guard<nb::gil_scoped_release>())
+      .def_prop_ro("empty", &RecvHook::empty);
+  nb::class_<DispatchHandle>(m, "DispatchHandle")
+      .def_prop_ro("num_tokens", &DispatchHandle::num_tokens)
+      .def_prop_ro("num_recv_tokens", &DispatchHandle::num_recv_tokens)
+      .def_prop_ro("num_rows", &DispatchHandle::num_rows)
+      .def_prop_ro("recv_src_idx", &DispatchHandle::recv_src_idx);
+  nb::class_<LowLatencyHandle>(m, "LowLatencyHandle")
+      .def_prop_ro("recv_src_info", &LowLatencyHandle::recv_src_info)
+      .def_prop_ro("recv_count_from", &LowLatencyHandle::recv_count_from)
+      .def_prop_ro("num_max_dispatch_tokens_per_rank", &LowLatencyHandle::num_max_dispatch_tokens_per_rank)
+      .def_prop_ro("hidden", &LowLatencyHandle::hidden)
+      .def_prop_ro("num_experts", &LowLatencyHandle::num_experts);
+}
+
+}  // namespace
+
+namespace {
+
+BufferOptions make_options(int64_t num_nvl_bytes, int64_t num_rdma_bytes, bool low_latency_mode, int num_qps_per_rank,
+                           bool allow_nvlink_for_low_latency_mode, int device, bool preinitialize,
+                           bool initialize_in_background, int64_t wait_timeout_ms) {
+  BufferOptions options;
+  options.num_nvl_bytes = num_nvl_bytes;
+  options.num_rdma_bytes = num_rdma_bytes;
+  options.low_latency_mode = low_latency_mode;
+  options.num_qps_per_rank = num_qps_per_rank;
+  options.allow_nvlink_for_low_latency_mode = allow_nvlink_for_low_latency_mode;
+  options.device = device;
+  options.preinitialize = preinitialize;
+  options.initialize_in_background = initialize_in_background;
+  options.wait_timeout = std::chrono::milliseconds(wait_timeout_ms);
+  return options;
+}
+
+}  // namespace
+
+void bind_buffer(nb::module_& m) {
+  bind_types(m);
+  nb::class_<Buffer>(m, "Buffer")
+      .def("__init__",
+           [](Buffer* self, std::shared_ptr<PythonBootstrap> bootstrap, int64_t num_nvl_bytes, int64_t num_rdma_bytes,
+              bool low_latency_mode, int num_qps_per_rank, bool allow_nvlink, int device, bool preinitialize,
+              bool in_background, int64_t wait_timeout_ms) {
+             const BufferOptions options = make_options(num_nvl_bytes, num_rdma_bytes, low_latency_mode, num_qps_per_rank,
+                                                        allow_nvlink, device, preinitialize, in_background, wait_timeout_ms);
+             nb::gil_scoped_release release;  // the exchange calls back into Python from C++
+             new (self) Buffer(std::move(bootstrap), options);
+           },
+           nb::arg("bootstrap"), nb::arg("num_nvl_bytes") = 0, nb::arg("num_rdma_bytes") = 0,
+           nb::arg("low_latency_mode") = false, nb::arg("num_qps_per_rank") = 24,
+           nb::arg("allow_nvlink_for_low_latency_mode") = true, nb::arg("device") = -1, nb::arg("preinitialize") = false,
+           nb::arg("initialize_in_background") = false, nb::arg("wait_timeout_ms") = 100000)
+      .def_prop_ro("rank", &Buffer::rank)
+      .def_prop_ro("num_ranks", &Buffer::num_ranks)
+      .def_prop_ro("device", &Buffer::device, nb::call_guard<nb::gil_scoped_release>())
+      .def("is_available", &Buffer::is_available, nb::call_guard<nb::gil_scoped_release>())
+      .def("comm_stream", [](const Buffer& b) { return reinterpret_cast<uintptr_t>(b.comm_stream()); },
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("warmup", [](Buffer& b, uintptr_t s) { b.warmup(as_stream(s)); }, nb::call_guard<nb::gil_scoped_release>())
+      .def("destroy", &Buffer::destroy, nb::call_guard<nb::gil_scoped_release>())
+      .def("barrier", [](Buffer& b, uintptr_t s) { b.barrier(as_stream(s)); }, nb::call_guard<nb::gil_scoped_release>())
+      .def("synchronize", [](Buffer& b, uintptr_t s) { b.synchronize(as_stream(s)); },
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("check_device_errors", &Buffer::check_device_errors, nb::call_guard<nb::gil_scoped_release>())
+      .def("initialization_phases",
+           [](const Buffer& b) {
+             std::vector<std::pair<std::string, double>> phases;
+             for (const InitPhase& phase : b.initialization_phases()) phases.emplace_back(phase.name, phase.milliseconds);
+             return phases;
+           })
+      .def("get_dispatch_layout",
+           [](Buffer& b, const TensorView& topk_idx, int num_experts, const TensorView& per_rank, const TensorView& per_expert,
+              const TensorView& in_rank, uintptr_t stream) {
+             b.get_dispatch_layout(topk_idx, num_experts, DispatchLayoutOutputs{per_rank, per_expert, in_rank}, as_stream(stream));
+           },
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("dispatch",
+           [](Buffer& b, const TensorView& x, const TensorView& x_scales, const TensorView& topk_idx,
+              const TensorView& topk_weights, const TensorView& num_tokens_per_rank, const TensorView& num_tokens_per_expert,
+              const TensorView& is_token_in_rank, const DispatchHandle* handle, int expert_alignment, int num_worst_tokens,
+              const Config& config, PythonAllocator& allocator, uintptr_t stream, const Event& previous_event,
+              bool async_finish, bool allocate_on_comm_stream) {
+             DispatchArgs args;
+             args.x = x;
+             args.x_scales = x_scales;
+             args.topk_idx = topk_idx;
+             args.topk_weights = topk_weights;
+             args.num_tokens_per_rank = num_tokens_per_rank;
+             args.num_tokens_per_expert = num_tokens_per_expert;
+             args.is_token_in_rank = is_token_in_rank;
+             args.handle = handle;
+             args.expert_alignment = expert_alignment;
+             args.num_worst_tokens = num_worst_tokens;
+             args.config = config;
+             DispatchResult result;
+             {
+               nb::gil_scoped_release release;
+               result = b.dispatch(args, allocator, make_call(stream, previous_event, async_finish, allocate_on_comm_stream));
+             }
+             return nb::make_tuple(owner_of(result.recv_x), owner_of(result.recv_x_scales), owner_of(result.recv_topk_idx),
+                                   owner_of(result.recv_topk_weights), result.num_recv_tokens_per_expert, result.handle,
+                                   result.event);
+           },
+           nb::arg("x"), nb::arg("x_scales"), nb::arg("topk_idx"), nb::arg("topk_weights"), nb::arg("num_tokens_per_rank"),
+           nb::arg("num_tokens_per_expert"), nb::arg("is_token_in_rank"), nb::arg("handle").none(),
+           nb::arg("expert_alignment"), nb::arg("num_worst_tokens"), nb::arg("config"), nb::arg("allocator"),
+           nb::arg("stream"), nb::arg("previous_event"), nb::arg("async_finish"), nb::arg("allocate_on_comm_stream"))
+      .def("combine",
+           [](Buffer& b, const TensorView& x, const TensorView& topk_weights, const TensorView& bias0, const TensorView& bias1,
+              const DispatchHandle& handle, const Config& config, PythonAllocator& allocator, uintptr_t stream,
+              const Event& previous_event, bool async_finish, bool allocate_on_comm_stream) {
+             CombineArgs args;
+             args.x = x;
+             args.topk_weights = topk_weights;
+             args.bias0 = bias0;
+             args.bias1 = bias1;
+             args.handle = &handle;
+             args.config = config;
+             CombineResult result;
+             {
+               nb::gil_scoped_release release;
+               result = b.combine(args, allocator, make_call(stream, previous_event, async_finish, allocate_on_comm_stream));
+             }
+             return nb::make_tuple(owner_of(result.combined_x), owner_of(result.combined_topk_weights), result.event);
+           })
+      .def("low_latency_dispatch",
+           [](Buffer& b, const TensorView& x, const TensorView& topk_idx, int max_tokens, int num_experts, bool use_fp8,
+              bool round_scale, bool use_ue8m0, const TensorView& stats, bool return_recv_hook, PythonAllocator& allocator,
+              uintptr_t stream, bool async_finish) {
+             LowLatencyDispatchArgs args;
+             args.x = x;
+             args.topk_idx = topk_idx;
+             args.num_max_dispatch_tokens_per_rank = max_tokens;
+             args.num_experts = num_experts;
+             args.use_fp8 = use_fp8;
+             args.round_scale = round_scale;
+             args.use_ue8m0 = use_ue8m0;
+             args.cumulative_local_expert_recv_stats = stats;
+             args.return_recv_hook = return_recv_hook;
+             LowLatencyDispatchResult result;
+             {
+               nb::gil_scoped_release release;
+               result = b.low_latency_dispatch(args, allocator, make_call(stream, Event{}, async_finish, false));
+             }
+             return nb::make_tuple(owner_of(result.recv_x), owner_of(result.recv_x_scales), owner_of(result.recv_count),
+                                   result.handle, result.event, result.hook);
+           })
+      .def("low_latency_combine",
+           [](Buffer& b, const TensorView& x, const TensorView& topk_idx, const TensorView& topk_weights,
+              const LowLatencyHandle& handle, bool zero_copy, const TensorView& out, bool return_recv_hook,
+              PythonAllocator& allocator, uintptr_t stream, bool async_finish) {
+             LowLatencyCombineArgs args;
+             args.x = x;
+             args.topk_idx = topk_idx;
+             args.topk_weights = topk_weights;
+             args.handle = &handle;
+             args.zero_copy = zero_copy;
+             args.out = out;
+             args.return_recv_hook = return_recv_hook;
+             LowLatencyCombineResult result;
+             {
+               nb::gil_scoped_release release;
+               result = b.low_latency_combine(args, allocator, make_call(stream, Event{}, async_finish, false));
+             }
+             return nb::make_tuple(owner_of(result.combined_x), result.event, result.hook);
+           })
+      .def("get_next_low_latency_combine_buffer", &Buffer::get_next_low_latency_combine_buffer)
+      .def("clean_low_latency_buffer",
+           [](Buffer& b, int max_tokens, int hidden, int num_experts, uintptr_t stream) {
+             b.clean_low_latency_buffer(max_tokens, hidden, num_experts, as_stream(stream));
+           },
+           nb::call_guard<nb::gil_scoped_release>());
+}
+
+}  // namespace epcomm::python

@@ -1,0 +1,93 @@
+"""epcomm from PyTorch on the GPU: N rank processes (torch.multiprocessing) on a gloo group, all on
+the visible GPUs (rank r on GPU r % count; several per GPU need MPS). Checked exactly:
+  normal:      combine(dispatch(x)) == bf16(k * x), k = ranks the token went to
+  low latency: combine(dispatch(x), weights) == bf16(sum_k w_k * x), each product rounded, k ascending
+plus async events, hook mode and the deep_ep tuple shapes.
+"""
+
+import importlib.util
+import os
+import socket
+
+import pytest
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+pytestmark = pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+
+
+def _gpu_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _rank_main(rank: int, num_ranks: int, port: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import epcomm
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=num_ranks)
+    group = dist.new_group(list(range(num_ranks)))
+    tokens, hidden, topk, experts_per_rank = 64, 2048, 4, 4
+    experts = experts_per_rank * num_ranks
+    config = epcomm.Buffer.get_dispatch_config(num_ranks)
+    config.num_sms = max(2, min(config.num_sms, torch.cuda.get_device_properties(0).multi_processor_count // num_ranks // 2 * 2))
+    buffer = epcomm.Buffer(group, num_nvl_bytes=config.get_nvl_buffer_size_hint(hidden * 2, num_ranks),
+                           num_rdma_bytes=epcomm.Buffer.get_low_latency_rdma_size_hint(tokens, hidden, num_ranks, experts),
+                           low_latency_mode=True, preinitialize=True)
+    generator = torch.Generator(device="cpu").manual_seed(1234 + rank)
+    x = torch.randn(tokens, hidden, generator=generator).to(torch.bfloat16).cuda()
+    scores = torch.rand(tokens, experts, generator=generator)
+    topk_idx = scores.topk(topk, dim=1).indices.to(torch.int64).cuda()
+    topk_idx[0] = -1  # a token with no expert
+    weights = torch.rand(tokens, topk, generator=generator).cuda()
+
+    # Normal mode, deep_ep's call sequence.
+    per_rank, per_rdma_rank, per_expert, in_rank, _ = buffer.get_dispatch_layout(topk_idx, experts)
+    assert per_rdma_rank is None
+    recv_x, recv_idx, recv_weights, counts, handle, event = buffer.dispatch(
+        x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+        topk_idx=topk_idx, topk_weights=weights, config=config, async_finish=True)
+    event.current_stream_wait()
+    assert recv_x.shape == (handle.num_rows, hidden) and len(counts) == experts_per_rank
+    combined, combined_weights, _ = buffer.combine(recv_x, handle, config=config)
+    copies = in_rank.sum(dim=1, keepdim=True).float()
+    expected = (x.float() * copies).to(torch.bfloat16)
+    assert torch.equal(combined, expected), f"rank {rank}: normal round trip differs"
+
+    # Low-latency mode, BF16 (exact), with and without the hook.
+    for hook_mode in (False, True):
+        received, count, ll_handle, _, hook = buffer.low_latency_dispatch(
+            x, topk_idx, tokens, experts, use_fp8=False, return_recv_hook=hook_mode)
+        if hook_mode:
+            hook()
+        out, _, combine_hook = buffer.low_latency_combine(received, topk_idx, weights, ll_handle,
+                                                          return_recv_hook=hook_mode)
+        if hook_mode:
+            combine_hook()
+        accumulated = torch.zeros(tokens, hidden, dtype=torch.float32, device=x.device)
+        for k in range(topk):
+            product = weights[:, k:k + 1] * x.float()
+            accumulated = torch.where(topk_idx[:, k:k + 1] >= 0, accumulated + product, accumulated)
+        assert torch.equal(out, accumulated.to(torch.bfloat16)), f"rank {rank}: low-latency round trip differs"
+    torch.cuda.synchronize()
+    buffer.destroy()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("num_ranks", [1, 2, 4])
+def test_round_trips(num_ranks: int) -> None:
+    if not _gpu_available():
+        pytest.skip("no CUDA GPU")
+    import torch.multiprocessing as mp
+
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    mp.spawn(_rank_main, args=(num_ranks, _free_port()), nprocs=num_ranks, join=True)

@@ -1,0 +1,96 @@
+"""What the package does without a GPU (CI): import, configs, size hints, argument errors."""
+
+import importlib.util
+
+import pytest
+
+import epcomm
+from epcomm import _C
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+
+
+def gpu_usable() -> bool:
+    if not HAS_TORCH:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def test_import_needs_no_torch_and_reports_a_version():
+    assert epcomm.version().startswith(epcomm.__version__)
+    for name in ("Buffer", "Config", "EventOverlap"):
+        assert hasattr(epcomm, name)
+
+
+def test_dispatch_and_combine_configs_follow_deep_ep_names():
+    config = epcomm.Buffer.get_dispatch_config(8)
+    assert config.num_sms == 24
+    assert config.num_max_nvl_chunked_send_tokens == 8
+    assert config.num_max_nvl_chunked_recv_tokens == 128
+    assert epcomm.Buffer.get_combine_config(8).num_sms == 24
+    custom = epcomm.Config(20, 6, 256, 6, 128)
+    assert custom.num_sms == 20 and custom.num_max_nvl_chunked_recv_tokens == 256
+    assert custom.get_nvl_buffer_size_hint(7168 * 2, 8) > 10 * 8 * 256 * 7168 * 2 - 1
+    assert custom.get_rdma_buffer_size_hint(7168 * 2, 8) == 0
+
+
+def test_bad_values_raise_value_errors_naming_them():
+    config = epcomm.Config(7, 6, 256)
+    with pytest.raises(ValueError, match="num_sms=7"):
+        config.validate()
+    with pytest.raises(ValueError, match="num_sms=7"):
+        epcomm.Buffer.set_num_sms(7)
+    with pytest.raises(RuntimeError, match="num_ranks=16"):
+        epcomm.Buffer.get_dispatch_config(16)  # beyond one node: Unsupported
+
+
+def test_low_latency_size_hint():
+    hint = epcomm.Buffer.get_low_latency_rdma_size_hint(128, 7168, 8, 256)
+    assert hint >= 2 * 32 * 8 * 128 * 7168 * 2
+    assert hint % 128 == 0
+    with pytest.raises(ValueError, match="num_experts=250"):
+        epcomm.Buffer.get_low_latency_rdma_size_hint(128, 7168, 8, 250)
+
+
+def test_bootstrap_checks_its_rank():
+    with pytest.raises(ValueError, match="rank=2"):
+        _C.Bootstrap(2, 2, lambda data: data, lambda: None)
+
+
+def test_single_rank_exchange_round_trips_through_python():
+    calls = []
+
+    def allgather(data: bytes) -> bytes:
+        calls.append(len(data))
+        return data
+
+    bootstrap = _C.Bootstrap(0, 1, allgather, lambda: None)
+    if gpu_usable():
+        pytest.skip("the no-GPU error path needs a machine without a GPU")
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        _C.Buffer(bootstrap, num_nvl_bytes=1 << 20)
+
+
+def test_background_initialisation_raises_at_the_first_call():
+    if gpu_usable():
+        pytest.skip("the no-GPU error path needs a machine without a GPU")
+    bootstrap = _C.Bootstrap(0, 1, lambda data: data, lambda: None)
+    buffer = _C.Buffer(bootstrap, num_nvl_bytes=1 << 20, initialize_in_background=True)  # returns at once
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        buffer.barrier(0)
+    assert not buffer.is_available()
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed (epcomm uses it at run time only)")
+def test_tensor_arguments_are_checked_with_their_names():
+    import torch
+
+    from epcomm import _torch
+
+    with pytest.raises(ValueError, match="topk_idx must be on a CUDA device"):
+        _torch.view(torch.zeros(4, 2, dtype=torch.int64), "topk_idx")
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        _torch.view([1, 2, 3], "x")
+    assert _torch.view(None, "x").shape == []
