@@ -64,8 +64,12 @@ class TorchAllocator:
     def allocate(self, dtype: int, shape: Tuple[int, ...], stream: int) -> Tuple[int, Any]:
         import torch
 
-        with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=self.device)):
-            tensor = torch.empty(shape, dtype=to_torch_dtype(dtype), device=f"cuda:{self.device}")
+        device = f"cuda:{self.device}"
+        if stream == torch.cuda.current_stream(self.device).cuda_stream:
+            tensor = torch.empty(shape, dtype=to_torch_dtype(dtype), device=device)
+        else:  # e.g. the communication stream: the caching allocator ties the block to it
+            with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=device)):
+                tensor = torch.empty(shape, dtype=to_torch_dtype(dtype), device=device)
         return tensor.data_ptr(), tensor
 
 
