@@ -32,6 +32,9 @@ def moe_layer(rank: int, num_ranks: int, port: int) -> None:
     topk_weights, topk_idx = router.softmax(dim=1).topk(TOPK, dim=1)
 
     config = epcomm.Buffer.get_dispatch_config(num_ranks)
+    # Ranks sharing a GPU (MPS) must all fit on it at once: a share of its SMs each.
+    sharing = max(1, num_ranks // torch.cuda.device_count())
+    config.num_sms = max(2, min(config.num_sms, torch.cuda.get_device_properties(0).multi_processor_count // sharing // 2 * 2))
     buffer = epcomm.Buffer(dist.group.WORLD, num_nvl_bytes=config.get_nvl_buffer_size_hint(HIDDEN * 2, num_ranks),
                            preinitialize=True)
 
@@ -40,7 +43,7 @@ def moe_layer(rank: int, num_ranks: int, port: int) -> None:
     # 2. Send each token (BF16) once to every rank owning one of its experts.
     recv_x, recv_idx, recv_weights, _, handle, _ = buffer.dispatch(
         x.to(torch.bfloat16), num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
-        num_tokens_per_expert=per_expert, topk_idx=topk_idx, topk_weights=topk_weights.float())
+        num_tokens_per_expert=per_expert, topk_idx=topk_idx, topk_weights=topk_weights.float(), config=config)
     # 3. Local experts: each received row, through each of its local experts, weighted.
     out = torch.zeros(recv_x.shape[0], HIDDEN, device=recv_x.device)
     for local in range(EXPERTS_PER_RANK):
@@ -50,7 +53,7 @@ def moe_layer(rank: int, num_ranks: int, port: int) -> None:
         scale = (recv_weights * picked).sum(dim=1, keepdim=True)[rows]
         out[rows] += scale * (recv_x[rows].float() @ weight)
     # 4. Send results back; each token's rows are summed over the ranks it visited.
-    combined, _, _ = buffer.combine(out.to(torch.bfloat16), handle)
+    combined, _, _ = buffer.combine(out.to(torch.bfloat16), handle, config=config)
 
     # The same layer without communication.
     expected = torch.zeros(TOKENS, HIDDEN, device=x.device)

@@ -4,13 +4,15 @@ epcomm's C++ runtime (no torch inside; see the epcomm package for the PyTorch AP
 
 from collections.abc import Sequence
 import enum
-from typing import overload
+from typing import Annotated, overload
+
+import torch
 
 
 def version() -> str:
     """Library version and the git revision it was built from."""
 
-class DType(enum.Enum):
+class DType(enum.IntEnum):
     bfloat16 = 0
 
     float8_e4m3fn = 1
@@ -104,6 +106,9 @@ class Config:
 
     def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
         """0: normal mode across nodes is not in this build"""
+
+def cuda_device_count() -> int:
+    """CUDA devices visible to this process (0 without a usable driver)."""
 
 def default_dispatch_config(num_ranks: int) -> Config: ...
 
@@ -200,6 +205,6 @@ class Buffer:
 
     def low_latency_combine(self, arg0: TensorView, arg1: TensorView, arg2: TensorView, arg3: LowLatencyHandle, arg4: bool, arg5: TensorView, arg6: bool, arg7: Allocator, arg8: int, arg9: bool, /) -> tuple: ...
 
-    def get_next_low_latency_combine_buffer(self, arg: LowLatencyHandle, /) -> TensorView: ...
+    def get_next_low_latency_combine_buffer(self, handle: LowLatencyHandle) -> Annotated[torch.Tensor, dict(device='cuda')]: ...
 
     def clean_low_latency_buffer(self, arg0: int, arg1: int, arg2: int, arg3: int, /) -> None: ...

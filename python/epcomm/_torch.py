@@ -3,32 +3,39 @@
 Everything here imports torch when called, never at import time.
 """
 
+import functools
 from typing import Any, Optional, Tuple
 
 from . import _C
 
 
-def _dtype_codes():
-    import torch
+_DTYPE_CODES = None  # torch dtype -> _C.DType, built on first use (torch imported lazily)
+_TORCH_DTYPES = None  # int code -> torch dtype
 
-    return {
-        torch.bfloat16: _C.DType.bfloat16,
-        torch.float8_e4m3fn: _C.DType.float8_e4m3fn,
-        torch.float32: _C.DType.float32,
-        torch.int32: _C.DType.int32,
-        torch.int64: _C.DType.int64,
-        torch.bool: _C.DType.bool,
-        torch.uint8: _C.DType.uint8,
-    }
+
+def _dtype_codes():
+    global _DTYPE_CODES, _TORCH_DTYPES
+    if _DTYPE_CODES is None:
+        import torch
+
+        _DTYPE_CODES = {
+            torch.bfloat16: _C.DType.bfloat16,
+            torch.float8_e4m3fn: _C.DType.float8_e4m3fn,
+            torch.float32: _C.DType.float32,
+            torch.int32: _C.DType.int32,
+            torch.int64: _C.DType.int64,
+            torch.bool: _C.DType.bool,
+            torch.uint8: _C.DType.uint8,
+        }
+        _TORCH_DTYPES = {int(code): dtype for dtype, code in _DTYPE_CODES.items()}
+    return _DTYPE_CODES
 
 
 def to_torch_dtype(code: int):
-    import torch
-
-    for dtype, value in _dtype_codes().items():
-        if int(value) == int(code):
-            return dtype
-    raise ValueError(f"epcomm: unknown dtype code {code}")
+    _dtype_codes()
+    if int(code) not in _TORCH_DTYPES:
+        raise ValueError(f"epcomm: unknown dtype code {code}")
+    return _TORCH_DTYPES[int(code)]
 
 
 def view(tensor: Optional[Any], name: str) -> _C.TensorView:
@@ -53,51 +60,31 @@ def current_stream() -> int:
     return torch.cuda.current_stream().cuda_stream
 
 
-class TorchAllocator:
-    """Allocates outputs with torch.empty on the stream the runtime names (torch's caching
-    allocator then tracks the block on that stream)."""
-
-    def __init__(self, device: int) -> None:
-        self.device = device
-        self.native = _C.Allocator(self.allocate)
-
-    def allocate(self, dtype: int, shape: Tuple[int, ...], stream: int) -> Tuple[int, Any]:
-        import torch
-
-        device = f"cuda:{self.device}"
-        if stream == torch.cuda.current_stream(self.device).cuda_stream:
-            tensor = torch.empty(shape, dtype=to_torch_dtype(dtype), device=device)
-        else:  # e.g. the communication stream: the caching allocator ties the block to it
-            with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=device)):
-                tensor = torch.empty(shape, dtype=to_torch_dtype(dtype), device=device)
-        return tensor.data_ptr(), tensor
-
-
-def as_tensor(view: _C.TensorView, device: int, keep_alive: Any = None):
-    """A torch tensor over device memory the runtime owns (zero-copy), via __cuda_array_interface__."""
+def _allocate(device: int, dtype: int, shape: Tuple[int, ...], stream: int) -> Tuple[int, Any]:
+    """Output memory for the runtime: torch.empty on the stream it names (the caching allocator
+    then ties the block to that stream)."""
     import torch
 
-    typestr = {
-        int(_C.DType.bfloat16): "<f2",  # exposed as float16 storage, reinterpreted below
-        int(_C.DType.float32): "<f4",
-        int(_C.DType.int32): "<i4",
-        int(_C.DType.int64): "<i8",
-        int(_C.DType.uint8): "|u1",
-        int(_C.DType.bool): "|b1",
-    }
+    place = f"cuda:{device}"
+    if stream == torch.cuda.current_stream(device).cuda_stream:
+        tensor = torch.empty(shape, dtype=to_torch_dtype(dtype), device=place)
+    else:  # e.g. the communication stream
+        with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=place)):
+            tensor = torch.empty(shape, dtype=to_torch_dtype(dtype), device=place)
+    return tensor.data_ptr(), tensor
 
-    class _Memory:
-        __cuda_array_interface__ = {
-            "shape": tuple(view.shape),
-            "typestr": typestr[int(view.dtype)],
-            "data": (view.data, False),
-            "version": 3,
-        }
 
-    tensor = torch.as_tensor(_Memory(), device=f"cuda:{device}")
-    if int(view.dtype) == int(_C.DType.bfloat16):
-        tensor = tensor.view(torch.bfloat16)
-    return tensor
+def make_allocator(device: int) -> _C.Allocator:
+    # A module-level function (not a bound method): no reference cycle through the allocator.
+    return _C.Allocator(functools.partial(_allocate, device))
+
+
+def record_streams(tensors, stream) -> None:
+    """Tell torch's caching allocator that `stream` uses these tensors (deep_ep does the same), so
+    their memory is not reused before that stream's work on them is done."""
+    for tensor in tensors:
+        if tensor is not None:
+            tensor.record_stream(stream)
 
 
 def gathered_bytes(group: Any, data: bytes) -> bytes:

@@ -1,6 +1,7 @@
 """deep_ep-compatible Buffer over epcomm's C++ runtime (inside one node, over NVLink)."""
 
-from typing import Any, Callable, List, Optional, Tuple, Union
+import functools
+from typing import Any, Callable, Optional, Tuple, Union
 
 from . import _C
 from . import _torch
@@ -20,7 +21,9 @@ class Buffer:
       - low-latency FP8 scales are row-major [E_local, R*M, hidden/128] (deep_ep's are
         column-major in the token dimension);
       - ``preinitialize`` / ``initialize_in_background`` / ``warmup()`` exist to pay every
-        one-time cost before the first call.
+        one-time cost before the first call;
+      - tear down with ``destroy()`` (collective) before destroying the process group: the
+        teardown exchanges on ``group``.
     """
 
     num_sms: int = 24
@@ -43,14 +46,30 @@ class Buffer:
         self.low_latency_mode = low_latency_mode
         self.explicitly_destroy = explicitly_destroy
         self.device = torch.cuda.current_device()
-        bootstrap = _C.Bootstrap(self.rank, self.group_size, lambda data: _torch.gathered_bytes(group, data),
-                                 lambda: dist.barrier(group))
+        # A background initialisation exchanges on its own thread: give it a private gloo group, so
+        # its collectives never interleave with the caller's on `group`.
+        exchange_group = group
+        if initialize_in_background:
+            exchange_group = dist.new_group(dist.get_process_group_ranks(group), backend="gloo")
+        bootstrap = _C.Bootstrap(self.rank, self.group_size,
+                                 functools.partial(_torch.gathered_bytes, exchange_group),
+                                 functools.partial(dist.barrier, exchange_group))
         self.runtime = _C.Buffer(bootstrap, num_nvl_bytes=num_nvl_bytes, num_rdma_bytes=num_rdma_bytes,
                                  low_latency_mode=low_latency_mode, num_qps_per_rank=num_qps_per_rank,
                                  allow_nvlink_for_low_latency_mode=allow_nvlink_for_low_latency_mode,
                                  device=self.device, preinitialize=preinitialize,
                                  initialize_in_background=initialize_in_background, wait_timeout_ms=wait_timeout_ms)
-        self.allocator = _torch.TorchAllocator(self.device)
+        self.allocator = _torch.make_allocator(self.device)
+
+    def __del__(self) -> None:
+        # Wait (without the GIL) for a background initialisation before the runtime is torn down:
+        # it may be inside a Python callback that needs the GIL.
+        runtime = getattr(self, "runtime", None)
+        if runtime is not None:
+            try:
+                runtime.is_available()
+            except Exception:  # the initialisation's error was raised at a call already, or will be
+                pass
 
     # ---- configuration (deep_ep's static helpers) ----
     @staticmethod
@@ -61,11 +80,15 @@ class Buffer:
 
     @staticmethod
     def get_dispatch_config(num_ranks: int) -> Config:
-        return _C.default_dispatch_config(num_ranks)
+        config = _C.default_dispatch_config(num_ranks)
+        config.num_sms = Buffer.num_sms
+        return config
 
     @staticmethod
     def get_combine_config(num_ranks: int) -> Config:
-        return _C.default_combine_config(num_ranks)
+        config = _C.default_combine_config(num_ranks)
+        config.num_sms = Buffer.num_sms
+        return config
 
     @staticmethod
     def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int,
@@ -92,11 +115,17 @@ class Buffer:
         return EventOverlap(_C.Event.record(_torch.current_stream()))
 
     def _config(self, config: Optional[Config], default: Callable[[int], Config]) -> Config:
-        if config is not None:
-            return config
-        chosen = default(self.group_size)
-        chosen.num_sms = Buffer.num_sms
-        return chosen
+        return config if config is not None else default(self.group_size)
+
+    def _after_call(self, outputs, inputs, async_finish: bool, allocate_on_comm_stream: bool) -> None:
+        """Stream bookkeeping of torch's caching allocator, as deep_ep does it."""
+        import torch
+
+        if allocate_on_comm_stream:  # made on the comm stream, used on the caller's
+            _torch.record_streams(outputs, torch.cuda.current_stream())
+        if async_finish:  # read (and written) on the comm stream after this call returns
+            comm = self.get_comm_stream()
+            _torch.record_streams(tuple(inputs) + tuple(outputs), comm)
 
     # ---- normal mode ----
     def get_dispatch_layout(self, topk_idx, num_experts: int, previous_event: Optional[EventOverlap] = None,
@@ -134,8 +163,11 @@ class Buffer:
             _torch.view(x_data, "x"), _torch.view(x_scales, "x_scales"), _torch.view(topk_idx, "topk_idx"),
             _torch.view(topk_weights, "topk_weights"), _torch.view(num_tokens_per_rank, "num_tokens_per_rank"),
             _torch.view(num_tokens_per_expert, "num_tokens_per_expert"), _torch.view(is_token_in_rank, "is_token_in_rank"),
-            handle, expert_alignment, num_worst_tokens, self._config(config, _C.default_dispatch_config), self.allocator.native,
+            handle, expert_alignment, num_worst_tokens, self._config(config, Buffer.get_dispatch_config), self.allocator,
             _torch.current_stream(), event, async_finish, allocate_on_comm_stream)
+        self._after_call((recv_x, recv_scales, recv_idx, recv_weights),
+                         (x_data, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_expert,
+                          is_token_in_rank), async_finish, allocate_on_comm_stream)
         received = (recv_x, recv_scales) if x_scales is not None else recv_x
         overlap = EventOverlap(done, (x_data, x_scales, topk_idx, topk_weights)) if async_finish else EventOverlap()
         return received, recv_idx, recv_weights, list(per_expert), new_handle, overlap
@@ -148,8 +180,9 @@ class Buffer:
         event = previous_event.event if previous_event is not None and previous_event.event is not None else _C.Event()
         combined, weights, done = self.runtime.combine(
             _torch.view(x, "x"), _torch.view(topk_weights, "topk_weights"), _torch.view(bias0, "bias[0]"),
-            _torch.view(bias1, "bias[1]"), handle, self._config(config, _C.default_combine_config), self.allocator.native,
+            _torch.view(bias1, "bias[1]"), handle, self._config(config, Buffer.get_combine_config), self.allocator,
             _torch.current_stream(), event, async_finish, allocate_on_comm_stream)
+        self._after_call((combined, weights), (x, topk_weights, bias0, bias1), async_finish, allocate_on_comm_stream)
         overlap = EventOverlap(done, (x, topk_weights)) if async_finish else EventOverlap()
         return combined, weights, overlap
 
@@ -164,7 +197,7 @@ class Buffer:
         recv_x, scales, count, handle, done, hook = self.runtime.low_latency_dispatch(
             _torch.view(x, "x"), _torch.view(topk_idx, "topk_idx"), num_max_dispatch_tokens_per_rank, num_experts, use_fp8,
             round_scale, use_ue8m0, _torch.view(cumulative_local_expert_recv_stats, "cumulative_local_expert_recv_stats"),
-            return_recv_hook, self.allocator.native, _torch.current_stream(), async_finish)
+            return_recv_hook, self.allocator, _torch.current_stream(), async_finish)
         received = (recv_x, scales) if use_fp8 else recv_x
         overlap = EventOverlap(done, (x, topk_idx)) if async_finish else EventOverlap()
         return received, count, handle, overlap, (hook if return_recv_hook else None)
@@ -177,14 +210,15 @@ class Buffer:
             raise ValueError("epcomm: use_logfmt and combine_wait_recv_cost_stats are not supported")
         combined, done, hook = self.runtime.low_latency_combine(
             _torch.view(x, "x"), _torch.view(topk_idx, "topk_idx"), _torch.view(topk_weights, "topk_weights"), handle,
-            zero_copy, _torch.view(out, "out"), return_recv_hook, self.allocator.native, _torch.current_stream(),
+            zero_copy, _torch.view(out, "out"), return_recv_hook, self.allocator, _torch.current_stream(),
             async_finish)
         overlap = EventOverlap(done, (x, topk_idx, topk_weights)) if async_finish else EventOverlap()
         return (out if out is not None else combined), overlap, (hook if return_recv_hook else None)
 
     def get_next_low_latency_combine_buffer(self, handle: Any):
-        """The buffer the next zero-copy low_latency_combine reads: bf16 [E_local, R * M, hidden]."""
-        return _torch.as_tensor(self.runtime.get_next_low_latency_combine_buffer(handle), self.device)
+        """The buffer the next zero-copy low_latency_combine reads: bf16 [E_local, R * M, hidden]. The
+        tensor keeps the runtime alive; it must not be used after destroy()."""
+        return self.runtime.get_next_low_latency_combine_buffer(handle)
 
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
         self.runtime.clean_low_latency_buffer(num_max_dispatch_tokens_per_rank, hidden, num_experts,

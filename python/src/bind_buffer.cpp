@@ -3,6 +3,7 @@
 // PythonAllocator and go back as the Python objects it returned. Every Buffer call releases the
 // GIL: calls wait on the GPU and on other ranks.
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/function.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
@@ -47,7 +48,7 @@ CallOptions make_call(uintptr_t stream, const Event& previous_event, bool async_
 }
 
 void bind_types(nb::module_& m) {
-  nb::enum_<DType>(m, "DType")
+  nb::enum_<DType>(m, "DType", nb::is_arithmetic())
       .value("bfloat16", DType::kBFloat16)
       .value("float8_e4m3fn", DType::kFloat8E4M3)
       .value("float32", DType::kFloat32)
@@ -91,6 +92,14 @@ void bind_types(nb::module_& m) {
       .def("get_nvl_buffer_size_hint", &Config::nvl_buffer_size_hint, nb::arg("hidden_bytes"), nb::arg("num_ranks"))
       .def("get_rdma_buffer_size_hint", [](const Config&, int64_t, int) { return int64_t{0}; },
            nb::arg("hidden_bytes"), nb::arg("num_ranks"), "0: normal mode across nodes is not in this build");
+  m.def("cuda_device_count", [] {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return count;
+  }, "CUDA devices visible to this process (0 without a usable driver).");
   m.def("default_dispatch_config", &default_dispatch_config, nb::arg("num_ranks"));
   m.def("default_combine_config", &default_combine_config, nb::arg("num_ranks"));
   m.def("low_latency_buffer_size_hint", &Buffer::low_latency_buffer_size_hint, nb::arg("num_max_dispatch_tokens_per_rank"),
@@ -173,7 +182,8 @@ void bind_buffer(nb::module_& m) {
              std::vector<std::pair<std::string, double>> phases;
              for (const InitPhase& phase : b.initialization_phases()) phases.emplace_back(phase.name, phase.milliseconds);
              return phases;
-           })
+           },
+           nb::call_guard<nb::gil_scoped_release>())
       .def("get_dispatch_layout",
            [](Buffer& b, const TensorView& topk_idx, int num_experts, const TensorView& per_rank, const TensorView& per_expert,
               const TensorView& in_rank, uintptr_t stream) {
@@ -270,7 +280,23 @@ void bind_buffer(nb::module_& m) {
              }
              return nb::make_tuple(owner_of(result.combined_x), result.event, result.hook);
            })
-      .def("get_next_low_latency_combine_buffer", &Buffer::get_next_low_latency_combine_buffer)
+      .def("get_next_low_latency_combine_buffer",
+           [](nb::handle self, const LowLatencyHandle& handle) {
+             Buffer& buffer = nb::cast<Buffer&>(self);
+             TensorView view;
+             {
+               nb::gil_scoped_release release;  // may wait for a background initialisation
+               view = buffer.get_next_low_latency_combine_buffer(handle);
+             }
+             // A torch tensor (through DLPack; no numpy) over the Buffer's own memory, keeping the
+             // Buffer alive for as long as the tensor lives.
+             const size_t shape[3] = {static_cast<size_t>(view.shape[0]), static_cast<size_t>(view.shape[1]),
+                                      static_cast<size_t>(view.shape[2])};
+             const nb::dlpack::dtype bf16{static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
+             return nb::ndarray<nb::pytorch, nb::device::cuda>(view.data, 3, shape, self, nullptr, bf16,
+                                                               nb::device::cuda::value, buffer.device());
+           },
+           nb::arg("handle"))
       .def("clean_low_latency_buffer",
            [](Buffer& b, int max_tokens, int hidden, int num_experts, uintptr_t stream) {
              b.clean_low_latency_buffer(max_tokens, hidden, num_experts, as_stream(stream));

@@ -14,7 +14,7 @@ namespace {
 struct PythonOwner {
   explicit PythonOwner(nb::object owned) : object(std::move(owned)) {}
   ~PythonOwner() {
-    if (!Py_IsInitialized()) {
+    if (!nb::is_alive()) {
       object.release();
       return;
     }
@@ -29,7 +29,7 @@ struct PythonOwner {
 PythonAllocator::PythonAllocator(nb::object allocate) : allocate_(std::move(allocate)) {}
 
 PythonAllocator::~PythonAllocator() {
-  if (!Py_IsInitialized()) {
+  if (!nb::is_alive()) {
     allocate_.release();
     return;
   }

@@ -18,7 +18,7 @@ PythonBootstrap::PythonBootstrap(int rank, int num_ranks, nb::object allgather, 
 
 PythonBootstrap::~PythonBootstrap() {
   // The callables may be released from a thread without the GIL (the last Buffer reference).
-  if (!Py_IsInitialized()) {
+  if (!nb::is_alive()) {
     allgather_.release();
     barrier_.release();
     return;

@@ -11,11 +11,7 @@ HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
 def gpu_usable() -> bool:
-    if not HAS_TORCH:
-        return False
-    import torch
-
-    return torch.cuda.is_available()
+    return _C.cuda_device_count() > 0
 
 
 def test_import_needs_no_torch_and_reports_a_version():
@@ -52,6 +48,11 @@ def test_low_latency_size_hint():
     assert hint % 128 == 0
     with pytest.raises(ValueError, match="num_experts=250"):
         epcomm.Buffer.get_low_latency_rdma_size_hint(128, 7168, 8, 250)
+
+
+def test_dtype_codes_are_integers_both_ways():
+    assert int(_C.DType.bfloat16) == 0 and int(_C.DType.float8_e4m3fn) == 1
+    assert _C.DType(4) == _C.DType.int64
 
 
 def test_bootstrap_checks_its_rank():
@@ -94,3 +95,5 @@ def test_tensor_arguments_are_checked_with_their_names():
     with pytest.raises(TypeError, match="x must be a torch.Tensor"):
         _torch.view([1, 2, 3], "x")
     assert _torch.view(None, "x").shape == []
+    assert _torch.to_torch_dtype(int(_C.DType.bfloat16)) is torch.bfloat16
+    assert _torch.to_torch_dtype(_C.DType.float8_e4m3fn) is torch.float8_e4m3fn
