@@ -54,10 +54,10 @@ Buffer::Buffer(std::shared_ptr<Bootstrap> bootstrap, const BufferOptions& option
     (void)cudaGetLastError();  // no usable GPU: initialize() reports it
     caller_device = -1;
   }
-  auto initialize = [this, caller_device] {
+  auto initialize = [this, caller_device](bool background) {
     detail::initializing_on_this_thread = true;
     try {
-      impl_->initialize(caller_device);
+      impl_->initialize(caller_device, background);
       if (impl_->options.preinitialize) warm_up(impl_->comm_stream);
     } catch (...) {
       detail::initializing_on_this_thread = false;
@@ -67,17 +67,19 @@ Buffer::Buffer(std::shared_ptr<Bootstrap> bootstrap, const BufferOptions& option
   };
   if (options.initialize_in_background) {
     // Safe to capture `this`: moving a Buffer waits for its initialisation first.
-    impl_->initialization = std::async(std::launch::async, initialize);
+    impl_->initialization = std::async(std::launch::async, initialize, true);
   } else {
-    initialize();
+    initialize(false);
   }
 }
 
-void Buffer::Impl::initialize(int caller_device) {
+void Buffer::Impl::initialize(int caller_device, bool background) {
   device = resolve_device(options.device == -1 && caller_device >= 0 ? caller_device : options.device);
-  // Make it current on this thread for good: a thread that never chose a device would otherwise be
-  // "on" device 0, and restoring that would create a context there.
-  EPCOMM_CUDA_CHECK(cudaSetDevice(device));
+  if (background) {
+    // A background thread never chose a device: it would be "on" device 0, and restoring that
+    // would create a context there. Make ours current on it for good instead.
+    EPCOMM_CUDA_CHECK(cudaSetDevice(device));
+  }
   detail::ScopedDevice scoped(device);
   {
     const InitPhaseTimer phase(*this, "streams, workspace, pinned memory");

@@ -50,8 +50,9 @@ struct Buffer::Impl {
   std::vector<InitPhase> init_phases;         // recorded always (cheap), profiled when asked
 
   // Everything after option validation: device, memory, peer mapping. `caller_device` is the
-  // device current on the constructing thread (-1 if unknown), used when options.device is -1.
-  void initialize(int caller_device);
+  // device current on the constructing thread (-1 if unknown), used when options.device is -1;
+  // `background`: running on a thread of its own (initialize_in_background).
+  void initialize(int caller_device, bool background);
   // Returns once initialize() has finished (at once unless it runs in the background); throws its
   // error, at this call and every later one.
   void wait_until_ready() {
