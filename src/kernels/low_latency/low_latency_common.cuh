@@ -23,4 +23,22 @@ __device__ __forceinline__ void finish_receive_phase(void* own_region, int set_i
   }
 }
 
+// What every low-latency launch starts from: its layout, its way to peers, its own region and the
+// epoch of this call (read once, at the start: see call_epoch).
+struct LowLatencyLaunch {
+  LowLatencyLayout layout;
+  IpcTransport transport;
+  void* own_region;
+  uint64_t epoch;
+};
+
+__device__ __forceinline__ LowLatencyLaunch begin_low_latency_launch(const IpcPeers& peers,
+                                                                     const kernels::LowLatencyCommon& common,
+                                                                     const KernelContext& context) {
+  const IpcTransport transport{peers, common.region_offset};
+  void* own_region = transport.region(context.rank);
+  return LowLatencyLaunch{LowLatencyLayout::of(context.num_ranks, common.num_experts, common.max_tokens, common.hidden),
+                          transport, own_region, call_epoch(own_region, common.set_index)};
+}
+
 }  // namespace epcomm::device

@@ -258,11 +258,11 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
                                 KernelContext context) {
   extern __shared__ int32_t plan[];  // expert_count [num_experts], then pair_slot [T * K]
   const LowLatencyCommon& common = args.common;
-  const LowLatencyLayout layout =
-      LowLatencyLayout::of(context.num_ranks, common.num_experts, common.max_tokens, common.hidden);
-  const device::IpcTransport transport{peers, common.region_offset};
-  void* own_region = transport.region(context.rank);
-  const uint64_t epoch = device::call_epoch(own_region, common.set_index);
+  const device::LowLatencyLaunch launch = device::begin_low_latency_launch(peers, common, context);
+  const LowLatencyLayout& layout = launch.layout;
+  const device::IpcTransport& transport = launch.transport;
+  void* own_region = launch.own_region;
+  const uint64_t epoch = launch.epoch;
 
   if (phases & kSendPhase) {
     int32_t* expert_count = plan;
