@@ -35,8 +35,11 @@ def moe_layer(rank: int, num_ranks: int, port: int) -> None:
     # Ranks sharing a GPU (MPS) must all fit on it at once: a share of its SMs each.
     sharing = max(1, num_ranks // torch.cuda.device_count())
     config.num_sms = max(2, min(config.num_sms, torch.cuda.get_device_properties(0).multi_processor_count // sharing // 2 * 2))
+    # preinitialize + warmup_shape: every one-time cost (and torch's output memory) paid here.
     buffer = epcomm.Buffer(dist.group.WORLD, num_nvl_bytes=config.get_nvl_buffer_size_hint(HIDDEN * 2, num_ranks),
-                           preinitialize=True)
+                           preinitialize=True,
+                           warmup_shape=epcomm.WarmupShape(num_tokens=TOKENS, hidden=HIDDEN, num_topk=TOPK,
+                                                           num_experts=experts))
 
     # 1. Where does every token go?
     per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(topk_idx, experts)

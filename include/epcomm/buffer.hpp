@@ -56,9 +56,13 @@ class Buffer {
   // Collective. Pays every one-time cost now, so that no later call does: loads every kernel
   // module, writes every peer's NVLink buffer once (first touch of each IPC mapping), and runs one
   // round on dummy data of each mode the Buffer has room for (layout + dispatch + combine; a
-  // low-latency dispatch + combine with low_latency_mode). Done by the constructor with
-  // preinitialize.
+  // low-latency dispatch + combine with low_latency_mode), at options.warmup_shape's size with
+  // outputs from options.output_allocator (see BufferOptions). Done by the constructor with
+  // preinitialize, on options.warmup_stream.
   void warmup(cudaStream_t stream);
+  // Where warmup's dummy rounds take outputs from: options.output_allocator, else a stream-ordered
+  // pool of the Buffer's own, which callers may pass to their calls too.
+  std::shared_ptr<Allocator> output_allocator() const;
   // How long each step of the initialisation (and of warmup) took, in order; for reports.
   std::vector<InitPhase> initialization_phases() const;
   // Collective explicit teardown (deep_ep's explicitly_destroy); the destructor calls it if needed.

@@ -4,8 +4,25 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
+#include <optional>
+
+#include <cuda_runtime_api.h>
+
+#include "epcomm/types.hpp"
 
 namespace epcomm {
+
+// The largest calls a caller will make (BufferOptions::warmup_shape). Zero token counts: none.
+struct WarmupShape {
+  int num_tokens = 0;              // tokens per rank of a normal-mode dispatch
+  int num_low_latency_tokens = 0;  // num_max_dispatch_tokens_per_rank of low-latency calls
+  int hidden = 0;
+  int num_topk = 0;
+  int num_experts = 0;
+
+  bool empty() const { return num_tokens == 0 && num_low_latency_tokens == 0; }
+};
 
 struct BufferOptions {
   // Bytes of the NVLink buffer each rank allocates and shares with its peers over CUDA IPC.
@@ -33,6 +50,24 @@ struct BufferOptions {
   // Bound on every GPU spin-wait. On expiry the kernel records which rank waited on which peer
   // for what, and the call fails with an epcomm::Error instead of hanging.
   std::chrono::milliseconds wait_timeout{100 * 1000};
+
+  // What warmup (and preinitialize) prepares beyond the fixed costs. Output memory grows with the
+  // data: with a warmup_shape, the dummy rounds run at that size, twice, with routing that reaches
+  // as many ranks as top-k allows and each round's results kept alive as a caller keeps the
+  // previous call's, so the output allocator holds what steady state needs before the first real
+  // call. Without one they move a single token.
+  WarmupShape warmup_shape;
+  // The allocator the dummy rounds take outputs from: pass the one your calls will pass, so that
+  // it is the one that grows. Null: the Buffer's own (Buffer::output_allocator()).
+  std::shared_ptr<Allocator> output_allocator;
+  // The stream preinitialize runs the dummy rounds on: the one your calls will use (a stream's
+  // first launch, and a caching allocator's per-stream free lists, are first-call costs too).
+  // Unset: the Buffer's communication stream.
+  std::optional<cudaStream_t> warmup_stream;
+  // A stream of the caller's for the Buffer's communication work, instead of one it creates and
+  // destroys. For callers whose memory outlives the Buffer yet remembers the streams that used it
+  // (PyTorch's record_stream): give one that lives as long as that memory. Must be on `device`.
+  std::optional<cudaStream_t> comm_stream;
 
   // Throws InvalidArgument / Unsupported naming the field and value. `num_ranks` is the
   // bootstrap's world size.

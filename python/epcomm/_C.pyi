@@ -121,6 +121,47 @@ class Bootstrap:
 
     def __init__(self, rank: int, num_ranks: int, allgather: object, barrier: object) -> None: ...
 
+class WarmupShape:
+    """
+    The largest calls to expect: preinitialize / warmup() grow output memory to fit them.
+    """
+
+    @overload
+    def __init__(self) -> None: ...
+
+    @overload
+    def __init__(self, *, num_tokens: int = 0, num_low_latency_tokens: int = 0, hidden: int, num_topk: int, num_experts: int) -> None: ...
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @num_tokens.setter
+    def num_tokens(self, arg: int, /) -> None: ...
+
+    @property
+    def num_low_latency_tokens(self) -> int: ...
+
+    @num_low_latency_tokens.setter
+    def num_low_latency_tokens(self, arg: int, /) -> None: ...
+
+    @property
+    def hidden(self) -> int: ...
+
+    @hidden.setter
+    def hidden(self, arg: int, /) -> None: ...
+
+    @property
+    def num_topk(self) -> int: ...
+
+    @num_topk.setter
+    def num_topk(self, arg: int, /) -> None: ...
+
+    @property
+    def num_experts(self) -> int: ...
+
+    @num_experts.setter
+    def num_experts(self, arg: int, /) -> None: ...
+
 class Allocator:
     """
     Output memory from a Python callable: (dtype, shape, stream) -> (ptr, owner).
@@ -168,7 +209,7 @@ class LowLatencyHandle:
     def num_experts(self) -> int: ...
 
 class Buffer:
-    def __init__(self, bootstrap: Bootstrap, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0, low_latency_mode: bool = False, num_qps_per_rank: int = 24, allow_nvlink_for_low_latency_mode: bool = True, device: int = -1, preinitialize: bool = False, initialize_in_background: bool = False, wait_timeout_ms: int = 100000) -> None: ...
+    def __init__(self, bootstrap: Bootstrap, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0, low_latency_mode: bool = False, num_qps_per_rank: int = 24, allow_nvlink_for_low_latency_mode: bool = True, device: int = -1, preinitialize: bool = False, initialize_in_background: bool = False, wait_timeout_ms: int = 100000, warmup_shape: WarmupShape = ..., output_allocator: Allocator | None = None, warmup_stream: int | None = None, comm_stream: int | None = None) -> None: ...
 
     @property
     def rank(self) -> int: ...

@@ -7,7 +7,7 @@ Where epcomm differs from deep_ep, the docstring of the method says so.
 """
 
 from . import _C
-from ._C import Config, TensorView, low_latency_buffer_size_hint
+from ._C import Config, TensorView, WarmupShape, low_latency_buffer_size_hint
 from .buffer import Buffer
 from .event import EventOverlap
 
@@ -19,4 +19,4 @@ def version() -> str:
     return _C.version()
 
 
-__all__ = ["Buffer", "Config", "EventOverlap", "TensorView", "low_latency_buffer_size_hint", "version"]
+__all__ = ["Buffer", "Config", "EventOverlap", "TensorView", "WarmupShape", "low_latency_buffer_size_hint", "version"]

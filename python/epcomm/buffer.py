@@ -8,6 +8,7 @@ from . import _torch
 from .event import EventOverlap
 
 Config = _C.Config
+WarmupShape = _C.WarmupShape
 
 
 class Buffer:
@@ -21,7 +22,9 @@ class Buffer:
       - low-latency FP8 scales are row-major [E_local, R*M, hidden/128] (deep_ep's are
         column-major in the token dimension);
       - ``preinitialize`` / ``initialize_in_background`` / ``warmup()`` exist to pay every
-        one-time cost before the first call;
+        one-time cost before the first call; with ``warmup_shape`` (an ``epcomm.WarmupShape``
+        of the largest calls) they also grow torch's caching allocator, on the stream current at
+        construction, to what those calls' outputs need;
       - tear down with ``destroy()`` (collective) before destroying the process group: the
         teardown exchanges on ``group``.
     """
@@ -32,7 +35,7 @@ class Buffer:
                  num_qps_per_rank: int = 24, allow_nvlink_for_low_latency_mode: bool = True, allow_mnnvl: bool = False,
                  use_fabric: bool = False, explicitly_destroy: bool = False, enable_shrink: bool = False,
                  comm: Any = None, preinitialize: bool = False, initialize_in_background: bool = False,
-                 wait_timeout_ms: int = 100_000) -> None:
+                 wait_timeout_ms: int = 100_000, warmup_shape: Optional[WarmupShape] = None) -> None:
         import torch
         import torch.distributed as dist
 
@@ -54,12 +57,20 @@ class Buffer:
         bootstrap = _C.Bootstrap(self.rank, self.group_size,
                                  functools.partial(_torch.gathered_bytes, exchange_group),
                                  functools.partial(dist.barrier, exchange_group))
+        # Outputs come from torch's caching allocator; the warmup grows it on the caller's stream.
+        self.allocator = _torch.make_allocator(self.device)
+        # Communication runs on one of torch's pooled streams, which live for the process: tensors
+        # that record_stream() it may be freed after this Buffer is gone (a stream the runtime
+        # created and destroyed would then break torch's allocator).
+        self.comm_stream = torch.cuda.Stream(device=self.device)
         self.runtime = _C.Buffer(bootstrap, num_nvl_bytes=num_nvl_bytes, num_rdma_bytes=num_rdma_bytes,
                                  low_latency_mode=low_latency_mode, num_qps_per_rank=num_qps_per_rank,
                                  allow_nvlink_for_low_latency_mode=allow_nvlink_for_low_latency_mode,
                                  device=self.device, preinitialize=preinitialize,
-                                 initialize_in_background=initialize_in_background, wait_timeout_ms=wait_timeout_ms)
-        self.allocator = _torch.make_allocator(self.device)
+                                 initialize_in_background=initialize_in_background, wait_timeout_ms=wait_timeout_ms,
+                                 warmup_shape=warmup_shape if warmup_shape is not None else WarmupShape(),
+                                 output_allocator=self.allocator, warmup_stream=_torch.current_stream(),
+                                 comm_stream=self.comm_stream.cuda_stream)
 
     def __del__(self) -> None:
         # Wait (without the GIL) for a background initialisation before the runtime is torn down:
@@ -105,9 +116,7 @@ class Buffer:
         self.runtime.warmup(_torch.current_stream())
 
     def get_comm_stream(self):
-        import torch
-
-        return torch.cuda.ExternalStream(self.runtime.comm_stream(), device=self.device)
+        return self.comm_stream
 
     @staticmethod
     def capture() -> EventOverlap:

@@ -5,6 +5,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/function.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
@@ -107,6 +108,20 @@ void bind_types(nb::module_& m) {
   nb::class_<PythonBootstrap>(m, "Bootstrap", "Rank-to-rank byte exchange through Python callables.")
       .def(nb::init<int, int, nb::object, nb::object>(), nb::arg("rank"), nb::arg("num_ranks"), nb::arg("allgather"),
            nb::arg("barrier"));
+  nb::class_<WarmupShape>(m, "WarmupShape",
+                          "The largest calls to expect: preinitialize / warmup() grow output memory to fit them.")
+      .def(nb::init<>())
+      .def("__init__",
+           [](WarmupShape* self, int num_tokens, int num_low_latency_tokens, int hidden, int num_topk, int num_experts) {
+             new (self) WarmupShape{num_tokens, num_low_latency_tokens, hidden, num_topk, num_experts};
+           },
+           nb::kw_only(), nb::arg("num_tokens") = 0, nb::arg("num_low_latency_tokens") = 0, nb::arg("hidden"),
+           nb::arg("num_topk"), nb::arg("num_experts"))
+      .def_rw("num_tokens", &WarmupShape::num_tokens)
+      .def_rw("num_low_latency_tokens", &WarmupShape::num_low_latency_tokens)
+      .def_rw("hidden", &WarmupShape::hidden)
+      .def_rw("num_topk", &WarmupShape::num_topk)
+      .def_rw("num_experts", &WarmupShape::num_experts);
   nb::class_<PythonAllocator>(m, "Allocator", "Output memory from a Python callable: (dtype, shape, stream) -> (ptr, owner).")
       .def(nb::init<nb::object>(), nb::arg("allocate"));
   nb::class_<RecvHook>(m, "RecvHook")
@@ -133,7 +148,9 @@ namespace {
 
 BufferOptions make_options(int64_t num_nvl_bytes, int64_t num_rdma_bytes, bool low_latency_mode, int num_qps_per_rank,
                            bool allow_nvlink_for_low_latency_mode, int device, bool preinitialize,
-                           bool initialize_in_background, int64_t wait_timeout_ms) {
+                           bool initialize_in_background, int64_t wait_timeout_ms, const WarmupShape& warmup_shape,
+                           std::shared_ptr<PythonAllocator> output_allocator, std::optional<uintptr_t> warmup_stream,
+                           std::optional<uintptr_t> comm_stream) {
   BufferOptions options;
   options.num_nvl_bytes = num_nvl_bytes;
   options.num_rdma_bytes = num_rdma_bytes;
@@ -144,6 +161,10 @@ BufferOptions make_options(int64_t num_nvl_bytes, int64_t num_rdma_bytes, bool l
   options.preinitialize = preinitialize;
   options.initialize_in_background = initialize_in_background;
   options.wait_timeout = std::chrono::milliseconds(wait_timeout_ms);
+  options.warmup_shape = warmup_shape;
+  options.output_allocator = std::move(output_allocator);
+  if (warmup_stream) options.warmup_stream = as_stream(*warmup_stream);
+  if (comm_stream) options.comm_stream = as_stream(*comm_stream);
   return options;
 }
 
@@ -155,16 +176,22 @@ void bind_buffer(nb::module_& m) {
       .def("__init__",
            [](Buffer* self, std::shared_ptr<PythonBootstrap> bootstrap, int64_t num_nvl_bytes, int64_t num_rdma_bytes,
               bool low_latency_mode, int num_qps_per_rank, bool allow_nvlink, int device, bool preinitialize,
-              bool in_background, int64_t wait_timeout_ms) {
-             const BufferOptions options = make_options(num_nvl_bytes, num_rdma_bytes, low_latency_mode, num_qps_per_rank,
-                                                        allow_nvlink, device, preinitialize, in_background, wait_timeout_ms);
+              bool in_background, int64_t wait_timeout_ms, const WarmupShape& warmup_shape,
+              std::shared_ptr<PythonAllocator> output_allocator, std::optional<uintptr_t> warmup_stream,
+              std::optional<uintptr_t> comm_stream) {
+             const BufferOptions options =
+                 make_options(num_nvl_bytes, num_rdma_bytes, low_latency_mode, num_qps_per_rank, allow_nvlink, device,
+                              preinitialize, in_background, wait_timeout_ms, warmup_shape, std::move(output_allocator),
+                              warmup_stream, comm_stream);
              nb::gil_scoped_release release;  // the exchange calls back into Python from C++
              new (self) Buffer(std::move(bootstrap), options);
            },
            nb::arg("bootstrap"), nb::arg("num_nvl_bytes") = 0, nb::arg("num_rdma_bytes") = 0,
            nb::arg("low_latency_mode") = false, nb::arg("num_qps_per_rank") = 24,
            nb::arg("allow_nvlink_for_low_latency_mode") = true, nb::arg("device") = -1, nb::arg("preinitialize") = false,
-           nb::arg("initialize_in_background") = false, nb::arg("wait_timeout_ms") = 100000)
+           nb::arg("initialize_in_background") = false, nb::arg("wait_timeout_ms") = 100000,
+           nb::arg("warmup_shape") = WarmupShape{}, nb::arg("output_allocator").none() = nb::none(),
+           nb::arg("warmup_stream").none() = nb::none(), nb::arg("comm_stream").none() = nb::none())
       .def_prop_ro("rank", &Buffer::rank)
       .def_prop_ro("num_ranks", &Buffer::num_ranks)
       .def_prop_ro("device", &Buffer::device, nb::call_guard<nb::gil_scoped_release>())

@@ -42,7 +42,9 @@ def _rank_main(rank: int, num_ranks: int, port: int) -> None:
     config.num_sms = max(2, min(config.num_sms, torch.cuda.get_device_properties(0).multi_processor_count // num_ranks // 2 * 2))
     buffer = epcomm.Buffer(group, num_nvl_bytes=config.get_nvl_buffer_size_hint(hidden * 2, num_ranks),
                            num_rdma_bytes=epcomm.Buffer.get_low_latency_rdma_size_hint(tokens, hidden, num_ranks, experts),
-                           low_latency_mode=True, preinitialize=True)
+                           low_latency_mode=True, preinitialize=True,
+                           warmup_shape=epcomm.WarmupShape(num_tokens=tokens, num_low_latency_tokens=tokens, hidden=hidden,
+                                                           num_topk=topk, num_experts=experts))
     generator = torch.Generator(device="cpu").manual_seed(1234 + rank)
     x = torch.randn(tokens, hidden, generator=generator).to(torch.bfloat16).cuda()
     scores = torch.rand(tokens, experts, generator=generator)

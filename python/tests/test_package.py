@@ -42,6 +42,14 @@ def test_bad_values_raise_value_errors_naming_them():
         epcomm.Buffer.get_dispatch_config(16)  # beyond one node: Unsupported
 
 
+def test_warmup_shape_takes_keywords():
+    shape = epcomm.WarmupShape(num_tokens=4096, num_low_latency_tokens=128, hidden=7168, num_topk=8, num_experts=256)
+    assert (shape.num_tokens, shape.num_low_latency_tokens, shape.hidden) == (4096, 128, 7168)
+    assert epcomm.WarmupShape().num_tokens == 0
+    with pytest.raises(TypeError):
+        epcomm.WarmupShape(4096, 128, 7168, 8, 256)  # keywords only: five ints are easy to misorder
+
+
 def test_low_latency_size_hint():
     hint = epcomm.Buffer.get_low_latency_rdma_size_hint(128, 7168, 8, 256)
     assert hint >= 2 * 32 * 8 * 128 * 7168 * 2

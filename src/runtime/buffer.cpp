@@ -43,6 +43,7 @@ int resolve_device(int requested) {
 Buffer::Buffer(std::shared_ptr<Bootstrap> bootstrap, const BufferOptions& options) {
   if (!bootstrap) fail(ErrorCode::kInvalidArgument, "Buffer: bootstrap is null");
   options.validate(bootstrap->num_ranks());
+  detail::check_warmup_fits(options, bootstrap->num_ranks());
   impl_ = std::make_unique<Impl>();
   impl_->bootstrap = std::move(bootstrap);
   impl_->options = options;
@@ -58,7 +59,7 @@ Buffer::Buffer(std::shared_ptr<Bootstrap> bootstrap, const BufferOptions& option
     detail::initializing_on_this_thread = true;
     try {
       impl_->initialize(caller_device, background);
-      if (impl_->options.preinitialize) warm_up(impl_->comm_stream);
+      if (impl_->options.preinitialize) warm_up(impl_->options.warmup_stream.value_or(impl_->comm_stream));
     } catch (...) {
       detail::initializing_on_this_thread = false;
       throw;
@@ -85,22 +86,31 @@ void Buffer::Impl::initialize(int caller_device, bool background) {
     const InitPhaseTimer phase(*this, "streams, workspace, pinned memory");
     errors.allocate();
     EPCOMM_CUDA_CHECK(cudaDeviceGetAttribute(&num_device_sms, cudaDevAttrMultiProcessorCount, device));
-    EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream, cudaStreamNonBlocking));
+    if (options.comm_stream) {
+      comm_stream = *options.comm_stream;
+    } else {
+      EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream, cudaStreamNonBlocking));
+      owns_comm_stream = true;
+    }
     notify_results = detail::MappedHostMemory(sizeof(NotifyResults));
     layout_workspace = detail::DeviceAllocation(LayoutWorkspace::kTotalBytes);
     EPCOMM_CUDA_CHECK(cudaMemset(layout_workspace.get(), 0, LayoutWorkspace::kTotalBytes));
+    outputs = options.output_allocator ? options.output_allocator : make_stream_ordered_allocator();
   }
   const InitPhaseTimer phase(*this, "allocate, exchange and map peer buffers");
   // The low-latency region follows the normal-mode data in the same IPC allocation. Every rank
   // must have asked for the same things, or collective steps (warmup) would take different paths.
   const std::string agreed = join_message("num_nvl_bytes=", options.num_nvl_bytes, " num_rdma_bytes=", options.num_rdma_bytes,
-                                    " low_latency_mode=", options.low_latency_mode, " preinitialize=", options.preinitialize);
+                                    " low_latency_mode=", options.low_latency_mode, " preinitialize=", options.preinitialize,
+                                    " warmup_shape=", options.warmup_shape.num_tokens, "/",
+                                    options.warmup_shape.num_low_latency_tokens, "/", options.warmup_shape.hidden, "/",
+                                    options.warmup_shape.num_topk, "/", options.warmup_shape.num_experts);
   nvl.emplace(*bootstrap, device, static_cast<size_t>(options.num_nvl_bytes + options.num_rdma_bytes), agreed);
 }
 
 Buffer::Impl::~Impl() {
   if (profiler) profiler->write_reports();
-  if (comm_stream != nullptr) EPCOMM_CUDA_WARN(cudaStreamDestroy(comm_stream));
+  if (owns_comm_stream) EPCOMM_CUDA_WARN(cudaStreamDestroy(comm_stream));
 }
 
 Buffer::~Buffer() {
@@ -142,6 +152,10 @@ cudaStream_t Buffer::comm_stream() const {
   return impl_->comm_stream;
 }
 const BufferOptions& Buffer::options() const { return impl_->options; }
+std::shared_ptr<Allocator> Buffer::output_allocator() const {
+  impl_->wait_until_ready();
+  return impl_->outputs;
+}
 bool Buffer::is_available() const {
   if (!impl_ || impl_->initialization_error) return false;
   if (impl_->initialization.valid()) impl_->initialization.wait();

@@ -27,6 +27,9 @@ namespace detail {
 // round) must not wait for the initialisation to finish.
 inline thread_local bool initializing_on_this_thread = false;
 
+// Throws InvalidArgument if options.warmup_shape's dummy rounds would not fit the buffers.
+void check_warmup_fits(const BufferOptions& options, int num_ranks);
+
 }  // namespace detail
 
 struct Buffer::Impl {
@@ -42,6 +45,8 @@ struct Buffer::Impl {
   detail::MappedHostMemory notify_results;    // NotifyResults, read by the host after a notify
   uint64_t notify_sequence = 0;               // last sequence number a host-waited notify published
   cudaStream_t comm_stream = nullptr;         // every normal-mode call runs here
+  bool owns_comm_stream = false;              // created here (not options.comm_stream)
+  std::shared_ptr<Allocator> outputs;         // Buffer::output_allocator()
   uint64_t low_latency_calls = 0;             // picks the buffer set of each low-latency call
   std::unique_ptr<detail::Profiler> profiler;  // EPCOMM_PROFILE=1, else null
   bool warming_up = false;                    // calls made by warm_up() are not profiled as calls

@@ -38,6 +38,29 @@ void BufferOptions::validate(int num_ranks) const {
   if (wait_timeout.count() <= 0) {
     fail(ErrorCode::kInvalidArgument, "Buffer: wait_timeout=", wait_timeout.count(), " ms must be positive");
   }
+  constexpr int kWarmupHiddenMultiple = 8;  // the dummy rounds move BF16 rows
+  const WarmupShape& shape = warmup_shape;
+  if (shape.num_tokens < 0 || shape.num_low_latency_tokens < 0) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: warmup_shape.num_tokens=", shape.num_tokens,
+         " and warmup_shape.num_low_latency_tokens=", shape.num_low_latency_tokens, " must be non-negative");
+  }
+  if (shape.empty()) return;
+  if (shape.hidden <= 0 || shape.hidden % kWarmupHiddenMultiple != 0) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: warmup_shape.hidden=", shape.hidden, " must be a positive multiple of ",
+         kWarmupHiddenMultiple, " (16-byte rows)");
+  }
+  if (shape.num_experts < num_ranks || shape.num_experts % num_ranks != 0) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: warmup_shape.num_experts=", shape.num_experts,
+         " must be a positive multiple of num_ranks=", num_ranks);
+  }
+  if (shape.num_topk < 1 || shape.num_topk > shape.num_experts) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: warmup_shape.num_topk=", shape.num_topk, " must be in [1, num_experts=",
+         shape.num_experts, "]");
+  }
+  if (shape.num_low_latency_tokens > 0 && !low_latency_mode) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: warmup_shape.num_low_latency_tokens=", shape.num_low_latency_tokens,
+         " needs low_latency_mode");
+  }
 }
 
 void Config::validate() const {

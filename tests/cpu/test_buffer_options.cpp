@@ -7,6 +7,7 @@
 #include "epcomm/buffer.hpp"
 #include "epcomm/config.hpp"
 #include "epcomm/error.hpp"
+#include "runtime/buffer_impl.hpp"
 #include "runtime/device_error_log.hpp"
 
 namespace epcomm {
@@ -70,6 +71,51 @@ TEST(BufferOptions, LowLatencyRegionIsAllowedInsideOneNode) {
   EXPECT_EQ(validation_error(options, 8), "");
   options.num_rdma_bytes = 1000;
   EXPECT_NE(validation_error(options, 8).find("num_rdma_bytes=1000 must be a multiple of 128"), std::string::npos);
+}
+
+TEST(BufferOptions, WarmupShapeIsCheckedFieldByField) {
+  BufferOptions options;
+  options.low_latency_mode = true;
+  options.warmup_shape = WarmupShape{4096, 128, 7168, 8, 256};
+  EXPECT_EQ(validation_error(options, 8), "");
+  options.warmup_shape.hidden = 7170;
+  EXPECT_NE(validation_error(options, 8).find("warmup_shape.hidden=7170"), std::string::npos);
+  options.warmup_shape.hidden = 7168;
+  options.warmup_shape.num_experts = 250;
+  EXPECT_NE(validation_error(options, 8).find("warmup_shape.num_experts=250"), std::string::npos);
+  options.warmup_shape.num_experts = 256;
+  options.warmup_shape.num_topk = 0;
+  EXPECT_NE(validation_error(options, 8).find("warmup_shape.num_topk=0"), std::string::npos);
+  options.warmup_shape.num_topk = 8;
+  options.warmup_shape.num_tokens = -1;
+  EXPECT_NE(validation_error(options, 8).find("warmup_shape.num_tokens=-1"), std::string::npos);
+  options.warmup_shape.num_tokens = 0;
+  options.low_latency_mode = false;
+  EXPECT_NE(validation_error(options, 8).find("needs low_latency_mode"), std::string::npos);
+  // No shape, no checks of the other fields: they are unused.
+  options.warmup_shape = WarmupShape{0, 0, 3, 0, 0};
+  EXPECT_EQ(validation_error(options, 8), "");
+}
+
+TEST(BufferOptions, WarmupShapeMustFitTheBuffers) {
+  BufferOptions options;
+  options.low_latency_mode = true;
+  options.warmup_shape = WarmupShape{4096, 0, 7168, 8, 256};
+  options.num_nvl_bytes = 1 << 20;
+  try {
+    detail::check_warmup_fits(options, 8);
+    FAIL();
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(error.what()).find("needs num_nvl_bytes >= "), std::string::npos) << error.what();
+  }
+  options.num_nvl_bytes = default_dispatch_config(8).nvl_buffer_size_hint(7168 * 2, 8);  // what callers allocate
+  EXPECT_NO_THROW(detail::check_warmup_fits(options, 8));
+  options.warmup_shape.num_low_latency_tokens = 128;
+  options.num_rdma_bytes = Buffer::low_latency_buffer_size_hint(64, 7168, 8, 256);
+  EXPECT_THROW(detail::check_warmup_fits(options, 8), Error);
+  options.num_rdma_bytes = Buffer::low_latency_buffer_size_hint(128, 7168, 8, 256);
+  EXPECT_NO_THROW(detail::check_warmup_fits(options, 8));
 }
 
 TEST(LowLatencySizeHint, CoversTheLayoutAndGrowsWithEveryShape) {

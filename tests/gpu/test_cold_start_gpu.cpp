@@ -1,5 +1,6 @@
 // Cold-start machinery on the GPU: a Buffer initialised in the background with preinitialize
-// (modules, first touch of every peer, dummy rounds of both modes) and EPCOMM_PROFILE on; then
+// (modules, first touch of every peer, dummy rounds of both modes, full-size rounds of a
+// warmup_shape on the caller's stream) and EPCOMM_PROFILE on; then
 // real layout, dispatch and combine calls that must still be exact, the recorded phases, and the
 // profile trace each rank writes when the Buffer goes.
 #include <sys/stat.h>
@@ -55,6 +56,8 @@ void run_cold_start_case(RankHarness& harness) {
   EPCOMM_CUDA_CHECK(cudaGetDevice(&device));
   EPCOMM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   config.num_sms = std::max(2, std::min(config.num_sms, sms / ranks / 2 * 2));  // ranks may share the GPU
+  cudaStream_t stream = nullptr;
+  EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
     BufferOptions options;
     options.num_nvl_bytes = config.nvl_buffer_size_hint(kHidden * 2, ranks);
@@ -63,6 +66,9 @@ void run_cold_start_case(RankHarness& harness) {
     options.preinitialize = true;
     options.initialize_in_background = true;
     options.wait_timeout = std::chrono::seconds(30);
+    // Full-size rounds on the stream the calls below use, into the allocator they use.
+    options.warmup_shape = WarmupShape{kTokens, kTokens, kHidden, kTopk, experts};
+    options.warmup_stream = stream;
     Buffer buffer(harness.bootstrap(), options);  // returns at once; device -1: this thread's device
 
     // The phases the warmup promises, recorded while the constructor had already returned.
@@ -71,7 +77,9 @@ void run_cold_start_case(RankHarness& harness) {
     for (const InitPhase& phase : phases) names += phase.name + "; ";
     for (const char* expected : {"allocate, exchange and map peer buffers", "load kernel modules",
                                  "first touch of every peer's buffer", "dummy round: layout, dispatch, combine",
-                                 "dummy round: low-latency dispatch, combine"}) {
+                                 "dummy round: low-latency dispatch, combine",
+                                 "full-size rounds: normal mode (output memory)",
+                                 "full-size rounds: low-latency mode (output memory)"}) {
       harness.check(names.find(expected) != std::string::npos, std::string("init phase '") + expected + "' in: " + names);
     }
     harness.check(buffer.device() == device, "device -1 means the constructing thread's device, also in the background");
@@ -101,12 +109,10 @@ void run_cold_start_case(RankHarness& harness) {
     args.num_tokens_per_expert = TensorView::contiguous(per_expert.get(), DType::kInt32, {experts});
     args.is_token_in_rank = TensorView::contiguous(in_rank.get(), DType::kBool, {kTokens, ranks});
     args.config = config;
-    cudaStream_t stream = nullptr;
-    EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     buffer.get_dispatch_layout(args.topk_idx, experts,
                                DispatchLayoutOutputs{args.num_tokens_per_rank, args.num_tokens_per_expert, args.is_token_in_rank},
                                stream);
-    auto allocator = make_stream_ordered_allocator();
+    const std::shared_ptr<Allocator> allocator = buffer.output_allocator();
     CallOptions call;
     call.stream = stream;
     {
@@ -116,8 +122,8 @@ void run_cold_start_case(RankHarness& harness) {
       if (!recv.empty()) EPCOMM_CUDA_CHECK(cudaMemcpy(recv.data(), received.recv_x.view.data, recv.size(), cudaMemcpyDeviceToHost));
       harness.check(recv == expected[rank].recv_x, "dispatch after a background preinitialize matches the reference");
     }
-    EPCOMM_CUDA_CHECK(cudaStreamDestroy(stream));
   }  // the Buffer goes: every rank writes its profile trace
+  EPCOMM_CUDA_CHECK(cudaStreamDestroy(stream));
 
   const std::string trace = read_file(trace_dir + "/epcomm_profile_rank" + std::to_string(rank) + ".json");
   harness.check(trace.rfind("{\"traceEvents\": [", 0) == 0, "profile trace written and starts as Chrome-trace JSON");

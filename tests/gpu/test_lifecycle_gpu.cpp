@@ -43,6 +43,21 @@ void run_lifecycle_case(RankHarness& harness) {
   }
   harness.bootstrap()->barrier();
   const size_t after = free_device_bytes();
+
+  // A caller's communication stream is used, and left alive (record_stream users free memory
+  // that remembers it after the Buffer is gone).
+  cudaStream_t own_stream = nullptr;
+  EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&own_stream, cudaStreamNonBlocking));
+  {
+    BufferOptions with_stream = options;
+    with_stream.comm_stream = own_stream;
+    Buffer buffer(harness.bootstrap(), with_stream);
+    harness.check(buffer.comm_stream() == own_stream, "options.comm_stream is the Buffer's communication stream");
+    buffer.barrier(nullptr);
+    buffer.synchronize(nullptr);
+  }
+  harness.check(cudaStreamQuery(own_stream) == cudaSuccess, "the caller's stream outlives the Buffer");
+  EPCOMM_CUDA_CHECK(cudaStreamDestroy(own_stream));
   harness.check(after + kAllowedDriftBytes >= before,
                 "device memory after " + std::to_string(kCycles) + " cycles: " + std::to_string(before >> 20) +
                     " MiB free before, " + std::to_string(after >> 20) + " MiB after");
