@@ -86,9 +86,10 @@ struct RoundResults {
   std::vector<LowLatencyCombineResult> low_latency_combined;
 };
 
-// Layout, dispatch (BF16) and combine of `shape`: inputs from `scratch`, outputs from `outputs`.
-void normal_round(Buffer& buffer, const RoundShape& shape, const Config& config, Allocator& scratch, Allocator& outputs,
-                  cudaStream_t stream, RoundResults& kept) {
+// Layout, dispatch (BF16, or FP8 with scales) and combine of `shape`: inputs from `scratch`,
+// outputs from `outputs`.
+void normal_round(Buffer& buffer, const RoundShape& shape, bool use_fp8, const Config& config, Allocator& scratch,
+                  Allocator& outputs, cudaStream_t stream, RoundResults& kept) {
   const int ranks = buffer.num_ranks();
   const Tensor topk_idx = upload_routing(scratch, shape, ranks, buffer.rank(), stream);
   const Tensor per_rank = scratch.allocate(DType::kInt32, {ranks}, stream);
@@ -96,28 +97,34 @@ void normal_round(Buffer& buffer, const RoundShape& shape, const Config& config,
   const Tensor in_rank = scratch.allocate(DType::kBool, {shape.tokens, ranks}, stream);
   const DispatchLayoutOutputs layout{per_rank.view, per_expert.view, in_rank.view};
   buffer.get_dispatch_layout(topk_idx.view, shape.experts, layout, stream);
-  const Tensor x = zeros(scratch, DType::kBFloat16, {shape.tokens, shape.hidden}, stream);
+  const Tensor x = zeros(scratch, use_fp8 ? DType::kFloat8E4M3 : DType::kBFloat16, {shape.tokens, shape.hidden}, stream);
+  const Tensor scales =
+      use_fp8 ? zeros(scratch, DType::kFloat32, {shape.tokens, shape.hidden / kFp8ChannelsPerScale}, stream) : Tensor{};
   CallOptions call;
   call.stream = stream;
   DispatchArgs args;
   args.x = x.view;
+  args.x_scales = scales.view;
   args.topk_idx = topk_idx.view;
   args.num_tokens_per_rank = layout.num_tokens_per_rank;
   args.num_tokens_per_expert = layout.num_tokens_per_expert;
   args.is_token_in_rank = layout.is_token_in_rank;
   args.config = config;
   kept.dispatched.push_back(buffer.dispatch(args, outputs, call));
+  // Combine takes BF16: the experts' outputs, the caller's own memory (from `scratch`).
+  const Tensor expert_outputs =
+      use_fp8 ? zeros(scratch, DType::kBFloat16, {kept.dispatched.back().handle.num_rows(), shape.hidden}, stream) : Tensor{};
   CombineArgs back;
-  back.x = kept.dispatched.back().recv_x.view;
+  back.x = use_fp8 ? expert_outputs.view : kept.dispatched.back().recv_x.view;
   back.handle = &kept.dispatched.back().handle;
   back.config = config;
   kept.combined.push_back(buffer.combine(back, outputs, call));
   buffer.synchronize(stream);
 }
 
-// Low-latency dispatch and weighted combine of `shape`.
+// Low-latency dispatch and (unless dispatch_only) weighted combine of `shape`.
 void low_latency_round(Buffer& buffer, const RoundShape& shape, bool use_fp8, Allocator& scratch, Allocator& outputs,
-                       cudaStream_t stream, RoundResults& kept) {
+                       cudaStream_t stream, RoundResults& kept, bool dispatch_only = false) {
   const int ranks = buffer.num_ranks();
   const Tensor topk_idx = upload_routing(scratch, shape, ranks, buffer.rank(), stream);
   const Tensor x = zeros(scratch, DType::kBFloat16, {shape.tokens, shape.hidden}, stream);
@@ -130,6 +137,10 @@ void low_latency_round(Buffer& buffer, const RoundShape& shape, bool use_fp8, Al
   args.num_experts = shape.experts;
   args.use_fp8 = use_fp8;
   kept.low_latency_dispatched.push_back(buffer.low_latency_dispatch(args, outputs, call));
+  if (dispatch_only) {
+    buffer.synchronize(stream);
+    return;
+  }
   // The experts' outputs are the caller's own memory, not the library's: from `scratch`.
   const Tensor expert_outputs = zeros(scratch, DType::kBFloat16,
                                       {shape.experts / ranks, static_cast<int64_t>(ranks) * shape.tokens, shape.hidden}, stream);
@@ -231,28 +242,44 @@ void Buffer::warm_up(cudaStream_t stream) {
   if (normal_fits) {
     const Timer phase(impl, "dummy round: layout, dispatch, combine");
     RoundResults kept;
-    normal_round(*this, small, small_config, *scratch, outputs, stream, kept);
+    normal_round(*this, small, /*use_fp8=*/false, small_config, *scratch, outputs, stream, kept);
   }
   if (low_latency_fits) {
     const Timer phase(impl, "dummy round: low-latency dispatch, combine");
     RoundResults kept;
     low_latency_round(*this, small, /*use_fp8=*/true, *scratch, outputs, stream, kept);
   }
+  // Full size: BF16 first, the larger receive format, so that FP8 calls fit in the memory it grew;
+  // then FP8 (where hidden allows its scales), whose first calls at this size cost more again.
   const WarmupShape& shape = impl.options.warmup_shape;
+  std::vector<bool> formats{false};
+  if (shape.hidden % kFp8ChannelsPerScale == 0) formats.push_back(true);
   if (shape.num_tokens > 0) {
     const Timer phase(impl, "full-size rounds: normal mode (output memory)");
     const RoundShape full{shape.num_tokens, shape.hidden, shape.num_topk, shape.num_experts};
     const Config config = full_size_config(impl.options.num_nvl_bytes, shape.hidden, ranks);
-    RoundResults kept;
-    for (int round = 0; round < kFullSizeRounds; ++round) normal_round(*this, full, config, *scratch, outputs, stream, kept);
+    for (const bool use_fp8 : formats) {
+      RoundResults kept;
+      for (int round = 0; round < kFullSizeRounds; ++round) {
+        normal_round(*this, full, use_fp8, config, *scratch, outputs, stream, kept);
+      }
+    }
   }
   if (shape.num_low_latency_tokens > 0) {
-    // BF16: the larger of the two receive formats, so FP8 calls fit in what it grew.
+    // Calls alternate between the two buffer sets, dispatch and combine alike: dispatch, combine,
+    // a lone dispatch, then dispatch and combine again use each set in each role (an odd number
+    // of calls, so the next format does too, the other way round). The lone dispatch's outputs go
+    // at once: two of each stay alive, as in steady state.
     const Timer phase(impl, "full-size rounds: low-latency mode (output memory)");
     const RoundShape full{shape.num_low_latency_tokens, shape.hidden, shape.num_topk, shape.num_experts};
-    RoundResults kept;
-    for (int round = 0; round < kFullSizeRounds; ++round) {
-      low_latency_round(*this, full, /*use_fp8=*/false, *scratch, outputs, stream, kept);
+    for (const bool use_fp8 : formats) {
+      RoundResults kept;
+      low_latency_round(*this, full, use_fp8, *scratch, outputs, stream, kept);
+      {
+        RoundResults dropped;
+        low_latency_round(*this, full, use_fp8, *scratch, outputs, stream, dropped, /*dispatch_only=*/true);
+      }
+      low_latency_round(*this, full, use_fp8, *scratch, outputs, stream, kept);
     }
   }
   synchronize(stream);

@@ -1,9 +1,9 @@
 // epcomm-bench --cold: what the first call costs. Each trial is a fresh set of rank processes: it
 // times the CUDA context, the Buffer's construction by phase, then the first, the second and the
 // steady (median) call of every op, from the host call to completion on the stream, ranks lined
-// up by a host barrier before each call and the GPU kept busy up to it (GpuKeptBusy). Buffers with
-// preinitialize get the run's warmup_shape, stream and output allocator. Records carry
-// first / steady, the number that preinitialize must bring to <= 1.10.
+// up by a host barrier before each call. Buffers with preinitialize get the run's warmup_shape,
+// stream and output allocator. Records carry first / steady, the number that preinitialize must
+// bring to <= 1.10.
 #include <algorithm>
 #include <chrono>
 #include <functional>
@@ -28,30 +28,10 @@ struct CallTimes {
   double steady_us = 0;
 };
 
-// Before every timed call the GPU is kept busy for a while, as a model's own kernels keep it: after
-// an idle gap (here, building the inputs on the host) its clocks are low, and the first call would
-// also pay their ramp, which is the GPU's and not a one-time cost of the library.
-constexpr size_t kBusyBytes = size_t{1} << 30;
-constexpr int kBusyMemsets = 2;  // about 0.7 ms of writes on an H200
-
-class GpuKeptBusy {
- public:
-  explicit GpuKeptBusy(cudaStream_t stream) : scratch_(kBusyBytes), stream_(stream) {}
-  void before_call() {
-    for (int i = 0; i < kBusyMemsets; ++i) EPCOMM_CUDA_CHECK(cudaMemsetAsync(scratch_.get(), i, kBusyBytes, stream_));
-    EPCOMM_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  }
-
- private:
-  testing::DeviceBytes scratch_;
-  cudaStream_t stream_;
-};
-
 // The slowest rank's first, second and median-steady times of `op`.
-CallTimes time_calls(BenchContext& context, GpuKeptBusy& busy, const std::function<void()>& op) {
+CallTimes time_calls(BenchContext& context, const std::function<void()>& op) {
   std::vector<double> samples;
   for (int call = 0; call < 2 + kSteadyCalls; ++call) {
-    busy.before_call();
     context.bootstrap->barrier();
     const auto start = std::chrono::steady_clock::now();
     op();
@@ -120,9 +100,8 @@ int run_cold_trial(BenchContext& context, double context_ms) {
   CallOptions call;
   call.stream = context.stream;
 
-  GpuKeptBusy busy(context.stream);
   std::vector<std::pair<const char*, CallTimes>> results;
-  results.emplace_back("layout", time_calls(context, busy, [&] {
+  results.emplace_back("layout", time_calls(context, [&] {
     buffer.get_dispatch_layout(ids_view, options.num_experts, layout, context.stream);
   }));
   DispatchArgs dispatch_args;
@@ -134,13 +113,13 @@ int run_cold_trial(BenchContext& context, double context_ms) {
   dispatch_args.is_token_in_rank = layout.is_token_in_rank;
   dispatch_args.config = bench_configs(context).front();
   DispatchResult kept;
-  results.emplace_back("dispatch", time_calls(context, busy, [&] { kept = buffer.dispatch(dispatch_args, *allocator, call); }));
+  results.emplace_back("dispatch", time_calls(context, [&] { kept = buffer.dispatch(dispatch_args, *allocator, call); }));
   testing::DeviceBytes expert_out(static_cast<size_t>(kept.handle.num_rows()) * options.hidden * sizeof(uint16_t));
   CombineArgs combine_args;
   combine_args.x = TensorView::contiguous(expert_out.get(), DType::kBFloat16, {kept.handle.num_rows(), options.hidden});
   combine_args.handle = &kept.handle;
   combine_args.config = dispatch_args.config;
-  results.emplace_back("combine", time_calls(context, busy, [&] { buffer.combine(combine_args, *allocator, call); }));
+  results.emplace_back("combine", time_calls(context, [&] { buffer.combine(combine_args, *allocator, call); }));
 
   const int ll_tokens = options.low_latency_tokens;
   LowLatencyDispatchArgs ll_args;
@@ -150,7 +129,7 @@ int run_cold_trial(BenchContext& context, double context_ms) {
   ll_args.num_experts = options.num_experts;
   ll_args.use_fp8 = true;
   LowLatencyDispatchResult ll_kept;
-  results.emplace_back("ll_dispatch", time_calls(context, busy, [&] { ll_kept = buffer.low_latency_dispatch(ll_args, *allocator, call); }));
+  results.emplace_back("ll_dispatch", time_calls(context, [&] { ll_kept = buffer.low_latency_dispatch(ll_args, *allocator, call); }));
   testing::DeviceBytes ll_out(static_cast<size_t>(options.num_experts / ranks) * ranks * ll_tokens * options.hidden * sizeof(uint16_t));
   testing::DeviceBytes weights(static_cast<size_t>(ll_tokens) * options.num_topk * sizeof(float));
   LowLatencyCombineArgs ll_back;
@@ -159,7 +138,7 @@ int run_cold_trial(BenchContext& context, double context_ms) {
   ll_back.topk_idx = ll_args.topk_idx;
   ll_back.topk_weights = TensorView::contiguous(weights.get(), DType::kFloat32, {ll_tokens, options.num_topk});
   ll_back.handle = &ll_kept.handle;
-  results.emplace_back("ll_combine", time_calls(context, busy, [&] { buffer.low_latency_combine(ll_back, *allocator, call); }));
+  results.emplace_back("ll_combine", time_calls(context, [&] { buffer.low_latency_combine(ll_back, *allocator, call); }));
   buffer.synchronize(context.stream);
 
   // Every rank's init, the slowest reported (ranks construct together: the exchange waits for all).
@@ -183,7 +162,6 @@ int run_cold_trial(BenchContext& context, double context_ms) {
         .set("trial", options.cold_trial)
         .set("preinitialize", options.cold_preinitialize)
         .set("cuda_context_ms", context_ms)
-        .set("gpu_busy_before_each_call", true)
         .set("init_ms", slowest_init)
         .set_json("init_phases", phases)
         .set("first_us", times.first_us)
