@@ -9,5 +9,7 @@ generator=()
 command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
 if [ ! -f "$build_dir/CMakeCache.txt" ]; then
   cmake -S . -B "$build_dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release "$@"
+else
+  cmake -S . -B "$build_dir" "$@" >/dev/null  # a kept folder still records the current revision
 fi
 cmake --build "$build_dir" -j "$jobs"

@@ -8,14 +8,12 @@
 #include "common/layout_workspace.hpp"
 #include "common/notify_results.hpp"
 #include "epcomm/error.hpp"
+#include "epcomm_git_revision.hpp"
 #include "kernels/launchers.hpp"
 #include "runtime/buffer_impl.hpp"
 #include "runtime/cuda_check.hpp"
 #include "runtime/validate.hpp"
 
-#ifndef EPCOMM_GIT_REVISION
-#define EPCOMM_GIT_REVISION "unknown"
-#endif
 
 namespace epcomm {
 namespace {

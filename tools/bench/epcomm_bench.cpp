@@ -14,14 +14,12 @@
 
 #include "bench/bench_context.hpp"
 #include "common/constants.hpp"
+#include "epcomm_git_revision.hpp"
 #include "support/launcher.hpp"
 #include "reference/reference.hpp"
 #include "reference/workload.hpp"
 #include "runtime/cuda_check.hpp"
 
-#ifndef EPCOMM_GIT_REVISION
-#define EPCOMM_GIT_REVISION "unknown"
-#endif
 
 namespace epcomm::bench {
 namespace {
