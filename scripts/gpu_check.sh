@@ -57,7 +57,7 @@ if [ "${EPCOMM_PYTHON:-1}" = 1 ]; then
   # The GPU machine is offline: scikit-build-core, nanobind, pytest and torch must be installed.
   if EPCOMM_PIP_OFFLINE=1 scripts/python_tests.sh >>"$results/tests.log" 2>&1; then
     note "python: $(grep -E '[0-9]+ passed' "$results/tests.log" | tail -1)"
-    if timeout 120 python3 examples/moe_layer.py --ranks 2 >>"$results/tests.log" 2>&1; then
+    if timeout 120 "${PYTHON:-python3}" examples/moe_layer.py --ranks 2 >>"$results/tests.log" 2>&1; then
       note "python example (examples/moe_layer.py --ranks 2): ok"
     else
       status=1; note "python example: FAILED (see tests.log)"

@@ -40,7 +40,9 @@ class Buffer {
   // Collective. Allocates the NVLink buffer, exchanges CUDA IPC handles through `bootstrap`, maps
   // every peer's buffer and (with options.preinitialize) does all one-time work.
   Buffer(std::shared_ptr<Bootstrap> bootstrap, const BufferOptions& options);
-  // Releases everything; collective like destroy(). Never throws: problems are printed.
+  // Releases everything; collective like destroy(). Never throws: problems are printed. Results
+  // made on the Buffer's own communication stream (dispatch handles) must be released first; see
+  // BufferOptions::comm_stream.
   ~Buffer();
   Buffer(Buffer&&) noexcept;
   Buffer& operator=(Buffer&&) noexcept;

@@ -62,11 +62,15 @@ struct BufferOptions {
   std::shared_ptr<Allocator> output_allocator;
   // The stream preinitialize runs the dummy rounds on: the one your calls will use (a stream's
   // first launch, and a caching allocator's per-stream free lists, are first-call costs too).
-  // Unset: the Buffer's communication stream.
+  // Unset: the Buffer's communication stream. With initialize_in_background the warmup runs on it
+  // from another thread while the caller goes on: give a stream that carries no work of the
+  // caller's (its kernels wait for other ranks) until the Buffer is ready, or leave it unset.
   std::optional<cudaStream_t> warmup_stream;
   // A stream of the caller's for the Buffer's communication work, instead of one it creates and
-  // destroys. For callers whose memory outlives the Buffer yet remembers the streams that used it
-  // (PyTorch's record_stream): give one that lives as long as that memory. Must be on `device`.
+  // destroys with itself. Results made on it (dispatch handles; outputs with
+  // allocate_on_comm_stream) are freed in its order: with the Buffer's own stream they must go
+  // before the Buffer; to keep them longer (or for memory that remembers the streams that used it,
+  // like PyTorch's record_stream), give a stream that lives as long as they do. On `device`.
   std::optional<cudaStream_t> comm_stream;
 
   // Throws InvalidArgument / Unsupported naming the field and value. `num_ranks` is the

@@ -62,14 +62,19 @@ class Buffer:
         # Communication runs on one of torch's pooled streams, which live for the process: tensors
         # that record_stream() it may be freed after this Buffer is gone (a stream the runtime
         # created and destroyed would then break torch's allocator).
-        self.comm_stream = torch.cuda.Stream(device=self.device)
+        # High priority, like deep_ep's: it does not share the low-priority pool with the caller's
+        # side streams.
+        self.comm_stream = torch.cuda.Stream(device=self.device, priority=-1)
         self.runtime = _C.Buffer(bootstrap, num_nvl_bytes=num_nvl_bytes, num_rdma_bytes=num_rdma_bytes,
                                  low_latency_mode=low_latency_mode, num_qps_per_rank=num_qps_per_rank,
                                  allow_nvlink_for_low_latency_mode=allow_nvlink_for_low_latency_mode,
                                  device=self.device, preinitialize=preinitialize,
                                  initialize_in_background=initialize_in_background, wait_timeout_ms=wait_timeout_ms,
                                  warmup_shape=warmup_shape if warmup_shape is not None else WarmupShape(),
-                                 output_allocator=self.allocator, warmup_stream=_torch.current_stream(),
+                                 # A background warmup must not interleave with the caller's work on
+                                 # its stream: it then uses the Buffer's own.
+                                 output_allocator=self.allocator,
+                                 warmup_stream=None if initialize_in_background else _torch.current_stream(),
                                  comm_stream=self.comm_stream.cuda_stream)
 
     def __del__(self) -> None:

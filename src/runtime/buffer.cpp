@@ -41,7 +41,6 @@ int resolve_device(int requested) {
 Buffer::Buffer(std::shared_ptr<Bootstrap> bootstrap, const BufferOptions& options) {
   if (!bootstrap) fail(ErrorCode::kInvalidArgument, "Buffer: bootstrap is null");
   options.validate(bootstrap->num_ranks());
-  detail::check_warmup_fits(options, bootstrap->num_ranks());
   impl_ = std::make_unique<Impl>();
   impl_->bootstrap = std::move(bootstrap);
   impl_->options = options;
@@ -104,6 +103,8 @@ void Buffer::Impl::initialize(int caller_device, bool background) {
                                     options.warmup_shape.num_low_latency_tokens, "/", options.warmup_shape.hidden, "/",
                                     options.warmup_shape.num_topk, "/", options.warmup_shape.num_experts);
   nvl.emplace(*bootstrap, device, static_cast<size_t>(options.num_nvl_bytes + options.num_rdma_bytes), agreed);
+  // After the agreement: every rank has the same options now, so every rank fails here alike.
+  detail::check_warmup_fits(options, bootstrap->num_ranks());
 }
 
 Buffer::Impl::~Impl() {

@@ -57,9 +57,21 @@ void BufferOptions::validate(int num_ranks) const {
     fail(ErrorCode::kInvalidArgument, "Buffer: warmup_shape.num_topk=", shape.num_topk, " must be in [1, num_experts=",
          shape.num_experts, "]");
   }
-  if (shape.num_low_latency_tokens > 0 && !low_latency_mode) {
-    fail(ErrorCode::kInvalidArgument, "Buffer: warmup_shape.num_low_latency_tokens=", shape.num_low_latency_tokens,
-         " needs low_latency_mode");
+  if (shape.num_tokens > 0 && (shape.num_topk > kLayoutMaxTopk || shape.num_experts > kLayoutMaxExperts)) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: warmup_shape.num_topk=", shape.num_topk, " and num_experts=",
+         shape.num_experts, " must be at most ", kLayoutMaxTopk, " and ", kLayoutMaxExperts, " for normal mode");
+  }
+  if (shape.num_low_latency_tokens > 0) {
+    if (!low_latency_mode) {
+      fail(ErrorCode::kInvalidArgument, "Buffer: warmup_shape.num_low_latency_tokens=", shape.num_low_latency_tokens,
+           " needs low_latency_mode");
+    }
+    if (shape.num_topk > kMaxLowLatencyTopk || shape.num_experts > kMaxLowLatencyExperts ||
+        static_cast<int64_t>(shape.num_low_latency_tokens) * shape.num_topk > kMaxLowLatencyPairs) {
+      fail(ErrorCode::kInvalidArgument, "Buffer: warmup_shape (num_low_latency_tokens=", shape.num_low_latency_tokens,
+           ", num_topk=", shape.num_topk, ", num_experts=", shape.num_experts, ") exceeds low-latency mode's limits: top-",
+           kMaxLowLatencyTopk, ", ", kMaxLowLatencyExperts, " experts, ", kMaxLowLatencyPairs, " tokens x top-k");
+    }
   }
 }
 

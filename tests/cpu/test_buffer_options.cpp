@@ -92,6 +92,13 @@ TEST(BufferOptions, WarmupShapeIsCheckedFieldByField) {
   options.warmup_shape.num_tokens = 0;
   options.low_latency_mode = false;
   EXPECT_NE(validation_error(options, 8).find("needs low_latency_mode"), std::string::npos);
+  options.low_latency_mode = true;
+  options.warmup_shape = WarmupShape{0, 128, 7168, 17, 256};
+  EXPECT_NE(validation_error(options, 8).find("exceeds low-latency mode's limits"), std::string::npos);
+  options.warmup_shape = WarmupShape{0, 4096, 7168, 8, 256};  // 32768 token x top-k pairs
+  EXPECT_NE(validation_error(options, 8).find("num_low_latency_tokens=4096"), std::string::npos);
+  options.warmup_shape = WarmupShape{4096, 0, 7168, 33, 256};
+  EXPECT_NE(validation_error(options, 8).find("warmup_shape.num_topk=33"), std::string::npos);
   // No shape, no checks of the other fields: they are unused.
   options.warmup_shape = WarmupShape{0, 0, 3, 0, 0};
   EXPECT_EQ(validation_error(options, 8), "");
