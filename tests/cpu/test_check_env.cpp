@@ -228,6 +228,28 @@ TEST(CheckEnvCollect, NvshmemPathVariable) {
   }
 }
 
+TEST(CheckEnvCollect, NvshmemFromNvshmemHomeAndPipWheels) {
+  namespace fs = std::filesystem;
+  const TempDir root;
+  const std::string home_library = root.path() + "/nvshmem/lib/libnvshmem_host.so.3";
+  const std::string wheel_library =
+      root.path() + "/venv/lib/python3.12/site-packages/nvidia/nvshmem/lib/libnvshmem_host.so.3";
+  for (const std::string& library : {home_library, wheel_library}) {
+    fs::create_directories(fs::path(library).parent_path());
+    std::ofstream(library) << "";
+  }
+  const ScopedEnv home("NVSHMEM_HOME", (root.path() + "/nvshmem").c_str());
+  const ScopedEnv venv("VIRTUAL_ENV", (root.path() + "/venv").c_str());
+  const std::vector<std::string> candidates = nvshmem_candidates();
+  const auto at = [&](const std::string& path) { return std::find(candidates.begin(), candidates.end(), path) - candidates.begin(); };
+  const auto end = static_cast<std::ptrdiff_t>(candidates.size());
+  ASSERT_LT(at(home_library), end);
+  ASSERT_LT(at(wheel_library), end);
+  ASSERT_LT(at("libnvshmem_host.so.3"), end);
+  EXPECT_LT(at(home_library), at("libnvshmem_host.so.3"));  // NVSHMEM_HOME before the loader's path
+  EXPECT_LT(at("libnvshmem_host.so.3"), at(wheel_library));  // which wins over a pip wheel
+}
+
 TEST(CheckEnvCollect, CudaVersionString) {
   EXPECT_EQ(cuda_version_string(13000), "13.0");
   EXPECT_EQ(cuda_version_string(12080), "12.8");

@@ -279,14 +279,68 @@ std::vector<InfinibandDevice> collect_infiniband(const std::string& sysfs_root, 
   return devices;
 }
 
-NvshmemInfo find_nvshmem() {
-  std::vector<std::string> candidates;
-  const char* explicit_path = std::getenv(kNvshmemPathVariable);
-  if (explicit_path != nullptr && *explicit_path != '\0') candidates.emplace_back(explicit_path);
-  candidates.emplace_back(kNvshmemSoname);
+namespace {
 
+std::string environment_value(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? value : "";
+}
+
+// Python installation prefixes a pip-installed NVSHMEM may live under.
+std::vector<std::filesystem::path> python_prefixes() {
+  std::vector<std::filesystem::path> prefixes;
+  for (const char* variable : {"VIRTUAL_ENV", "CONDA_PREFIX"}) {
+    if (const std::string value = environment_value(variable); !value.empty()) prefixes.emplace_back(value);
+  }
+  const std::string path = environment_value("PATH");
+  for (size_t start = 0; start <= path.size();) {
+    const size_t end = std::min(path.find(':', start), path.size());
+    const std::filesystem::path directory = path.substr(start, end - start);
+    std::error_code error;
+    if (!directory.empty() && std::filesystem::exists(directory / "python3", error)) {
+      prefixes.push_back(directory.parent_path());
+    }
+    start = end + 1;
+  }
+  if (const std::string home = environment_value("HOME"); !home.empty()) prefixes.emplace_back(home + "/.local");
+  prefixes.emplace_back("/usr/local");
+  prefixes.emplace_back("/usr");
+  return prefixes;
+}
+
+}  // namespace
+
+std::vector<std::string> nvshmem_candidates() {
+  std::vector<std::string> candidates;
+  if (const std::string path = environment_value(kNvshmemPathVariable); !path.empty()) candidates.push_back(path);
+  std::error_code error;
+  if (const std::string home = environment_value("NVSHMEM_HOME"); !home.empty()) {
+    const std::filesystem::path library = std::filesystem::path(home) / "lib" / kNvshmemSoname;
+    if (std::filesystem::exists(library, error)) candidates.push_back(library.string());
+  }
+  candidates.emplace_back(kNvshmemSoname);
+  const std::filesystem::path wheel_library = std::filesystem::path("nvidia") / "nvshmem" / "lib" / kNvshmemSoname;
+  for (const std::filesystem::path& prefix : python_prefixes()) {
+    std::vector<std::filesystem::path> site_directories{prefix / "lib" / "python3" / "dist-packages"};
+    for (const auto& entry : std::filesystem::directory_iterator(prefix / "lib", error)) {
+      if (entry.path().filename().string().rfind("python3", 0) != 0) continue;
+      site_directories.push_back(entry.path() / "site-packages");
+      site_directories.push_back(entry.path() / "dist-packages");
+    }
+    for (const std::filesystem::path& site : site_directories) {
+      const std::filesystem::path library = site / wheel_library;
+      if (std::filesystem::exists(library, error) &&
+          std::find(candidates.begin(), candidates.end(), library.string()) == candidates.end()) {
+        candidates.push_back(library.string());
+      }
+    }
+  }
+  return candidates;
+}
+
+NvshmemInfo find_nvshmem() {
   NvshmemInfo info;
-  for (const std::string& candidate : candidates) {
+  for (const std::string& candidate : nvshmem_candidates()) {
     const SharedLibrary library(candidate);
     if (!library.ok()) {
       append_error(info.detail, library.error());

@@ -93,7 +93,13 @@ bool mps_control_pipe_exists(const std::string& directory);
 // sorted by name; empty if there are none. `error` says why, when the root cannot be read.
 std::vector<InfinibandDevice> collect_infiniband(const std::string& sysfs_root, std::string* error);
 
-// Looks for NVSHMEM's host library: $EPCOMM_NVSHMEM_LIB first if set, then the loader's path.
+// Where NVSHMEM's host library may be, in the order tried: $EPCOMM_NVSHMEM_LIB, $NVSHMEM_HOME/lib,
+// the loader's path (the bare soname), then the pip wheel (nvidia-nvshmem-cu*) in the site-packages
+// of $VIRTUAL_ENV, $CONDA_PREFIX, each python3 on $PATH, ~/.local, /usr/local and /usr. Only files
+// that exist are listed, except the soname.
+std::vector<std::string> nvshmem_candidates();
+
+// Loads the first candidate that loads and reads its version.
 NvshmemInfo find_nvshmem();
 
 // 13000 -> "13.0", 12080 -> "12.8"; "none" for 0.

@@ -33,7 +33,9 @@ constexpr const char* kUsage =
     "  --json       print one JSON object instead of the text report\n"
     "  -h, --help   show this help\n"
     "\n"
-    "Environment: EPCOMM_NVSHMEM_LIB=PATH also looks for NVSHMEM's host library at PATH.\n"
+    "NVSHMEM's host library is looked for at $EPCOMM_NVSHMEM_LIB, $NVSHMEM_HOME/lib, the loader's\n"
+    "path, then in pip's nvidia-nvshmem wheel (site-packages of $VIRTUAL_ENV, $CONDA_PREFIX, each\n"
+    "python3 on $PATH, ~/.local, /usr/local, /usr).\n"
     "\n"
     "Exit status: 0 if nothing fatal was found; 1 if the configuration cannot work (including no\n"
     "usable GPU); 2 on usage errors.\n";
