@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -178,8 +179,10 @@ void Profiler::write_reports() {
   const std::vector<ProfileRecord> all = records();
   std::fprintf(stderr, "%s", format_profile_table(all, rank_).c_str());
   const char* directory = std::getenv("EPCOMM_PROFILE_DIR");
-  const std::string path = std::string(directory && directory[0] ? directory : ".") + "/epcomm_profile_rank" +
-                           std::to_string(rank_) + ".json";
+  const std::string folder = directory && directory[0] ? directory : ".";
+  std::error_code ignored;  // a folder that cannot be made shows as the write failing below
+  std::filesystem::create_directories(folder, ignored);
+  const std::string path = folder + "/epcomm_profile_rank" + std::to_string(rank_) + ".json";
   std::ofstream file(path);
   if (!file) {
     std::fprintf(stderr, "epcomm: warning: cannot write the profile trace to %s\n", path.c_str());

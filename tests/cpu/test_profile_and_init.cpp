@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include "epcomm/buffer.hpp"
@@ -81,6 +84,23 @@ TEST(ProfileSwitch, FollowsTheEnvironment) {
   setenv("EPCOMM_PROFILE", "1", 1);
   EXPECT_TRUE(detail::Profiler::enabled_by_environment());
   unsetenv("EPCOMM_PROFILE");
+}
+
+TEST(ProfileTrace, WrittenIntoAFolderItMakes) {
+  const std::string folder = ::testing::TempDir() + "epcomm-profile-test/nested";
+  std::filesystem::remove_all(::testing::TempDir() + "epcomm-profile-test");
+  setenv("EPCOMM_PROFILE_DIR", folder.c_str(), 1);
+  {
+    detail::Profiler profiler(7);
+    { detail::Profiler::Scope phase(&profiler, ProfileRecord::Kind::kInitPhase, "a phase", nullptr, false); }
+    profiler.write_reports();
+  }
+  unsetenv("EPCOMM_PROFILE_DIR");
+  std::ifstream trace(folder + "/epcomm_profile_rank7.json");
+  ASSERT_TRUE(trace.good()) << "no trace in " << folder;
+  const std::string text((std::istreambuf_iterator<char>(trace)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"a phase\""), std::string::npos) << text;
+  std::filesystem::remove_all(::testing::TempDir() + "epcomm-profile-test");
 }
 
 bool gpu_usable() {
