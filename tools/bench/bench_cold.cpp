@@ -2,8 +2,8 @@
 // times the CUDA context, the Buffer's construction by phase, then the first, the second and the
 // steady (median) call of every op, from the host call to completion on the stream, ranks lined
 // up by a host barrier before each call. Buffers with preinitialize get the run's warmup_shape,
-// stream and output allocator. Records carry first / steady, the number that preinitialize must
-// bring to <= 1.10.
+// stream and output allocator. A control op (a 4 KiB memset, no epcomm code) is timed first.
+// Records carry first / steady, the number that preinitialize must bring to <= 1.10.
 #include <algorithm>
 #include <chrono>
 #include <functional>
@@ -17,6 +17,7 @@ namespace epcomm::bench {
 namespace {
 
 constexpr int kSteadyCalls = 20;
+constexpr size_t kControlBytes = 4096;
 
 double elapsed_us(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
@@ -27,6 +28,23 @@ struct CallTimes {
   double second_us = 0;
   double steady_us = 0;
 };
+
+// How the records name each timed op's mode and data type.
+struct ColdOp {
+  const char* name;
+  const char* mode;
+  const char* dtype;
+};
+constexpr ColdOp kColdOps[] = {{"control", "control", "uint8"},      {"layout", "normal", "int64"},
+                               {"dispatch", "normal", "fp8"},        {"combine", "normal", "bf16"},
+                               {"ll_dispatch", "low_latency", "fp8"}, {"ll_combine", "low_latency", "bf16"}};
+
+const ColdOp& cold_op(const std::string& name) {
+  for (const ColdOp& op : kColdOps) {
+    if (name == op.name) return op;
+  }
+  fail(ErrorCode::kInternal, "epcomm-bench: no cold op named ", name);
+}
 
 // The slowest rank's first, second and median-steady times of `op`.
 CallTimes time_calls(BenchContext& context, const std::function<void()>& op) {
@@ -101,6 +119,14 @@ int run_cold_trial(BenchContext& context, double context_ms) {
   call.stream = context.stream;
 
   std::vector<std::pair<const char*, CallTimes>> results;
+  // The control runs no epcomm code. Timed first, right after the inputs were built on the host,
+  // it carries what the first GPU work after a host pause costs on this machine (the driver's and
+  // the GPU's idle states, cold CPU caches), which is no one-time cost of the library and which
+  // the first layout call would otherwise carry.
+  testing::DeviceBytes control_bytes(kControlBytes);
+  results.emplace_back("control", time_calls(context, [&] {
+    EPCOMM_CUDA_CHECK(cudaMemsetAsync(control_bytes.get(), 0, kControlBytes, context.stream));
+  }));
   results.emplace_back("layout", time_calls(context, [&] {
     buffer.get_dispatch_layout(ids_view, options.num_experts, layout, context.stream);
   }));
@@ -154,10 +180,10 @@ int run_cold_trial(BenchContext& context, double context_ms) {
   }
   phases += "}";
   for (const auto& [op, times] : results) {
-    const bool low_latency = op[0] == 'l' && op[1] == 'l';
-    Record record = context.base_record(op, low_latency ? "low_latency" : "normal");
-    record.set("tokens", low_latency ? ll_tokens : tokens)
-        .set("dtype", op == std::string("combine") || op == std::string("ll_combine") ? "bf16" : (op == std::string("layout") ? "int64" : "fp8"))
+    const ColdOp& kind = cold_op(op);
+    Record record = context.base_record(op, kind.mode);
+    record.set("tokens", std::string(kind.mode) == "low_latency" ? ll_tokens : tokens)
+        .set("dtype", kind.dtype)
         .set("sms", dispatch_args.config.num_sms)
         .set("trial", options.cold_trial)
         .set("preinitialize", options.cold_preinitialize)
