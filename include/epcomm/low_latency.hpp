@@ -24,7 +24,7 @@ class LowLatencyHandle {
   LowLatencyHandle() = default;
   bool empty() const { return !state_; }
   TensorView recv_src_info() const;    // int32 [E_local, R * M]: source token of each row, -1 if unused
-  TensorView recv_count_from() const;  // int32 [E_local, R]: rows from each source rank
+  TensorView recv_count_from() const;  // int32 [E_local, R]: rows from each source rank (packed in rank order)
   int num_max_dispatch_tokens_per_rank() const;
   int hidden() const;
   int num_experts() const;

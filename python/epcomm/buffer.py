@@ -19,10 +19,8 @@ class Buffer:
       - everything runs inside one node (NVLink); num_rdma_bytes is the low-latency region, shared
         over CUDA IPC like the NVLink buffer (across nodes needs NVSHMEM, not in this build);
       - the dispatch handle is an opaque object (deep_ep returns a tuple of tensors);
-      - low-latency ``recv_x`` rows are not packed: expert ``e``'s rows from source rank ``s``
-        are ``[e, s*M : s*M + n]`` with ``n = handle.recv_count_from[e, s]`` and ``M`` the
-        ``num_max_dispatch_tokens_per_rank`` (deep_ep packs them into ``[e, 0 : recv_count[e]]``,
-        which masked grouped GEMMs rely on); rows in between are unspecified;
+      - low-latency ``recv_x`` rows are packed like deep_ep's (``[e, 0 : recv_count[e]]``), but
+        in source-rank order rather than arrival order, so the layout is deterministic;
       - low-latency FP8 scales are row-major [E_local, R*M, hidden/128] (deep_ep's are
         column-major in the token dimension);
       - ``preinitialize`` / ``initialize_in_background`` / ``warmup()`` exist to pay every

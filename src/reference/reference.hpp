@@ -93,10 +93,12 @@ std::vector<NormalCombineRankOutput> normal_combine(
     const std::vector<std::vector<uint16_t>>& bias0 = {}, const std::vector<std::vector<uint16_t>>& bias1 = {});
 
 // ---------------------------------------------------------------------------------------------
-// Low-latency mode. Each (token, k) pair with expert e >= 0 is written to the owner rank's buffer
-// for local expert le = local_id(e), at slot [le, s * M + j]: the j-th such pair (ordered by token
-// index, then k) that source rank s sends to that expert. M = max_tokens_per_rank. More than M
-// pairs from one source to one expert (possible only with repeated ids) throw InvalidArgument.
+// Low-latency mode. Each (token, k) pair with expert e >= 0 is received by the owner rank for
+// local expert le = local_id(e), at row [le, r]: rows are packed in source order, so
+// r = (pairs that sources 0..s-1 send to e) + j for the j-th such pair (ordered by token index,
+// then k) that source rank s sends. M = max_tokens_per_rank; rows from r = recv_count[le] up to
+// R * M are unused. More than M pairs from one source to one expert (possible only with repeated
+// ids) throw InvalidArgument.
 struct LowLatencyShape {
   int hidden = 0;
   int num_topk = 0;

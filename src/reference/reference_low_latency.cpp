@@ -46,12 +46,15 @@ void check_args(const char* op, const std::vector<LowLatencyRankInput>& inputs, 
   }
 }
 
-// Per source rank, [T, num_topk]: the slot in [0, R * M) of each (token, k) pair within its
-// expert's buffer on the owner rank, or kNoSlot for id -1. Source s owns slots [s * M, (s + 1) * M).
+// Per source rank, [T, num_topk]: the row in [0, R * M) of each (token, k) pair among its
+// expert's rows on the owner rank, or kNoSlot for id -1. Rows are packed in source order: source
+// s's pairs to an expert, in (t, k) order, follow those of sources 0..s-1 (deep_ep's packed layout,
+// made deterministic). At most M pairs from one source to one expert.
 std::vector<std::vector<int>> assign_slots(const char* op, const std::vector<LowLatencyRankInput>& inputs,
                                            const ExpertPartition& partition, const LowLatencyShape& shape) {
   const int max_tokens = shape.max_tokens_per_rank;
   std::vector<std::vector<int>> slots(inputs.size());
+  std::vector<int> rows_before(partition.num_experts, 0);  // rows of earlier sources, per expert
   for (size_t source = 0; source < inputs.size(); ++source) {
     const LowLatencyRankInput& in = inputs[source];
     std::vector<int> pairs_sent(partition.num_experts, 0);
@@ -65,8 +68,9 @@ std::vector<std::vector<int>> assign_slots(const char* op, const std::vector<Low
         fail(ErrorCode::kInvalidArgument, op, ": inputs[", source, "] sends more than max_tokens_per_rank = ",
              max_tokens, " (token, k) pairs to expert ", expert);
       }
-      slots[source][pair] = static_cast<int>(source) * max_tokens + index;
+      slots[source][pair] = rows_before[expert] + index;
     }
+    for (int expert = 0; expert < partition.num_experts; ++expert) rows_before[expert] += pairs_sent[expert];
   }
   return slots;
 }

@@ -50,14 +50,15 @@ std::vector<uint16_t> slot_row(const std::vector<uint16_t>& buffer, int local_ex
 TEST(LowLatencyDispatch, HandWorkedSlotPlacement) {
   const auto out = low_latency_dispatch(two_rank_inputs(), ExpertPartition(4, kRanks), bf16_shape());
   ASSERT_EQ(out.size(), 2u);
-  // Rank 0, local expert 1 (expert 1): source 0 fills slots 0-1, source 1 fills slots 3-4.
+  // Rank 0, local expert 1 (expert 1): packed in source order, source 0's two rows (tokens 0
+  // and 2) then source 1's two (token 1, both k); rows 4-5 unused.
   EXPECT_EQ(out[0].recv_count, (std::vector<int32_t>{0, 4}));
   EXPECT_EQ(out[0].recv_count_from, (std::vector<int32_t>{0, 0, 2, 2}));
-  EXPECT_EQ(out[0].recv_src_token, (std::vector<int32_t>{-1, -1, -1, -1, -1, -1, 0, 2, -1, 1, 1, -1}));
+  EXPECT_EQ(out[0].recv_src_token, (std::vector<int32_t>{-1, -1, -1, -1, -1, -1, 0, 2, 1, 1, -1, -1}));
   EXPECT_EQ(slot_row(out[0].recv_x_bf16, 1, 0), bf16_of({1, 2}));
   EXPECT_EQ(slot_row(out[0].recv_x_bf16, 1, 1), bf16_of({5, 6}));
+  EXPECT_EQ(slot_row(out[0].recv_x_bf16, 1, 2), bf16_of({9, 10}));
   EXPECT_EQ(slot_row(out[0].recv_x_bf16, 1, 3), bf16_of({9, 10}));
-  EXPECT_EQ(slot_row(out[0].recv_x_bf16, 1, 4), bf16_of({9, 10}));
   // Rank 1, local expert 0 (expert 2): all three tokens of source 0, in token order.
   EXPECT_EQ(out[1].recv_count, (std::vector<int32_t>{3, 0}));
   EXPECT_EQ(out[1].recv_count_from, (std::vector<int32_t>{3, 0, 0, 0}));
@@ -208,8 +209,8 @@ TEST(LowLatencyCombine, WeightedSumOverTopkSlots) {
   };
   set_row(0, 1, 0, 1, 2);     // source 0 token 0, k 0
   set_row(0, 1, 1, 3, 4);     // source 0 token 2, k 1
-  set_row(0, 1, 3, 5, 6);     // source 1 token 1, k 0
-  set_row(0, 1, 4, 7, 8);     // source 1 token 1, k 1
+  set_row(0, 1, 2, 5, 6);     // source 1 token 1, k 0 (packed after source 0's two rows)
+  set_row(0, 1, 3, 7, 8);     // source 1 token 1, k 1
   set_row(1, 0, 0, 10, 20);   // source 0 token 0, k 1
   set_row(1, 0, 1, 30, 40);   // source 0 token 1, k 0
   set_row(1, 0, 2, 50, 60);   // source 0 token 2, k 0

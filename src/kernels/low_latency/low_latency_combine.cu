@@ -1,7 +1,8 @@
 // Low-latency combine: the reverse of the low-latency dispatch.
 //
-// Send phase: one warp per received row (strided over the grid) writes the expert output into
-// the source rank's slot for that (token, k); the last block to finish publishes, per source
+// Send phase: one warp per received row (strided over the grid; rows packed per expert in source
+// order, as dispatch returned them) writes the expert output into the source rank's slot for
+// that (token, k); the last block to finish publishes, per source
 // rank, (epoch, rows sent there).
 // Receive phase: every block waits for every rank's flag, then warps sum each token's K outputs
 // (a chunk of the row per warp) weighted by topk_weights: each product rounded, added in k order
@@ -27,9 +28,12 @@ __device__ void send_rows(const device::IpcTransport& transport, const LowLatenc
   const size_t warps = static_cast<size_t>(gridDim.x) * kLowLatencyWarpsPerBlock;
   for (size_t row = static_cast<size_t>(blockIdx.x) * kLowLatencyWarpsPerBlock + device::warp_id(); row < total; row += warps) {
     const int local_expert = static_cast<int>(row / rows_per_expert);
-    const int source = static_cast<int>((row % rows_per_expert) / common.max_tokens);
-    const int index = static_cast<int>(row % common.max_tokens);
-    if (index >= args.recv_count_from[static_cast<size_t>(local_expert) * context.num_ranks + source]) continue;
+    const int position = static_cast<int>(row % rows_per_expert);
+    // Dispatch packed the expert's rows in source order: find the source whose rows hold this one.
+    const int32_t* counts = args.recv_count_from + static_cast<size_t>(local_expert) * context.num_ranks;
+    int source = 0;
+    for (int first = 0; source < context.num_ranks && position >= first + counts[source]; ++source) first += counts[source];
+    if (source == context.num_ranks) continue;  // past the expert's count
     const int token = args.recv_src_info[row];
     const int k = args.recv_src_k[row];
     device::warp_copy(layout.returned(transport.region(source), common.set_index, token, k),

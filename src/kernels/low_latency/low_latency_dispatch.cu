@@ -6,7 +6,8 @@
 // sends its tokens: reads the row once and writes it to every destination slot. The last block to
 // finish publishes, per expert, (epoch, count) to the expert's owner.
 // Receive phase: one block per local expert (strided), a team of warps per source rank waits for
-// that source's flag and copies the rows into the outputs.
+// that source's flag; once the block knows every source's count, each team copies its rows into
+// the outputs, packed in source order.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -189,9 +190,11 @@ __device__ void send_chunk(const device::IpcTransport& transport, const LowLaten
   }
 }
 
+// The outputs keep deep_ep's packed layout, deterministically: an expert's rows from source s
+// follow those of sources 0..s-1, so each team needs the counts of the sources before its own.
 __device__ void receive_expert(const device::IpcTransport& transport, const LowLatencyDispatchKernelArgs& args, const KernelContext& context,
                                const LowLatencyLayout& layout, int local_expert, uint64_t epoch) {
-  __shared__ int32_t expert_total;
+  __shared__ int32_t source_rows[kLowLatencyWarpsPerBlock];  // a team per source, a warp at least each
   const LowLatencyCommon& common = args.common;
   void* own_region = transport.region(context.rank);
   const int num_ranks = context.num_ranks;
@@ -199,33 +202,35 @@ __device__ void receive_expert(const device::IpcTransport& transport, const LowL
   const int source = device::warp_id() / warps_per_source;
   const int warp_in_team = device::warp_id() % warps_per_source;
   const int lane = device::lane_id();
-  if (threadIdx.x == 0) expert_total = 0;
-  __syncthreads();
 
+  int rows = 0;
   if (source < num_ranks) {
     uint64_t flag = 0;
     if (lane == 0) {
       const uint64_t* address = layout.dispatch_flag(own_region, common.set_index, local_expert, source);
       const device::WaitSite site{DeviceOp::kLowLatencyDispatch, WaitTarget::kLowLatencyFlag, source, local_expert};
       transport.wait(address, epoch << 32, context, site);
-      flag = device::ld_acquire_sys(address);
+      flag = device::ld_acquire_sys(address);  // every copying warp acquires for its own reads
     }
     flag = __shfl_sync(0xffffffffu, flag, 0);
     // A timed-out wait leaves an old epoch: take no rows (the error is already recorded).
-    const int rows = (flag >> 32) == epoch ? min(static_cast<int>(flag & 0xffffffffu), common.max_tokens) : 0;
+    rows = (flag >> 32) == epoch ? min(static_cast<int>(flag & 0xffffffffu), common.max_tokens) : 0;
+    if (warp_in_team == 0 && lane == 0) source_rows[source] = rows;
+  }
+  __syncthreads();
+  int first_row = 0;  // this source's first row within the expert's
+  int total = 0;
+  for (int earlier = 0; earlier < num_ranks; ++earlier) {
+    if (earlier < source) first_row += source_rows[earlier];
+    total += source_rows[earlier];
+  }
+  const size_t expert_rows = static_cast<size_t>(local_expert) * num_ranks * common.max_tokens;
+  if (source < num_ranks) {
     const size_t row_bytes = static_cast<size_t>(common.hidden) * (args.use_fp8 ? 1 : 2);
     const int scale_words = args.use_ue8m0 ? common.hidden / (kFp8ChannelsPerScale * kUe8m0GroupsPerInt)
                                             : common.hidden / kFp8ChannelsPerScale;
-    const size_t first_out = (static_cast<size_t>(local_expert) * num_ranks + source) * common.max_tokens;
-    for (int j = warp_in_team; j < common.max_tokens; j += warps_per_source) {
-      const size_t out = first_out + j;
-      if (j >= rows) {
-        if (lane == 0) {
-          args.recv_src_info[out] = -1;
-          args.recv_src_k[out] = -1;
-        }
-        continue;
-      }
+    for (int j = warp_in_team; j < rows; j += warps_per_source) {
+      const size_t out = expert_rows + first_row + j;
       const size_t slot = layout.slot(local_expert, source, j);
       device::warp_copy<true>(static_cast<char*>(args.recv_x) + out * row_bytes, layout.row(own_region, common.set_index, slot),
                               row_bytes);
@@ -240,16 +245,18 @@ __device__ void receive_expert(const device::IpcTransport& transport, const LowL
         args.recv_src_k[out] = meta.y;
       }
     }
-    if (warp_in_team == 0 && lane == 0) {
-      args.recv_count_from[static_cast<size_t>(local_expert) * num_ranks + source] = rows;
-      atomicAdd(&expert_total, rows);
-    }
+    if (warp_in_team == 0 && lane == 0) args.recv_count_from[static_cast<size_t>(local_expert) * num_ranks + source] = rows;
   }
-  __syncthreads();
+  // The rows past the expert's count come from no source.
+  for (int row = total + static_cast<int>(threadIdx.x); row < num_ranks * common.max_tokens; row += blockDim.x) {
+    args.recv_src_info[expert_rows + row] = -1;
+    args.recv_src_k[expert_rows + row] = -1;
+  }
   if (threadIdx.x == 0) {
-    args.recv_count[local_expert] = expert_total;
-    if (args.cumulative_stats != nullptr) atomicAdd(&args.cumulative_stats[local_expert], expert_total);
+    args.recv_count[local_expert] = total;
+    if (args.cumulative_stats != nullptr) atomicAdd(&args.cumulative_stats[local_expert], total);
   }
+  __syncthreads();  // source_rows is this block's again for its next expert
 }
 
 __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
