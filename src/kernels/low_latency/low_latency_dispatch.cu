@@ -226,6 +226,9 @@ __device__ void receive_expert(const device::IpcTransport& transport, const LowL
   }
   const size_t expert_rows = static_cast<size_t>(local_expert) * num_ranks * common.max_tokens;
   if (source < num_ranks) {
+    // The team's count is its first warp's: a warp whose wait ended differently (a timeout, already
+    // recorded) must not write into the next source's rows.
+    rows = min(rows, source_rows[source]);
     const size_t row_bytes = static_cast<size_t>(common.hidden) * (args.use_fp8 ? 1 : 2);
     const int scale_words = args.use_ue8m0 ? common.hidden / (kFp8ChannelsPerScale * kUe8m0GroupsPerInt)
                                             : common.hidden / kFp8ChannelsPerScale;
