@@ -12,7 +12,7 @@ else()
   endif()
 endif()
 message(STATUS "epcomm revision: ${EPCOMM_GIT_REVISION}")
-# A header, rewritten only when the revision changes: a new commit recompiles its two users
-# (buffer.cpp and the bench) and relinks. (scripts/build.sh configures on every build, so a kept
-# build folder follows HEAD.)
-configure_file(${PROJECT_SOURCE_DIR}/cmake/git_revision.hpp.in ${PROJECT_BINARY_DIR}/generated/epcomm_git_revision.hpp)
+# A header (with the CUDA architectures too), rewritten only when its contents change: a new
+# commit recompiles its two users (buffer.cpp and the bench) and relinks. (scripts/build.sh
+# configures on every build, so a kept build folder follows HEAD.)
+configure_file(${PROJECT_SOURCE_DIR}/cmake/build_info.hpp.in ${PROJECT_BINARY_DIR}/generated/epcomm_build_info.hpp)

@@ -120,6 +120,8 @@ class Buffer {
 
   // Library version and the git revision it was built from, e.g. "0.1.0 (3f2c9a1b0d4e)".
   static std::string version();
+  // The CUDA architectures the kernels were built for (CMake's list), e.g. "90-real;90-virtual".
+  static std::string cuda_architectures();
 
   struct Impl;  // the implementation's state; opaque outside the library
 

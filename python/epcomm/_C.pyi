@@ -12,6 +12,9 @@ import torch
 def version() -> str:
     """Library version and the git revision it was built from."""
 
+def cuda_architectures() -> str:
+    """The CUDA architectures the kernels were built for (CMake's list)."""
+
 class DType(enum.IntEnum):
     bfloat16 = 0
 
@@ -64,11 +67,7 @@ class Event:
     def empty(self) -> bool: ...
 
 class Config:
-    @overload
-    def __init__(self) -> None: ...
-
-    @overload
-    def __init__(self, num_sms: int, num_max_nvl_chunked_send_tokens: int, num_max_nvl_chunked_recv_tokens: int, num_max_rdma_chunked_send_tokens: int = 6, num_max_rdma_chunked_recv_tokens: int = 256) -> None: ...
+    def __init__(self, num_sms: int = 24, num_max_nvl_chunked_send_tokens: int = 8, num_max_nvl_chunked_recv_tokens: int = 128, num_max_rdma_chunked_send_tokens: int = 6, num_max_rdma_chunked_recv_tokens: int = 256) -> None: ...
 
     @property
     def num_sms(self) -> int: ...

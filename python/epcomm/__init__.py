@@ -19,4 +19,14 @@ def version() -> str:
     return _C.version()
 
 
+def __getattr__(name: str):
+    # deep_ep exports topk_idx_t, the torch dtype of top-k expert ids; resolved on use, so that
+    # importing epcomm needs no torch.
+    if name == "topk_idx_t":
+        import torch
+
+        return torch.int64
+    raise AttributeError(f"module 'epcomm' has no attribute {name!r}")
+
+
 __all__ = ["Buffer", "Config", "EventOverlap", "TensorView", "WarmupShape", "low_latency_buffer_size_hint", "version"]

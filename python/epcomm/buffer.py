@@ -19,6 +19,8 @@ class Buffer:
       - everything runs inside one node (NVLink); num_rdma_bytes is the low-latency region, shared
         over CUDA IPC like the NVLink buffer (across nodes needs NVSHMEM, not in this build);
       - the dispatch handle is an opaque object (deep_ep returns a tuple of tensors);
+      - ``Config()``'s defaults and the recommended configs are epcomm's own (24 SMs, chunks of 8,
+        rings of 128 tokens), as is ``Buffer.num_sms`` (24);
       - low-latency ``recv_x`` rows are packed like deep_ep's (``[e, 0 : recv_count[e]]``), but
         in source-rank order rather than arrival order, so the layout is deterministic;
       - low-latency FP8 scales are row-major [E_local, R*M, hidden/128] (deep_ep's are
@@ -90,6 +92,11 @@ class Buffer:
                 pass
 
     # ---- configuration (deep_ep's static helpers) ----
+    @staticmethod
+    def is_sm90_compiled() -> bool:
+        """Whether the kernels were built for sm_90 (Hopper): CMAKE_CUDA_ARCHITECTURES names 90."""
+        return any(arch.split("-")[0] == "90" for arch in _C.cuda_architectures().split(";"))
+
     @staticmethod
     def set_num_sms(new_num_sms: int) -> None:
         if new_num_sms % 2 != 0 or new_num_sms < 2:

@@ -71,8 +71,9 @@ void bind_types(nb::module_& m) {
       .def("synchronize", &Event::synchronize, nb::call_guard<nb::gil_scoped_release>())
       .def("query", &Event::query)
       .def_prop_ro("empty", &Event::empty);
+  // Every argument optional, as deep_ep's; the defaults are epcomm's (default_dispatch_config).
+  const Config defaults;
   nb::class_<Config>(m, "Config")
-      .def(nb::init<>())
       .def("__init__",
            [](Config* self, int num_sms, int nvl_send, int nvl_recv, int rdma_send, int rdma_recv) {
              new (self) Config();
@@ -82,8 +83,11 @@ void bind_types(nb::module_& m) {
              self->num_max_rdma_chunked_send_tokens = rdma_send;
              self->num_max_rdma_chunked_recv_tokens = rdma_recv;
            },
-           nb::arg("num_sms"), nb::arg("num_max_nvl_chunked_send_tokens"), nb::arg("num_max_nvl_chunked_recv_tokens"),
-           nb::arg("num_max_rdma_chunked_send_tokens") = 6, nb::arg("num_max_rdma_chunked_recv_tokens") = 256)
+           nb::arg("num_sms") = defaults.num_sms,
+           nb::arg("num_max_nvl_chunked_send_tokens") = defaults.num_max_nvl_chunked_send_tokens,
+           nb::arg("num_max_nvl_chunked_recv_tokens") = defaults.num_max_nvl_chunked_recv_tokens,
+           nb::arg("num_max_rdma_chunked_send_tokens") = defaults.num_max_rdma_chunked_send_tokens,
+           nb::arg("num_max_rdma_chunked_recv_tokens") = defaults.num_max_rdma_chunked_recv_tokens)
       .def_rw("num_sms", &Config::num_sms)
       .def_rw("num_max_nvl_chunked_send_tokens", &Config::num_max_nvl_chunked_send_tokens)
       .def_rw("num_max_nvl_chunked_recv_tokens", &Config::num_max_nvl_chunked_recv_tokens)

@@ -25,5 +25,7 @@ NB_MODULE(_C, module) {
     }
   });
   module.def("version", &epcomm::Buffer::version, "Library version and the git revision it was built from.");
+  module.def("cuda_architectures", &epcomm::Buffer::cuda_architectures,
+             "The CUDA architectures the kernels were built for (CMake's list).");
   epcomm::python::bind_buffer(module);
 }

@@ -20,6 +20,20 @@ def test_import_needs_no_torch_and_reports_a_version():
         assert hasattr(epcomm, name)
 
 
+def test_deep_ep_helpers_exist():
+    assert epcomm.Buffer.is_sm90_compiled()  # the default build: 90-real;90-virtual
+    assert "90" in _C.cuda_architectures()
+    config = epcomm.Config(20)  # every argument optional, as deep_ep's
+    assert config.num_sms == 20 and config.num_max_nvl_chunked_recv_tokens == epcomm.Config().num_max_nvl_chunked_recv_tokens
+    assert epcomm.Config(num_sms=22, num_max_nvl_chunked_send_tokens=6).num_max_nvl_chunked_send_tokens == 6
+    if HAS_TORCH:
+        import torch
+
+        assert epcomm.topk_idx_t == torch.int64
+    with pytest.raises(AttributeError):
+        epcomm.no_such_name  # noqa: B018
+
+
 def test_dispatch_and_combine_configs_follow_deep_ep_names():
     config = epcomm.Buffer.get_dispatch_config(8)
     assert config.num_sms == 24

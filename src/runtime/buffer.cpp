@@ -8,7 +8,7 @@
 #include "common/layout_workspace.hpp"
 #include "common/notify_results.hpp"
 #include "epcomm/error.hpp"
-#include "epcomm_git_revision.hpp"
+#include "epcomm_build_info.hpp"
 #include "kernels/launchers.hpp"
 #include "runtime/buffer_impl.hpp"
 #include "runtime/cuda_check.hpp"
@@ -280,5 +280,7 @@ void* Buffer::local_nvl_buffer() const {
 std::string Buffer::version() {
   return join_message(EPCOMM_VERSION_STRING, " (", EPCOMM_GIT_REVISION, ")");
 }
+
+std::string Buffer::cuda_architectures() { return EPCOMM_CUDA_ARCHITECTURES; }
 
 }  // namespace epcomm

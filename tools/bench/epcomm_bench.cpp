@@ -14,7 +14,7 @@
 
 #include "bench/bench_context.hpp"
 #include "common/constants.hpp"
-#include "epcomm_git_revision.hpp"
+#include "epcomm_build_info.hpp"
 #include "support/launcher.hpp"
 #include "reference/reference.hpp"
 #include "reference/workload.hpp"
