@@ -199,6 +199,12 @@ void bind_buffer(nb::module_& m) {
       .def_prop_ro("rank", &Buffer::rank)
       .def_prop_ro("num_ranks", &Buffer::num_ranks)
       .def_prop_ro("device", &Buffer::device, nb::call_guard<nb::gil_scoped_release>())
+      // deep_ep's runtime queries, for code that reaches into Buffer.runtime. One node: one RDMA
+      // rank (0), whose root is this rank's node-local peer of the same index, i.e. this rank.
+      .def("get_num_rdma_ranks", [](const Buffer&) { return 1; })
+      .def("get_rdma_rank", [](const Buffer&) { return 0; })
+      .def("get_root_rdma_rank", [](const Buffer& b, bool global) { return global ? b.rank() : 0; }, nb::arg("global"))
+      .def("get_local_device_id", &Buffer::device, nb::call_guard<nb::gil_scoped_release>())
       .def("is_available", &Buffer::is_available, nb::call_guard<nb::gil_scoped_release>())
       .def("comm_stream", [](const Buffer& b) { return reinterpret_cast<uintptr_t>(b.comm_stream()); },
            nb::call_guard<nb::gil_scoped_release>())

@@ -32,6 +32,8 @@ def test_deep_ep_helpers_exist():
         assert epcomm.topk_idx_t == torch.int64
     with pytest.raises(AttributeError):
         epcomm.no_such_name  # noqa: B018
+    for name in ("get_num_rdma_ranks", "get_rdma_rank", "get_root_rdma_rank", "get_local_device_id"):
+        assert hasattr(_C.Buffer, name), name  # deep_ep's runtime queries, on Buffer.runtime
 
 
 def test_dispatch_and_combine_configs_follow_deep_ep_names():
