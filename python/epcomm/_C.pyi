@@ -255,4 +255,9 @@ class Buffer:
 
     def get_next_low_latency_combine_buffer(self, handle: LowLatencyHandle) -> Annotated[torch.Tensor, dict(device='cuda')]: ...
 
+    def local_buffer_bytes(self, use_rdma_buffer: bool) -> Annotated[torch.Tensor, dict(device='cuda')]:
+        """
+        This rank's raw NVLink buffer (or low-latency region) as uint8, over the Buffer's memory.
+        """
+
     def clean_low_latency_buffer(self, arg0: int, arg1: int, arg2: int, arg3: int, /) -> None: ...

@@ -129,6 +129,25 @@ class Buffer:
         """Pay every one-time cost now (collective); see the C++ Buffer::warmup."""
         self.runtime.warmup(_torch.current_stream())
 
+    def get_local_buffer_tensor(self, dtype, size=None, offset: int = 0, use_rdma_buffer: bool = False):
+        """This rank's raw NVLink buffer (or, with use_rdma_buffer, the low-latency region) from byte
+        `offset` on, as a tensor of `dtype` (shaped `size` if given), over the Buffer's memory: the
+        same memory the calls use, so write to it only between them, knowing the layout."""
+        import torch
+
+        raw = self.runtime.local_buffer_bytes(use_rdma_buffer)
+        if offset < 0 or offset > raw.numel():
+            raise ValueError(f"epcomm: offset={offset} is outside the buffer's {raw.numel()} bytes")
+        element = torch.empty((), dtype=dtype).element_size()
+        available = (raw.numel() - offset) // element
+        tensor = raw[offset:offset + available * element].view(dtype)
+        if size is None:
+            return tensor
+        count = torch.Size(size).numel()
+        if count > available:
+            raise ValueError(f"epcomm: size={tuple(size)} needs {count} elements, the buffer has {available} from offset={offset}")
+        return tensor[:count].view(size)
+
     def get_comm_stream(self):
         return self.comm_stream
 

@@ -334,6 +334,23 @@ void bind_buffer(nb::module_& m) {
                                                                nb::device::cuda::value, buffer.device());
            },
            nb::arg("handle"))
+      .def("local_buffer_bytes",
+           [](nb::handle self, bool use_rdma_buffer) {
+             Buffer& buffer = nb::cast<Buffer&>(self);
+             char* base = nullptr;
+             {
+               nb::gil_scoped_release release;  // may wait for a background initialisation
+               base = static_cast<char*>(buffer.local_nvl_buffer());
+             }
+             if (base == nullptr) fail(ErrorCode::kInvalidArgument, "local_buffer_bytes: the Buffer was destroyed");
+             // The low-latency region follows the NVLink bytes in the same allocation.
+             const int64_t bytes = use_rdma_buffer ? buffer.options().num_rdma_bytes : buffer.options().num_nvl_bytes;
+             char* data = use_rdma_buffer ? base + buffer.options().num_nvl_bytes : base;
+             const size_t shape[1] = {static_cast<size_t>(bytes)};
+             return nb::ndarray<nb::pytorch, nb::device::cuda>(data, 1, shape, self, nullptr, nb::dtype<uint8_t>(),
+                                                               nb::device::cuda::value, buffer.device());
+           },
+           nb::arg("use_rdma_buffer"), "This rank's raw NVLink buffer (or low-latency region) as uint8, over the Buffer's memory.")
       .def("clean_low_latency_buffer",
            [](Buffer& b, int max_tokens, int hidden, int num_experts, uintptr_t stream) {
              b.clean_low_latency_buffer(max_tokens, hidden, num_experts, as_stream(stream));

@@ -81,6 +81,13 @@ def _rank_main(rank: int, num_ranks: int, port: int) -> None:
             accumulated = torch.where(topk_idx[:, k:k + 1] >= 0, accumulated + product, accumulated)
         assert torch.equal(out, accumulated.to(torch.bfloat16)), f"rank {rank}: low-latency round trip differs"
     torch.cuda.synchronize()
+
+    # deep_ep's raw views of the buffers (read only here: the calls own that memory).
+    raw = buffer.get_local_buffer_tensor(torch.bfloat16, (16, 8), offset=256)
+    assert raw.shape == (16, 8) and raw.dtype == torch.bfloat16 and raw.is_cuda
+    region = buffer.get_local_buffer_tensor(torch.uint8, use_rdma_buffer=True)
+    assert region.numel() == buffer.num_rdma_bytes
+    assert buffer.runtime.get_num_rdma_ranks() == 1 and buffer.runtime.get_local_device_id() == x.device.index
     buffer.destroy()
     dist.destroy_process_group()
 
