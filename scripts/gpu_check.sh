@@ -14,7 +14,8 @@
 # ctest regex to skip), EPCOMM_TEST_TIMEOUT, EPCOMM_BENCH_RANKS, EPCOMM_BENCH_ARGS (more
 # epcomm-bench options); EPCOMM_SWEEP=0, EPCOMM_COLD=0 and EPCOMM_PYTHON=0 drop those stages.
 # Leaves in RESULTS_DIR: machine.txt (with epcomm-check-env), build.log, tests.log, bench.jsonl,
-# bench.log, summary.txt. Exits non-zero if the build, a test or a benchmark failed.
+# bench.log, report.md (scripts/bench_report.py's tables), summary.txt. Exits non-zero if the
+# build, a test or a benchmark failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 results=${1:-${EPCOMM_RESULTS_DIR:-results/$(date -u +%Y%m%d-%H%M%S)}}
@@ -107,5 +108,8 @@ if wants cold; then
   for ranks in 1 8; do bench "--cold --ranks $ranks" --cold --trials 2 --ranks "$ranks"; done
 fi
 note "bench: $(wc -l <"$results/bench.jsonl") records in bench.jsonl"
+if [ -s "$results/bench.jsonl" ]; then
+  "${PYTHON:-python3}" scripts/bench_report.py "$results/bench.jsonl" >"$results/report.md" 2>&1 || true
+fi
 stop_mps
 exit $status
