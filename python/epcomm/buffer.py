@@ -28,7 +28,8 @@ class Buffer:
       - ``preinitialize`` / ``initialize_in_background`` / ``warmup()`` exist to pay every
         one-time cost before the first call; with ``warmup_shape`` (an ``epcomm.WarmupShape``
         of the largest calls) they also grow torch's caching allocator, on the stream current at
-        construction, to what those calls' outputs need;
+        construction (the Buffer's own with ``initialize_in_background``), to what those calls'
+        outputs need;
       - tear down with ``destroy()`` (collective) before destroying the process group: the
         teardown exchanges on ``group``.
     """
@@ -65,9 +66,8 @@ class Buffer:
         self.allocator = _torch.make_allocator(self.device)
         # Communication runs on one of torch's pooled streams, which live for the process: tensors
         # that record_stream() it may be freed after this Buffer is gone (a stream the runtime
-        # created and destroyed would then break torch's allocator).
-        # High priority, like deep_ep's: it does not share the low-priority pool with the caller's
-        # side streams.
+        # created and destroyed would then break torch's allocator). High priority, like deep_ep's,
+        # so it is not one of the caller's side streams from the low-priority pool.
         self.comm_stream = torch.cuda.Stream(device=self.device, priority=-1)
         self.runtime = _C.Buffer(bootstrap, num_nvl_bytes=num_nvl_bytes, num_rdma_bytes=num_rdma_bytes,
                                  low_latency_mode=low_latency_mode, num_qps_per_rank=num_qps_per_rank,
