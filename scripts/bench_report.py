@@ -72,27 +72,43 @@ def steady_tables(records: List[dict]) -> List[str]:
     return out
 
 
+def cold_order(record: dict) -> str:
+    # Records written before --cold-order timed each op's calls in a row.
+    return record.get("order", "back-to-back")
+
+
 def cold_tables(records: List[dict]) -> List[str]:
     if not records:
         return []
-    rows = [[number(r["ranks"]), "yes" if r.get("preinitialize") else "no", number(r.get("trial")), r["op"],
-             number(r.get("first_us")), number(r.get("second_us")), number(r.get("steady_us")),
-             number(r.get("first_over_steady"))]
-            for r in sorted(records, key=lambda r: (r["ranks"], bool(r.get("preinitialize")), r.get("trial", 0)))]
-    out = ["**Cold start: first / second / steady call (us)**\n\n" +
-           table(["ranks", "preinitialize", "trial", "op", "first", "second", "steady", "first / steady"], rows)]
+    trials = sorted({r.get("trial", 0) for r in records})
+    by_op: Dict[tuple, Dict[int, dict]] = defaultdict(dict)
+    for r in records:
+        by_op[(r["ranks"], bool(r.get("preinitialize")), cold_order(r), r["op"])][r.get("trial", 0)] = r
+    rows = []
+    for (ranks, preinitialize, order, op), per_trial in sorted(
+            by_op.items(), key=lambda item: (item[0][0], item[0][1], item[0][2])):
+        cells = []
+        for trial in trials:
+            r = per_trial.get(trial)
+            cells.append("-" if r is None else
+                         f"{number(r.get('first_us'))} / {number(r.get('second_us'))} / {number(r.get('steady_us'))}"
+                         f" (**{number(r.get('first_over_steady'))}**)")
+        rows.append([number(ranks), "yes" if preinitialize else "no", order, op] + cells)
+    header = ["ranks", "preinitialize", "order", "op"] + [f"trial {t}: first / second / steady (first / steady)"
+                                                          for t in trials]
+    out = ["**Cold start: first / second / steady call (us)**\n\n" + table(header, rows)]
     phases = []
     seen = set()
     for r in records:
-        key = (r["ranks"], bool(r.get("preinitialize")), r.get("trial"))
+        key = (r["ranks"], bool(r.get("preinitialize")), cold_order(r), r.get("trial"))
         if key in seen:
             continue
         seen.add(key)
         named = "; ".join(f"{name} {number(ms)}" for name, ms in (r.get("init_phases") or {}).items())
-        phases.append([number(r["ranks"]), "yes" if key[1] else "no", number(key[2]), number(r.get("cuda_context_ms")),
-                       number(r.get("init_ms")), named])
+        phases.append([number(r["ranks"]), "yes" if key[1] else "no", key[2], number(key[3]),
+                       number(r.get("cuda_context_ms")), number(r.get("init_ms")), named])
     out.append("**Init by phase (ms)**\n\n" +
-               table(["ranks", "preinitialize", "trial", "CUDA context", "Buffer init", "phases"], phases))
+               table(["ranks", "preinitialize", "order", "trial", "CUDA context", "Buffer init", "phases"], phases))
     return out
 
 

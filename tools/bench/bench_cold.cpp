@@ -4,6 +4,14 @@
 // up by a host barrier before each call. Buffers with preinitialize get the run's warmup_shape,
 // stream and output allocator. A control op (a 4 KiB memset, no epcomm code) is timed first.
 // Records carry first / steady, the number that preinitialize must bring to <= 1.10.
+//
+// Two orders of the timed calls, each in its own trials:
+// - rounds: every op once per round (control, layout, dispatch, combine, low-latency dispatch and
+//   combine), 22 rounds, the way a training or serving step calls them. Every call follows other
+//   work, the first as much as the hundredth, so first / steady is the one-time cost alone.
+// - back-to-back: each op's 22 calls in a row. Its steady calls find the host's and the GPU's
+//   caches holding that op's code and data; its first call does not, whatever the warmup did,
+//   because other ops ran in between. That switching cost comes back every step of a real loop.
 #include <algorithm>
 #include <chrono>
 #include <functional>
@@ -46,16 +54,22 @@ const ColdOp& cold_op(const std::string& name) {
   fail(ErrorCode::kInternal, "epcomm-bench: no cold op named ", name);
 }
 
-// The slowest rank's first, second and median-steady times of `op`.
-CallTimes time_calls(BenchContext& context, const std::function<void()>& op) {
-  std::vector<double> samples;
-  for (int call = 0; call < 2 + kSteadyCalls; ++call) {
-    context.bootstrap->barrier();
-    const auto start = std::chrono::steady_clock::now();
-    op();
-    EPCOMM_CUDA_CHECK(cudaStreamSynchronize(context.stream));
-    samples.push_back(elapsed_us(start));
-  }
+struct TimedOp {
+  const char* name;
+  std::function<void()> call;
+};
+
+// One call: ranks lined up, then host call to completion on the stream.
+double time_call(BenchContext& context, const TimedOp& op) {
+  context.bootstrap->barrier();
+  const auto start = std::chrono::steady_clock::now();
+  op.call();
+  EPCOMM_CUDA_CHECK(cudaStreamSynchronize(context.stream));
+  return elapsed_us(start);
+}
+
+// The slowest rank's first, second and median-steady times of one op's calls, in call order.
+CallTimes slowest_times(BenchContext& context, const std::vector<double>& samples) {
   std::vector<double> all(samples.size() * context.bootstrap->num_ranks());
   context.bootstrap->allgather(samples.data(), all.data(), samples.size() * sizeof(double));
   std::vector<double> slowest(samples.size(), 0.0);
@@ -66,6 +80,24 @@ CallTimes time_calls(BenchContext& context, const std::function<void()>& op) {
   std::vector<double> steady(slowest.begin() + 2, slowest.end());
   std::sort(steady.begin(), steady.end());
   times.steady_us = steady[steady.size() / 2];
+  return times;
+}
+
+// Every op's call times, in the trial's order (see the top of this file).
+std::vector<CallTimes> time_ops(BenchContext& context, const std::vector<TimedOp>& ops, const std::string& order) {
+  constexpr int kCalls = 2 + kSteadyCalls;
+  std::vector<std::vector<double>> samples(ops.size());
+  if (order == "rounds") {
+    for (int round = 0; round < kCalls; ++round) {
+      for (size_t op = 0; op < ops.size(); ++op) samples[op].push_back(time_call(context, ops[op]));
+    }
+  } else {
+    for (size_t op = 0; op < ops.size(); ++op) {
+      for (int call = 0; call < kCalls; ++call) samples[op].push_back(time_call(context, ops[op]));
+    }
+  }
+  std::vector<CallTimes> times;
+  for (const std::vector<double>& op_samples : samples) times.push_back(slowest_times(context, op_samples));
   return times;
 }
 
@@ -118,18 +150,6 @@ int run_cold_trial(BenchContext& context, double context_ms) {
   CallOptions call;
   call.stream = context.stream;
 
-  std::vector<std::pair<const char*, CallTimes>> results;
-  // The control runs no epcomm code. Timed first, right after the inputs were built on the host,
-  // it carries what the first GPU work after a host pause costs on this machine (the driver's and
-  // the GPU's idle states, cold CPU caches), which is no one-time cost of the library and which
-  // the first layout call would otherwise carry.
-  testing::DeviceBytes control_bytes(kControlBytes);
-  results.emplace_back("control", time_calls(context, [&] {
-    EPCOMM_CUDA_CHECK(cudaMemsetAsync(control_bytes.get(), 0, kControlBytes, context.stream));
-  }));
-  results.emplace_back("layout", time_calls(context, [&] {
-    buffer.get_dispatch_layout(ids_view, options.num_experts, layout, context.stream);
-  }));
   DispatchArgs dispatch_args;
   dispatch_args.x = TensorView::contiguous(x_fp8.get(), DType::kFloat8E4M3, {tokens, options.hidden});
   dispatch_args.x_scales = TensorView::contiguous(scales.get(), DType::kFloat32, {tokens, groups});
@@ -139,13 +159,12 @@ int run_cold_trial(BenchContext& context, double context_ms) {
   dispatch_args.is_token_in_rank = layout.is_token_in_rank;
   dispatch_args.config = bench_configs(context).front();
   DispatchResult kept;
-  results.emplace_back("dispatch", time_calls(context, [&] { kept = buffer.dispatch(dispatch_args, *allocator, call); }));
-  testing::DeviceBytes expert_out(static_cast<size_t>(kept.handle.num_rows()) * options.hidden * sizeof(uint16_t));
+  // Expert outputs for combine, sized for the most rows a dispatch can return (every rank's every
+  // token), so that no allocation falls between timed calls.
+  testing::DeviceBytes expert_out(static_cast<size_t>(ranks) * tokens * options.hidden * sizeof(uint16_t));
   CombineArgs combine_args;
-  combine_args.x = TensorView::contiguous(expert_out.get(), DType::kBFloat16, {kept.handle.num_rows(), options.hidden});
   combine_args.handle = &kept.handle;
   combine_args.config = dispatch_args.config;
-  results.emplace_back("combine", time_calls(context, [&] { buffer.combine(combine_args, *allocator, call); }));
 
   const int ll_tokens = options.low_latency_tokens;
   LowLatencyDispatchArgs ll_args;
@@ -155,7 +174,6 @@ int run_cold_trial(BenchContext& context, double context_ms) {
   ll_args.num_experts = options.num_experts;
   ll_args.use_fp8 = true;
   LowLatencyDispatchResult ll_kept;
-  results.emplace_back("ll_dispatch", time_calls(context, [&] { ll_kept = buffer.low_latency_dispatch(ll_args, *allocator, call); }));
   testing::DeviceBytes ll_out(static_cast<size_t>(options.num_experts / ranks) * ranks * ll_tokens * options.hidden * sizeof(uint16_t));
   testing::DeviceBytes weights(static_cast<size_t>(ll_tokens) * options.num_topk * sizeof(float));
   LowLatencyCombineArgs ll_back;
@@ -164,7 +182,25 @@ int run_cold_trial(BenchContext& context, double context_ms) {
   ll_back.topk_idx = ll_args.topk_idx;
   ll_back.topk_weights = TensorView::contiguous(weights.get(), DType::kFloat32, {ll_tokens, options.num_topk});
   ll_back.handle = &ll_kept.handle;
-  results.emplace_back("ll_combine", time_calls(context, [&] { buffer.low_latency_combine(ll_back, *allocator, call); }));
+
+  // The control runs no epcomm code. Timed first, right after the inputs were built on the host,
+  // it carries what the first GPU work after a host pause costs on this machine (the driver's and
+  // the GPU's idle states, cold CPU caches), which is no one-time cost of the library and which
+  // the first layout call would otherwise carry.
+  testing::DeviceBytes control_bytes(kControlBytes);
+  const std::vector<TimedOp> ops = {
+      {"control", [&] { EPCOMM_CUDA_CHECK(cudaMemsetAsync(control_bytes.get(), 0, kControlBytes, context.stream)); }},
+      {"layout", [&] { buffer.get_dispatch_layout(ids_view, options.num_experts, layout, context.stream); }},
+      {"dispatch", [&] { kept = buffer.dispatch(dispatch_args, *allocator, call); }},
+      {"combine",
+       [&] {
+         combine_args.x = TensorView::contiguous(expert_out.get(), DType::kBFloat16, {kept.handle.num_rows(), options.hidden});
+         buffer.combine(combine_args, *allocator, call);
+       }},
+      {"ll_dispatch", [&] { ll_kept = buffer.low_latency_dispatch(ll_args, *allocator, call); }},
+      {"ll_combine", [&] { buffer.low_latency_combine(ll_back, *allocator, call); }},
+  };
+  const std::vector<CallTimes> results = time_ops(context, ops, options.cold_order);
   buffer.synchronize(context.stream);
 
   // Every rank's init, the slowest reported (ranks construct together: the exchange waits for all).
@@ -179,13 +215,15 @@ int run_cold_trial(BenchContext& context, double context_ms) {
     phases += (phases.size() > 1 ? ", " : "") + tools::json_string(phase.name) + ": " + std::to_string(phase.milliseconds);
   }
   phases += "}";
-  for (const auto& [op, times] : results) {
-    const ColdOp& kind = cold_op(op);
-    Record record = context.base_record(op, kind.mode);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const CallTimes& times = results[i];
+    const ColdOp& kind = cold_op(ops[i].name);
+    Record record = context.base_record(ops[i].name, kind.mode);
     record.set("tokens", std::string(kind.mode) == "low_latency" ? ll_tokens : tokens)
         .set("dtype", kind.dtype)
         .set("sms", dispatch_args.config.num_sms)
         .set("trial", options.cold_trial)
+        .set("order", options.cold_order)
         .set("preinitialize", options.cold_preinitialize)
         .set("cuda_context_ms", context_ms)
         .set("init_ms", slowest_init)

@@ -40,6 +40,8 @@ const char* bench_usage() {
          "  --cold            cold start: --trials trials in fresh processes, with and without\n"
          "                    preinitialize; init time by phase, first / second / steady call of each op\n"
          "  --trials N        cold-start trials (default 3)\n"
+         "  --cold-order O    rounds (each op once per round, as a training step calls them),\n"
+         "                    back-to-back (each op's calls in a row) or both (default)\n"
          "  --out FILE        also append the JSON records to FILE\n";
 }
 
@@ -60,6 +62,12 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       {"--trials", [&](const std::string& v) { options.cold_trials = static_cast<int>(parse_integer("--trials", v, 1, 1000)); }},
       {"--cold-trial", [&](const std::string& v) { options.cold_trial = static_cast<int>(parse_integer("--cold-trial", v, 0, 1000)); }},
       {"--cold-preinitialize", [&](const std::string& v) { options.cold_preinitialize = parse_integer("--cold-preinitialize", v, 0, 1) == 1; }},
+      {"--cold-order", [&](const std::string& v) {
+         if (v != "rounds" && v != "back-to-back" && v != "both") {
+           fail(ErrorCode::kInvalidArgument, "epcomm-bench: --cold-order '", v, "' must be rounds, back-to-back or both");
+         }
+         options.cold_order = v;
+       }},
       {"--out", [&](const std::string& v) { options.out_path = v; }},
   };
   for (size_t i = 0; i < args.size(); ++i) {
@@ -111,7 +119,7 @@ std::vector<std::string> to_arguments(const BenchOptions& options) {
   if (options.skip_normal) args.push_back("--skip-normal");
   if (options.cold_trial >= 0) {
     args.insert(args.end(), {"--cold-trial", std::to_string(options.cold_trial), "--cold-preinitialize",
-                             options.cold_preinitialize ? "1" : "0"});
+                             options.cold_preinitialize ? "1" : "0", "--cold-order", options.cold_order});
   }
   return args;
 }

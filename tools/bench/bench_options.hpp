@@ -29,6 +29,10 @@ struct BenchOptions {
   int cold_trials = 3;
   int cold_trial = -1;         // >= 0: this process is one cold trial
   bool cold_preinitialize = false;
+  // The order of the timed calls in a cold trial: "rounds" (every op once per round, in the order a
+  // training step calls them), "back-to-back" (each op's calls in a row), or "both" (separate
+  // trials of each; a trial process gets one).
+  std::string cold_order = "both";
   bool help = false;
 };
 

@@ -206,15 +206,20 @@ int main(int argc, char** argv) {
       return tools::launch_ranks(launch);
     };
     if (!options.cold) return launch_with(options);
-    // Cold start: every trial in fresh processes, without and with preinitialize.
+    // Cold start: every trial in fresh processes, without and with preinitialize, in each order.
+    std::vector<std::string> orders = {options.cold_order};
+    if (options.cold_order == "both") orders = {"rounds", "back-to-back"};
     int cold_status = EXIT_SUCCESS;
-    for (int trial = 0; trial < options.cold_trials; ++trial) {
-      for (const bool preinitialize : {false, true}) {
-        bench::BenchOptions trial_options = options;
-        trial_options.cold_trial = trial;
-        trial_options.cold_preinitialize = preinitialize;
-        const int trial_status = launch_with(trial_options);
-        if (trial_status != EXIT_SUCCESS) cold_status = trial_status;
+    for (const std::string& order : orders) {
+      for (int trial = 0; trial < options.cold_trials; ++trial) {
+        for (const bool preinitialize : {false, true}) {
+          bench::BenchOptions trial_options = options;
+          trial_options.cold_trial = trial;
+          trial_options.cold_preinitialize = preinitialize;
+          trial_options.cold_order = order;
+          const int trial_status = launch_with(trial_options);
+          if (trial_status != EXIT_SUCCESS) cold_status = trial_status;
+        }
       }
     }
     return cold_status;
