@@ -74,7 +74,8 @@ def steady_tables(records: List[dict]) -> List[str]:
 
 def cold_order(record: dict) -> str:
     # Records written before --cold-order timed each op's calls in a row.
-    return record.get("order", "back-to-back")
+    order = record.get("order", "back-to-back")
+    return f"{order}, {record['pause_ms']} ms pauses" if record.get("pause_ms") else order
 
 
 def cold_tables(records: List[dict]) -> List[str]:

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <thread>
 
 #include "bench/bench_context.hpp"
 #include "reference/workload.hpp"
@@ -84,16 +85,21 @@ CallTimes slowest_times(BenchContext& context, const std::vector<double>& sample
 }
 
 // Every op's call times, in the trial's order (see the top of this file).
-std::vector<CallTimes> time_ops(BenchContext& context, const std::vector<TimedOp>& ops, const std::string& order) {
+std::vector<CallTimes> time_ops(BenchContext& context, const std::vector<TimedOp>& ops) {
   constexpr int kCalls = 2 + kSteadyCalls;
+  const std::chrono::milliseconds pause(context.options.cold_pause_ms);
   std::vector<std::vector<double>> samples(ops.size());
-  if (order == "rounds") {
+  if (context.options.cold_order == "rounds") {
     for (int round = 0; round < kCalls; ++round) {
+      std::this_thread::sleep_for(pause);
       for (size_t op = 0; op < ops.size(); ++op) samples[op].push_back(time_call(context, ops[op]));
     }
   } else {
     for (size_t op = 0; op < ops.size(); ++op) {
-      for (int call = 0; call < kCalls; ++call) samples[op].push_back(time_call(context, ops[op]));
+      for (int call = 0; call < kCalls; ++call) {
+        std::this_thread::sleep_for(pause);
+        samples[op].push_back(time_call(context, ops[op]));
+      }
     }
   }
   std::vector<CallTimes> times;
@@ -200,7 +206,7 @@ int run_cold_trial(BenchContext& context, double context_ms) {
       {"ll_dispatch", [&] { ll_kept = buffer.low_latency_dispatch(ll_args, *allocator, call); }},
       {"ll_combine", [&] { buffer.low_latency_combine(ll_back, *allocator, call); }},
   };
-  const std::vector<CallTimes> results = time_ops(context, ops, options.cold_order);
+  const std::vector<CallTimes> results = time_ops(context, ops);
   buffer.synchronize(context.stream);
 
   // Every rank's init, the slowest reported (ranks construct together: the exchange waits for all).
@@ -224,6 +230,7 @@ int run_cold_trial(BenchContext& context, double context_ms) {
         .set("sms", dispatch_args.config.num_sms)
         .set("trial", options.cold_trial)
         .set("order", options.cold_order)
+        .set("pause_ms", options.cold_pause_ms)
         .set("preinitialize", options.cold_preinitialize)
         .set("cuda_context_ms", context_ms)
         .set("init_ms", slowest_init)

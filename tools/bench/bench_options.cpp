@@ -42,6 +42,7 @@ const char* bench_usage() {
          "  --trials N        cold-start trials (default 3)\n"
          "  --cold-order O    rounds (each op once per round, as a training step calls them),\n"
          "                    back-to-back (each op's calls in a row) or both (default)\n"
+         "  --cold-pause-ms N host sleep before every cold round or call (default 0)\n"
          "  --out FILE        also append the JSON records to FILE\n";
 }
 
@@ -68,6 +69,7 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
          }
          options.cold_order = v;
        }},
+      {"--cold-pause-ms", [&](const std::string& v) { options.cold_pause_ms = static_cast<int>(parse_integer("--cold-pause-ms", v, 0, 10000)); }},
       {"--out", [&](const std::string& v) { options.out_path = v; }},
   };
   for (size_t i = 0; i < args.size(); ++i) {
@@ -119,7 +121,8 @@ std::vector<std::string> to_arguments(const BenchOptions& options) {
   if (options.skip_normal) args.push_back("--skip-normal");
   if (options.cold_trial >= 0) {
     args.insert(args.end(), {"--cold-trial", std::to_string(options.cold_trial), "--cold-preinitialize",
-                             options.cold_preinitialize ? "1" : "0", "--cold-order", options.cold_order});
+                             options.cold_preinitialize ? "1" : "0", "--cold-order", options.cold_order,
+                             "--cold-pause-ms", std::to_string(options.cold_pause_ms)});
   }
   return args;
 }

@@ -33,6 +33,9 @@ struct BenchOptions {
   // training step calls them), "back-to-back" (each op's calls in a row), or "both" (separate
   // trials of each; a trial process gets one).
   std::string cold_order = "both";
+  // A host pause (sleep) before every round (rounds) or call (back-to-back): the steady calls then
+  // meet the machine as the first one does after the Buffer's construction, idle for a while.
+  int cold_pause_ms = 0;
   bool help = false;
 };
 
