@@ -9,13 +9,17 @@
 #   python  pip install + pytest python/tests, then examples/moe_layer.py --ranks 2
 #   bench   epcomm-bench at each of EPCOMM_BENCH_RANKS (default 1 2 4 8)
 #   sweep   epcomm-bench --ranks 8 --sweep (config grid)
-#   cold    epcomm-bench --cold --trials 2 at 1 and 8 ranks
+#   cold    epcomm-bench --cold --trials 2 at 1 and 8 ranks, the calls in rounds and back-to-back,
+#           then in rounds after 20 ms host pauses
 # MPS is started when ranks must share GPUs, and stopped at the end. Knobs: EPCOMM_TEST_EXCLUDE (a
 # ctest regex to skip), EPCOMM_TEST_TIMEOUT, EPCOMM_BENCH_RANKS, EPCOMM_BENCH_ARGS (more
 # epcomm-bench options); EPCOMM_SWEEP=0, EPCOMM_COLD=0 and EPCOMM_PYTHON=0 drop those stages.
 # Leaves in RESULTS_DIR: machine.txt (with epcomm-check-env), build.log, tests.log, bench.jsonl,
 # bench.log, report.md (scripts/bench_report.py's tables), summary.txt. Exits non-zero if the
 # build, a test or a benchmark failed.
+# The records name the commit: on a copy of the tree whose .git may be older than its files (a lent
+# machine), pass the checkout's own, e.g. EPCOMM_GIT_REVISION=$(git rev-parse --short=12 HEAD)
+# expanded where the tree was committed, not on the copy.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 results=${1:-${EPCOMM_RESULTS_DIR:-results/$(date -u +%Y%m%d-%H%M%S)}}
@@ -105,7 +109,10 @@ if wants bench; then
 fi
 wants sweep && bench "--ranks 8 --sweep" --ranks 8 --sweep --warmup 2 --iters 10
 if wants cold; then
-  for ranks in 1 8; do bench "--cold --ranks $ranks" --cold --trials 2 --ranks "$ranks"; done
+  for ranks in 1 8; do
+    bench "--cold --ranks $ranks" --cold --trials 2 --ranks "$ranks"
+    bench "--cold --ranks $ranks (pauses)" --cold --trials 2 --ranks "$ranks" --cold-order rounds --cold-pause-ms 20
+  done
 fi
 note "bench: $(wc -l <"$results/bench.jsonl") records in bench.jsonl"
 if [ -s "$results/bench.jsonl" ]; then
