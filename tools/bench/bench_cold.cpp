@@ -12,6 +12,8 @@
 // - back-to-back: each op's 22 calls in a row. Its steady calls find the host's and the GPU's
 //   caches holding that op's code and data; its first call does not, whatever the warmup did,
 //   because other ops ran in between. That switching cost comes back every step of a real loop.
+// --cold-pause-ms sleeps before every round or call, so that the steady calls also meet a machine
+// that sat idle, as the first does after the Buffer's construction.
 #include <algorithm>
 #include <chrono>
 #include <functional>
