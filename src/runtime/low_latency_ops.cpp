@@ -4,6 +4,7 @@
 #include "kernels/low_latency/low_latency_launchers.hpp"
 #include "runtime/buffer_impl.hpp"
 #include "runtime/low_latency_handle.hpp"
+#include "runtime/tensor_group.hpp"
 #include "runtime/validate.hpp"
 
 namespace epcomm {
@@ -136,9 +137,14 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
   state->max_tokens = max_tokens;
   state->hidden = hidden;
   state->num_experts = args.num_experts;
-  state->recv_count_from = allocator.allocate(DType::kInt32, {experts_per_rank, ranks}, call.stream);
-  state->recv_src_info = allocator.allocate(DType::kInt32, {experts_per_rank, rows}, call.stream);
-  state->recv_src_k = allocator.allocate(DType::kInt32, {experts_per_rank, rows}, call.stream);
+  std::vector<Tensor> origins = detail::allocate_together(
+      allocator,
+      {detail::piece(DType::kInt32, {experts_per_rank, ranks}), detail::piece(DType::kInt32, {experts_per_rank, rows}),
+       detail::piece(DType::kInt32, {experts_per_rank, rows})},
+      call.stream);
+  state->recv_count_from = std::move(origins[0]);
+  state->recv_src_info = std::move(origins[1]);
+  state->recv_src_k = std::move(origins[2]);
 
   kernels::LowLatencyDispatchKernelArgs kernel;
   kernel.common = common_args(impl, set_index, args.num_experts, max_tokens, hidden, num_tokens, num_topk,

@@ -9,6 +9,7 @@
 #include "kernels/launchers.hpp"
 #include "runtime/buffer_impl.hpp"
 #include "runtime/dispatch_handle.hpp"
+#include "runtime/tensor_group.hpp"
 #include "runtime/validate.hpp"
 
 namespace epcomm {
@@ -235,17 +236,18 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, 
     // The handle's tensors live in the communication stream's order: every kernel that reads them
     // runs there, so freeing them there (when the last handle goes) can never overtake a reader.
     const cudaStream_t handle_stream = streams.comm();
-    state->recv_channel_prefix = allocate(allocator, DType::kInt32, {ranks, channels + 1}, handle_stream);
-    state->is_token_in_rank = allocate(allocator, DType::kBool, {shape.num_tokens, ranks}, handle_stream);
-    state->send_position = allocate(allocator, DType::kInt32, {shape.num_tokens, ranks}, handle_stream);
-    state->num_recv_tokens_per_expert_device =
-        allocate(allocator, DType::kInt32, {shape.num_experts / ranks}, handle_stream);
-    if (shape.num_tokens > 0) {
-      EPCOMM_CUDA_CHECK(cudaMemcpyAsync(state->is_token_in_rank.view.data, args.is_token_in_rank.data,
-                                        state->is_token_in_rank.view.nbytes(), cudaMemcpyDeviceToDevice, streams.comm()));
-    }
+    std::vector<Tensor> routing = detail::allocate_together(
+        allocator,
+        {detail::piece(DType::kInt32, {ranks, channels + 1}), detail::piece(DType::kBool, {shape.num_tokens, ranks}),
+         detail::piece(DType::kInt32, {shape.num_tokens, ranks}), detail::piece(DType::kInt32, {shape.num_experts / ranks})},
+        handle_stream);
+    state->recv_channel_prefix = std::move(routing[0]);
+    state->is_token_in_rank = std::move(routing[1]);
+    state->send_position = std::move(routing[2]);
+    state->num_recv_tokens_per_expert_device = std::move(routing[3]);
     kernels::NotifyDispatchArgs notify;
-    notify.is_token_in_rank = state->is_token_in_rank.view.ptr<bool>();
+    notify.is_token_in_rank = args.is_token_in_rank.ptr<bool>();
+    notify.kept_is_token_in_rank = state->is_token_in_rank.view.ptr<bool>();
     notify.num_tokens_per_rank = args.num_tokens_per_rank.ptr<int32_t>();
     notify.num_tokens_per_expert = args.num_tokens_per_expert.ptr<int32_t>();
     notify.num_tokens = shape.num_tokens;

@@ -1,8 +1,12 @@
 // Tensor views, dtypes and error messages: the host logic every operation's validation uses.
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <vector>
+
 #include "epcomm/error.hpp"
 #include "epcomm/types.hpp"
+#include "runtime/tensor_group.hpp"
 #include "runtime/validate.hpp"
 
 namespace epcomm {
@@ -86,6 +90,74 @@ TEST(Validate, ShapeMismatchAndHostMemoryAreRejected) {
   // Empty tensors need no memory at all.
   const TensorView empty = TensorView::contiguous(static_cast<void*>(nullptr), DType::kInt64, {0, 4});
   EXPECT_NO_THROW(detail::require_device_tensor("op", "ids", empty, {DType::kInt64}, {0, 4}));
+}
+
+// Host memory stands in for the device: allocate_together only does address arithmetic.
+class RecordingAllocator final : public Allocator {
+ public:
+  Tensor allocate(DType dtype, std::initializer_list<int64_t> shape, cudaStream_t) override {
+    Tensor tensor;
+    tensor.view = TensorView::contiguous(static_cast<void*>(nullptr), dtype, shape);
+    requested_bytes.push_back(tensor.view.nbytes());
+    auto memory = std::make_shared<std::vector<unsigned char>>(tensor.view.nbytes() + detail::kTensorGroupAlignment);
+    // Aligned as a device allocation would be.
+    const uintptr_t start = reinterpret_cast<uintptr_t>(memory->data());
+    tensor.view.data = reinterpret_cast<void*>((start + detail::kTensorGroupAlignment - 1) /
+                                               detail::kTensorGroupAlignment * detail::kTensorGroupAlignment);
+    tensor.storage = memory;
+    return tensor;
+  }
+  std::vector<size_t> requested_bytes;
+};
+
+TEST(TensorGroup, OneAllocationCarvedIntoAlignedPiecesInOrder) {
+  RecordingAllocator allocator;
+  const std::vector<Tensor> pieces = detail::allocate_together(
+      allocator, {detail::piece(DType::kInt32, {3, 5}), detail::piece(DType::kBool, {0, 8}),
+                  detail::piece(DType::kBool, {7, 3}), detail::piece(DType::kInt64, {300})},
+      nullptr);
+  ASSERT_EQ(allocator.requested_bytes.size(), 1u);
+  // 60 -> 256, empty -> 0, 21 -> 256, 2400 -> 2560.
+  EXPECT_EQ(allocator.requested_bytes[0], 256u + 0u + 256u + 2560u);
+  ASSERT_EQ(pieces.size(), 4u);
+  EXPECT_EQ(pieces[0].view.describe(), "int32[3, 5]");
+  EXPECT_EQ(pieces[1].view.describe(), "bool[0, 8]");
+  EXPECT_EQ(pieces[1].view.data, nullptr);  // an empty piece has no memory, as from an allocator
+  EXPECT_EQ(pieces[2].view.describe(), "bool[7, 3]");
+  EXPECT_EQ(pieces[3].view.describe(), "int64[300]");
+  const auto* base = static_cast<const char*>(pieces[0].view.data);
+  EXPECT_EQ(static_cast<const char*>(pieces[2].view.data) - base, 256);
+  EXPECT_EQ(static_cast<const char*>(pieces[3].view.data) - base, 512);
+  for (const Tensor& piece : pieces) {
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(piece.view.data) % detail::kTensorGroupAlignment, 0u);
+    EXPECT_EQ(piece.storage, pieces[0].storage);  // one lifetime: the group's memory
+  }
+}
+
+TEST(TensorGroup, MemoryLivesWhileAnyPieceDoes) {
+  RecordingAllocator allocator;
+  std::weak_ptr<void> memory;
+  {
+    Tensor last;
+    {
+      const std::vector<Tensor> pieces = detail::allocate_together(
+          allocator, {detail::piece(DType::kInt32, {4}), detail::piece(DType::kInt32, {4})}, nullptr);
+      memory = pieces[0].storage;
+      last = pieces[1];
+    }
+    EXPECT_FALSE(memory.expired());
+  }
+  EXPECT_TRUE(memory.expired());
+}
+
+TEST(TensorGroup, AllEmptyPiecesAllocateNothingUsable) {
+  RecordingAllocator allocator;
+  const std::vector<Tensor> pieces =
+      detail::allocate_together(allocator, {detail::piece(DType::kInt32, {0}), detail::piece(DType::kBool, {0, 4})}, nullptr);
+  ASSERT_EQ(pieces.size(), 2u);
+  EXPECT_EQ(pieces[0].view.data, nullptr);
+  EXPECT_EQ(pieces[1].view.data, nullptr);
+  EXPECT_EQ(allocator.requested_bytes, std::vector<size_t>{0u});
 }
 
 TEST(Error, CodesHaveNamesAndMessagesCompose) {

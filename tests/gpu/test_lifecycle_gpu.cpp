@@ -2,6 +2,7 @@
 // preinitialize, explicit destroy or destructor) leave device memory where it started.
 #include "support/device_bytes.hpp"
 #include "epcomm/buffer.hpp"
+#include "epcomm/event.hpp"
 #include "gpu/gpu_cases.hpp"
 
 namespace epcomm::testing {
@@ -17,6 +18,36 @@ size_t free_device_bytes() {
   size_t free_bytes = 0, total_bytes = 0;
   EPCOMM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   return free_bytes;
+}
+
+// Events are reused once released (see event.cpp). A stream made to wait on an event keeps
+// waiting for the recording it saw, even after the event is released and recorded again on an
+// idle stream. `slow` runs a large memset; if `waiter` finishes before it, the wait moved.
+void check_released_events_keep_their_waits(RankHarness& harness) {
+  constexpr size_t kSlowBytes = size_t{2} << 30;  // a few hundred microseconds of memset
+  DeviceBytes slow_target(kSlowBytes);
+  cudaStream_t slow = nullptr, waiter = nullptr, idle = nullptr;
+  for (cudaStream_t* stream : {&slow, &waiter, &idle}) {
+    EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(stream, cudaStreamNonBlocking));
+  }
+  cudaEvent_t reused = nullptr;
+  {
+    EPCOMM_CUDA_CHECK(cudaMemsetAsync(slow_target.get(), 1, kSlowBytes, slow));
+    const Event after_slow = Event::record(slow);
+    after_slow.wait(waiter);
+    reused = after_slow.get();
+  }
+  const Event again = Event::record(idle);  // takes the event just released
+  const cudaError_t waiter_state = cudaStreamQuery(waiter);
+  const cudaError_t slow_state = cudaStreamQuery(slow);
+  harness.check(again.get() == reused, "a released event is taken again by the next record");
+  harness.check(!(waiter_state == cudaSuccess && slow_state == cudaErrorNotReady),
+                "a stream waiting on a released event waits for the recording it saw");
+  (void)cudaGetLastError();  // cudaErrorNotReady from the queries is no error
+  for (cudaStream_t stream : {slow, waiter, idle}) {
+    EPCOMM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    EPCOMM_CUDA_CHECK(cudaStreamDestroy(stream));
+  }
 }
 
 }  // namespace
@@ -61,6 +92,8 @@ void run_lifecycle_case(RankHarness& harness) {
   harness.check(after + kAllowedDriftBytes >= before,
                 "device memory after " + std::to_string(kCycles) + " cycles: " + std::to_string(before >> 20) +
                     " MiB free before, " + std::to_string(after >> 20) + " MiB after");
+
+  check_released_events_keep_their_waits(harness);
 
   // Construction validates options before touching the GPU or the bootstrap.
   BufferOptions bad;

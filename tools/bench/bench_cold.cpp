@@ -1,7 +1,7 @@
 // epcomm-bench --cold: what the first call costs. Each trial is a fresh set of rank processes: it
-// times the CUDA context, the Buffer's construction by phase, then the first, the second and the
-// steady (median) call of every op, from the host call to completion on the stream, ranks lined
-// up by a host barrier before each call. Buffers with preinitialize get the run's warmup_shape,
+// times the CUDA context, builds every input, times the Buffer's construction by phase, then the
+// first, the second and the steady (median) call of every op, from the host call to completion on
+// the stream, ranks lined up by a host barrier before each call. Buffers with preinitialize get the run's warmup_shape,
 // stream and output allocator. A control op (a 4 KiB memset, no epcomm code) is timed first.
 // Records carry first / steady, the number that preinitialize must bring to <= 1.10.
 //
@@ -115,22 +115,6 @@ int run_cold_trial(BenchContext& context, double context_ms) {
   const BenchOptions& options = context.options;
   const int rank = context.bootstrap->rank();
   const int ranks = options.num_ranks;
-  BufferOptions buffer_options;
-  buffer_options.num_nvl_bytes = default_dispatch_config(ranks).nvl_buffer_size_hint(static_cast<int64_t>(options.hidden) * 2, ranks);
-  buffer_options.low_latency_mode = true;
-  buffer_options.num_rdma_bytes =
-      Buffer::low_latency_buffer_size_hint(options.low_latency_tokens, options.hidden, ranks, options.num_experts);
-  buffer_options.preinitialize = options.cold_preinitialize;
-  // What a caller that wants no first-call cost states: the largest calls, and the stream and
-  // allocator they will use (the Buffer's own pool here).
-  buffer_options.warmup_shape = WarmupShape{options.num_tokens, options.low_latency_tokens, options.hidden,
-                                            options.num_topk, options.num_experts};
-  buffer_options.warmup_stream = context.stream;
-  const auto construction = std::chrono::steady_clock::now();
-  Buffer buffer(context.bootstrap, buffer_options);
-  const double init_ms = elapsed_us(construction) / 1000.0;
-  context.buffer = &buffer;
-
   // Inputs: the standard workload (random, never zeros), FP8 dispatch, BF16 combine.
   const int tokens = options.num_tokens;
   const std::vector<int64_t> ids = reference::random_topk_idx(reference::derive_seed(options.seed, rank), tokens,
@@ -154,9 +138,6 @@ int run_cold_trial(BenchContext& context, double context_ms) {
                                TensorView::contiguous(per_expert.get(), DType::kInt32, {options.num_experts}),
                                TensorView::contiguous(in_rank.get(), DType::kBool, {tokens, ranks})};
   const TensorView ids_view = TensorView::contiguous(topk_idx.get(), DType::kInt64, {tokens, options.num_topk});
-  const std::shared_ptr<Allocator> allocator = buffer.output_allocator();
-  CallOptions call;
-  call.stream = context.stream;
 
   DispatchArgs dispatch_args;
   dispatch_args.x = TensorView::contiguous(x_fp8.get(), DType::kFloat8E4M3, {tokens, options.hidden});
@@ -191,11 +172,33 @@ int run_cold_trial(BenchContext& context, double context_ms) {
   ll_back.topk_weights = TensorView::contiguous(weights.get(), DType::kFloat32, {ll_tokens, options.num_topk});
   ll_back.handle = &ll_kept.handle;
 
-  // The control runs no epcomm code. Timed first, right after the inputs were built on the host,
-  // it carries what the first GPU work after a host pause costs on this machine (the driver's and
-  // the GPU's idle states, cold CPU caches), which is no one-time cost of the library and which
-  // the first layout call would otherwise carry.
+  // The control runs no epcomm code; timed first in each round, it shows what GPU work costs at
+  // that point on this machine (the driver's and the GPU's idle states, cold CPU caches).
   testing::DeviceBytes control_bytes(kControlBytes);
+
+  // The Buffer comes last, so that its first calls follow its construction (and warmup) as each
+  // later call follows the one before. Inputs built in between (host random numbers, ~100 MB,
+  // and their uploads) would leave the first call alone after a long stretch of host work with
+  // the GPU idle, a cost any CUDA work pays there, not a one-time cost (see --cold-pause-ms).
+  BufferOptions buffer_options;
+  buffer_options.num_nvl_bytes = default_dispatch_config(ranks).nvl_buffer_size_hint(static_cast<int64_t>(options.hidden) * 2, ranks);
+  buffer_options.low_latency_mode = true;
+  buffer_options.num_rdma_bytes =
+      Buffer::low_latency_buffer_size_hint(options.low_latency_tokens, options.hidden, ranks, options.num_experts);
+  buffer_options.preinitialize = options.cold_preinitialize;
+  // What a caller that wants no first-call cost states: the largest calls, and the stream and
+  // allocator they will use (the Buffer's own pool here).
+  buffer_options.warmup_shape = WarmupShape{options.num_tokens, options.low_latency_tokens, options.hidden,
+                                            options.num_topk, options.num_experts};
+  buffer_options.warmup_stream = context.stream;
+  const auto construction = std::chrono::steady_clock::now();
+  Buffer buffer(context.bootstrap, buffer_options);
+  const double init_ms = elapsed_us(construction) / 1000.0;
+  context.buffer = &buffer;
+
+  const std::shared_ptr<Allocator> allocator = buffer.output_allocator();
+  CallOptions call;
+  call.stream = context.stream;
   const std::vector<TimedOp> ops = {
       {"control", [&] { EPCOMM_CUDA_CHECK(cudaMemsetAsync(control_bytes.get(), 0, kControlBytes, context.stream)); }},
       {"layout", [&] { buffer.get_dispatch_layout(ids_view, options.num_experts, layout, context.stream); }},

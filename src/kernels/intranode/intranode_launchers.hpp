@@ -13,7 +13,8 @@
 namespace epcomm::kernels {
 
 struct NotifyDispatchArgs {
-  const bool* is_token_in_rank = nullptr;        // [num_tokens, R]
+  const bool* is_token_in_rank = nullptr;        // [num_tokens, R], the caller's layout
+  bool* kept_is_token_in_rank = nullptr;         // out: [num_tokens, R], the handle's copy of it
   const int32_t* num_tokens_per_rank = nullptr;  // [R]
   const int32_t* num_tokens_per_expert = nullptr;  // [num_experts]
   int num_tokens = 0;

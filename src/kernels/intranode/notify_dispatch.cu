@@ -14,18 +14,23 @@
 namespace epcomm::kernels {
 namespace {
 
-// (1) Tokens of each channel bound for each rank: warp per channel, lanes over tokens.
-__device__ void send_channel_counts(const IpcPeers& peers, const bool* is_token_in_rank, int num_tokens,
+// (1) Tokens of each channel bound for each rank: warp per channel, lanes over tokens. The rows
+// read are also copied into the handle (`kept`): this pass reads them anyway, and a separate copy
+// would cost the host one more driver call per dispatch.
+__device__ void send_channel_counts(const IpcPeers& peers, const bool* is_token_in_rank, bool* kept, int num_tokens,
                                     int num_channels, uint64_t parity, const KernelContext& context) {
   for (int channel = device::warp_id(); channel < num_channels; channel += kNormalWarpsPerBlock) {
     const int begin = device::channel_begin(channel, num_tokens, num_channels);
     const int end = device::channel_begin(channel + 1, num_tokens, num_channels);
     int counts[kMaxNvlPeers] = {};
     for (int token = begin + device::lane_id(); token < end; token += kWarpSize) {
-      const bool* row = is_token_in_rank + static_cast<int64_t>(token) * context.num_ranks;
+      const int64_t row = static_cast<int64_t>(token) * context.num_ranks;
 #pragma unroll
       for (int rank = 0; rank < kMaxNvlPeers; ++rank) {
-        if (rank < context.num_ranks) counts[rank] += row[rank] ? 1 : 0;
+        if (rank >= context.num_ranks) break;
+        const bool in_rank = is_token_in_rank[row + rank];
+        kept[row + rank] = in_rank;
+        counts[rank] += in_rank ? 1 : 0;
       }
     }
 #pragma unroll
@@ -47,7 +52,8 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
   const int experts_per_rank = args.num_experts / num_ranks;
 
   // (1) My counts, into every destination's slot for me.
-  send_channel_counts(peers, args.is_token_in_rank, args.num_tokens, args.num_channels, parity, context);
+  send_channel_counts(peers, args.is_token_in_rank, args.kept_is_token_in_rank, args.num_tokens, args.num_channels,
+                      parity, context);
   for (int i = threadIdx.x; i < args.num_experts; i += blockDim.x) {
     const int destination = i / experts_per_rank;
     NvlLayout::notify_slot(peers.base(destination), parity, context.rank)->expert_counts[i % experts_per_rank] =
