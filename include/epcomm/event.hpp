@@ -33,7 +33,8 @@ class Event {
 // `stream` waits for the call before later work; with it, the result's `event` says when the
 // outputs are ready and the caller must wait on it, and keep the inputs and outputs alive until
 // then. Outputs from make_stream_ordered_allocator() are freed in the order of the stream they
-// were allocated on, so destroy them before that stream.
+// were allocated on, so destroy them before that stream: with allocate_on_comm_stream, before the
+// Buffer. (A dispatch handle may outlive the Buffer: it keeps the communication stream alive.)
 struct CallOptions {
   cudaStream_t stream = nullptr;
   Event previous_event;

@@ -87,7 +87,9 @@ void Buffer::Impl::initialize(int caller_device, bool background) {
       comm_stream = *options.comm_stream;
     } else {
       EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream, cudaStreamNonBlocking));
-      owns_comm_stream = true;
+      comm_stream_lifetime = std::shared_ptr<void>(comm_stream, [](void* stream) {
+        EPCOMM_CUDA_WARN(cudaStreamDestroy(static_cast<cudaStream_t>(stream)));
+      });
     }
     notify_results = detail::MappedHostMemory(sizeof(NotifyResults));
     layout_workspace = detail::DeviceAllocation(LayoutWorkspace::kTotalBytes);
@@ -109,7 +111,6 @@ void Buffer::Impl::initialize(int caller_device, bool background) {
 
 Buffer::Impl::~Impl() {
   if (profiler) profiler->write_reports();
-  if (owns_comm_stream) EPCOMM_CUDA_WARN(cudaStreamDestroy(comm_stream));
 }
 
 Buffer::~Buffer() {

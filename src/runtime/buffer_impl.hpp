@@ -45,7 +45,9 @@ struct Buffer::Impl {
   detail::MappedHostMemory notify_results;    // NotifyResults, read by the host after a notify
   uint64_t notify_sequence = 0;               // last sequence number a host-waited notify published
   cudaStream_t comm_stream = nullptr;         // every normal-mode call runs here
-  bool owns_comm_stream = false;              // created here (not options.comm_stream)
+  // Destroys comm_stream (when created here, not options.comm_stream) once the Buffer and every
+  // dispatch handle are gone: a handle's memory is freed in that stream's order, maybe later.
+  std::shared_ptr<void> comm_stream_lifetime;
   std::shared_ptr<Allocator> outputs;         // Buffer::output_allocator()
   uint64_t low_latency_calls = 0;             // picks the buffer set of each low-latency call
   std::unique_ptr<detail::Profiler> profiler;  // EPCOMM_PROFILE=1, else null

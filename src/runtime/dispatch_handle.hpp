@@ -1,6 +1,7 @@
 // What a DispatchHandle holds: the routing of one dispatch, on the device, plus its shapes.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "epcomm/normal.hpp"
@@ -9,6 +10,9 @@ namespace epcomm::detail {
 
 struct DispatchHandleState {
   const void* owner = nullptr;  // the Buffer::Impl that made it: a handle works only there
+  // The tensors below are freed in the order of the Buffer's communication stream, maybe after
+  // the Buffer is gone: this keeps that stream alive until then (declared first, released last).
+  std::shared_ptr<void> comm_stream_lifetime;
   int num_ranks = 0;
   int num_tokens = 0;
   int num_channels = 0;

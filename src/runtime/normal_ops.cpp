@@ -223,6 +223,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, 
     *state = *cached;  // same routing; the tensors are shared
   } else {
     state->owner = &impl;
+    state->comm_stream_lifetime = impl.comm_stream_lifetime;
     state->num_ranks = ranks;
     state->num_tokens = shape.num_tokens;
     state->num_channels = channels;

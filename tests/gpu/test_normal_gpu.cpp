@@ -586,6 +586,29 @@ void check_argument_errors(Context& ctx) {
 
 }  // namespace
 
+// A result and its handle may outlive the Buffer that made them (a caller keeps the last step's
+// results, or collects them later). The handle's memory is freed in the order of the Buffer's
+// communication stream, so that stream must outlive the Buffer until then: this crashed when it
+// did not.
+void check_results_outlive_buffer(RankHarness& harness, const BufferOptions& options, const Config& config) {
+  constexpr Scenario s{"results outlive the buffer", false, 2048, 64, 8, Routing::kSparse, 0};
+  const int ranks = harness.num_ranks();
+  const std::vector<reference::NormalRankInput> world = make_world(s, kSeed + 31u, ranks, kXStream, kScalesStream);
+  RankTensors inputs(world[harness.rank()], ranks);
+  DispatchResult kept;
+  {
+    Buffer buffer(harness.bootstrap(), options);
+    inputs.launch_layout(buffer, s, nullptr);
+    kept = buffer.dispatch(inputs.args(s, config, ranks), *buffer.output_allocator(), CallOptions{});
+    buffer.synchronize(nullptr);
+  }
+  const int rows = kept.handle.num_rows();
+  kept = DispatchResult{};  // the handle's memory goes now, in the order of the gone Buffer's stream
+  EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
+  harness.check(cudaGetLastError() == cudaSuccess,
+                "a dispatch result (" + std::to_string(rows) + " rows) released after its Buffer");
+}
+
 void run_normal_case(RankHarness& harness) {
   const int ranks = harness.num_ranks();
   int device = 0, sm_count = 0;
@@ -627,6 +650,7 @@ void run_normal_case(RankHarness& harness) {
     run_scenario(ctx, after, kSeed + 104729u);
     EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
   }
+  check_results_outlive_buffer(harness, options, default_config);
 }
 
 }  // namespace epcomm::testing
