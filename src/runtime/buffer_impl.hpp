@@ -46,7 +46,7 @@ struct Buffer::Impl {
   uint64_t notify_sequence = 0;               // last sequence number a host-waited notify published
   cudaStream_t comm_stream = nullptr;         // every normal-mode call runs here
   // Destroys comm_stream (when created here, not options.comm_stream) once the Buffer and every
-  // dispatch handle are gone: a handle's memory is freed in that stream's order, maybe later.
+  // handle tensor are gone: those are freed in that stream's order, maybe after the Buffer.
   std::shared_ptr<void> comm_stream_lifetime;
   std::shared_ptr<Allocator> outputs;         // Buffer::output_allocator()
   uint64_t low_latency_calls = 0;             // picks the buffer set of each low-latency call

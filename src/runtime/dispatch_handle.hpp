@@ -1,7 +1,6 @@
 // What a DispatchHandle holds: the routing of one dispatch, on the device, plus its shapes.
 #pragma once
 
-#include <memory>
 #include <vector>
 
 #include "epcomm/normal.hpp"
@@ -10,9 +9,6 @@ namespace epcomm::detail {
 
 struct DispatchHandleState {
   const void* owner = nullptr;  // the Buffer::Impl that made it: a handle works only there
-  // The tensors below are freed in the order of the Buffer's communication stream, maybe after
-  // the Buffer is gone: this keeps that stream alive until then (declared first, released last).
-  std::shared_ptr<void> comm_stream_lifetime;
   int num_ranks = 0;
   int num_tokens = 0;
   int num_channels = 0;
@@ -20,6 +16,8 @@ struct DispatchHandleState {
   int num_rows = 0;             // rows of every recv tensor
   int num_recv_tokens = -1;     // -1 in worst-case mode
   int num_worst_tokens = 0;
+  // Freed in the order of the Buffer's communication stream, which each tensor's storage keeps
+  // alive: a handle (or a result's copy of a tensor) may outlive the Buffer.
   Tensor recv_channel_prefix;   // int32 [R, C + 1]
   Tensor is_token_in_rank;      // bool [T, R], a copy of the layout's
   Tensor send_position;         // int32 [T, R]

@@ -223,7 +223,6 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, 
     *state = *cached;  // same routing; the tensors are shared
   } else {
     state->owner = &impl;
-    state->comm_stream_lifetime = impl.comm_stream_lifetime;
     state->num_ranks = ranks;
     state->num_tokens = shape.num_tokens;
     state->num_channels = channels;
@@ -241,7 +240,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, 
         allocator,
         {detail::piece(DType::kInt32, {ranks, channels + 1}), detail::piece(DType::kBool, {shape.num_tokens, ranks}),
          detail::piece(DType::kInt32, {shape.num_tokens, ranks}), detail::piece(DType::kInt32, {shape.num_experts / ranks})},
-        handle_stream);
+        handle_stream, impl.comm_stream_lifetime);
     state->recv_channel_prefix = std::move(routing[0]);
     state->is_token_in_rank = std::move(routing[1]);
     state->send_position = std::move(routing[2]);
@@ -273,7 +272,8 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, 
       state->num_recv_tokens = -1;
       state->num_rows = args.num_worst_tokens;
     }
-    state->recv_src_idx = allocate(allocator, DType::kInt32, {state->num_rows}, handle_stream);
+    state->recv_src_idx = std::move(detail::allocate_together(allocator, {detail::piece(DType::kInt32, {state->num_rows})},
+                                                              handle_stream, impl.comm_stream_lifetime)[0]);
   } else {
     // No notify: the barrier alone makes sure every rank has finished its previous call.
     kernels::launch_nvl_barrier(impl.nvl->peers(), context, streams.comm());

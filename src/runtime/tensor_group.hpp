@@ -5,6 +5,7 @@
 #pragma once
 
 #include <initializer_list>
+#include <memory>
 #include <vector>
 
 #include "epcomm/types.hpp"
@@ -20,10 +21,11 @@ inline TensorView piece(DType dtype, std::initializer_list<int64_t> shape) {
   return TensorView::contiguous(static_cast<void*>(nullptr), dtype, shape);
 }
 
-// `pieces` give each tensor's dtype and shape (see piece()); the result
-// holds them in the same order, each sharing the one allocation's storage. An empty piece gets a
-// null data pointer, as the allocators give one.
+// `pieces` give each tensor's dtype and shape (see piece()); the result holds them in the same
+// order, each sharing the one allocation's storage. An empty piece gets a null data pointer, as
+// the allocators give one. `keep_alive` (if set) is released only after the memory: what freeing
+// it needs, such as the stream a stream-ordered allocator frees it on.
 std::vector<Tensor> allocate_together(Allocator& allocator, std::initializer_list<TensorView> pieces,
-                                      cudaStream_t stream);
+                                      cudaStream_t stream, std::shared_ptr<void> keep_alive = nullptr);
 
 }  // namespace epcomm::detail

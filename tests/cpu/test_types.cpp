@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "epcomm/error.hpp"
@@ -148,6 +149,31 @@ TEST(TensorGroup, MemoryLivesWhileAnyPieceDoes) {
     EXPECT_FALSE(memory.expired());
   }
   EXPECT_TRUE(memory.expired());
+}
+
+TEST(TensorGroup, WhatFreeingNeedsIsReleasedAfterTheMemory) {
+  std::vector<std::string> released;
+  class OrderedAllocator final : public Allocator {
+   public:
+    explicit OrderedAllocator(std::vector<std::string>& log) : log_(log) {}
+    Tensor allocate(DType dtype, std::initializer_list<int64_t> shape, cudaStream_t) override {
+      Tensor tensor;
+      tensor.view = TensorView::contiguous(static_cast<void*>(nullptr), dtype, shape);
+      tensor.storage = std::shared_ptr<void>(&log_, [this](void*) { log_.push_back("memory"); });
+      tensor.view.data = &log_;
+      return tensor;
+    }
+
+   private:
+    std::vector<std::string>& log_;
+  } allocator(released);
+  {
+    std::shared_ptr<void> stream(&released, [&](void*) { released.push_back("stream"); });
+    std::vector<Tensor> pieces =
+        detail::allocate_together(allocator, {detail::piece(DType::kInt32, {4})}, nullptr, std::move(stream));
+    EXPECT_TRUE(released.empty());
+  }
+  EXPECT_EQ(released, (std::vector<std::string>{"memory", "stream"}));
 }
 
 TEST(TensorGroup, AllEmptyPiecesAllocateNothingUsable) {

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 
 #include "epcomm/buffer.hpp"
 #include "gpu/gpu_cases.hpp"
@@ -595,15 +596,17 @@ void check_results_outlive_buffer(RankHarness& harness, const BufferOptions& opt
   const int ranks = harness.num_ranks();
   const std::vector<reference::NormalRankInput> world = make_world(s, kSeed + 31u, ranks, kXStream, kScalesStream);
   RankTensors inputs(world[harness.rank()], ranks);
-  DispatchResult kept;
+  std::optional<DispatchResult> kept;
   {
     Buffer buffer(harness.bootstrap(), options);
     inputs.launch_layout(buffer, s, nullptr);
     kept = buffer.dispatch(inputs.args(s, config, ranks), *buffer.output_allocator(), CallOptions{});
     buffer.synchronize(nullptr);
   }
-  const int rows = kept.handle.num_rows();
-  kept = DispatchResult{};  // the handle's memory goes now, in the order of the gone Buffer's stream
+  const int rows = kept->handle.num_rows();
+  // Destroyed as a scope ends it: the handle first, then the result's own copy of one of its
+  // tensors, whose memory goes last, in the order of the gone Buffer's stream.
+  kept.reset();
   EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
   harness.check(cudaGetLastError() == cudaSuccess,
                 "a dispatch result (" + std::to_string(rows) + " rows) released after its Buffer");
