@@ -37,6 +37,11 @@ struct BufferOptions {
   int num_qps_per_rank = 24;
   // Let low-latency traffic between ranks of one node use NVLink rather than RDMA.
   bool allow_nvlink_for_low_latency_mode = true;
+  // Test the path across nodes on one machine: split the ranks into this many equal groups
+  // ("nodes") that reach each other only through the transport's put and signal, never by loads
+  // or stores into each other's memory, as ranks of different nodes do. 1: off. Low-latency mode
+  // only (num_nvl_bytes must be 0); every rank passes the same value.
+  int emulated_nodes = 1;
   // CUDA device of this rank; -1 uses the device current at construction.
   int device = -1;
   // Do every one-time cost (module loading, peer mapping first touch, a barrier round) inside

@@ -1,7 +1,8 @@
-// Where things live inside each rank's NVLink buffer. Host code (allocation, sizing) and kernels
-// (flag and slot addresses) both use these structs, so an offset is never computed by hand twice.
+// Where normal mode keeps things inside each rank's buffer (common/buffer_layout.hpp places the
+// regions). Host code (allocation, sizing) and kernels (flag and slot offsets, handed to the
+// transport window) both use these structs, so an offset is never computed by hand twice.
 //
-//   [ control block                                                  ][ user data: num_nvl_bytes ]
+//   [ control block                                                  ][ rings: num_nvl_bytes ]
 //     barrier_signal[kMaxNvlPeers]    written by peers at a barrier
 //     barrier_epoch, notify_parity    written by the owner only
 //     ring_tail[channel][writer]      positions a writer has filled in my ring (channel, writer)
@@ -44,39 +45,30 @@ struct NvlLayout {
   static constexpr size_t kControlEnd = kNotifySlotsOffset + 2 * kMaxNvlPeers * kNotifySlotBytes;
   static constexpr size_t kPageBytes = 4096;
   static constexpr size_t kControlBytes = (kControlEnd + kPageBytes - 1) / kPageBytes * kPageBytes;
-  static constexpr size_t kUserOffset = kControlBytes;
+  // The rings (normal-mode user data, num_nvl_bytes) start right after the control block.
+  static constexpr size_t kDataOffset = kControlBytes;
 
   static_assert(kNotifyParityOffset + sizeof(uint64_t) <= kRingTailOffset, "control header overflow");
 
-  EPCOMM_HOST_DEVICE static size_t total_bytes(size_t num_user_bytes) { return kUserOffset + num_user_bytes; }
-
-  EPCOMM_HOST_DEVICE static uint64_t* barrier_signal(void* base, int source_rank) {
-    return at<uint64_t>(base, kBarrierSignalsOffset) + source_rank;
+  // Every function returns an offset from the start of a rank's buffer (the same on every rank).
+  EPCOMM_HOST_DEVICE static constexpr size_t barrier_signal(int source_rank) {
+    return kBarrierSignalsOffset + source_rank * sizeof(uint64_t);
   }
-  EPCOMM_HOST_DEVICE static uint64_t* barrier_epoch(void* base) { return at<uint64_t>(base, kBarrierEpochOffset); }
-  EPCOMM_HOST_DEVICE static uint64_t* notify_parity(void* base) { return at<uint64_t>(base, kNotifyParityOffset); }
-
-  EPCOMM_HOST_DEVICE static uint64_t* ring_tail(void* base, int channel, int writer) {
-    return &(*at<Counters>(base, kRingTailOffset))[channel][writer];
+  EPCOMM_HOST_DEVICE static constexpr size_t barrier_epoch() { return kBarrierEpochOffset; }
+  EPCOMM_HOST_DEVICE static constexpr size_t notify_parity() { return kNotifyParityOffset; }
+  EPCOMM_HOST_DEVICE static constexpr size_t ring_tail(int channel, int writer) { return counter(kRingTailOffset, channel, writer); }
+  EPCOMM_HOST_DEVICE static constexpr size_t ring_head(int channel, int reader) { return counter(kRingHeadOffset, channel, reader); }
+  EPCOMM_HOST_DEVICE static constexpr size_t ring_sent(int channel, int reader) { return counter(kRingSentOffset, channel, reader); }
+  EPCOMM_HOST_DEVICE static constexpr size_t ring_consumed(int channel, int writer) {
+    return counter(kRingConsumedOffset, channel, writer);
   }
-  EPCOMM_HOST_DEVICE static uint64_t* ring_head(void* base, int channel, int reader) {
-    return &(*at<Counters>(base, kRingHeadOffset))[channel][reader];
+  EPCOMM_HOST_DEVICE static constexpr size_t notify_slot(uint64_t parity, int source_rank) {
+    return kNotifySlotsOffset + (parity * kMaxNvlPeers + source_rank) * kNotifySlotBytes;
   }
-  EPCOMM_HOST_DEVICE static uint64_t* ring_sent(void* base, int channel, int reader) {
-    return &(*at<Counters>(base, kRingSentOffset))[channel][reader];
-  }
-  EPCOMM_HOST_DEVICE static uint64_t* ring_consumed(void* base, int channel, int writer) {
-    return &(*at<Counters>(base, kRingConsumedOffset))[channel][writer];
-  }
-  EPCOMM_HOST_DEVICE static NotifySlot* notify_slot(void* base, uint64_t parity, int source_rank) {
-    return at<NotifySlot>(base, kNotifySlotsOffset + (parity * kMaxNvlPeers + source_rank) * kNotifySlotBytes);
-  }
-  EPCOMM_HOST_DEVICE static void* user(void* base) { return static_cast<char*>(base) + kUserOffset; }
 
  private:
-  template <typename T>
-  EPCOMM_HOST_DEVICE static T* at(void* base, size_t offset) {
-    return reinterpret_cast<T*>(static_cast<char*>(base) + offset);
+  EPCOMM_HOST_DEVICE static constexpr size_t counter(size_t array, int channel, int rank) {
+    return array + (static_cast<size_t>(channel) * kMaxNvlPeers + rank) * sizeof(uint64_t);
   }
 };
 
@@ -124,10 +116,11 @@ struct RingLayout {
   EPCOMM_HOST_DEVICE size_t total_bytes(int num_channels) const {
     return static_cast<size_t>(num_channels) * num_ranks * capacity * slot.bytes;
   }
-  EPCOMM_HOST_DEVICE char* slot_at(void* buffer_base, int channel, int writer, uint64_t position) const {
+  // Offset from a rank's buffer base of slot `position` of ring (channel, writer).
+  EPCOMM_HOST_DEVICE size_t slot_at(int channel, int writer, uint64_t position) const {
     const size_t ring = static_cast<size_t>(channel) * num_ranks + writer;
     const size_t index = ring * capacity + static_cast<size_t>(position % static_cast<uint64_t>(capacity));
-    return static_cast<char*>(NvlLayout::user(buffer_base)) + index * slot.bytes;
+    return NvlLayout::kDataOffset + index * slot.bytes;
   }
 };
 

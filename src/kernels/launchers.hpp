@@ -8,7 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include "common/kernel_context.hpp"
-#include "transport/ipc/ipc_peers.hpp"
+#include "transport/window.hpp"
 
 namespace epcomm::kernels {
 
@@ -32,11 +32,11 @@ void launch_dispatch_layout(const DispatchLayoutArgs& args, int max_blocks, cons
 
 // Every rank waits until every rank has arrived; orders all earlier stream work on this rank
 // before later stream work on every rank.
-void launch_nvl_barrier(const IpcPeers& peers, const KernelContext& context, cudaStream_t stream);
+void launch_nvl_barrier(const PeerWindow& window, const KernelContext& context, cudaStream_t stream);
 
 // Writes `bytes_per_peer` bytes from `source` into every rank's user region at offset
 // rank * bytes_per_peer: the all-to-all traffic pattern of dispatch, with nothing else.
-void launch_peer_copy(const IpcPeers& peers, const void* source, size_t bytes_per_peer, int num_blocks,
+void launch_peer_copy(const PeerWindow& window, const void* source, size_t bytes_per_peer, int num_blocks,
                       const KernelContext& context, cudaStream_t stream);
 
 // Forces the module of every kernel above to load now (CUDA loads modules lazily on first launch).

@@ -11,7 +11,7 @@
 #include "epcomm_build_info.hpp"
 #include "kernels/launchers.hpp"
 #include "runtime/buffer_impl.hpp"
-#include "runtime/cuda_check.hpp"
+#include "common/cuda_check.hpp"
 #include "runtime/validate.hpp"
 
 
@@ -44,6 +44,8 @@ Buffer::Buffer(std::shared_ptr<Bootstrap> bootstrap, const BufferOptions& option
   impl_ = std::make_unique<Impl>();
   impl_->bootstrap = std::move(bootstrap);
   impl_->options = options;
+  impl_->layout.nvl_bytes = static_cast<size_t>(options.num_nvl_bytes);
+  impl_->layout.low_latency_bytes = static_cast<size_t>(options.num_rdma_bytes);
   if (detail::Profiler::enabled_by_environment()) impl_->profiler = std::make_unique<detail::Profiler>(impl_->bootstrap->rank());
   // The device current on this (the caller's) thread: what device=-1 means, even if the
   // initialisation runs on another thread, where the current device would be 0.
@@ -97,14 +99,18 @@ void Buffer::Impl::initialize(int caller_device, bool background) {
     outputs = options.output_allocator ? options.output_allocator : make_stream_ordered_allocator();
   }
   const InitPhaseTimer phase(*this, "allocate, exchange and map peer buffers");
-  // The low-latency region follows the normal-mode data in the same IPC allocation. Every rank
-  // must have asked for the same things, or collective steps (warmup) would take different paths.
-  const std::string agreed = join_message("num_nvl_bytes=", options.num_nvl_bytes, " num_rdma_bytes=", options.num_rdma_bytes,
-                                    " low_latency_mode=", options.low_latency_mode, " preinitialize=", options.preinitialize,
-                                    " warmup_shape=", options.warmup_shape.num_tokens, "/",
-                                    options.warmup_shape.num_low_latency_tokens, "/", options.warmup_shape.hidden, "/",
-                                    options.warmup_shape.num_topk, "/", options.warmup_shape.num_experts);
-  nvl.emplace(*bootstrap, device, static_cast<size_t>(options.num_nvl_bytes + options.num_rdma_bytes), agreed);
+  // Every rank must have asked for the same things, or collective steps (warmup) would take
+  // different paths.
+  detail::TransportOptions transport_options;
+  transport_options.device = device;
+  transport_options.layout = layout;
+  transport_options.emulated_nodes = options.emulated_nodes;
+  transport_options.agreed = join_message(
+      "num_nvl_bytes=", options.num_nvl_bytes, " num_rdma_bytes=", options.num_rdma_bytes, " low_latency_mode=",
+      options.low_latency_mode, " preinitialize=", options.preinitialize, " emulated_nodes=", options.emulated_nodes,
+      " warmup_shape=", options.warmup_shape.num_tokens, "/", options.warmup_shape.num_low_latency_tokens, "/",
+      options.warmup_shape.hidden, "/", options.warmup_shape.num_topk, "/", options.warmup_shape.num_experts);
+  transport = detail::make_transport(*bootstrap, transport_options);
   // After the agreement: every rank has the same options now, so every rank fails here alike.
   detail::check_warmup_fits(options, bootstrap->num_ranks());
 }
@@ -116,7 +122,7 @@ Buffer::Impl::~Impl() {
 Buffer::~Buffer() {
   if (!impl_) return;
   if (impl_->initialization.valid()) impl_->initialization.wait();  // never leave the thread running
-  if (!impl_->nvl) return;
+  if (!impl_->transport) return;
   try {
     destroy();
   } catch (const std::exception& error) {
@@ -159,7 +165,7 @@ std::shared_ptr<Allocator> Buffer::output_allocator() const {
 bool Buffer::is_available() const {
   if (!impl_ || impl_->initialization_error) return false;
   if (impl_->initialization.valid()) impl_->initialization.wait();
-  return impl_->nvl.has_value();
+  return impl_->transport != nullptr;
 }
 
 void Buffer::warmup(cudaStream_t stream) {
@@ -175,13 +181,13 @@ std::vector<InitPhase> Buffer::initialization_phases() const {
 void Buffer::destroy() {
   if (!impl_) return;
   if (impl_->initialization.valid()) impl_->initialization.wait();
-  if (!impl_->nvl) return;
+  if (!impl_->transport) return;
   detail::ScopedDevice scoped(impl_->device);
   // No kernel of this rank may still touch a peer, and no peer one of ours, once memory is freed.
   EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
   impl_->bootstrap->barrier();
-  impl_->nvl->release_collectively(*impl_->bootstrap);
-  impl_->nvl.reset();
+  impl_->transport->release_collectively(*impl_->bootstrap);
+  impl_->transport.reset();
   impl_->layout_workspace = detail::DeviceAllocation();
 }
 
@@ -229,7 +235,7 @@ void Buffer::barrier(cudaStream_t stream) {
   impl_->begin("barrier");
   detail::ScopedDevice scoped(impl_->device);
   Event::record(stream).wait(impl_->comm_stream);
-  kernels::launch_nvl_barrier(impl_->nvl->peers(), impl_->context(), impl_->comm_stream);
+  kernels::launch_nvl_barrier(impl_->window(), impl_->context(), impl_->comm_stream);
   Event::record(impl_->comm_stream).wait(stream);
 }
 
@@ -265,17 +271,17 @@ void Buffer::copy_to_all_ranks(const void* source, size_t bytes_per_rank, int nu
   const cudaStream_t comm = impl_->comm_stream;
   Event::record(stream).wait(comm);
   // The leading barrier keeps the copy off rings a peer may still be reading (a combine).
-  kernels::launch_nvl_barrier(impl_->nvl->peers(), impl_->context(), comm);
-  kernels::launch_peer_copy(impl_->nvl->peers(), source, bytes_per_rank, num_sms, impl_->context(), comm);
-  kernels::launch_nvl_barrier(impl_->nvl->peers(), impl_->context(), comm);
+  kernels::launch_nvl_barrier(impl_->window(), impl_->context(), comm);
+  kernels::launch_peer_copy(impl_->window(), source, bytes_per_rank, num_sms, impl_->context(), comm);
+  kernels::launch_nvl_barrier(impl_->window(), impl_->context(), comm);
   Event::record(comm).wait(stream);
 }
 
 void* Buffer::local_nvl_buffer() const {
   if (!impl_) return nullptr;
   impl_->wait_until_ready();
-  if (!impl_->nvl) return nullptr;
-  return NvlLayout::user(impl_->nvl->local_base());
+  if (!impl_->transport) return nullptr;
+  return impl_->local_base() + BufferLayout::nvl_offset();
 }
 
 std::string Buffer::version() {

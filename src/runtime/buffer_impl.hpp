@@ -10,12 +10,13 @@
 
 #include "common/kernel_context.hpp"
 #include "epcomm/buffer.hpp"
-#include "runtime/cuda_check.hpp"
-#include "runtime/device_allocation.hpp"
+#include "common/cuda_check.hpp"
+#include "common/device_allocation.hpp"
 #include "runtime/device_error_log.hpp"
 #include "runtime/profiler.hpp"
 #include "runtime/scoped_device.hpp"
-#include "transport/ipc/ipc_buffer.hpp"
+#include "common/buffer_layout.hpp"
+#include "transport/transport.hpp"
 
 namespace epcomm {
 
@@ -40,7 +41,8 @@ struct Buffer::Impl {
   int device = 0;
   int num_device_sms = 0;
   detail::DeviceErrorLog errors;
-  std::optional<detail::IpcBuffer> nvl;
+  BufferLayout layout;                        // where each region of every rank's buffer starts
+  std::unique_ptr<detail::Transport> transport;  // null before initialisation and after destroy()
   detail::DeviceAllocation layout_workspace;  // LayoutWorkspace, zeroed once
   detail::MappedHostMemory notify_results;    // NotifyResults, read by the host after a notify
   uint64_t notify_sequence = 0;               // last sequence number a host-waited notify published
@@ -108,11 +110,14 @@ struct Buffer::Impl {
     return context;
   }
 
+  const PeerWindow& window() const { return transport->window(); }
+  char* local_base() const { return static_cast<char*>(transport->local_base()); }
+
   // Every operation starts here: a Buffer that was destroyed, or whose earlier kernel recorded a
   // failure, refuses to go on.
   void begin(const char* op) {
     wait_until_ready();
-    if (!nvl) fail(ErrorCode::kInvalidArgument, op, ": the Buffer was destroyed");
+    if (!transport) fail(ErrorCode::kInvalidArgument, op, ": the Buffer was destroyed");
     errors.raise_if_recorded();
   }
 };

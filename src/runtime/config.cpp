@@ -35,6 +35,15 @@ void BufferOptions::validate(int num_ranks) const {
     fail(ErrorCode::kInvalidArgument, "Buffer: num_qps_per_rank=", num_qps_per_rank, " must be at least 1");
   }
   if (device < -1) fail(ErrorCode::kInvalidArgument, "Buffer: device=", device, " must be -1 (current) or a device index");
+  if (emulated_nodes < 1 || num_ranks % emulated_nodes != 0) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: emulated_nodes=", emulated_nodes, " must be at least 1 and divide num_ranks=",
+         num_ranks);
+  }
+  if (emulated_nodes > 1 && num_nvl_bytes > 0) {
+    fail(ErrorCode::kUnsupported, "Buffer: emulated_nodes=", emulated_nodes, " with num_nvl_bytes=", num_nvl_bytes,
+         ": normal mode across nodes (RDMA with NVLink forwarding) is not in this build yet; emulated nodes run the "
+         "low-latency mode (num_nvl_bytes=0)");
+  }
   if (wait_timeout.count() <= 0) {
     fail(ErrorCode::kInvalidArgument, "Buffer: wait_timeout=", wait_timeout.count(), " ms must be positive");
   }

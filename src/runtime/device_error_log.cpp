@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "epcomm/error.hpp"
-#include "runtime/cuda_check.hpp"
+#include "common/cuda_check.hpp"
 
 namespace epcomm {
 
@@ -35,11 +35,6 @@ const char* wait_target_name(WaitTarget target) {
 }
 
 namespace detail {
-
-void warn_cuda(const char* call, cudaError_t status, const char* file, int line) noexcept {
-  std::fprintf(stderr, "epcomm: warning: %s failed: %s (%s) at %s:%d\n", call, cudaGetErrorName(status),
-               cudaGetErrorString(status), file, line);
-}
 
 void DeviceErrorLog::allocate() { memory_ = MappedHostMemory(sizeof(DeviceErrorRecord)); }
 

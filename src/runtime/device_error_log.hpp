@@ -5,7 +5,7 @@
 #include <string>
 
 #include "common/device_error.hpp"
-#include "runtime/device_allocation.hpp"
+#include "common/device_allocation.hpp"
 
 namespace epcomm::detail {
 

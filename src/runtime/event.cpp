@@ -4,7 +4,7 @@
 #include <mutex>
 #include <vector>
 
-#include "runtime/cuda_check.hpp"
+#include "common/cuda_check.hpp"
 
 namespace epcomm {
 namespace {

@@ -15,8 +15,13 @@ constexpr const char* kCombineOp = "low_latency_combine";
 
 bool given(const TensorView& tensor) { return tensor.ndim > 0; }
 
-LowLatencyLayout make_layout(int num_ranks, int num_experts, int max_tokens, int hidden) {
-  return LowLatencyLayout::of(num_ranks, num_experts, max_tokens, hidden);
+// Sizes depend on the shapes only; offsets also on where the region starts (impl.layout).
+LowLatencyLayout make_layout(int num_ranks, int num_experts, int max_tokens, int hidden, size_t region_offset = 0) {
+  return LowLatencyLayout::of(region_offset, num_ranks, num_experts, max_tokens, hidden);
+}
+
+LowLatencyLayout buffer_layout(const Buffer::Impl& impl, int num_experts, int max_tokens, int hidden) {
+  return make_layout(impl.bootstrap->num_ranks(), num_experts, max_tokens, hidden, impl.layout.low_latency_offset());
 }
 
 void require_low_latency_region(const char* op, const Buffer::Impl& impl, const LowLatencyLayout& layout) {
@@ -46,14 +51,14 @@ void validate_shapes(const char* op, int num_ranks, int max_tokens, int hidden, 
 // The launch grid: enough blocks for the work, and never more than this rank's share of the GPU
 // (every block of every rank sharing it must be resident at once, or waits could starve).
 int low_latency_blocks(const Buffer::Impl& impl, int work_items) {
-  const int share = std::max(1, impl.num_device_sms / std::max(1, impl.nvl->ranks_on_my_device()));
+  const int share = std::max(1, impl.num_device_sms / std::max(1, impl.transport->ranks_on_my_device()));
   return std::max(1, std::min(share, work_items));
 }
 
 kernels::LowLatencyCommon common_args(const Buffer::Impl& impl, int set_index, int num_experts, int max_tokens,
                                       int hidden, int num_tokens, int num_topk, const int64_t* topk_idx) {
   kernels::LowLatencyCommon common;
-  common.region_offset = NvlLayout::kUserOffset + static_cast<size_t>(impl.options.num_nvl_bytes);
+  common.region_offset = impl.layout.low_latency_offset();
   common.set_index = set_index;
   common.num_experts = num_experts;
   common.max_tokens = max_tokens;
@@ -166,19 +171,19 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
   kernel.cumulative_stats = given(args.cumulative_local_expert_recv_stats)
                                 ? args.cumulative_local_expert_recv_stats.ptr<int32_t>()
                                 : nullptr;
-  const IpcPeers peers = impl.nvl->peers();
+  const PeerWindow window = impl.window();
   const KernelContext context = impl.context();
   const unsigned phases = args.return_recv_hook ? kernels::kSendPhase : (kernels::kSendPhase | kernels::kReceivePhase);
-  kernels::launch_low_latency_dispatch(peers, kernel, phases, context, call.stream);
+  kernels::launch_low_latency_dispatch(window, kernel, phases, context, call.stream);
   if (args.return_recv_hook) {
     // The hook keeps the outputs alive until it has launched the receive.
     auto keep = std::make_shared<LowLatencyDispatchResult>(result);
     std::shared_ptr<const detail::LowLatencyHandleState> handle_state = state;  // the receive writes into it
     const cudaStream_t default_stream = call.stream;
     const int device = impl.device;
-    result.hook = RecvHook([peers, kernel, context, keep, handle_state, default_stream, device](cudaStream_t stream) {
+    result.hook = RecvHook([window, kernel, context, keep, handle_state, default_stream, device](cudaStream_t stream) {
       detail::ScopedDevice hook_device(device);
-      kernels::launch_low_latency_dispatch(peers, kernel, kernels::kReceivePhase, context, stream ? stream : default_stream);
+      kernels::launch_low_latency_dispatch(window, kernel, kernels::kReceivePhase, context, stream ? stream : default_stream);
     });
   }
   result.handle = LowLatencyHandle(std::move(state));
@@ -238,18 +243,18 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
   kernel.recv_src_info = state.recv_src_info.view.ptr<int32_t>();
   kernel.recv_src_k = state.recv_src_k.view.ptr<int32_t>();
   kernel.out = result.combined_x.view.data;
-  const IpcPeers peers = impl.nvl->peers();
+  const PeerWindow window = impl.window();
   const KernelContext context = impl.context();
   const unsigned phases = args.return_recv_hook ? kernels::kSendPhase : (kernels::kSendPhase | kernels::kReceivePhase);
-  kernels::launch_low_latency_combine(peers, kernel, phases, context, call.stream);
+  kernels::launch_low_latency_combine(window, kernel, phases, context, call.stream);
   if (args.return_recv_hook) {
     auto keep = std::make_shared<LowLatencyCombineResult>(result);
     auto handle_state = args.handle->state_;
     const cudaStream_t default_stream = call.stream;
     const int device = impl.device;
-    result.hook = RecvHook([peers, kernel, context, keep, handle_state, default_stream, device](cudaStream_t stream) {
+    result.hook = RecvHook([window, kernel, context, keep, handle_state, default_stream, device](cudaStream_t stream) {
       detail::ScopedDevice hook_device(device);
-      kernels::launch_low_latency_combine(peers, kernel, kernels::kReceivePhase, context, stream ? stream : default_stream);
+      kernels::launch_low_latency_combine(window, kernel, kernels::kReceivePhase, context, stream ? stream : default_stream);
     });
   }
   result.event = finish(call);
@@ -262,13 +267,12 @@ TensorView Buffer::get_next_low_latency_combine_buffer(const LowLatencyHandle& h
     fail(ErrorCode::kInvalidArgument, "get_next_low_latency_combine_buffer: handle must come from this Buffer");
   }
   const detail::LowLatencyHandleState& state = *handle.state_;
-  const LowLatencyLayout layout = make_layout(num_ranks(), state.num_experts, state.max_tokens, state.hidden);
+  const LowLatencyLayout layout = buffer_layout(*impl_, state.num_experts, state.max_tokens, state.hidden);
   require_low_latency_region("get_next_low_latency_combine_buffer", *impl_, layout);
   const int set_index = static_cast<int>(impl_->low_latency_calls % LowLatencyLayout::kNumSets);
-  void* region = static_cast<char*>(impl_->nvl->local_base()) + NvlLayout::kUserOffset + impl_->options.num_nvl_bytes;
   const int64_t rows = static_cast<int64_t>(num_ranks()) * state.max_tokens;
-  // The rows region of the set that combine will use: dense bf16 rows (row_stride is hidden x 2).
-  return TensorView::contiguous(layout.row(region, set_index, 0), DType::kBFloat16,
+  // The combine input of the set that combine will use: dense bf16 rows over its messages.
+  return TensorView::contiguous(impl_->local_base() + layout.combine_input(set_index), DType::kBFloat16,
                                 {layout.experts_per_rank, rows, state.hidden});
 }
 
@@ -284,8 +288,7 @@ void Buffer::clean_low_latency_buffer(int num_max_dispatch_tokens_per_rank, int 
   EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
   // Nobody may still write flags into this region while it is zeroed, nor before every rank is.
   impl_->bootstrap->barrier();
-  void* region = static_cast<char*>(impl_->nvl->local_base()) + NvlLayout::kUserOffset + impl_->options.num_nvl_bytes;
-  EPCOMM_CUDA_CHECK(cudaMemset(region, 0, static_cast<size_t>(impl_->options.num_rdma_bytes)));
+  EPCOMM_CUDA_CHECK(cudaMemset(impl_->local_base() + impl_->layout.low_latency_offset(), 0, impl_->layout.low_latency_bytes));
   EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
   impl_->low_latency_calls = 0;
   impl_->bootstrap->barrier();

@@ -71,9 +71,18 @@ void require_ring_fits(const char* op, const Buffer::Impl& impl, const RingLayou
   }
 }
 
+// The intranode kernels store rows straight into peers' rings: every rank must be direct.
+void require_direct_peers(const char* op, const Buffer::Impl& impl) {
+  if (!impl.window().all_direct()) {
+    fail(ErrorCode::kUnsupported, op, ": some ranks reach each other only by put (emulated_nodes=",
+         impl.options.emulated_nodes, "); normal mode across nodes is not in this build yet");
+  }
+}
+
 // Every block of every rank on this GPU must be resident at once (see normal_kernel_blocks_per_sm).
 void require_resident(const char* op, const Buffer::Impl& impl, const Config& config) {
-  const int sharing = impl.nvl->ranks_on_my_device();
+  require_direct_peers(op, impl);
+  const int sharing = impl.transport->ranks_on_my_device();
   const int capacity = impl.num_device_sms * kernels::normal_kernel_blocks_per_sm();
   if (sharing * config.num_sms > capacity) {
     fail(ErrorCode::kInvalidArgument, op, ": config.num_sms=", config.num_sms, " with ", sharing,
@@ -260,7 +269,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, 
       notify.host_results = static_cast<NotifyResults*>(impl.notify_results.device());
       notify.sequence = ++impl.notify_sequence;
     }
-    kernels::launch_notify_dispatch(impl.nvl->peers(), notify, context, streams.comm());
+    kernels::launch_notify_dispatch(impl.window(), notify, context, streams.comm());
     if (host_waits) {
       wait_for_notify(impl, notify.sequence);
       const auto* results = static_cast<const NotifyResults*>(impl.notify_results.host());
@@ -276,7 +285,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, 
                                                               handle_stream, impl.comm_stream_lifetime)[0]);
   } else {
     // No notify: the barrier alone makes sure every rank has finished its previous call.
-    kernels::launch_nvl_barrier(impl.nvl->peers(), context, streams.comm());
+    kernels::launch_nvl_barrier(impl.window(), context, streams.comm());
   }
 
   DispatchResult result;
@@ -310,7 +319,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, 
   kernel.recv_src_idx = cached == nullptr ? state->recv_src_idx.view.ptr<int32_t>() : nullptr;
   kernel.send_position = cached == nullptr ? state->send_position.view.ptr<int32_t>() : nullptr;
   kernel.ring = ring_args(args.config);
-  kernels::launch_dispatch(impl.nvl->peers(), kernel, context, streams.comm());
+  kernels::launch_dispatch(impl.window(), kernel, context, streams.comm());
 
   result.num_recv_tokens_per_expert_device = state->num_recv_tokens_per_expert_device;
   result.num_recv_tokens_per_expert = state->num_recv_tokens_per_expert;
@@ -369,7 +378,7 @@ CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, con
   streams.order_after_allocations();
 
   // Every rank must have finished its previous call before rings are laid out for this one.
-  kernels::launch_nvl_barrier(impl.nvl->peers(), context, streams.comm());
+  kernels::launch_nvl_barrier(impl.window(), context, streams.comm());
   kernels::CombineKernelArgs kernel;
   kernel.x = args.x.data;
   kernel.hidden = hidden;
@@ -384,7 +393,7 @@ CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, con
   kernel.combined_x = result.combined_x.view.data;
   kernel.combined_topk_weights = result.combined_topk_weights.view.ptr<float>();
   kernel.ring = ring_args(args.config);
-  kernels::launch_combine(impl.nvl->peers(), kernel, context, streams.comm());
+  kernels::launch_combine(impl.window(), kernel, context, streams.comm());
   result.event = streams.finish();
   return result;
 }

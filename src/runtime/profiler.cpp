@@ -10,7 +10,7 @@
 #include <map>
 #include <sstream>
 
-#include "runtime/cuda_check.hpp"
+#include "common/cuda_check.hpp"
 #include "runtime/scoped_device.hpp"
 
 namespace epcomm::detail {

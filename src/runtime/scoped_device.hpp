@@ -1,7 +1,7 @@
 // Makes a device current for the length of a scope and restores the caller's afterwards.
 #pragma once
 
-#include "runtime/cuda_check.hpp"
+#include "common/cuda_check.hpp"
 
 namespace epcomm::detail {
 

@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "epcomm/error.hpp"
-#include "runtime/cuda_check.hpp"
+#include "common/cuda_check.hpp"
 
 namespace epcomm {
 

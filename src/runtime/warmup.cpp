@@ -211,7 +211,7 @@ void Buffer::warm_up(cudaStream_t stream) {
       detail::DeviceAllocation source(bytes_per_rank);
       EPCOMM_CUDA_CHECK(cudaMemsetAsync(source.get(), 0, bytes_per_rank, stream));
       Event::record(stream).wait(impl.comm_stream);
-      kernels::launch_peer_copy(impl.nvl->peers(), source.get(), bytes_per_rank, std::min(impl.num_device_sms, kCopyWarmupSms),
+      kernels::launch_peer_copy(impl.window(), source.get(), bytes_per_rank, std::min(impl.num_device_sms, kCopyWarmupSms),
                                 impl.context(), impl.comm_stream);
       Event::record(impl.comm_stream).wait(stream);
       barrier(stream);
@@ -221,8 +221,7 @@ void Buffer::warm_up(cudaStream_t stream) {
     }
     if (impl.options.num_rdma_bytes > 0) {
       // Own region (ranks == 1, or the slice nobody wrote): epochs and flags start from zero.
-      const size_t region = NvlLayout::kUserOffset + static_cast<size_t>(impl.options.num_nvl_bytes);
-      EPCOMM_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(impl.nvl->local_base()) + region, 0,
+      EPCOMM_CUDA_CHECK(cudaMemsetAsync(impl.local_base() + impl.layout.low_latency_offset(), 0,
                                         LowLatencyLayout::kControlBytes, stream));
       barrier(stream);
       synchronize(stream);

@@ -44,6 +44,27 @@ TEST(BufferOptions, BadFieldsAreNamedWithTheirValues) {
   EXPECT_NE(validation_error(options, 2).find("wait_timeout=0 ms"), std::string::npos);
 }
 
+TEST(BufferOptions, EmulatedNodesMustDivideTheRanksAndCarryNoNormalMode) {
+  BufferOptions options;
+  options.low_latency_mode = true;
+  options.num_rdma_bytes = 1 << 20;
+  options.emulated_nodes = 2;
+  EXPECT_EQ(validation_error(options, 4), "");
+  EXPECT_NE(validation_error(options, 3).find("emulated_nodes=2 must be at least 1 and divide num_ranks=3"),
+            std::string::npos);
+  options.emulated_nodes = 0;
+  EXPECT_NE(validation_error(options, 4).find("emulated_nodes=0"), std::string::npos);
+  options.emulated_nodes = 2;
+  options.num_nvl_bytes = 1 << 20;
+  try {
+    options.validate(4);
+    FAIL() << "normal mode across emulated nodes was accepted";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(error.what()).find("normal mode across nodes"), std::string::npos);
+  }
+}
+
 TEST(BufferOptions, WhatThisBuildCannotDoIsUnsupported) {
   BufferOptions options;
   options.num_rdma_bytes = 1 << 20;

@@ -13,5 +13,6 @@ void run_timeout_case(RankHarness& harness);
 void run_cold_start_case(RankHarness& harness);
 void run_normal_case(RankHarness& harness);
 void run_low_latency_case(RankHarness& harness);
+void run_low_latency_emulated_case(RankHarness& harness);
 
 }  // namespace epcomm::testing

@@ -20,6 +20,7 @@ constexpr Case kCases[] = {
     {"cold_start", epcomm::testing::run_cold_start_case},
     {"normal", epcomm::testing::run_normal_case},
     {"low_latency", epcomm::testing::run_low_latency_case},
+    {"low_latency_emulated", epcomm::testing::run_low_latency_emulated_case},
 };
 
 int usage() {

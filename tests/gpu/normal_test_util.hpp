@@ -16,7 +16,7 @@
 #include "common/rank_harness.hpp"
 #include "epcomm/error.hpp"
 #include "epcomm/types.hpp"
-#include "runtime/cuda_check.hpp"
+#include "common/cuda_check.hpp"
 #include "support/device_bytes.hpp"
 
 namespace epcomm::testing {

@@ -597,9 +597,11 @@ void check_errors(Context& ctx) {
 
 }  // namespace
 
-void run_low_latency_case(RankHarness& harness) {
+void run_low_latency_suite(RankHarness& harness, int emulated_nodes) {
   const int ranks = harness.num_ranks();
   BufferOptions options;
+  options.emulated_nodes = emulated_nodes;
+  options.preinitialize = emulated_nodes > 1;  // the warmup's first touch of every peer goes by put there
   options.num_nvl_bytes = 0;
   options.low_latency_mode = true;
   options.num_rdma_bytes =
@@ -622,6 +624,25 @@ void run_low_latency_case(RankHarness& harness) {
     run_scenario(ctx, after, kSeed + 104729u);
     EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
   }
+}
+
+void run_low_latency_case(RankHarness& harness) { run_low_latency_suite(harness, 1); }
+
+// The same suite with the ranks split into two emulated nodes: ranks of the other half are reached
+// only by put and signal (BufferOptions::emulated_nodes), the path across nodes.
+void run_low_latency_emulated_case(RankHarness& harness) {
+  const int ranks = harness.num_ranks();
+  if (ranks < 2 || ranks % 2 != 0) {
+    std::printf("low_latency_emulated: %d rank(s) cannot form two emulated nodes; nothing to run\n", ranks);
+    return;
+  }
+  run_low_latency_suite(harness, 2);
+  // Normal mode needs every rank direct: a Buffer for it across emulated nodes is refused clearly.
+  BufferOptions normal;
+  normal.num_nvl_bytes = 1 << 20;
+  normal.emulated_nodes = 2;
+  expect_error_with(harness, ErrorCode::kUnsupported, {"emulated_nodes=2", "normal mode across nodes"},
+                    [&] { Buffer refused(harness.bootstrap(), normal); }, "normal-mode Buffer across emulated nodes");
 }
 
 }  // namespace epcomm::testing

@@ -8,7 +8,7 @@
 #include "bench/bench_context.hpp"
 #include "common/constants.hpp"
 #include "support/device_bytes.hpp"
-#include "runtime/cuda_check.hpp"
+#include "common/cuda_check.hpp"
 
 namespace epcomm::bench {
 namespace {

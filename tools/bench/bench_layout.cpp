@@ -6,7 +6,7 @@
 #include "reference/workload.hpp"
 #include "common/constants.hpp"
 #include "support/device_bytes.hpp"
-#include "runtime/cuda_check.hpp"
+#include "common/cuda_check.hpp"
 
 namespace epcomm::bench {
 namespace {

@@ -6,7 +6,7 @@
 #include "bench/bench_context.hpp"
 #include "reference/reference.hpp"
 #include "reference/workload.hpp"
-#include "runtime/cuda_check.hpp"
+#include "common/cuda_check.hpp"
 #include "support/device_bytes.hpp"
 
 namespace epcomm::bench {

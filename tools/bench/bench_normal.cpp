@@ -13,7 +13,7 @@
 #include "reference/numeric.hpp"
 #include "reference/reference.hpp"
 #include "reference/workload.hpp"
-#include "runtime/cuda_check.hpp"
+#include "common/cuda_check.hpp"
 #include "support/device_bytes.hpp"
 
 namespace epcomm::bench {

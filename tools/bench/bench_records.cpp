@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <fstream>
 
-#include "runtime/cuda_check.hpp"
+#include "common/cuda_check.hpp"
 
 namespace epcomm::bench {
 namespace {

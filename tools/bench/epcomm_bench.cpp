@@ -18,7 +18,7 @@
 #include "support/launcher.hpp"
 #include "reference/reference.hpp"
 #include "reference/workload.hpp"
-#include "runtime/cuda_check.hpp"
+#include "common/cuda_check.hpp"
 
 
 namespace epcomm::bench {

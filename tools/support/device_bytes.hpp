@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/cuda_check.hpp"
+#include "common/cuda_check.hpp"
 
 namespace epcomm::testing {
 

@@ -1,19 +1,20 @@
 // The stand-alone cross-rank barrier kernel (Buffer::barrier, and before combine).
+#include "common/cuda_check.hpp"
 #include "kernels/common/block_barrier.cuh"
 #include "kernels/launchers.hpp"
-#include "runtime/cuda_check.hpp"
 
 namespace epcomm::kernels {
 namespace {
 
-__global__ void nvl_barrier_kernel(const __grid_constant__ IpcPeers peers, KernelContext context) {
-  device::block_barrier(peers, context, DeviceOp::kBarrier);
+__global__ void nvl_barrier_kernel(const __grid_constant__ PeerWindow peers, KernelContext context) {
+  const device::Window window(peers);
+  device::block_barrier(window, context, DeviceOp::kBarrier);
 }
 
 }  // namespace
 
-void launch_nvl_barrier(const IpcPeers& peers, const KernelContext& context, cudaStream_t stream) {
-  nvl_barrier_kernel<<<1, kWarpSize, 0, stream>>>(peers, context);
+void launch_nvl_barrier(const PeerWindow& window, const KernelContext& context, cudaStream_t stream) {
+  nvl_barrier_kernel<<<1, kWarpSize, 0, stream>>>(window, context);
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }
 

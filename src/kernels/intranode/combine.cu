@@ -6,14 +6,15 @@
 //                          (ascending), waits for its row and adds it in float, adds the biases,
 //                          and writes the BF16 result; after each window of tokens, frees slots.
 // A token's row from rank d sits at the token's dispatch position in the (channel, d) stream
-// (send_position), because rank d returns rows in the order it received them.
+// (send_position), because rank d returns rows in the order it received them. Rows are direct
+// stores into the peer's ring; tails and heads are window signals (transport/window.cuh).
 #include <cuda_bf16.h>
 
+#include "common/cuda_check.hpp"
 #include "common/nvl_layout.hpp"
-#include "kernels/common/bounded_wait.cuh"
-#include "kernels/common/warp_ops.cuh"
+#include "device/warp_ops.cuh"
 #include "kernels/intranode/intranode_launchers.hpp"
-#include "runtime/cuda_check.hpp"
+#include "transport/window.cuh"
 
 namespace epcomm::kernels {
 namespace {
@@ -22,15 +23,14 @@ enum class CombineRole { kSender, kReceiver };
 
 constexpr int kBf16PerVector = static_cast<int>(sizeof(int4) / sizeof(__nv_bfloat16));
 
-__device__ void send_channel(const IpcPeers& peers, const CombineKernelArgs& args, const KernelContext& context,
+__device__ void send_channel(const device::Window& window, const CombineKernelArgs& args, const KernelContext& context,
                              const RingLayout& ring, int channel, int destination, int warps, int warp_in_team) {
-  void* own_base = peers.base(context.rank);
-  void* destination_base = peers.base(destination);
   const int32_t* prefix = args.recv_channel_prefix + destination * (args.ring.num_channels + 1);
   const int first_row = prefix[channel];
   const uint64_t total = static_cast<uint64_t>(prefix[channel + 1] - first_row);
   const size_t row_bytes = static_cast<size_t>(args.hidden) * sizeof(__nv_bfloat16);
-  const uint64_t start = *NvlLayout::ring_sent(own_base, channel, destination);
+  uint64_t* own_sent = window.own<uint64_t>(NvlLayout::ring_sent(channel, destination));
+  const uint64_t start = *own_sent;
   const int lane = device::lane_id();
   const bool team_leader = warp_in_team == 0 && lane == 0;
   const device::WaitSite space_site{DeviceOp::kCombine, WaitTarget::kRingSpace, destination, channel};
@@ -39,8 +39,7 @@ __device__ void send_channel(const IpcPeers& peers, const CombineKernelArgs& arg
   for (uint64_t done = 0; done < total;) {
     const uint64_t step = min(static_cast<uint64_t>(kSendWindowTokens), total - done);
     if (lane == 0 && start + done + step > static_cast<uint64_t>(ring.capacity)) {
-      device::wait_at_least(NvlLayout::ring_head(own_base, channel, destination), start + done + step - ring.capacity,
-                            context, space_site);
+      window.wait(NvlLayout::ring_head(channel, destination), start + done + step - ring.capacity, context, space_site);
     }
     __syncwarp();
     for (uint64_t i = warp_in_team; i < step; i += warps) {
@@ -48,7 +47,7 @@ __device__ void send_channel(const IpcPeers& peers, const CombineKernelArgs& arg
       // Rows past x (more arrived than num_worst_tokens; reported by the dispatch) keep their slot
       // so positions stay in step, but nothing is read for them.
       if (row >= args.num_rows) continue;
-      char* slot = ring.slot_at(destination_base, channel, context.rank, start + done + i);
+      char* slot = window.ptr(destination, ring.slot_at(channel, context.rank, start + done + i));
       device::warp_copy(slot, static_cast<const char*>(args.x) + row * row_bytes, row_bytes);
       if (args.topk_weights != nullptr && lane < args.num_topk) {
         reinterpret_cast<float*>(slot + ring.slot.weights_offset)[lane] = args.topk_weights[row * args.num_topk + lane];
@@ -57,26 +56,25 @@ __device__ void send_channel(const IpcPeers& peers, const CombineKernelArgs& arg
     done += step;
     if (done - published >= static_cast<uint64_t>(args.ring.send_chunk) || done == total) {
       device::sync_group(destination, warps);  // every warp's slots are written
-      // Pairs with the receiver's acquire of the tail.
-      if (team_leader) device::st_release_sys(NvlLayout::ring_tail(destination_base, channel, context.rank), start + done);
+      // Pairs with the receiver's wait on the tail.
+      if (team_leader) window.signal(destination, NvlLayout::ring_tail(channel, context.rank), start + done);
       published = done;
     }
   }
-  if (team_leader) *NvlLayout::ring_sent(own_base, channel, destination) = start + total;
+  if (team_leader) *own_sent = start + total;
 }
 
 // One warp reduces one token: the rows from every rank it was sent to, plus the biases. The
 // loads of all ranks' rows for one vector are issued before any is added (kMaxNvlPeers unrolled,
 // predicated), so a lane keeps up to one load per rank in flight.
-__device__ void reduce_token(const IpcPeers& peers, const CombineKernelArgs& args, const KernelContext& context,
+__device__ void reduce_token(const device::Window& window, const CombineKernelArgs& args, const KernelContext& context,
                              const RingLayout& ring, int channel, int token, const uint64_t* ring_start) {
-  void* own_base = peers.base(context.rank);
   const int lane = device::lane_id();
   const int num_ranks = context.num_ranks;
   const int32_t my_position = lane < num_ranks ? args.send_position[static_cast<int64_t>(token) * num_ranks + lane] : -1;
 
   // Rows as 16-byte-vector indices from the ring base (32 bits each, to save registers).
-  const int4* ring_base = static_cast<const int4*>(NvlLayout::user(own_base));
+  const int4* ring_base = window.own<const int4>(NvlLayout::kDataOffset);
   uint32_t row_at[kMaxNvlPeers];
   uint32_t present = 0;  // bit s: the token went to rank s
 #pragma unroll
@@ -87,13 +85,12 @@ __device__ void reduce_token(const IpcPeers& peers, const CombineKernelArgs& arg
     const uint64_t absolute = ring_start[source] + static_cast<uint64_t>(position);
     if (lane == 0) {
       const device::WaitSite data_site{DeviceOp::kCombine, WaitTarget::kRingData, source, channel};
-      device::wait_at_least(NvlLayout::ring_tail(own_base, channel, source), absolute + 1, context, data_site);
+      window.wait(NvlLayout::ring_tail(channel, source), absolute + 1, context, data_site);
     }
-    row_at[source] = static_cast<uint32_t>(
-        reinterpret_cast<const int4*>(ring.slot_at(own_base, channel, source, absolute)) - ring_base);
+    row_at[source] = static_cast<uint32_t>((ring.slot_at(channel, source, absolute) - NvlLayout::kDataOffset) / sizeof(int4));
     present |= 1u << source;
   }
-  __syncwarp();  // lane 0's acquires order every lane's reads of the rows below
+  __syncwarp();  // lane 0's waits (acquires) order every lane's reads of the rows below
 
   const int vectors = args.hidden / kBf16PerVector;
   const int4* __restrict__ bias0 = static_cast<const int4*>(args.bias0);
@@ -147,44 +144,44 @@ __device__ void reduce_token(const IpcPeers& peers, const CombineKernelArgs& arg
   }
 }
 
-__device__ void receive_channel(const IpcPeers& peers, const CombineKernelArgs& args, const KernelContext& context,
+__device__ void receive_channel(const device::Window& window, const CombineKernelArgs& args, const KernelContext& context,
                                 const RingLayout& ring, int channel) {
   __shared__ uint64_t ring_start[kMaxNvlPeers];
-  void* own_base = peers.base(context.rank);
   const int num_ranks = context.num_ranks;
-  if (threadIdx.x < num_ranks) ring_start[threadIdx.x] = *NvlLayout::ring_consumed(own_base, channel, threadIdx.x);
+  if (threadIdx.x < num_ranks) ring_start[threadIdx.x] = *window.own<uint64_t>(NvlLayout::ring_consumed(channel, threadIdx.x));
   __syncthreads();
 
   const int begin = device::channel_begin(channel, args.num_tokens, args.ring.num_channels);
   const int end = device::channel_begin(channel + 1, args.num_tokens, args.ring.num_channels);
   // Thread `source` (< num_ranks) tracks how far this channel has consumed source's ring.
   uint64_t consumed = threadIdx.x < num_ranks ? ring_start[threadIdx.x] : 0;
-  for (int window = begin; window < end; window += kCombineWindowTokens) {
-    const int token = window + device::warp_id();
-    if (token < end) reduce_token(peers, args, context, ring, channel, token, ring_start);
+  for (int first_token = begin; first_token < end; first_token += kCombineWindowTokens) {
+    const int token = first_token + device::warp_id();
+    if (token < end) reduce_token(window, args, context, ring, channel, token, ring_start);
     __syncthreads();  // every warp has read its rows of this window
     if (threadIdx.x < num_ranks) {
       const int source = threadIdx.x;
-      const int last = min(window + kCombineWindowTokens, end) - 1;
-      for (int t = last; t >= window; --t) {
+      const int last = min(first_token + kCombineWindowTokens, end) - 1;
+      for (int t = last; t >= first_token; --t) {
         const int32_t position = args.send_position[static_cast<int64_t>(t) * num_ranks + source];
         if (position < 0) continue;
         const uint64_t freed = ring_start[source] + static_cast<uint64_t>(position) + 1;
         if (freed > consumed) {
           consumed = freed;
-          // Pairs with the sender's acquire of the head before it reuses the slots.
-          device::st_release_sys(NvlLayout::ring_head(peers.base(source), channel, context.rank), consumed);
+          // Pairs with the sender's wait on the head before it reuses the slots.
+          window.signal(source, NvlLayout::ring_head(channel, context.rank), consumed);
         }
         break;
       }
     }
   }
-  if (threadIdx.x < num_ranks) *NvlLayout::ring_consumed(own_base, channel, threadIdx.x) = consumed;
+  if (threadIdx.x < num_ranks) *window.own<uint64_t>(NvlLayout::ring_consumed(channel, threadIdx.x)) = consumed;
 }
 
 __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
-    combine_kernel(const __grid_constant__ IpcPeers peers, const __grid_constant__ CombineKernelArgs args,
+    combine_kernel(const __grid_constant__ PeerWindow peers, const __grid_constant__ CombineKernelArgs args,
                    KernelContext context) {
+  const device::Window window(peers);
   const CombineRole role = blockIdx.x % 2 == 0 ? CombineRole::kSender : CombineRole::kReceiver;
   const int channel = static_cast<int>(blockIdx.x / 2);
   RingLayout ring;
@@ -196,18 +193,18 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
     const int warps = kNormalWarpsPerBlock / context.num_ranks;
     const int destination = device::warp_id() / warps;
     if (destination < context.num_ranks) {
-      send_channel(peers, args, context, ring, channel, destination, warps, device::warp_id() % warps);
+      send_channel(window, args, context, ring, channel, destination, warps, device::warp_id() % warps);
     }
   } else {
-    receive_channel(peers, args, context, ring, channel);
+    receive_channel(window, args, context, ring, channel);
   }
 }
 
 }  // namespace
 
-void launch_combine(const IpcPeers& peers, const CombineKernelArgs& args, const KernelContext& context,
+void launch_combine(const PeerWindow& window, const CombineKernelArgs& args, const KernelContext& context,
                     cudaStream_t stream) {
-  combine_kernel<<<2 * args.ring.num_channels, kNormalThreadsPerBlock, 0, stream>>>(peers, args, context);
+  combine_kernel<<<2 * args.ring.num_channels, kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -5,15 +5,16 @@
 //                          g's ring (channel, me), in token order, waiting for free slots.
 //   receiver block (odd):  warp group g copies rows from my ring (channel, g) into the outputs,
 //                          at the rows the notify step assigned, then frees the slots.
-// Ring positions grow across calls (see nvl_layout.hpp); the tail a sender publishes and the head
-// a receiver publishes are the only synchronisation, each a release paired with an acquire.
+// Ring positions grow across calls (see nvl_layout.hpp); the tail a sender signals and the head a
+// receiver signals are the only synchronisation (transport/window.cuh: rows are direct stores
+// into the peer's ring, so every rank must be direct; the runtime checks it).
 #include <algorithm>
 
+#include "common/cuda_check.hpp"
 #include "common/nvl_layout.hpp"
-#include "kernels/common/bounded_wait.cuh"
-#include "kernels/common/warp_ops.cuh"
+#include "device/warp_ops.cuh"
 #include "kernels/intranode/intranode_launchers.hpp"
-#include "runtime/cuda_check.hpp"
+#include "transport/window.cuh"
 
 namespace epcomm::kernels {
 namespace {
@@ -43,23 +44,22 @@ __device__ __forceinline__ int64_t to_local_expert(int64_t expert, int destinati
   return (expert >= first && expert < first + experts_per_rank) ? expert - first : -1;
 }
 
-__device__ void send_channel(const IpcPeers& peers, const DispatchKernelArgs& args, const KernelContext& context,
+__device__ void send_channel(const device::Window& window, const DispatchKernelArgs& args, const KernelContext& context,
                              const RingLayout& ring, int channel, const Team& team) {
   const int destination = team.peer;
-  void* own_base = peers.base(context.rank);
-  void* destination_base = peers.base(destination);
   const int begin = device::channel_begin(channel, args.num_tokens, args.ring.num_channels);
   const int end = device::channel_begin(channel + 1, args.num_tokens, args.ring.num_channels);
   const int experts_per_rank = args.num_experts / context.num_ranks;
   const int lane = device::lane_id();
   const bool team_leader = team.warp_in_team == 0 && lane == 0;
 
-  const uint64_t start = *NvlLayout::ring_sent(own_base, channel, destination);
+  uint64_t* own_sent = window.own<uint64_t>(NvlLayout::ring_sent(channel, destination));
+  const uint64_t start = *own_sent;
   uint64_t sent = 0, published = 0;
   const device::WaitSite space_site{DeviceOp::kDispatch, WaitTarget::kRingSpace, destination, channel};
 
-  for (int window = begin; window < end; window += kSendWindowTokens) {
-    const int token_of_lane = window + lane;
+  for (int first_token = begin; first_token < end; first_token += kSendWindowTokens) {
+    const int token_of_lane = first_token + lane;
     const bool selected = token_of_lane < end &&
                           args.is_token_in_rank[static_cast<int64_t>(token_of_lane) * context.num_ranks + destination];
     const uint32_t mask = __ballot_sync(0xffffffffu, selected);
@@ -75,13 +75,13 @@ __device__ void send_channel(const IpcPeers& peers, const DispatchKernelArgs& ar
     // Wait until the destination has freed the slots this window fills.
     if (lane == 0 && start + sent + count > static_cast<uint64_t>(ring.capacity)) {
       const uint64_t needed = start + sent + count - ring.capacity;
-      device::wait_at_least(NvlLayout::ring_head(own_base, channel, destination), needed, context, space_site);
+      window.wait(NvlLayout::ring_head(channel, destination), needed, context, space_site);
     }
     __syncwarp();
 
     for (int i = team.warp_in_team; i < count; i += team.warps) {
-      const int token = window + __fns(mask, 0, i + 1);
-      char* slot = ring.slot_at(destination_base, channel, context.rank, start + sent + i);
+      const int token = first_token + __fns(mask, 0, i + 1);
+      char* slot = window.ptr(destination, ring.slot_at(channel, context.rank, start + sent + i));
       device::warp_copy(slot, static_cast<const char*>(args.x) + static_cast<int64_t>(token) * args.row_bytes,
                         args.row_bytes);
       float* slot_scales = reinterpret_cast<float*>(slot + ring.slot.scales_offset);
@@ -100,36 +100,37 @@ __device__ void send_channel(const IpcPeers& peers, const DispatchKernelArgs& ar
     sent += count;
     if (sent - published >= static_cast<uint64_t>(args.ring.send_chunk)) {
       device::sync_group(team.peer, team.warps);  // every warp's slots are written
-      // Pairs with the receiver's acquire of the tail: the slots before it are complete.
-      if (team_leader) device::st_release_sys(NvlLayout::ring_tail(destination_base, channel, context.rank), start + sent);
+      // Pairs with the receiver's wait on the tail: the slots before it are complete.
+      if (team_leader) window.signal(destination, NvlLayout::ring_tail(channel, context.rank), start + sent);
       published = sent;
     }
   }
   device::sync_group(team.peer, team.warps);
   if (team_leader) {
-    if (published != sent) device::st_release_sys(NvlLayout::ring_tail(destination_base, channel, context.rank), start + sent);
-    *NvlLayout::ring_sent(own_base, channel, destination) = start + sent;
+    if (published != sent) window.signal(destination, NvlLayout::ring_tail(channel, context.rank), start + sent);
+    *own_sent = start + sent;
   }
 }
 
-__device__ void receive_channel(const IpcPeers& peers, const DispatchKernelArgs& args, const KernelContext& context,
+__device__ void receive_channel(const device::Window& window, const DispatchKernelArgs& args, const KernelContext& context,
                                 const RingLayout& ring, int channel, const Team& team) {
   __shared__ uint64_t team_tail[kMaxNvlPeers];
   const int source = team.peer;
-  void* own_base = peers.base(context.rank);
   const int32_t* prefix = args.recv_channel_prefix + source * (args.ring.num_channels + 1);
   const int first_row = prefix[channel];
   const uint64_t expected = static_cast<uint64_t>(prefix[channel + 1] - first_row);
-  const uint64_t start = *NvlLayout::ring_consumed(own_base, channel, source);
+  uint64_t* own_consumed = window.own<uint64_t>(NvlLayout::ring_consumed(channel, source));
+  const uint64_t start = *own_consumed;
   const int lane = device::lane_id();
   const bool team_leader = team.warp_in_team == 0 && lane == 0;
   const device::WaitSite data_site{DeviceOp::kDispatch, WaitTarget::kRingData, source, channel};
 
   for (uint64_t done = 0; done < expected;) {
     if (team_leader) {
-      const uint64_t* tail = NvlLayout::ring_tail(own_base, channel, source);
-      device::wait_at_least(tail, start + done + 1, context, data_site);
-      team_tail[source] = min(device::ld_acquire_sys(tail), start + expected);
+      const size_t tail = NvlLayout::ring_tail(channel, source);
+      window.wait(tail, start + done + 1, context, data_site);
+      // Pairs with the sender's signal of the tail (as the wait's own acquire does).
+      team_tail[source] = min(device::ld_acquire_sys(window.own<uint64_t>(tail)), start + expected);
     }
     device::sync_group(team.peer, team.warps);
     // A timed-out wait leaves the tail short; the record is already written, so stop here.
@@ -138,7 +139,7 @@ __device__ void receive_channel(const IpcPeers& peers, const DispatchKernelArgs&
     for (uint64_t i = team.warp_in_team; i < available; i += team.warps) {
       const int64_t row = first_row + static_cast<int64_t>(done + i);
       if (row >= args.num_rows) continue;  // more than num_worst_tokens: reported, never written
-      const char* slot = ring.slot_at(own_base, channel, source, start + done + i);
+      const char* slot = window.own(ring.slot_at(channel, source, start + done + i));
       device::warp_copy<true>(static_cast<char*>(args.recv_x) + row * args.row_bytes, slot, args.row_bytes);
       const float* slot_scales = reinterpret_cast<const float*>(slot + ring.slot.scales_offset);
       for (int s = lane; s < args.num_scales; s += kWarpSize) args.recv_x_scales[row * args.num_scales + s] = __ldcg(slot_scales + s);
@@ -154,10 +155,10 @@ __device__ void receive_channel(const IpcPeers& peers, const DispatchKernelArgs&
     }
     done += available;
     device::sync_group(team.peer, team.warps);  // every read of these slots is done
-    // Pairs with the sender's acquire of the head before it reuses the slots.
-    if (team_leader) device::st_release_sys(NvlLayout::ring_head(peers.base(source), channel, context.rank), start + done);
+    // Pairs with the sender's wait on the head before it reuses the slots.
+    if (team_leader) window.signal(source, NvlLayout::ring_head(channel, context.rank), start + done);
   }
-  if (team_leader) *NvlLayout::ring_consumed(own_base, channel, source) = start + expected;
+  if (team_leader) *own_consumed = start + expected;
 }
 
 // Worst-case sizing: rows past the received ones are marked empty (no expert, no source).
@@ -183,8 +184,9 @@ __device__ void mark_unused_rows(const DispatchKernelArgs& args, int channel, co
 }
 
 __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
-    dispatch_kernel(const __grid_constant__ IpcPeers peers, const __grid_constant__ DispatchKernelArgs args,
+    dispatch_kernel(const __grid_constant__ PeerWindow peers, const __grid_constant__ DispatchKernelArgs args,
                     KernelContext context) {
+  const device::Window window(peers);
   const DispatchRole role = blockIdx.x % 2 == 0 ? DispatchRole::kSender : DispatchRole::kReceiver;
   const int channel = static_cast<int>(blockIdx.x / 2);
   RingLayout ring;
@@ -194,18 +196,18 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
   const Team team = team_of_this_warp(context.num_ranks);
 
   if (role == DispatchRole::kSender) {
-    if (team.active) send_channel(peers, args, context, ring, channel, team);
+    if (team.active) send_channel(window, args, context, ring, channel, team);
   } else {
-    if (team.active) receive_channel(peers, args, context, ring, channel, team);
+    if (team.active) receive_channel(window, args, context, ring, channel, team);
     mark_unused_rows(args, channel, context);
   }
 }
 
 }  // namespace
 
-void launch_dispatch(const IpcPeers& peers, const DispatchKernelArgs& args, const KernelContext& context,
+void launch_dispatch(const PeerWindow& window, const DispatchKernelArgs& args, const KernelContext& context,
                      cudaStream_t stream) {
-  dispatch_kernel<<<2 * args.ring.num_channels, kNormalThreadsPerBlock, 0, stream>>>(peers, args, context);
+  dispatch_kernel<<<2 * args.ring.num_channels, kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }
 

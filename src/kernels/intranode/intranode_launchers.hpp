@@ -8,7 +8,7 @@
 
 #include "common/kernel_context.hpp"
 #include "common/notify_results.hpp"
-#include "transport/ipc/ipc_peers.hpp"
+#include "transport/window.hpp"
 
 namespace epcomm::kernels {
 
@@ -26,7 +26,7 @@ struct NotifyDispatchArgs {
   NotifyResults* host_results = nullptr;          // out (mapped), or null when the host does not wait
   uint64_t sequence = 0;                          // published last into host_results
 };
-void launch_notify_dispatch(const IpcPeers& peers, const NotifyDispatchArgs& args, const KernelContext& context,
+void launch_notify_dispatch(const PeerWindow& window, const NotifyDispatchArgs& args, const KernelContext& context,
                             cudaStream_t stream);
 
 // Shapes every normal-mode kernel launch shares.
@@ -57,7 +57,7 @@ struct DispatchKernelArgs {
   int32_t* send_position = nullptr;     // out: [num_tokens, R], or null (cached dispatch)
   RingArgs ring;
 };
-void launch_dispatch(const IpcPeers& peers, const DispatchKernelArgs& args, const KernelContext& context,
+void launch_dispatch(const PeerWindow& window, const DispatchKernelArgs& args, const KernelContext& context,
                      cudaStream_t stream);
 
 struct CombineKernelArgs {
@@ -75,7 +75,7 @@ struct CombineKernelArgs {
   float* combined_topk_weights = nullptr;  // out: [num_tokens, num_topk], or null
   RingArgs ring;
 };
-void launch_combine(const IpcPeers& peers, const CombineKernelArgs& args, const KernelContext& context,
+void launch_combine(const PeerWindow& window, const CombineKernelArgs& args, const KernelContext& context,
                     cudaStream_t stream);
 
 // Blocks of the dispatch and combine kernels one SM holds at once (the smaller of the two). Every

@@ -2,14 +2,15 @@
 // total, per channel and per local expert) it will send, then each destination turns what it
 // received into row offsets and counts.
 //
-// One block. Roles in order: (1) write my counts into every peer's notify slot; (2) cross-rank
+// Counts go into peers' slots by direct stores (ptr): normal mode inside a node needs every rank
+// direct, which the runtime checks. One block. Roles in order: (1) write my counts into every peer's notify slot; (2) cross-rank
 // barrier; (3) read the slots addressed to me: per-(source, channel) row prefix for the
 // receivers, per-expert counts for the caller, and (if the host waits) publish them to it.
+#include "common/cuda_check.hpp"
 #include "common/notify_results.hpp"
 #include "kernels/common/block_barrier.cuh"
-#include "kernels/common/warp_ops.cuh"
+#include "device/warp_ops.cuh"
 #include "kernels/intranode/intranode_launchers.hpp"
-#include "runtime/cuda_check.hpp"
 
 namespace epcomm::kernels {
 namespace {
@@ -17,7 +18,7 @@ namespace {
 // (1) Tokens of each channel bound for each rank: warp per channel, lanes over tokens. The rows
 // read are also copied into the handle (`kept`): this pass reads them anyway, and a separate copy
 // would cost the host one more driver call per dispatch.
-__device__ void send_channel_counts(const IpcPeers& peers, const bool* is_token_in_rank, bool* kept, int num_tokens,
+__device__ void send_channel_counts(const device::Window& window, const bool* is_token_in_rank, bool* kept, int num_tokens,
                                     int num_channels, uint64_t parity, const KernelContext& context) {
   for (int channel = device::warp_id(); channel < num_channels; channel += kNormalWarpsPerBlock) {
     const int begin = device::channel_begin(channel, num_tokens, num_channels);
@@ -38,42 +39,43 @@ __device__ void send_channel_counts(const IpcPeers& peers, const bool* is_token_
       if (rank >= context.num_ranks) break;
       const int total = device::warp_sum(counts[rank]);
       if (device::lane_id() == 0) {
-        NvlLayout::notify_slot(peers.base(rank), parity, context.rank)->channel_counts[channel] = total;
+        window.ptr<NotifySlot>(rank, NvlLayout::notify_slot(parity, context.rank))->channel_counts[channel] = total;
       }
     }
   }
 }
 
 __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
-    notify_dispatch_kernel(const __grid_constant__ IpcPeers peers, NotifyDispatchArgs args, KernelContext context) {
-  void* own_base = peers.base(context.rank);
-  const uint64_t parity = *NvlLayout::notify_parity(own_base);
+    notify_dispatch_kernel(const __grid_constant__ PeerWindow peers, NotifyDispatchArgs args, KernelContext context) {
+  const device::Window window(peers);
+  uint64_t* own_parity = window.own<uint64_t>(NvlLayout::notify_parity());
+  const uint64_t parity = *own_parity;
   const int num_ranks = context.num_ranks;
   const int experts_per_rank = args.num_experts / num_ranks;
 
   // (1) My counts, into every destination's slot for me.
-  send_channel_counts(peers, args.is_token_in_rank, args.kept_is_token_in_rank, args.num_tokens, args.num_channels,
+  send_channel_counts(window, args.is_token_in_rank, args.kept_is_token_in_rank, args.num_tokens, args.num_channels,
                       parity, context);
   for (int i = threadIdx.x; i < args.num_experts; i += blockDim.x) {
     const int destination = i / experts_per_rank;
-    NvlLayout::notify_slot(peers.base(destination), parity, context.rank)->expert_counts[i % experts_per_rank] =
+    window.ptr<NotifySlot>(destination, NvlLayout::notify_slot(parity, context.rank))->expert_counts[i % experts_per_rank] =
         args.num_tokens_per_expert[i];
   }
   if (threadIdx.x < num_ranks) {
-    NvlLayout::notify_slot(peers.base(threadIdx.x), parity, context.rank)->num_tokens =
+    window.ptr<NotifySlot>(threadIdx.x, NvlLayout::notify_slot(parity, context.rank))->num_tokens =
         args.num_tokens_per_rank[threadIdx.x];
   }
 
   // (2) After the barrier every source's counts for me are in my slots. If it timed out (the error
   // is recorded), go on as if every source sent nothing: the outputs stay well-formed (zero rows)
   // and the dispatch kernel behind this one writes nowhere it should not.
-  const bool arrived = device::block_barrier(peers, context, DeviceOp::kNotifyDispatch);
+  const bool arrived = device::block_barrier(window, context, DeviceOp::kNotifyDispatch);
 
   // (3a) Row prefix over (source, channel), in receive order: source-major, then channel.
   if (device::warp_id() == 0) {
     int base = 0;
     for (int source = 0; source < num_ranks; ++source) {
-      const NotifySlot* slot = NvlLayout::notify_slot(own_base, parity, source);
+      const NotifySlot* slot = window.own<NotifySlot>(NvlLayout::notify_slot(parity, source));
       const int lane = device::lane_id();
       const int count = arrived && lane < args.num_channels ? slot->channel_counts[lane] : 0;
       const int inclusive = device::warp_inclusive_scan(count);
@@ -90,7 +92,7 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
   for (int expert = threadIdx.x; expert < experts_per_rank; expert += blockDim.x) {
     int total = 0;
     for (int source = 0; source < num_ranks && arrived; ++source) {
-      total += NvlLayout::notify_slot(own_base, parity, source)->expert_counts[expert];
+      total += window.own<NotifySlot>(NvlLayout::notify_slot(parity, source))->expert_counts[expert];
     }
     const int padded = (total + args.expert_alignment - 1) / args.expert_alignment * args.expert_alignment;
     args.num_recv_tokens_per_expert[expert] = padded;
@@ -99,7 +101,7 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
   __syncthreads();
   if (threadIdx.x == 0) {
     // The next notify writes the other slots, so a slow reader of these is never overwritten.
-    *NvlLayout::notify_parity(own_base) = parity ^ 1u;
+    *own_parity = parity ^ 1u;
     if (args.host_results != nullptr) {
       // Pairs with the host's acquire load of `sequence`: every count above is visible first.
       device::fence_acq_rel_sys();
@@ -110,9 +112,9 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
 
 }  // namespace
 
-void launch_notify_dispatch(const IpcPeers& peers, const NotifyDispatchArgs& args, const KernelContext& context,
+void launch_notify_dispatch(const PeerWindow& window, const NotifyDispatchArgs& args, const KernelContext& context,
                             cudaStream_t stream) {
-  notify_dispatch_kernel<<<1, kNormalThreadsPerBlock, 0, stream>>>(peers, args, context);
+  notify_dispatch_kernel<<<1, kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -8,10 +8,10 @@
 
 #include "common/constants.hpp"
 #include "common/layout_workspace.hpp"
-#include "kernels/common/device_report.cuh"
-#include "kernels/common/last_block.cuh"
+#include "device/device_report.cuh"
+#include "device/last_block.cuh"
 #include "kernels/launchers.hpp"
-#include "runtime/cuda_check.hpp"
+#include "common/cuda_check.hpp"
 
 namespace epcomm::kernels {
 namespace {

@@ -1,26 +1,24 @@
 // Low-latency combine: the reverse of the low-latency dispatch.
 //
 // Send phase: one warp per received row (strided over the grid; rows packed per expert in source
-// order, as dispatch returned them) writes the expert output into the source rank's slot for
-// that (token, k); the last block to finish publishes, per source
-// rank, (epoch, rows sent there).
+// order, as dispatch returned them) puts the expert output into the source rank's slot for that
+// (token, k); the last block to finish signals, per source rank, (epoch, rows sent there).
 // Receive phase: every block waits for every rank's flag, then warps sum each token's K outputs
 // (a chunk of the row per warp) weighted by topk_weights: each product rounded, added in k order
 // (the reference's).
 #include <cuda_bf16.h>
 
-#include "kernels/common/bounded_wait.cuh"
-#include "kernels/common/warp_ops.cuh"
+#include "common/cuda_check.hpp"
+#include "device/warp_ops.cuh"
 #include "kernels/low_latency/low_latency_common.cuh"
-#include "runtime/cuda_check.hpp"
 
 namespace epcomm::kernels {
 namespace {
 
 constexpr int kBf16PerVector = 8;
 
-__device__ void send_rows(const device::IpcTransport& transport, const LowLatencyCombineKernelArgs& args, const KernelContext& context,
-                          const LowLatencyLayout& layout) {
+__device__ void send_rows(const device::Window& window, const LowLatencyCombineKernelArgs& args,
+                          const KernelContext& context, const LowLatencyLayout& layout) {
   const LowLatencyCommon& common = args.common;
   const size_t rows_per_expert = static_cast<size_t>(context.num_ranks) * common.max_tokens;
   const size_t total = static_cast<size_t>(layout.experts_per_rank) * rows_per_expert;
@@ -36,16 +34,16 @@ __device__ void send_rows(const device::IpcTransport& transport, const LowLatenc
     if (source == context.num_ranks) continue;  // past the expert's count
     const int token = args.recv_src_info[row];
     const int k = args.recv_src_k[row];
-    device::warp_copy(layout.returned(transport.region(source), common.set_index, token, k),
-                      static_cast<const char*>(args.x) + row * row_bytes, row_bytes);
+    window.put(source, layout.returned(common.set_index, token, k), static_cast<const char*>(args.x) + row * row_bytes,
+               row_bytes);
   }
 }
 
 // A warp reduces one chunk of one token: kWarpSize vectors, one per lane, with the K rows' loads
 // all issued before any is added. Splitting tokens into chunks spreads a few hundred tokens over
 // every warp of the grid.
-__device__ void reduce_chunk(const LowLatencyCombineKernelArgs& args, const LowLatencyLayout& layout, void* own_region,
-                             int token, int chunk) {
+__device__ void reduce_chunk(const device::Window& window, const LowLatencyCombineKernelArgs& args,
+                             const LowLatencyLayout& layout, int token, int chunk) {
   const LowLatencyCommon& common = args.common;
   const int lane = device::lane_id();
   int64_t my_expert = -1;
@@ -64,7 +62,7 @@ __device__ void reduce_chunk(const LowLatencyCombineKernelArgs& args, const LowL
     const int64_t expert = __shfl_sync(0xffffffffu, my_expert, k);
     if (expert < 0 || expert >= common.num_experts) continue;
     present |= 1u << k;
-    if (v < vectors) raw[k] = __ldcg(reinterpret_cast<const int4*>(layout.returned(own_region, common.set_index, token, k)) + v);
+    if (v < vectors) raw[k] = __ldcg(window.own<const int4>(layout.returned(common.set_index, token, k)) + v);
   }
   float sum[kBf16PerVector] = {};
 #pragma unroll
@@ -85,19 +83,19 @@ __device__ void reduce_chunk(const LowLatencyCombineKernelArgs& args, const LowL
 }
 
 __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
-    low_latency_combine_kernel(const __grid_constant__ IpcPeers peers,
+    low_latency_combine_kernel(const __grid_constant__ PeerWindow peers,
                                const __grid_constant__ LowLatencyCombineKernelArgs args, unsigned phases,
                                KernelContext context) {
+  const device::Window window(peers);
   const LowLatencyCommon& common = args.common;
-  const device::LowLatencyLaunch launch = device::begin_low_latency_launch(peers, common, context);
+  const device::LowLatencyLaunch launch = device::begin_low_latency_launch(window, common, context);
   const LowLatencyLayout& layout = launch.layout;
-  const device::IpcTransport& transport = launch.transport;
-  void* own_region = launch.own_region;
   const uint64_t epoch = launch.epoch;
 
   if (phases & kSendPhase) {
-    send_rows(transport, args, context, layout);
-    if (device::last_block_to_arrive(LowLatencyLayout::send_blocks_done(own_region, common.set_index)) &&
+    send_rows(window, args, context, layout);
+    window.quiet();  // the publish rule: puts complete, the election's barrier, then one signal
+    if (device::last_block_to_arrive(window.own<uint32_t>(layout.send_blocks_done(common.set_index))) &&
         threadIdx.x < context.num_ranks) {
       const int source = threadIdx.x;
       int rows = 0;
@@ -105,32 +103,32 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
         rows += args.recv_count_from[static_cast<size_t>(local) * context.num_ranks + source];
       }
       // Pairs with the source's wait on this flag before it reads the returned rows.
-      transport.signal(layout.combine_flag(transport.region(source), common.set_index, context.rank),
-                       pack_flag(epoch, static_cast<uint32_t>(rows)));
+      window.signal(source, layout.combine_flag(common.set_index, context.rank), pack_flag(epoch, static_cast<uint32_t>(rows)));
     }
   }
   if (phases & kReceivePhase) {
     if (threadIdx.x < context.num_ranks) {
       const int owner = threadIdx.x;
       const device::WaitSite site{DeviceOp::kLowLatencyCombine, WaitTarget::kLowLatencyFlag, owner, -1};
-      transport.wait(layout.combine_flag(own_region, common.set_index, owner), epoch << 32, context, site);
+      window.wait(layout.combine_flag(common.set_index, owner), epoch << 32, context, site);
     }
     __syncthreads();  // the acquires above order every warp's reads of the returned rows
     const int warps = gridDim.x * kLowLatencyWarpsPerBlock;
     const int chunks = (common.hidden / kBf16PerVector + kWarpSize - 1) / kWarpSize;
     for (int item = blockIdx.x * kLowLatencyWarpsPerBlock + device::warp_id(); item < common.num_tokens * chunks;
          item += warps) {
-      reduce_chunk(args, layout, own_region, item / chunks, item % chunks);
+      reduce_chunk(window, args, layout, item / chunks, item % chunks);
     }
-    device::finish_receive_phase(own_region, common.set_index, epoch);
+    device::finish_receive_phase(window, layout, common.set_index, epoch);
   }
 }
 
 }  // namespace
 
-void launch_low_latency_combine(const IpcPeers& peers, const LowLatencyCombineKernelArgs& args, unsigned phases,
+void launch_low_latency_combine(const PeerWindow& window, const LowLatencyCombineKernelArgs& args, unsigned phases,
                                 const KernelContext& context, cudaStream_t stream) {
-  low_latency_combine_kernel<<<args.common.num_blocks, kLowLatencyThreadsPerBlock, 0, stream>>>(peers, args, phases, context);
+  low_latency_combine_kernel<<<args.common.num_blocks, kLowLatencyThreadsPerBlock, 0, stream>>>(window, args, phases,
+                                                                                              context);
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }
 

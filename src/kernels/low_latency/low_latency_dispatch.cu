@@ -1,21 +1,21 @@
-// Low-latency dispatch: every (token, k) pair with an expert goes straight into the owner rank's
-// slot for that expert, cast to FP8 on the way if asked.
+// Low-latency dispatch: every (token, k) pair with an expert is put into the owner rank's slot for
+// that expert as one message (row, scales, (token, k)), cast to FP8 on the way if asked.
 //
 // Send phase (all blocks): each block first plans the slots of every pair (deterministic: a pair's
 // slot is the number of earlier pairs, by token then k, naming the same expert), then each warp
-// sends its tokens: reads the row once and writes it to every destination slot. The last block to
-// finish publishes, per expert, (epoch, count) to the expert's owner.
+// takes a chunk of a token's row: reads it once, casts it into this rank's staging message of the
+// token, and puts the staged chunk into every destination slot. The last block to finish signals,
+// per expert, (epoch, count) to the expert's owner.
 // Receive phase: one block per local expert (strided), a team of warps per source rank waits for
 // that source's flag; once the block knows every source's count, each team copies its rows into
 // the outputs, packed in source order.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include "common/cuda_check.hpp"
 #include "common/device_error.hpp"
-#include "kernels/common/bounded_wait.cuh"
-#include "kernels/common/warp_ops.cuh"
+#include "device/warp_ops.cuh"
 #include "kernels/low_latency/low_latency_common.cuh"
-#include "runtime/cuda_check.hpp"
 
 namespace epcomm::kernels {
 namespace {
@@ -75,66 +75,17 @@ __device__ void plan_slots(const LowLatencyCommon& common, const KernelContext& 
 // tokens still spread over every warp of the grid.
 constexpr int kChunkVectors = kLowLatencyChunkVectors;
 
-struct Destinations {  // where one token's row goes, for each k (kMaxLowLatencyTopk at most)
-  char* row[kMaxLowLatencyTopk];
-  char* scales[kMaxLowLatencyTopk];
+struct Destinations {  // where one token's message goes, for each k (kMaxLowLatencyTopk at most)
+  int owner[kMaxLowLatencyTopk];
+  size_t message[kMaxLowLatencyTopk];  // the destination slot's message (an offset, see the layout)
 };
 
-__device__ void send_chunk(const device::IpcTransport& transport, const LowLatencyDispatchKernelArgs& args, const KernelContext& context,
-                           const LowLatencyLayout& layout, const int32_t* pair_slot, int token, int chunk) {
-  const LowLatencyCommon& common = args.common;
+// Casts this chunk of `row` to FP8 into the staged message: e4m3 bytes at the row, float scales
+// (or, with UE8M0, one int32 of four exponents per chunk) at the scales.
+__device__ void stage_fp8_chunk(const LowLatencyDispatchKernelArgs& args, const int4* row, char* staged_row,
+                                char* staged_scales, int chunk, int chunk_begin, int chunk_end) {
   const int lane = device::lane_id();
-  const int experts_per_rank = layout.experts_per_rank;
-  int64_t my_expert = -1;
-  if (lane < common.num_topk) {
-    my_expert = common.topk_idx[static_cast<int64_t>(token) * common.num_topk + lane];
-    if (my_expert < -1 || my_expert >= common.num_experts) my_expert = -1;  // reported by the plan
-  }
-  uint32_t sending = 0;  // bit k: pair k has an expert
-  Destinations to;
-  for (int k = 0; k < common.num_topk; ++k) {
-    const int64_t expert = __shfl_sync(0xffffffffu, my_expert, k);
-    to.row[k] = to.scales[k] = nullptr;
-    if (expert < 0) continue;
-    const int owner = static_cast<int>(expert / experts_per_rank);
-    const int local = static_cast<int>(expert % experts_per_rank);
-    const int index = pair_slot[token * common.num_topk + k];
-    if (index >= common.max_tokens) {
-      // Only a token naming one expert twice can need more than M slots of it: never write into
-      // another source's slots; report it (once, from the chunk that writes metadata).
-      if (lane == 0 && chunk == 0) {
-        device::ErrorDetails details;
-        details.kind = DeviceErrorKind::kTooManyRows;
-        details.op = DeviceOp::kLowLatencyDispatch;
-        details.observed = index + 1;
-        details.limit = common.max_tokens;
-        device::report_error(context, details);
-      }
-      continue;
-    }
-    const size_t slot = layout.slot(local, context.rank, index);
-    void* region = transport.region(owner);
-    to.row[k] = layout.row(region, common.set_index, slot);
-    to.scales[k] = layout.scales(region, common.set_index, slot);
-    if (lane == 0 && chunk == 0) *layout.meta(region, common.set_index, slot) = make_int2(token, k);
-    sending |= 1u << k;
-  }
-  if (sending == 0) return;
-
-  const int4* row = static_cast<const int4*>(args.x) + static_cast<int64_t>(token) * (common.hidden / kBf16PerVector);
-  const int vectors = common.hidden / kBf16PerVector;
-  const int chunk_begin = chunk * kChunkVectors;
-  const int chunk_end = min(chunk_begin + kChunkVectors, vectors);
-  if (!args.use_fp8) {
-    for (int v = chunk_begin + lane; v < chunk_end; v += kWarpSize) {
-      const int4 value = row[v];
-      for (int k = 0; k < common.num_topk; ++k) {
-        if (sending & (1u << k)) reinterpret_cast<int4*>(to.row[k])[v] = value;
-      }
-    }
-    return;
-  }
-  // FP8: a warp covers two scale groups per step, 16 lanes (8 channels each) per group. Both steps'
+  // A warp covers two scale groups per step, 16 lanes (8 channels each) per group. Both steps'
   // loads are issued before either is used.
   constexpr int kSteps = kChunkVectors / kWarpSize;
   int4 raw[kSteps];
@@ -169,11 +120,9 @@ __device__ void send_chunk(const device::IpcTransport& transport, const LowLaten
     for (int j = 0; j < kBf16PerVector; ++j) {
       bytes[j] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(values[j] * inverse, __NV_SATFINITE, __NV_E4M3));
     }
-    const int group = v / kLanesPerScaleGroup;
-    for (int k = 0; k < common.num_topk; ++k) {
-      if (!(sending & (1u << k))) continue;
-      if (active) reinterpret_cast<uint2*>(to.row[k])[v] = quantized;
-      if (active && lane % kLanesPerScaleGroup == 0 && !args.use_ue8m0) reinterpret_cast<float*>(to.scales[k])[group] = scale;
+    if (active) reinterpret_cast<uint2*>(staged_row)[v] = quantized;
+    if (active && lane % kLanesPerScaleGroup == 0 && !args.use_ue8m0) {
+      reinterpret_cast<float*>(staged_scales)[v / kLanesPerScaleGroup] = scale;
     }
     if (args.use_ue8m0) {
       // Lane 0 gathers this step's two exponent bytes (UE8M0 needs hidden % 512 == 0, so a chunk
@@ -183,20 +132,92 @@ __device__ void send_chunk(const device::IpcTransport& transport, const LowLaten
       if (lane == 0) packed_exponents |= (exponent | (upper << 8)) << (16 * step);
     }
   }
-  if (args.use_ue8m0 && lane == 0) {
-    for (int k = 0; k < common.num_topk; ++k) {
-      if (sending & (1u << k)) reinterpret_cast<uint32_t*>(to.scales[k])[chunk] = packed_exponents;
+  if (args.use_ue8m0 && lane == 0) reinterpret_cast<uint32_t*>(staged_scales)[chunk] = packed_exponents;
+}
+
+__device__ void send_chunk(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
+                           const KernelContext& context, const LowLatencyLayout& layout, const int32_t* pair_slot,
+                           int token, int chunk) {
+  const LowLatencyCommon& common = args.common;
+  const int lane = device::lane_id();
+  const int experts_per_rank = layout.experts_per_rank;
+  int64_t my_expert = -1;
+  if (lane < common.num_topk) {
+    my_expert = common.topk_idx[static_cast<int64_t>(token) * common.num_topk + lane];
+    if (my_expert < -1 || my_expert >= common.num_experts) my_expert = -1;  // reported by the plan
+  }
+  uint32_t sending = 0;  // bit k: pair k has an expert
+  Destinations to;
+  for (int k = 0; k < common.num_topk; ++k) {
+    const int64_t expert = __shfl_sync(0xffffffffu, my_expert, k);
+    if (expert < 0) continue;
+    const int owner = static_cast<int>(expert / experts_per_rank);
+    const int local = static_cast<int>(expert % experts_per_rank);
+    const int index = pair_slot[token * common.num_topk + k];
+    if (index >= common.max_tokens) {
+      // Only a token naming one expert twice can need more than M slots of it: never write into
+      // another source's slots; report it (once, from the chunk that writes metadata).
+      if (lane == 0 && chunk == 0) {
+        device::ErrorDetails details;
+        details.kind = DeviceErrorKind::kTooManyRows;
+        details.op = DeviceOp::kLowLatencyDispatch;
+        details.observed = index + 1;
+        details.limit = common.max_tokens;
+        device::report_error(context, details);
+      }
+      continue;
+    }
+    to.owner[k] = owner;
+    to.message[k] = layout.message(common.set_index, layout.slot(local, context.rank, index));
+    if (lane == 0 && chunk == 0) window.put_value(owner, to.message[k] + layout.message_meta(), make_int2(token, k));
+    sending |= 1u << k;
+  }
+  if (sending == 0) return;
+
+  const int4* row = static_cast<const int4*>(args.x) + static_cast<int64_t>(token) * (common.hidden / kBf16PerVector);
+  const int vectors = common.hidden / kBf16PerVector;
+  const int chunk_begin = chunk * kChunkVectors;
+  const int chunk_end = min(chunk_begin + kChunkVectors, vectors);
+  const size_t staged = layout.staging(common.set_index, token);
+  char* staged_row = window.own(staged);
+  char* staged_scales = window.own(staged + layout.message_scales());
+
+  // (1) This chunk, cast, into the staged message; (2) the staged chunk to every destination.
+  size_t row_begin = 0, row_bytes = 0, scales_begin = 0, scales_bytes = 0;
+  if (!args.use_fp8) {
+    for (int v = chunk_begin + lane; v < chunk_end; v += kWarpSize) reinterpret_cast<int4*>(staged_row)[v] = row[v];
+    row_begin = static_cast<size_t>(chunk_begin) * sizeof(int4);
+    row_bytes = static_cast<size_t>(chunk_end - chunk_begin) * sizeof(int4);
+  } else {
+    stage_fp8_chunk(args, row, staged_row, staged_scales, chunk, chunk_begin, chunk_end);
+    row_begin = static_cast<size_t>(chunk_begin) * sizeof(uint2);
+    row_bytes = static_cast<size_t>(chunk_end - chunk_begin) * sizeof(uint2);
+    if (args.use_ue8m0) {
+      scales_begin = static_cast<size_t>(chunk) * sizeof(uint32_t);
+      scales_bytes = sizeof(uint32_t);
+    } else {
+      scales_begin = static_cast<size_t>(chunk_begin / kLanesPerScaleGroup) * sizeof(float);
+      scales_bytes = static_cast<size_t>((chunk_end - chunk_begin) / kLanesPerScaleGroup) * sizeof(float);
+    }
+  }
+  __syncwarp();  // the staged chunk is complete before any lane reads it back
+  for (int k = 0; k < common.num_topk; ++k) {
+    if (!(sending & (1u << k))) continue;
+    window.put(to.owner[k], to.message[k] + row_begin, staged_row + row_begin, row_bytes);
+    if (scales_bytes > 0) {
+      window.put(to.owner[k], to.message[k] + layout.message_scales() + scales_begin, staged_scales + scales_begin,
+                 scales_bytes);
     }
   }
 }
 
 // The outputs keep deep_ep's packed layout, deterministically: an expert's rows from source s
 // follow those of sources 0..s-1, so each team needs the counts of the sources before its own.
-__device__ void receive_expert(const device::IpcTransport& transport, const LowLatencyDispatchKernelArgs& args, const KernelContext& context,
-                               const LowLatencyLayout& layout, int local_expert, uint64_t epoch) {
+__device__ void receive_expert(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
+                               const KernelContext& context, const LowLatencyLayout& layout, int local_expert,
+                               uint64_t epoch) {
   __shared__ int32_t source_rows[kLowLatencyWarpsPerBlock];  // a team per source, a warp at least each
   const LowLatencyCommon& common = args.common;
-  void* own_region = transport.region(context.rank);
   const int num_ranks = context.num_ranks;
   const int warps_per_source = kLowLatencyWarpsPerBlock / num_ranks;
   const int source = device::warp_id() / warps_per_source;
@@ -207,10 +228,11 @@ __device__ void receive_expert(const device::IpcTransport& transport, const LowL
   if (source < num_ranks) {
     uint64_t flag = 0;
     if (lane == 0) {
-      const uint64_t* address = layout.dispatch_flag(own_region, common.set_index, local_expert, source);
+      const size_t address = layout.dispatch_flag(common.set_index, local_expert, source);
       const device::WaitSite site{DeviceOp::kLowLatencyDispatch, WaitTarget::kLowLatencyFlag, source, local_expert};
-      transport.wait(address, epoch << 32, context, site);
-      flag = device::ld_acquire_sys(address);  // every copying warp acquires for its own reads
+      window.wait(address, epoch << 32, context, site);
+      // Every copying warp acquires for its own reads (pairs with the source's signal).
+      flag = device::ld_acquire_sys(window.own<uint64_t>(address));
     }
     flag = __shfl_sync(0xffffffffu, flag, 0);
     // A timed-out wait leaves an old epoch: take no rows (the error is already recorded).
@@ -234,16 +256,15 @@ __device__ void receive_expert(const device::IpcTransport& transport, const LowL
                                             : common.hidden / kFp8ChannelsPerScale;
     for (int j = warp_in_team; j < rows; j += warps_per_source) {
       const size_t out = expert_rows + first_row + j;
-      const size_t slot = layout.slot(local_expert, source, j);
-      device::warp_copy<true>(static_cast<char*>(args.recv_x) + out * row_bytes, layout.row(own_region, common.set_index, slot),
-                              row_bytes);
+      const char* message = window.own(layout.message(common.set_index, layout.slot(local_expert, source, j)));
+      device::warp_copy<true>(static_cast<char*>(args.recv_x) + out * row_bytes, message, row_bytes);
       if (args.use_fp8) {
-        const uint32_t* from = reinterpret_cast<const uint32_t*>(layout.scales(own_region, common.set_index, slot));
+        const uint32_t* from = reinterpret_cast<const uint32_t*>(message + layout.message_scales());
         uint32_t* to = static_cast<uint32_t*>(args.recv_x_scales) + out * scale_words;
         for (int w = lane; w < scale_words; w += kWarpSize) to[w] = __ldcg(from + w);
       }
       if (lane == 0) {
-        const int2 meta = __ldcg(layout.meta(own_region, common.set_index, slot));
+        const int2 meta = __ldcg(reinterpret_cast<const int2*>(message + layout.message_meta()));
         args.recv_src_info[out] = meta.x;
         args.recv_src_k[out] = meta.y;
       }
@@ -263,15 +284,14 @@ __device__ void receive_expert(const device::IpcTransport& transport, const LowL
 }
 
 __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
-    low_latency_dispatch_kernel(const __grid_constant__ IpcPeers peers,
+    low_latency_dispatch_kernel(const __grid_constant__ PeerWindow peers,
                                 const __grid_constant__ LowLatencyDispatchKernelArgs args, unsigned phases,
                                 KernelContext context) {
   extern __shared__ int32_t plan[];  // expert_count [num_experts], then pair_slot [T * K]
+  const device::Window window(peers);
   const LowLatencyCommon& common = args.common;
-  const device::LowLatencyLaunch launch = device::begin_low_latency_launch(peers, common, context);
+  const device::LowLatencyLaunch launch = device::begin_low_latency_launch(window, common, context);
   const LowLatencyLayout& layout = launch.layout;
-  const device::IpcTransport& transport = launch.transport;
-  void* own_region = launch.own_region;
   const uint64_t epoch = launch.epoch;
 
   if (phases & kSendPhase) {
@@ -282,35 +302,35 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
     const int chunks = (common.hidden / kBf16PerVector + kChunkVectors - 1) / kChunkVectors;
     for (int item = blockIdx.x * kLowLatencyWarpsPerBlock + device::warp_id(); item < common.num_tokens * chunks;
          item += warps) {
-      send_chunk(transport, args, context, layout, pair_slot, item / chunks, item % chunks);
+      send_chunk(window, args, context, layout, pair_slot, item / chunks, item % chunks);
     }
-    if (device::last_block_to_arrive(LowLatencyLayout::send_blocks_done(own_region, common.set_index))) {
+    window.quiet();  // the publish rule: puts complete, the election's barrier, then one signal
+    if (device::last_block_to_arrive(window.own<uint32_t>(layout.send_blocks_done(common.set_index)))) {
       for (int expert = threadIdx.x; expert < common.num_experts; expert += blockDim.x) {
         const int owner = expert / layout.experts_per_rank;
-        // Pairs with the owner's wait on this flag before it reads the rows.
-        transport.signal(layout.dispatch_flag(transport.region(owner), common.set_index, expert % layout.experts_per_rank,
-                                              context.rank),
-                         pack_flag(epoch, static_cast<uint32_t>(expert_count[expert])));
+        // Pairs with the owner's wait on this flag before it reads the messages.
+        window.signal(owner, layout.dispatch_flag(common.set_index, expert % layout.experts_per_rank, context.rank),
+                      pack_flag(epoch, static_cast<uint32_t>(expert_count[expert])));
       }
     }
   }
   if (phases & kReceivePhase) {
     for (int local = blockIdx.x; local < layout.experts_per_rank; local += gridDim.x) {
-      receive_expert(transport, args, context, layout, local, epoch);
+      receive_expert(window, args, context, layout, local, epoch);
     }
-    device::finish_receive_phase(own_region, common.set_index, epoch);
+    device::finish_receive_phase(window, layout, common.set_index, epoch);
   }
 }
 
 }  // namespace
 
-void launch_low_latency_dispatch(const IpcPeers& peers, const LowLatencyDispatchKernelArgs& args, unsigned phases,
+void launch_low_latency_dispatch(const PeerWindow& window, const LowLatencyDispatchKernelArgs& args, unsigned phases,
                                  const KernelContext& context, cudaStream_t stream) {
   const size_t plan_bytes = (phases & kSendPhase)
                                 ? sizeof(int32_t) * (static_cast<size_t>(args.common.num_experts) +
                                                      static_cast<size_t>(args.common.num_tokens) * args.common.num_topk)
                                 : 0;
-  low_latency_dispatch_kernel<<<args.common.num_blocks, kLowLatencyThreadsPerBlock, plan_bytes, stream>>>(peers, args, phases,
+  low_latency_dispatch_kernel<<<args.common.num_blocks, kLowLatencyThreadsPerBlock, plan_bytes, stream>>>(window, args, phases,
                                                                                                       context);
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }

@@ -7,7 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include "common/kernel_context.hpp"
-#include "transport/ipc/ipc_peers.hpp"
+#include "transport/window.hpp"
 
 namespace epcomm::kernels {
 
@@ -40,7 +40,7 @@ struct LowLatencyDispatchKernelArgs {
   int32_t* recv_src_k = nullptr;         // out: [E_local, R*M]
   int32_t* cumulative_stats = nullptr;   // in/out, or null
 };
-void launch_low_latency_dispatch(const IpcPeers& peers, const LowLatencyDispatchKernelArgs& args, unsigned phases,
+void launch_low_latency_dispatch(const PeerWindow& window, const LowLatencyDispatchKernelArgs& args, unsigned phases,
                                  const KernelContext& context, cudaStream_t stream);
 
 struct LowLatencyCombineKernelArgs {
@@ -52,7 +52,7 @@ struct LowLatencyCombineKernelArgs {
   const int32_t* recv_src_k = nullptr;       // [E_local, R*M]
   void* out = nullptr;                    // out: bf16 [T, hidden]
 };
-void launch_low_latency_combine(const IpcPeers& peers, const LowLatencyCombineKernelArgs& args, unsigned phases,
+void launch_low_latency_combine(const PeerWindow& window, const LowLatencyCombineKernelArgs& args, unsigned phases,
                                 const KernelContext& context, cudaStream_t stream);
 
 }  // namespace epcomm::kernels

@@ -1,13 +1,12 @@
-#include "transport/ipc/ipc_buffer.hpp"
+#include "transport/ipc/ipc_transport.hpp"
 
 #include <unistd.h>
 
 #include <cstring>
 #include <utility>
 
-#include "common/nvl_layout.hpp"
+#include "common/cuda_check.hpp"
 #include "epcomm/error.hpp"
-#include "runtime/cuda_check.hpp"
 
 namespace epcomm::detail {
 namespace {
@@ -19,11 +18,14 @@ constexpr size_t kAgreedBytes = 256;
 // What each rank publishes so peers can map its buffer and detect a mismatched setup.
 struct IpcExport {
   cudaIpcMemHandle_t handle;
-  uint64_t user_bytes;
+  uint64_t total_bytes;
   char host_name[kHostNameBytes];
   char pci_bus_id[kBusIdBytes];
   char agreed[kAgreedBytes];
 };
+
+// The emulated node of `rank`: ranks are split into `nodes` equal, contiguous groups.
+int node_of(int rank, int num_ranks, int nodes) { return rank / (num_ranks / nodes); }
 
 }  // namespace
 
@@ -36,26 +38,27 @@ IpcMapping& IpcMapping::operator=(IpcMapping&& other) noexcept {
   return *this;
 }
 
-IpcBuffer::IpcBuffer(Bootstrap& bootstrap, int device, size_t user_bytes, const std::string& agreed)
-    : user_bytes_(user_bytes), local_(NvlLayout::total_bytes(user_bytes)) {
+IpcTransport::IpcTransport(Bootstrap& bootstrap, const TransportOptions& options)
+    : local_(options.layout.total_bytes()) {
   const int rank = bootstrap.rank();
   const int num_ranks = bootstrap.num_ranks();
-  EPCOMM_CUDA_CHECK(cudaMemset(local_.get(), 0, NvlLayout::total_bytes(user_bytes)));
+  const size_t total_bytes = options.layout.total_bytes();
+  EPCOMM_CUDA_CHECK(cudaMemset(local_.get(), 0, total_bytes));
   EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());  // zeroed before any peer learns the handle
 
   IpcExport mine{};
   EPCOMM_CUDA_CHECK(cudaIpcGetMemHandle(&mine.handle, local_.get()));
-  mine.user_bytes = user_bytes;
+  mine.total_bytes = total_bytes;
   gethostname(mine.host_name, kHostNameBytes - 1);
-  EPCOMM_CUDA_CHECK(cudaDeviceGetPCIBusId(mine.pci_bus_id, kBusIdBytes, device));
-  std::strncpy(mine.agreed, agreed.c_str(), kAgreedBytes - 1);
+  EPCOMM_CUDA_CHECK(cudaDeviceGetPCIBusId(mine.pci_bus_id, kBusIdBytes, options.device));
+  std::strncpy(mine.agreed, options.agreed.c_str(), kAgreedBytes - 1);
 
   std::vector<IpcExport> all(num_ranks);
   bootstrap.allgather(&mine, all.data(), sizeof(IpcExport));
 
   for (int peer = 0; peer < num_ranks; ++peer) {
     const IpcExport& theirs = all[peer];
-    if (theirs.user_bytes != user_bytes || std::strncmp(theirs.agreed, mine.agreed, kAgreedBytes) != 0) {
+    if (theirs.total_bytes != total_bytes || std::strncmp(theirs.agreed, mine.agreed, kAgreedBytes) != 0) {
       fail(ErrorCode::kInvalidArgument, "Buffer: rank ", peer, " was created with {", theirs.agreed, "} but rank ", rank,
            " with {", mine.agreed, "}; every rank must pass the same options");
     }
@@ -65,33 +68,43 @@ IpcBuffer::IpcBuffer(Bootstrap& bootstrap, int device, size_t user_bytes, const 
     }
   }
 
+  ranks_on_my_device_ = 0;
   for (int peer = 0; peer < num_ranks; ++peer) {
     if (std::strncmp(all[peer].pci_bus_id, mine.pci_bus_id, kBusIdBytes) == 0) ++ranks_on_my_device_;
   }
 
+  window_.rank = rank;
+  window_.num_ranks = num_ranks;
   mappings_.resize(num_ranks);
   for (int peer = 0; peer < num_ranks; ++peer) {
+    if (node_of(peer, num_ranks, options.emulated_nodes) == node_of(rank, num_ranks, options.emulated_nodes)) {
+      window_.direct_ranks |= 1u << peer;
+    }
     if (peer == rank) {
-      peers_.bases[peer] = local_.get();
+      window_.bases[peer] = static_cast<char*>(local_.get());
       continue;
     }
     void* mapped = nullptr;
     const cudaError_t status = cudaIpcOpenMemHandle(&mapped, all[peer].handle, cudaIpcMemLazyEnablePeerAccess);
     if (status != cudaSuccess) {
-      fail(ErrorCode::kCudaError, "Buffer: rank ", rank, " (GPU ", mine.pci_bus_id, ") cannot map the NVLink buffer of rank ",
+      fail(ErrorCode::kCudaError, "Buffer: rank ", rank, " (GPU ", mine.pci_bus_id, ") cannot map the buffer of rank ",
            peer, " (GPU ", all[peer].pci_bus_id, "): cudaIpcOpenMemHandle: ", cudaGetErrorString(status),
            ". Are both GPUs visible to this process and connected by NVLink or PCIe peer access?");
     }
     mappings_[peer] = IpcMapping(mapped);
-    peers_.bases[peer] = mapped;
+    window_.bases[peer] = static_cast<char*>(mapped);
   }
 }
 
-void IpcBuffer::release_collectively(Bootstrap& bootstrap) {
+void IpcTransport::release_collectively(Bootstrap& bootstrap) {
   mappings_.clear();
-  peers_ = IpcPeers{};
+  window_ = PeerWindow{};
   bootstrap.barrier();
   local_ = DeviceAllocation();
+}
+
+std::unique_ptr<Transport> make_transport(Bootstrap& bootstrap, const TransportOptions& options) {
+  return std::make_unique<IpcTransport>(bootstrap, options);
 }
 
 }  // namespace epcomm::detail

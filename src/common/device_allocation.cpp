@@ -1,9 +1,9 @@
-#include "runtime/device_allocation.hpp"
+#include "common/device_allocation.hpp"
 
 #include <cstring>
 #include <utility>
 
-#include "runtime/cuda_check.hpp"
+#include "common/cuda_check.hpp"
 
 namespace epcomm::detail {
 

@@ -1,7 +1,7 @@
 // Electing the last block of a launch to arrive, so it can publish what every block produced.
 #pragma once
 
-#include "kernels/common/memory_ordering.cuh"
+#include "device/memory_ordering.cuh"
 
 namespace epcomm::device {
 

@@ -1,6 +1,7 @@
 // Warp- and warp-group-level building blocks of the normal-mode kernels.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "common/constants.hpp"
@@ -53,6 +54,20 @@ __device__ __forceinline__ void warp_copy(void* destination, const void* source,
       if (index < vectors) to[index] = values[i];
     }
   }
+}
+
+// warp_copy for any size and alignment that are multiples of 4 bytes: 16-byte vectors when the
+// size and both addresses allow, else 4-byte words.
+__device__ __forceinline__ void warp_copy_any(void* destination, const void* source, size_t bytes) {
+  const uintptr_t misaligned = reinterpret_cast<uintptr_t>(destination) | reinterpret_cast<uintptr_t>(source) | bytes;
+  if (misaligned % sizeof(int4) == 0) {
+    warp_copy(destination, source, bytes);
+    return;
+  }
+  const uint32_t* from = static_cast<const uint32_t*>(source);
+  uint32_t* to = static_cast<uint32_t*>(destination);
+  const int words = static_cast<int>(bytes / sizeof(uint32_t));
+  for (int w = lane_id(); w < words; w += kWarpSize) to[w] = from[w];
 }
 
 // Tokens [begin, end) of `channel` when `num_tokens` tokens are split over `num_channels`.

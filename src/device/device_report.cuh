@@ -4,7 +4,7 @@
 
 #include "common/device_error.hpp"
 #include "common/kernel_context.hpp"
-#include "kernels/common/memory_ordering.cuh"
+#include "device/memory_ordering.cuh"
 
 namespace epcomm::device {
 

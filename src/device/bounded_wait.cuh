@@ -3,8 +3,8 @@
 #pragma once
 
 #include "common/constants.hpp"
-#include "kernels/common/device_report.cuh"
-#include "kernels/common/memory_ordering.cuh"
+#include "device/device_report.cuh"
+#include "device/memory_ordering.cuh"
 
 namespace epcomm::device {
 
