@@ -117,6 +117,8 @@ class Buffer {
   void copy_to_all_ranks(const void* source, size_t bytes_per_rank, int num_sms, cudaStream_t stream);
   // This rank's NVLink buffer (device memory, num_nvl_bytes long).
   void* local_nvl_buffer() const;
+  // This rank's low-latency region (num_rdma_bytes), or null after destroy(): deep_ep's RDMA buffer.
+  void* local_low_latency_buffer() const;
 
   // Library version and the git revision it was built from, e.g. "0.1.0 (3f2c9a1b0d4e)".
   static std::string version();

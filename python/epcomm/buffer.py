@@ -34,13 +34,18 @@ class Buffer:
         teardown exchanges on ``group``.
     """
 
-    num_sms: int = 24
+    num_sms: int = _C.Config().num_sms  # the C++ default (include/epcomm/config.hpp)
 
+    # Defaults come from C++ (BufferOptions), through _C.BUFFER_DEFAULTS.
     def __init__(self, group: Any, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0, low_latency_mode: bool = False,
-                 num_qps_per_rank: int = 24, allow_nvlink_for_low_latency_mode: bool = True, allow_mnnvl: bool = False,
-                 use_fabric: bool = False, explicitly_destroy: bool = False, enable_shrink: bool = False,
-                 comm: Any = None, preinitialize: bool = False, initialize_in_background: bool = False,
-                 wait_timeout_ms: int = 100_000, warmup_shape: Optional[WarmupShape] = None) -> None:
+                 num_qps_per_rank: int = _C.BUFFER_DEFAULTS["num_qps_per_rank"],
+                 allow_nvlink_for_low_latency_mode: bool = _C.BUFFER_DEFAULTS["allow_nvlink_for_low_latency_mode"],
+                 allow_mnnvl: bool = False, use_fabric: bool = False, explicitly_destroy: bool = False,
+                 enable_shrink: bool = False, comm: Any = None,
+                 preinitialize: bool = _C.BUFFER_DEFAULTS["preinitialize"],
+                 initialize_in_background: bool = _C.BUFFER_DEFAULTS["initialize_in_background"],
+                 wait_timeout_ms: int = _C.BUFFER_DEFAULTS["wait_timeout_ms"],
+                 warmup_shape: Optional[WarmupShape] = None) -> None:
         import torch
         import torch.distributed as dist
 

@@ -152,10 +152,11 @@ namespace {
 
 BufferOptions make_options(int64_t num_nvl_bytes, int64_t num_rdma_bytes, bool low_latency_mode, int num_qps_per_rank,
                            bool allow_nvlink_for_low_latency_mode, int device, bool preinitialize,
-                           bool initialize_in_background, int64_t wait_timeout_ms, const WarmupShape& warmup_shape,
-                           std::shared_ptr<PythonAllocator> output_allocator, std::optional<uintptr_t> warmup_stream,
-                           std::optional<uintptr_t> comm_stream) {
+                           bool initialize_in_background, int64_t wait_timeout_ms, int emulated_nodes,
+                           const WarmupShape& warmup_shape, std::shared_ptr<PythonAllocator> output_allocator,
+                           std::optional<uintptr_t> warmup_stream, std::optional<uintptr_t> comm_stream) {
   BufferOptions options;
+  options.emulated_nodes = emulated_nodes;
   options.num_nvl_bytes = num_nvl_bytes;
   options.num_rdma_bytes = num_rdma_bytes;
   options.low_latency_mode = low_latency_mode;
@@ -172,28 +173,50 @@ BufferOptions make_options(int64_t num_nvl_bytes, int64_t num_rdma_bytes, bool l
   return options;
 }
 
+// BufferOptions' defaults, defined once in C++ (include/epcomm/config.hpp): the binding's keyword
+// defaults and _C.BUFFER_DEFAULTS, which the Python layer's own signatures read.
+nb::dict buffer_defaults(const BufferOptions& defaults) {
+  nb::dict values;
+  values["num_nvl_bytes"] = defaults.num_nvl_bytes;
+  values["num_rdma_bytes"] = defaults.num_rdma_bytes;
+  values["low_latency_mode"] = defaults.low_latency_mode;
+  values["num_qps_per_rank"] = defaults.num_qps_per_rank;
+  values["allow_nvlink_for_low_latency_mode"] = defaults.allow_nvlink_for_low_latency_mode;
+  values["preinitialize"] = defaults.preinitialize;
+  values["initialize_in_background"] = defaults.initialize_in_background;
+  values["wait_timeout_ms"] = static_cast<int64_t>(defaults.wait_timeout.count());
+  values["emulated_nodes"] = defaults.emulated_nodes;
+  return values;
+}
+
 }  // namespace
 
 void bind_buffer(nb::module_& m) {
   bind_types(m);
+  const BufferOptions defaults;
+  m.attr("BUFFER_DEFAULTS") = buffer_defaults(defaults);
   nb::class_<Buffer>(m, "Buffer")
       .def("__init__",
            [](Buffer* self, std::shared_ptr<PythonBootstrap> bootstrap, int64_t num_nvl_bytes, int64_t num_rdma_bytes,
               bool low_latency_mode, int num_qps_per_rank, bool allow_nvlink, int device, bool preinitialize,
-              bool in_background, int64_t wait_timeout_ms, const WarmupShape& warmup_shape,
+              bool in_background, int64_t wait_timeout_ms, int emulated_nodes, const WarmupShape& warmup_shape,
               std::shared_ptr<PythonAllocator> output_allocator, std::optional<uintptr_t> warmup_stream,
               std::optional<uintptr_t> comm_stream) {
              const BufferOptions options =
                  make_options(num_nvl_bytes, num_rdma_bytes, low_latency_mode, num_qps_per_rank, allow_nvlink, device,
-                              preinitialize, in_background, wait_timeout_ms, warmup_shape, std::move(output_allocator),
-                              warmup_stream, comm_stream);
+                              preinitialize, in_background, wait_timeout_ms, emulated_nodes, warmup_shape,
+                              std::move(output_allocator), warmup_stream, comm_stream);
              nb::gil_scoped_release release;  // the exchange calls back into Python from C++
              new (self) Buffer(std::move(bootstrap), options);
            },
-           nb::arg("bootstrap"), nb::arg("num_nvl_bytes") = 0, nb::arg("num_rdma_bytes") = 0,
-           nb::arg("low_latency_mode") = false, nb::arg("num_qps_per_rank") = 24,
-           nb::arg("allow_nvlink_for_low_latency_mode") = true, nb::arg("device") = -1, nb::arg("preinitialize") = false,
-           nb::arg("initialize_in_background") = false, nb::arg("wait_timeout_ms") = 100000,
+           nb::arg("bootstrap"), nb::arg("num_nvl_bytes") = defaults.num_nvl_bytes,
+           nb::arg("num_rdma_bytes") = defaults.num_rdma_bytes, nb::arg("low_latency_mode") = defaults.low_latency_mode,
+           nb::arg("num_qps_per_rank") = defaults.num_qps_per_rank,
+           nb::arg("allow_nvlink_for_low_latency_mode") = defaults.allow_nvlink_for_low_latency_mode,
+           nb::arg("device") = defaults.device, nb::arg("preinitialize") = defaults.preinitialize,
+           nb::arg("initialize_in_background") = defaults.initialize_in_background,
+           nb::arg("wait_timeout_ms") = static_cast<int64_t>(defaults.wait_timeout.count()),
+           nb::arg("emulated_nodes") = defaults.emulated_nodes,
            nb::arg("warmup_shape") = WarmupShape{}, nb::arg("output_allocator").none() = nb::none(),
            nb::arg("warmup_stream").none() = nb::none(), nb::arg("comm_stream").none() = nb::none())
       .def_prop_ro("rank", &Buffer::rank)
@@ -337,15 +360,13 @@ void bind_buffer(nb::module_& m) {
       .def("local_buffer_bytes",
            [](nb::handle self, bool use_rdma_buffer) {
              Buffer& buffer = nb::cast<Buffer&>(self);
-             char* base = nullptr;
+             char* data = nullptr;
              {
                nb::gil_scoped_release release;  // may wait for a background initialisation
-               base = static_cast<char*>(buffer.local_nvl_buffer());
+               data = static_cast<char*>(use_rdma_buffer ? buffer.local_low_latency_buffer() : buffer.local_nvl_buffer());
              }
-             if (base == nullptr) fail(ErrorCode::kInvalidArgument, "local_buffer_bytes: the Buffer was destroyed");
-             // The low-latency region follows the NVLink bytes in the same allocation.
+             if (data == nullptr) fail(ErrorCode::kInvalidArgument, "local_buffer_bytes: the Buffer was destroyed");
              const int64_t bytes = use_rdma_buffer ? buffer.options().num_rdma_bytes : buffer.options().num_nvl_bytes;
-             char* data = use_rdma_buffer ? base + buffer.options().num_nvl_bytes : base;
              const size_t shape[1] = {static_cast<size_t>(bytes)};
              return nb::ndarray<nb::pytorch, nb::device::cuda>(data, 1, shape, self, nullptr, nb::dtype<uint8_t>(),
                                                                nb::device::cuda::value, buffer.device());

@@ -36,6 +36,18 @@ def test_deep_ep_helpers_exist():
         assert hasattr(_C.Buffer, name), name  # deep_ep's runtime queries, on Buffer.runtime
 
 
+def test_defaults_come_from_cpp():
+    import inspect
+
+    defaults = _C.BUFFER_DEFAULTS
+    assert defaults["num_qps_per_rank"] == 24 and defaults["wait_timeout_ms"] == 100_000
+    assert defaults["emulated_nodes"] == 1
+    signature = inspect.signature(epcomm.Buffer.__init__)
+    for name in ("num_qps_per_rank", "allow_nvlink_for_low_latency_mode", "preinitialize", "initialize_in_background",
+                 "wait_timeout_ms"):
+        assert signature.parameters[name].default == defaults[name], name
+
+
 def test_dispatch_and_combine_configs_follow_deep_ep_names():
     config = epcomm.Buffer.get_dispatch_config(8)
     assert config.num_sms == 24

@@ -284,6 +284,13 @@ void* Buffer::local_nvl_buffer() const {
   return impl_->local_base() + BufferLayout::nvl_offset();
 }
 
+void* Buffer::local_low_latency_buffer() const {
+  if (!impl_) return nullptr;
+  impl_->wait_until_ready();
+  if (!impl_->transport) return nullptr;
+  return impl_->local_base() + impl_->layout.low_latency_offset();
+}
+
 std::string Buffer::version() {
   return join_message(EPCOMM_VERSION_STRING, " (", EPCOMM_GIT_REVISION, ")");
 }

@@ -202,6 +202,101 @@ DispatchShape validate_dispatch(const Buffer::Impl& impl, const DispatchArgs& ar
   return shape;
 }
 
+// Step 1 of a dispatch: the routing of this call in the handle. A new routing runs the notify step
+// (counts exchanged between ranks; unless the outputs are worst-case sized, the host waits for the
+// received counts); a cached one only needs every rank past its previous call (a barrier).
+void notify(Buffer::Impl& impl, const DispatchArgs& args, const DispatchShape& shape, bool host_waits,
+            const detail::DispatchHandleState* cached, detail::DispatchHandleState& state, Allocator& allocator,
+            cudaStream_t comm) {
+  const KernelContext context = impl.context();
+  if (cached != nullptr) {
+    kernels::launch_nvl_barrier(impl.window(), context, comm);
+    return;
+  }
+  const int ranks = impl.bootstrap->num_ranks();
+  const int channels = args.config.num_channels();
+  // The handle's tensors live in the communication stream's order: every kernel that reads them
+  // runs there, so freeing them there (when the last handle goes) can never overtake a reader.
+  std::vector<Tensor> routing = detail::allocate_together(
+      allocator,
+      {detail::piece(DType::kInt32, {ranks, channels + 1}), detail::piece(DType::kBool, {shape.num_tokens, ranks}),
+       detail::piece(DType::kInt32, {shape.num_tokens, ranks}), detail::piece(DType::kInt32, {shape.num_experts / ranks})},
+      comm, impl.comm_stream_lifetime);
+  state.recv_channel_prefix = std::move(routing[0]);
+  state.is_token_in_rank = std::move(routing[1]);
+  state.send_position = std::move(routing[2]);
+  state.num_recv_tokens_per_expert_device = std::move(routing[3]);
+  kernels::NotifyDispatchArgs notify;
+  notify.is_token_in_rank = args.is_token_in_rank.ptr<bool>();
+  notify.kept_is_token_in_rank = state.is_token_in_rank.view.ptr<bool>();
+  notify.num_tokens_per_rank = args.num_tokens_per_rank.ptr<int32_t>();
+  notify.num_tokens_per_expert = args.num_tokens_per_expert.ptr<int32_t>();
+  notify.num_tokens = shape.num_tokens;
+  notify.num_experts = shape.num_experts;
+  notify.num_channels = channels;
+  notify.expert_alignment = args.expert_alignment;
+  notify.recv_channel_prefix = state.recv_channel_prefix.view.ptr<int32_t>();
+  notify.num_recv_tokens_per_expert = state.num_recv_tokens_per_expert_device.view.ptr<int32_t>();
+  if (host_waits) {
+    notify.host_results = static_cast<NotifyResults*>(impl.notify_results.device());
+    notify.sequence = ++impl.notify_sequence;
+  }
+  kernels::launch_notify_dispatch(impl.window(), notify, context, comm);
+  if (host_waits) {
+    wait_for_notify(impl, notify.sequence);
+    const auto* results = static_cast<const NotifyResults*>(impl.notify_results.host());
+    state.num_recv_tokens = results->num_recv_tokens;
+    state.num_rows = results->num_recv_tokens;
+    state.num_recv_tokens_per_expert.assign(results->num_recv_tokens_per_expert,
+                                            results->num_recv_tokens_per_expert + shape.num_experts / ranks);
+  } else {
+    state.num_recv_tokens = -1;
+    state.num_rows = args.num_worst_tokens;
+  }
+  state.recv_src_idx = std::move(
+      detail::allocate_together(allocator, {detail::piece(DType::kInt32, {state.num_rows})}, comm, impl.comm_stream_lifetime)[0]);
+}
+
+// Step 2: the caller's outputs, sized by the rows the notify step found (or the worst case).
+DispatchResult allocate_outputs(const DispatchArgs& args, const DispatchShape& shape, int64_t rows, Allocator& allocator,
+                                cudaStream_t stream) {
+  DispatchResult result;
+  result.recv_x = allocate(allocator, args.x.dtype, {rows, shape.hidden}, stream);
+  if (shape.num_scales > 0) result.recv_x_scales = allocate(allocator, DType::kFloat32, {rows, shape.num_scales}, stream);
+  if (shape.num_topk > 0) result.recv_topk_idx = allocate(allocator, DType::kInt64, {rows, shape.num_topk}, stream);
+  if (given(args.topk_weights)) {
+    result.recv_topk_weights = allocate(allocator, DType::kFloat32, {rows, shape.num_topk}, stream);
+  }
+  return result;
+}
+
+// Step 3: the dispatch kernel, from the caller's inputs into the outputs, by the handle's routing.
+void launch(const Buffer::Impl& impl, const DispatchArgs& args, const DispatchShape& shape, bool cached,
+            const detail::DispatchHandleState& state, const DispatchResult& result, cudaStream_t comm) {
+  kernels::DispatchKernelArgs kernel;
+  kernel.x = args.x.data;
+  kernel.row_bytes = static_cast<size_t>(shape.row_bytes);
+  kernel.x_scales = shape.num_scales > 0 ? args.x_scales.ptr<float>() : nullptr;
+  kernel.num_scales = shape.num_scales;
+  kernel.topk_idx = shape.num_topk > 0 ? args.topk_idx.ptr<int64_t>() : nullptr;
+  kernel.topk_weights = given(args.topk_weights) ? args.topk_weights.ptr<float>() : nullptr;
+  kernel.num_topk = shape.num_topk;
+  kernel.is_token_in_rank = state.is_token_in_rank.view.ptr<bool>();
+  kernel.num_tokens = shape.num_tokens;
+  kernel.num_experts = shape.num_experts;
+  kernel.recv_channel_prefix = state.recv_channel_prefix.view.ptr<int32_t>();
+  kernel.num_rows = state.num_rows;
+  kernel.recv_x = result.recv_x.view.data;
+  kernel.recv_x_scales = result.recv_x_scales.view.ptr<float>();
+  kernel.recv_topk_idx = result.recv_topk_idx.view.ptr<int64_t>();
+  kernel.recv_topk_weights = result.recv_topk_weights.view.ptr<float>();
+  // A cached dispatch replays known routing: the source indices and positions are already there.
+  kernel.recv_src_idx = cached ? nullptr : state.recv_src_idx.view.ptr<int32_t>();
+  kernel.send_position = cached ? nullptr : state.send_position.view.ptr<int32_t>();
+  kernel.ring = ring_args(args.config);
+  kernels::launch_dispatch(impl.window(), kernel, impl.context(), comm);
+}
+
 }  // namespace
 
 DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, const CallOptions& call) {
@@ -225,8 +320,6 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, 
   require_resident(kDispatchOp, impl, args.config);
 
   detail::ScopedDevice scoped(impl.device);
-  const KernelContext context = impl.context();
-  const int channels = args.config.num_channels();
   auto state = std::make_shared<detail::DispatchHandleState>();
   if (cached != nullptr) {
     *state = *cached;  // same routing; the tensors are shared
@@ -234,92 +327,15 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, 
     state->owner = &impl;
     state->num_ranks = ranks;
     state->num_tokens = shape.num_tokens;
-    state->num_channels = channels;
+    state->num_channels = args.config.num_channels();
     state->num_experts = shape.num_experts;
     state->num_worst_tokens = args.num_worst_tokens;
   }
-
   const CallStreams streams(impl.comm_stream, call);
-  const cudaStream_t allocation_stream = streams.allocation();
-  if (cached == nullptr) {
-    // The handle's tensors live in the communication stream's order: every kernel that reads them
-    // runs there, so freeing them there (when the last handle goes) can never overtake a reader.
-    const cudaStream_t handle_stream = streams.comm();
-    std::vector<Tensor> routing = detail::allocate_together(
-        allocator,
-        {detail::piece(DType::kInt32, {ranks, channels + 1}), detail::piece(DType::kBool, {shape.num_tokens, ranks}),
-         detail::piece(DType::kInt32, {shape.num_tokens, ranks}), detail::piece(DType::kInt32, {shape.num_experts / ranks})},
-        handle_stream, impl.comm_stream_lifetime);
-    state->recv_channel_prefix = std::move(routing[0]);
-    state->is_token_in_rank = std::move(routing[1]);
-    state->send_position = std::move(routing[2]);
-    state->num_recv_tokens_per_expert_device = std::move(routing[3]);
-    kernels::NotifyDispatchArgs notify;
-    notify.is_token_in_rank = args.is_token_in_rank.ptr<bool>();
-    notify.kept_is_token_in_rank = state->is_token_in_rank.view.ptr<bool>();
-    notify.num_tokens_per_rank = args.num_tokens_per_rank.ptr<int32_t>();
-    notify.num_tokens_per_expert = args.num_tokens_per_expert.ptr<int32_t>();
-    notify.num_tokens = shape.num_tokens;
-    notify.num_experts = shape.num_experts;
-    notify.num_channels = channels;
-    notify.expert_alignment = args.expert_alignment;
-    notify.recv_channel_prefix = state->recv_channel_prefix.view.ptr<int32_t>();
-    notify.num_recv_tokens_per_expert = state->num_recv_tokens_per_expert_device.view.ptr<int32_t>();
-    if (host_waits) {
-      notify.host_results = static_cast<NotifyResults*>(impl.notify_results.device());
-      notify.sequence = ++impl.notify_sequence;
-    }
-    kernels::launch_notify_dispatch(impl.window(), notify, context, streams.comm());
-    if (host_waits) {
-      wait_for_notify(impl, notify.sequence);
-      const auto* results = static_cast<const NotifyResults*>(impl.notify_results.host());
-      state->num_recv_tokens = results->num_recv_tokens;
-      state->num_rows = results->num_recv_tokens;
-      state->num_recv_tokens_per_expert.assign(results->num_recv_tokens_per_expert,
-                                               results->num_recv_tokens_per_expert + shape.num_experts / ranks);
-    } else {
-      state->num_recv_tokens = -1;
-      state->num_rows = args.num_worst_tokens;
-    }
-    state->recv_src_idx = std::move(detail::allocate_together(allocator, {detail::piece(DType::kInt32, {state->num_rows})},
-                                                              handle_stream, impl.comm_stream_lifetime)[0]);
-  } else {
-    // No notify: the barrier alone makes sure every rank has finished its previous call.
-    kernels::launch_nvl_barrier(impl.window(), context, streams.comm());
-  }
-
-  DispatchResult result;
-  const int64_t rows = state->num_rows;
-  result.recv_x = allocate(allocator, args.x.dtype, {rows, shape.hidden}, allocation_stream);
-  if (shape.num_scales > 0) result.recv_x_scales = allocate(allocator, DType::kFloat32, {rows, shape.num_scales}, allocation_stream);
-  if (shape.num_topk > 0) result.recv_topk_idx = allocate(allocator, DType::kInt64, {rows, shape.num_topk}, allocation_stream);
-  if (given(args.topk_weights)) {
-    result.recv_topk_weights = allocate(allocator, DType::kFloat32, {rows, shape.num_topk}, allocation_stream);
-  }
+  notify(impl, args, shape, host_waits, cached, *state, allocator, streams.comm());
+  DispatchResult result = allocate_outputs(args, shape, state->num_rows, allocator, streams.allocation());
   streams.order_after_allocations();
-
-  kernels::DispatchKernelArgs kernel;
-  kernel.x = args.x.data;
-  kernel.row_bytes = static_cast<size_t>(shape.row_bytes);
-  kernel.x_scales = shape.num_scales > 0 ? args.x_scales.ptr<float>() : nullptr;
-  kernel.num_scales = shape.num_scales;
-  kernel.topk_idx = shape.num_topk > 0 ? args.topk_idx.ptr<int64_t>() : nullptr;
-  kernel.topk_weights = given(args.topk_weights) ? args.topk_weights.ptr<float>() : nullptr;
-  kernel.num_topk = shape.num_topk;
-  kernel.is_token_in_rank = state->is_token_in_rank.view.ptr<bool>();
-  kernel.num_tokens = shape.num_tokens;
-  kernel.num_experts = shape.num_experts;
-  kernel.recv_channel_prefix = state->recv_channel_prefix.view.ptr<int32_t>();
-  kernel.num_rows = state->num_rows;
-  kernel.recv_x = result.recv_x.view.data;
-  kernel.recv_x_scales = result.recv_x_scales.view.ptr<float>();
-  kernel.recv_topk_idx = result.recv_topk_idx.view.ptr<int64_t>();
-  kernel.recv_topk_weights = result.recv_topk_weights.view.ptr<float>();
-  // A cached dispatch replays known routing: the source indices and positions are already there.
-  kernel.recv_src_idx = cached == nullptr ? state->recv_src_idx.view.ptr<int32_t>() : nullptr;
-  kernel.send_position = cached == nullptr ? state->send_position.view.ptr<int32_t>() : nullptr;
-  kernel.ring = ring_args(args.config);
-  kernels::launch_dispatch(impl.window(), kernel, context, streams.comm());
+  launch(impl, args, shape, cached != nullptr, *state, result, streams.comm());
 
   result.num_recv_tokens_per_expert_device = state->num_recv_tokens_per_expert_device;
   result.num_recv_tokens_per_expert = state->num_recv_tokens_per_expert;
