@@ -113,6 +113,58 @@ def default_dispatch_config(num_ranks: int) -> Config: ...
 
 def default_combine_config(num_ranks: int) -> Config: ...
 
+class CallOptions:
+    def __init__(self) -> None: ...
+    stream: int
+    previous_event: Event
+    async_finish: bool
+    allocate_on_comm_stream: bool
+
+class DispatchArgs:
+    def __init__(self) -> None: ...
+    x: TensorView
+    x_scales: TensorView
+    topk_idx: TensorView
+    topk_weights: TensorView
+    num_tokens_per_rank: TensorView
+    num_tokens_per_expert: TensorView
+    is_token_in_rank: TensorView
+    handle: DispatchHandle | None
+    expert_alignment: int
+    num_worst_tokens: int
+    config: Config
+
+class CombineArgs:
+    def __init__(self) -> None: ...
+    x: TensorView
+    topk_weights: TensorView
+    bias0: TensorView
+    bias1: TensorView
+    handle: DispatchHandle | None
+    config: Config
+
+class LowLatencyDispatchArgs:
+    def __init__(self) -> None: ...
+    x: TensorView
+    topk_idx: TensorView
+    num_max_dispatch_tokens_per_rank: int
+    num_experts: int
+    use_fp8: bool
+    round_scale: bool
+    use_ue8m0: bool
+    cumulative_local_expert_recv_stats: TensorView
+    return_recv_hook: bool
+
+class LowLatencyCombineArgs:
+    def __init__(self) -> None: ...
+    x: TensorView
+    topk_idx: TensorView
+    topk_weights: TensorView
+    handle: LowLatencyHandle | None
+    zero_copy: bool
+    out: TensorView
+    return_recv_hook: bool
+
 BUFFER_DEFAULTS: dict[str, int | bool]
 def low_latency_buffer_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int) -> int: ...
 
@@ -246,13 +298,13 @@ class Buffer:
 
     def get_dispatch_layout(self, arg0: TensorView, arg1: int, arg2: TensorView, arg3: TensorView, arg4: TensorView, arg5: int, /) -> None: ...
 
-    def dispatch(self, x: TensorView, x_scales: TensorView, topk_idx: TensorView, topk_weights: TensorView, num_tokens_per_rank: TensorView, num_tokens_per_expert: TensorView, is_token_in_rank: TensorView, handle: DispatchHandle | None, expert_alignment: int, num_worst_tokens: int, config: Config, allocator: Allocator, stream: int, previous_event: Event, async_finish: bool, allocate_on_comm_stream: bool) -> tuple: ...
+    def dispatch(self, args: DispatchArgs, allocator: Allocator, call: CallOptions) -> tuple: ...
 
-    def combine(self, arg0: TensorView, arg1: TensorView, arg2: TensorView, arg3: TensorView, arg4: DispatchHandle, arg5: Config, arg6: Allocator, arg7: int, arg8: Event, arg9: bool, arg10: bool, /) -> tuple: ...
+    def combine(self, args: CombineArgs, allocator: Allocator, call: CallOptions) -> tuple: ...
 
-    def low_latency_dispatch(self, arg0: TensorView, arg1: TensorView, arg2: int, arg3: int, arg4: bool, arg5: bool, arg6: bool, arg7: TensorView, arg8: bool, arg9: Allocator, arg10: int, arg11: bool, /) -> tuple: ...
+    def low_latency_dispatch(self, args: LowLatencyDispatchArgs, allocator: Allocator, call: CallOptions) -> tuple: ...
 
-    def low_latency_combine(self, arg0: TensorView, arg1: TensorView, arg2: TensorView, arg3: LowLatencyHandle, arg4: bool, arg5: TensorView, arg6: bool, arg7: Allocator, arg8: int, arg9: bool, /) -> tuple: ...
+    def low_latency_combine(self, args: LowLatencyCombineArgs, allocator: Allocator, call: CallOptions) -> tuple: ...
 
     def get_next_low_latency_combine_buffer(self, handle: LowLatencyHandle) -> Annotated[torch.Tensor, dict(device='cuda')]: ...
 

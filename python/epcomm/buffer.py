@@ -11,6 +11,19 @@ Config = _C.Config
 WarmupShape = _C.WarmupShape
 
 
+def _fill(args: Any, **fields: Any) -> Any:
+    """Sets the fields of one of the runtime's argument structs (_C.DispatchArgs, ...) by name."""
+    for name, value in fields.items():
+        setattr(args, name, value)
+    return args
+
+
+def _call(previous_event: Any, async_finish: bool, allocate_on_comm_stream: bool) -> Any:
+    """The runtime's CallOptions of a call made on the current torch stream."""
+    return _fill(_C.CallOptions(), stream=_torch.current_stream(), previous_event=previous_event,
+                 async_finish=async_finish, allocate_on_comm_stream=allocate_on_comm_stream)
+
+
 class Buffer:
     """Communication buffers of one rank, with deep_ep's methods and return tuples.
 
@@ -206,12 +219,15 @@ class Buffer:
         """
         x_data, x_scales = x if isinstance(x, tuple) else (x, None)
         event = previous_event.event if previous_event is not None and previous_event.event is not None else _C.Event()
+        args = _fill(_C.DispatchArgs(), x=_torch.view(x_data, "x"), x_scales=_torch.view(x_scales, "x_scales"),
+                     topk_idx=_torch.view(topk_idx, "topk_idx"), topk_weights=_torch.view(topk_weights, "topk_weights"),
+                     num_tokens_per_rank=_torch.view(num_tokens_per_rank, "num_tokens_per_rank"),
+                     num_tokens_per_expert=_torch.view(num_tokens_per_expert, "num_tokens_per_expert"),
+                     is_token_in_rank=_torch.view(is_token_in_rank, "is_token_in_rank"), handle=handle,
+                     expert_alignment=expert_alignment, num_worst_tokens=num_worst_tokens,
+                     config=self._config(config, Buffer.get_dispatch_config))
         recv_x, recv_scales, recv_idx, recv_weights, per_expert, new_handle, done = self.runtime.dispatch(
-            _torch.view(x_data, "x"), _torch.view(x_scales, "x_scales"), _torch.view(topk_idx, "topk_idx"),
-            _torch.view(topk_weights, "topk_weights"), _torch.view(num_tokens_per_rank, "num_tokens_per_rank"),
-            _torch.view(num_tokens_per_expert, "num_tokens_per_expert"), _torch.view(is_token_in_rank, "is_token_in_rank"),
-            handle, expert_alignment, num_worst_tokens, self._config(config, Buffer.get_dispatch_config), self.allocator,
-            _torch.current_stream(), event, async_finish, allocate_on_comm_stream)
+            args, self.allocator, _call(event, async_finish, allocate_on_comm_stream))
         self._after_call((recv_x, recv_scales, recv_idx, recv_weights),
                          (x_data, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_expert,
                           is_token_in_rank), async_finish, allocate_on_comm_stream)
@@ -225,10 +241,11 @@ class Buffer:
         """-> (combined_x, combined_topk_weights, event). ``bias`` is a tensor or a pair of tensors."""
         bias0, bias1 = bias if isinstance(bias, tuple) else (bias, None)
         event = previous_event.event if previous_event is not None and previous_event.event is not None else _C.Event()
-        combined, weights, done = self.runtime.combine(
-            _torch.view(x, "x"), _torch.view(topk_weights, "topk_weights"), _torch.view(bias0, "bias[0]"),
-            _torch.view(bias1, "bias[1]"), handle, self._config(config, Buffer.get_combine_config), self.allocator,
-            _torch.current_stream(), event, async_finish, allocate_on_comm_stream)
+        args = _fill(_C.CombineArgs(), x=_torch.view(x, "x"), topk_weights=_torch.view(topk_weights, "topk_weights"),
+                     bias0=_torch.view(bias0, "bias[0]"), bias1=_torch.view(bias1, "bias[1]"), handle=handle,
+                     config=self._config(config, Buffer.get_combine_config))
+        combined, weights, done = self.runtime.combine(args, self.allocator,
+                                                       _call(event, async_finish, allocate_on_comm_stream))
         self._after_call((combined, weights), (x, topk_weights, bias0, bias1), async_finish, allocate_on_comm_stream)
         overlap = EventOverlap(done, (x, topk_weights)) if async_finish else EventOverlap()
         return combined, weights, overlap
@@ -241,10 +258,14 @@ class Buffer:
         """-> (recv_x (a (data, scales) tuple with use_fp8), recv_count, handle, event, hook)."""
         if dispatch_wait_recv_cost_stats is not None:
             raise ValueError("epcomm: dispatch_wait_recv_cost_stats is not supported")
+        args = _fill(_C.LowLatencyDispatchArgs(), x=_torch.view(x, "x"), topk_idx=_torch.view(topk_idx, "topk_idx"),
+                     num_max_dispatch_tokens_per_rank=num_max_dispatch_tokens_per_rank, num_experts=num_experts,
+                     use_fp8=use_fp8, round_scale=round_scale, use_ue8m0=use_ue8m0,
+                     cumulative_local_expert_recv_stats=_torch.view(cumulative_local_expert_recv_stats,
+                                                                    "cumulative_local_expert_recv_stats"),
+                     return_recv_hook=return_recv_hook)
         recv_x, scales, count, handle, done, hook = self.runtime.low_latency_dispatch(
-            _torch.view(x, "x"), _torch.view(topk_idx, "topk_idx"), num_max_dispatch_tokens_per_rank, num_experts, use_fp8,
-            round_scale, use_ue8m0, _torch.view(cumulative_local_expert_recv_stats, "cumulative_local_expert_recv_stats"),
-            return_recv_hook, self.allocator, _torch.current_stream(), async_finish)
+            args, self.allocator, _call(_C.Event(), async_finish, False))
         received = (recv_x, scales) if use_fp8 else recv_x
         overlap = EventOverlap(done, (x, topk_idx)) if async_finish else EventOverlap()
         return received, count, handle, overlap, (hook if return_recv_hook else None)
@@ -255,10 +276,11 @@ class Buffer:
         """-> (combined_x, event, hook)."""
         if use_logfmt or combine_wait_recv_cost_stats is not None:
             raise ValueError("epcomm: use_logfmt and combine_wait_recv_cost_stats are not supported")
-        combined, done, hook = self.runtime.low_latency_combine(
-            _torch.view(x, "x"), _torch.view(topk_idx, "topk_idx"), _torch.view(topk_weights, "topk_weights"), handle,
-            zero_copy, _torch.view(out, "out"), return_recv_hook, self.allocator, _torch.current_stream(),
-            async_finish)
+        args = _fill(_C.LowLatencyCombineArgs(), x=_torch.view(x, "x"), topk_idx=_torch.view(topk_idx, "topk_idx"),
+                     topk_weights=_torch.view(topk_weights, "topk_weights"), handle=handle, zero_copy=zero_copy,
+                     out=_torch.view(out, "out"), return_recv_hook=return_recv_hook)
+        combined, done, hook = self.runtime.low_latency_combine(args, self.allocator,
+                                                                _call(_C.Event(), async_finish, False))
         overlap = EventOverlap(done, (x, topk_idx, topk_weights)) if async_finish else EventOverlap()
         return (out if out is not None else combined), overlap, (hook if return_recv_hook else None)
 

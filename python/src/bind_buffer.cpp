@@ -39,13 +39,63 @@ TensorView make_view(uintptr_t data, int dtype, const std::vector<int64_t>& shap
   return view;
 }
 
-CallOptions make_call(uintptr_t stream, const Event& previous_event, bool async_finish, bool allocate_on_comm_stream) {
-  CallOptions call;
-  call.stream = as_stream(stream);
-  call.previous_event = previous_event;
-  call.async_finish = async_finish;
-  call.allocate_on_comm_stream = allocate_on_comm_stream;
-  return call;
+// The argument structs of the four calls, field for field (include/epcomm/normal.hpp,
+// low_latency.hpp, event.hpp): the Python layer fills them by name, and the calls take them whole.
+void bind_call_args(nb::module_& m) {
+  nb::class_<CallOptions>(m, "CallOptions")
+      .def(nb::init<>())
+      .def_prop_rw("stream", [](const CallOptions& c) { return reinterpret_cast<uintptr_t>(c.stream); },
+                   [](CallOptions& c, uintptr_t stream) { c.stream = as_stream(stream); })
+      .def_rw("previous_event", &CallOptions::previous_event)
+      .def_rw("async_finish", &CallOptions::async_finish)
+      .def_rw("allocate_on_comm_stream", &CallOptions::allocate_on_comm_stream);
+  nb::class_<DispatchArgs>(m, "DispatchArgs")
+      .def(nb::init<>())
+      .def_rw("x", &DispatchArgs::x)
+      .def_rw("x_scales", &DispatchArgs::x_scales)
+      .def_rw("topk_idx", &DispatchArgs::topk_idx)
+      .def_rw("topk_weights", &DispatchArgs::topk_weights)
+      .def_rw("num_tokens_per_rank", &DispatchArgs::num_tokens_per_rank)
+      .def_rw("num_tokens_per_expert", &DispatchArgs::num_tokens_per_expert)
+      .def_rw("is_token_in_rank", &DispatchArgs::is_token_in_rank)
+      .def_prop_rw("handle", [](const DispatchArgs& a) { return a.handle; },
+                   [](DispatchArgs& a, const DispatchHandle* handle) { a.handle = handle; },
+                   nb::for_setter(nb::arg("handle").none()), nb::rv_policy::reference)
+      .def_rw("expert_alignment", &DispatchArgs::expert_alignment)
+      .def_rw("num_worst_tokens", &DispatchArgs::num_worst_tokens)
+      .def_rw("config", &DispatchArgs::config);
+  nb::class_<CombineArgs>(m, "CombineArgs")
+      .def(nb::init<>())
+      .def_rw("x", &CombineArgs::x)
+      .def_rw("topk_weights", &CombineArgs::topk_weights)
+      .def_rw("bias0", &CombineArgs::bias0)
+      .def_rw("bias1", &CombineArgs::bias1)
+      .def_prop_rw("handle", [](const CombineArgs& a) { return a.handle; },
+                   [](CombineArgs& a, const DispatchHandle* handle) { a.handle = handle; },
+                   nb::for_setter(nb::arg("handle").none()), nb::rv_policy::reference)
+      .def_rw("config", &CombineArgs::config);
+  nb::class_<LowLatencyDispatchArgs>(m, "LowLatencyDispatchArgs")
+      .def(nb::init<>())
+      .def_rw("x", &LowLatencyDispatchArgs::x)
+      .def_rw("topk_idx", &LowLatencyDispatchArgs::topk_idx)
+      .def_rw("num_max_dispatch_tokens_per_rank", &LowLatencyDispatchArgs::num_max_dispatch_tokens_per_rank)
+      .def_rw("num_experts", &LowLatencyDispatchArgs::num_experts)
+      .def_rw("use_fp8", &LowLatencyDispatchArgs::use_fp8)
+      .def_rw("round_scale", &LowLatencyDispatchArgs::round_scale)
+      .def_rw("use_ue8m0", &LowLatencyDispatchArgs::use_ue8m0)
+      .def_rw("cumulative_local_expert_recv_stats", &LowLatencyDispatchArgs::cumulative_local_expert_recv_stats)
+      .def_rw("return_recv_hook", &LowLatencyDispatchArgs::return_recv_hook);
+  nb::class_<LowLatencyCombineArgs>(m, "LowLatencyCombineArgs")
+      .def(nb::init<>())
+      .def_rw("x", &LowLatencyCombineArgs::x)
+      .def_rw("topk_idx", &LowLatencyCombineArgs::topk_idx)
+      .def_rw("topk_weights", &LowLatencyCombineArgs::topk_weights)
+      .def_prop_rw("handle", [](const LowLatencyCombineArgs& a) { return a.handle; },
+                   [](LowLatencyCombineArgs& a, const LowLatencyHandle* handle) { a.handle = handle; },
+                   nb::for_setter(nb::arg("handle").none()), nb::rv_policy::reference)
+      .def_rw("zero_copy", &LowLatencyCombineArgs::zero_copy)
+      .def_rw("out", &LowLatencyCombineArgs::out)
+      .def_rw("return_recv_hook", &LowLatencyCombineArgs::return_recv_hook);
 }
 
 void bind_types(nb::module_& m) {
@@ -193,6 +243,7 @@ nb::dict buffer_defaults(const BufferOptions& defaults) {
 
 void bind_buffer(nb::module_& m) {
   bind_types(m);
+  bind_call_args(m);
   const BufferOptions defaults;
   m.attr("BUFFER_DEFAULTS") = buffer_defaults(defaults);
   nb::class_<Buffer>(m, "Buffer")
@@ -250,96 +301,51 @@ void bind_buffer(nb::module_& m) {
              b.get_dispatch_layout(topk_idx, num_experts, DispatchLayoutOutputs{per_rank, per_expert, in_rank}, as_stream(stream));
            },
            nb::call_guard<nb::gil_scoped_release>())
+      // Each call releases the GIL while it runs and returns its outputs as the Python objects the
+      // allocator made (a tuple, in the order of the Result struct).
       .def("dispatch",
-           [](Buffer& b, const TensorView& x, const TensorView& x_scales, const TensorView& topk_idx,
-              const TensorView& topk_weights, const TensorView& num_tokens_per_rank, const TensorView& num_tokens_per_expert,
-              const TensorView& is_token_in_rank, const DispatchHandle* handle, int expert_alignment, int num_worst_tokens,
-              const Config& config, PythonAllocator& allocator, uintptr_t stream, const Event& previous_event,
-              bool async_finish, bool allocate_on_comm_stream) {
-             DispatchArgs args;
-             args.x = x;
-             args.x_scales = x_scales;
-             args.topk_idx = topk_idx;
-             args.topk_weights = topk_weights;
-             args.num_tokens_per_rank = num_tokens_per_rank;
-             args.num_tokens_per_expert = num_tokens_per_expert;
-             args.is_token_in_rank = is_token_in_rank;
-             args.handle = handle;
-             args.expert_alignment = expert_alignment;
-             args.num_worst_tokens = num_worst_tokens;
-             args.config = config;
+           [](Buffer& b, const DispatchArgs& args, PythonAllocator& allocator, const CallOptions& call) {
              DispatchResult result;
              {
                nb::gil_scoped_release release;
-               result = b.dispatch(args, allocator, make_call(stream, previous_event, async_finish, allocate_on_comm_stream));
+               result = b.dispatch(args, allocator, call);
              }
              return nb::make_tuple(owner_of(result.recv_x), owner_of(result.recv_x_scales), owner_of(result.recv_topk_idx),
                                    owner_of(result.recv_topk_weights), result.num_recv_tokens_per_expert, result.handle,
                                    result.event);
            },
-           nb::arg("x"), nb::arg("x_scales"), nb::arg("topk_idx"), nb::arg("topk_weights"), nb::arg("num_tokens_per_rank"),
-           nb::arg("num_tokens_per_expert"), nb::arg("is_token_in_rank"), nb::arg("handle").none(),
-           nb::arg("expert_alignment"), nb::arg("num_worst_tokens"), nb::arg("config"), nb::arg("allocator"),
-           nb::arg("stream"), nb::arg("previous_event"), nb::arg("async_finish"), nb::arg("allocate_on_comm_stream"))
+           nb::arg("args"), nb::arg("allocator"), nb::arg("call"))
       .def("combine",
-           [](Buffer& b, const TensorView& x, const TensorView& topk_weights, const TensorView& bias0, const TensorView& bias1,
-              const DispatchHandle& handle, const Config& config, PythonAllocator& allocator, uintptr_t stream,
-              const Event& previous_event, bool async_finish, bool allocate_on_comm_stream) {
-             CombineArgs args;
-             args.x = x;
-             args.topk_weights = topk_weights;
-             args.bias0 = bias0;
-             args.bias1 = bias1;
-             args.handle = &handle;
-             args.config = config;
+           [](Buffer& b, const CombineArgs& args, PythonAllocator& allocator, const CallOptions& call) {
              CombineResult result;
              {
                nb::gil_scoped_release release;
-               result = b.combine(args, allocator, make_call(stream, previous_event, async_finish, allocate_on_comm_stream));
+               result = b.combine(args, allocator, call);
              }
              return nb::make_tuple(owner_of(result.combined_x), owner_of(result.combined_topk_weights), result.event);
-           })
+           },
+           nb::arg("args"), nb::arg("allocator"), nb::arg("call"))
       .def("low_latency_dispatch",
-           [](Buffer& b, const TensorView& x, const TensorView& topk_idx, int max_tokens, int num_experts, bool use_fp8,
-              bool round_scale, bool use_ue8m0, const TensorView& stats, bool return_recv_hook, PythonAllocator& allocator,
-              uintptr_t stream, bool async_finish) {
-             LowLatencyDispatchArgs args;
-             args.x = x;
-             args.topk_idx = topk_idx;
-             args.num_max_dispatch_tokens_per_rank = max_tokens;
-             args.num_experts = num_experts;
-             args.use_fp8 = use_fp8;
-             args.round_scale = round_scale;
-             args.use_ue8m0 = use_ue8m0;
-             args.cumulative_local_expert_recv_stats = stats;
-             args.return_recv_hook = return_recv_hook;
+           [](Buffer& b, const LowLatencyDispatchArgs& args, PythonAllocator& allocator, const CallOptions& call) {
              LowLatencyDispatchResult result;
              {
                nb::gil_scoped_release release;
-               result = b.low_latency_dispatch(args, allocator, make_call(stream, Event{}, async_finish, false));
+               result = b.low_latency_dispatch(args, allocator, call);
              }
              return nb::make_tuple(owner_of(result.recv_x), owner_of(result.recv_x_scales), owner_of(result.recv_count),
                                    result.handle, result.event, result.hook);
-           })
+           },
+           nb::arg("args"), nb::arg("allocator"), nb::arg("call"))
       .def("low_latency_combine",
-           [](Buffer& b, const TensorView& x, const TensorView& topk_idx, const TensorView& topk_weights,
-              const LowLatencyHandle& handle, bool zero_copy, const TensorView& out, bool return_recv_hook,
-              PythonAllocator& allocator, uintptr_t stream, bool async_finish) {
-             LowLatencyCombineArgs args;
-             args.x = x;
-             args.topk_idx = topk_idx;
-             args.topk_weights = topk_weights;
-             args.handle = &handle;
-             args.zero_copy = zero_copy;
-             args.out = out;
-             args.return_recv_hook = return_recv_hook;
+           [](Buffer& b, const LowLatencyCombineArgs& args, PythonAllocator& allocator, const CallOptions& call) {
              LowLatencyCombineResult result;
              {
                nb::gil_scoped_release release;
-               result = b.low_latency_combine(args, allocator, make_call(stream, Event{}, async_finish, false));
+               result = b.low_latency_combine(args, allocator, call);
              }
              return nb::make_tuple(owner_of(result.combined_x), result.event, result.hook);
-           })
+           },
+           nb::arg("args"), nb::arg("allocator"), nb::arg("call"))
       .def("get_next_low_latency_combine_buffer",
            [](nb::handle self, const LowLatencyHandle& handle) {
              Buffer& buffer = nb::cast<Buffer&>(self);

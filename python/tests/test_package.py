@@ -48,6 +48,21 @@ def test_defaults_come_from_cpp():
         assert signature.parameters[name].default == defaults[name], name
 
 
+def test_call_arguments_are_structs_filled_by_name():
+    args = _C.DispatchArgs()
+    assert args.handle is None and args.expert_alignment == 1 and args.num_worst_tokens == 0
+    args.handle = None
+    args.config = epcomm.Config(num_sms=20)
+    args.expert_alignment = 128
+    assert args.config.num_sms == 20 and args.expert_alignment == 128
+    assert _C.LowLatencyDispatchArgs().use_fp8  # the C++ default, as deep_ep's
+    call = _C.CallOptions()
+    call.stream = 0
+    call.async_finish = True
+    assert call.stream == 0 and call.async_finish and not call.allocate_on_comm_stream
+    assert _C.CombineArgs().handle is None and _C.LowLatencyCombineArgs().handle is None
+
+
 def test_dispatch_and_combine_configs_follow_deep_ep_names():
     config = epcomm.Buffer.get_dispatch_config(8)
     assert config.num_sms == 24

@@ -1,4 +1,5 @@
-// Host entry points of the normal-mode kernels inside one NVLink domain (CUDA IPC peers).
+// Host entry points of the normal-mode kernels inside one NVLink domain: every rank must be direct
+// in the transport window (rows are stored straight into peers' rings).
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,5 @@
-// Host entry points of the low-latency kernels (CUDA IPC peers inside one node).
+// Host entry points of the low-latency kernels. Peers are reached through the transport window
+// (put and signal only), so the same launches serve ranks of one node and ranks of several.
 #pragma once
 
 #include <cstddef>
