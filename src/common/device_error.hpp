@@ -1,6 +1,13 @@
 // The record a kernel fills when it must fail: bad input it found, or a wait that timed out.
 // It lives in pinned host memory mapped into the device, so the host can read it even while a
 // stream is stuck; the first failure wins and later ones are dropped.
+//
+// Who writes it is decided in device memory, never by an atomic on the host record: a GPU on a
+// PCIe host (an H200 on x86) has no atomics on host memory. The host opens the record for ticket
+// `open_ticket`; a kernel wins it by advancing the rank's claim word (device memory, see
+// KernelContext::error_claim) from ticket - 1 to ticket with a compare-and-swap, writes the fields
+// with plain stores and publishes `kind` last (release). Having read the record, the host clears
+// `kind` and opens the next ticket.
 #pragma once
 
 #include <cstdint>
@@ -37,7 +44,7 @@ enum class WaitTarget : int32_t {
 };
 
 struct DeviceErrorRecord {
-  int32_t claimed;  // 0 until a thread wins the right to write this record
+  int32_t open_ticket;  // the ticket a kernel must claim to write this record (host-written, from 1)
   int32_t kind;     // DeviceErrorKind; written last, after every other field
   int32_t op;       // DeviceOp
   int32_t target;   // WaitTarget

@@ -23,7 +23,10 @@ struct ErrorDetails {
 
 __device__ __forceinline__ void report_error(const KernelContext& context, const ErrorDetails& details) {
   DeviceErrorRecord* record = context.errors;
-  if (atomicCAS_system(&record->claimed, 0, 1) != 0) return;  // an earlier failure already won
+  // The claim is a device-memory compare-and-swap (see device_error.hpp): every kernel of this rank
+  // runs on one GPU, so GPU scope decides the winner. Pairs with the host's release of a new ticket.
+  const int32_t ticket = ld_acquire_sys(&record->open_ticket);
+  if (atomicCAS(context.error_claim, ticket - 1, ticket) != ticket - 1) return;  // an earlier failure already won
   st_relaxed_sys(&record->op, static_cast<int32_t>(details.op));
   st_relaxed_sys(&record->target, static_cast<int32_t>(details.target));
   st_relaxed_sys(&record->rank, context.rank);

@@ -104,6 +104,7 @@ struct Buffer::Impl {
   KernelContext context() const {
     KernelContext context;
     context.errors = errors.device_record();
+    context.error_claim = errors.device_claim();
     context.rank = bootstrap->rank();
     context.num_ranks = bootstrap->num_ranks();
     context.wait_timeout_ns = static_cast<uint64_t>(options.wait_timeout.count() * kNanosecondsPerMillisecond);

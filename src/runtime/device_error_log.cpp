@@ -36,7 +36,14 @@ const char* wait_target_name(WaitTarget target) {
 
 namespace detail {
 
-void DeviceErrorLog::allocate() { memory_ = MappedHostMemory(sizeof(DeviceErrorRecord)); }
+void DeviceErrorLog::allocate() {
+  memory_ = MappedHostMemory(sizeof(DeviceErrorRecord));
+  claim_ = DeviceAllocation(sizeof(int32_t));
+  EPCOMM_CUDA_CHECK(cudaMemset(claim_.get(), 0, sizeof(int32_t)));
+  EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());  // zero before any kernel can claim
+  // Pairs with a kernel's acquire of the ticket before it claims.
+  __atomic_store_n(&host_record()->open_ticket, 1, __ATOMIC_RELEASE);
+}
 
 std::string DeviceErrorLog::describe(const DeviceErrorRecord& record) {
   const auto op = static_cast<DeviceOp>(record.op);
@@ -70,10 +77,10 @@ void DeviceErrorLog::raise_if_recorded() {
   const int32_t kind = __atomic_load_n(&host_record()->kind, __ATOMIC_ACQUIRE);
   if (kind == static_cast<int32_t>(DeviceErrorKind::kNone)) return;
   const DeviceErrorRecord record = *host_record();
-  // Clear `kind` before `claimed` (release): a kernel that claims the record again must never
-  // find it claimed with no kind, or its error and every later one would be lost.
+  // Clear `kind` before opening the next ticket (release): a kernel that wins the record again
+  // must never find it with an old kind, or the host would report the old error twice.
   __atomic_store_n(&host_record()->kind, 0, __ATOMIC_RELAXED);
-  __atomic_store_n(&host_record()->claimed, 0, __ATOMIC_RELEASE);
+  __atomic_store_n(&host_record()->open_ticket, record.open_ticket + 1, __ATOMIC_RELEASE);
   ErrorCode code = ErrorCode::kDeviceError;
   switch (static_cast<DeviceErrorKind>(kind)) {
     case DeviceErrorKind::kWaitTimeout: code = ErrorCode::kTimeout; break;

@@ -17,6 +17,7 @@ class DeviceErrorLog {
   DeviceErrorLog& operator=(const DeviceErrorLog&) = delete;
 
   DeviceErrorRecord* device_record() const { return static_cast<DeviceErrorRecord*>(memory_.device()); }
+  int32_t* device_claim() const { return static_cast<int32_t*>(claim_.get()); }
   // If a kernel recorded a failure: clears the record and throws it as an epcomm::Error. A
   // timeout is sticky: every later call throws too (the ranks' shared state is out of step).
   void raise_if_recorded();
@@ -29,6 +30,7 @@ class DeviceErrorLog {
  private:
   DeviceErrorRecord* host_record() const { return static_cast<DeviceErrorRecord*>(memory_.host()); }
   MappedHostMemory memory_;
+  DeviceAllocation claim_;  // int32: the last ticket a kernel claimed (see device_error.hpp)
   std::string sticky_failure_;
 };
 

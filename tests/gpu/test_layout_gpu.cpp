@@ -99,6 +99,14 @@ void check_bad_ids(RankHarness& harness, Buffer& buffer) {
     buffer.get_dispatch_layout(ids_view, experts, outputs, nullptr);
     buffer.synchronize(nullptr);
   }, "out-of-range expert id");
+  // The error record is open again after the host read it: a second bad id is reported as itself.
+  ids[3 * topk + 1] = 0;
+  ids[1 * topk + 0] = -5;
+  topk_idx.upload(ids);
+  harness.expect_error(ErrorCode::kInvalidArgument, "topk_idx[1][0] = -5", [&] {
+    buffer.get_dispatch_layout(ids_view, experts, outputs, nullptr);
+    buffer.synchronize(nullptr);
+  }, "a second bad id, after the first was raised");
 
   // Argument errors name the argument and the value; nothing is launched.
   if (ranks > 1) {  // every count is a multiple of one rank

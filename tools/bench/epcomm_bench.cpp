@@ -135,7 +135,9 @@ std::vector<Config> bench_configs(const BenchContext& context) {
   };
   std::vector<Config> configs = {capped(default_dispatch_config(options.num_ranks))};
   if (!options.sweep) return configs;
-  for (const int sms : {8, 16, 24}) {
+  // More than 24 SMs only where a rank has its GPU to itself (the cap keeps shared GPUs at their share).
+  for (const int sms : {8, 16, 24, 32, 48}) {
+    if (shared_gpu && sms > 24) continue;
     for (const int chunk : {4, 8, 16}) {
       for (const int ring : {64, 128, 256}) {
         Config config = default_dispatch_config(options.num_ranks);
