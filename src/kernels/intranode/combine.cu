@@ -10,9 +10,12 @@
 // stores into the peer's ring; tails and heads are window signals (transport/window.cuh).
 #include <cuda_bf16.h>
 
+#include <algorithm>
+
 #include "common/cuda_check.hpp"
 #include "common/nvl_layout.hpp"
 #include "device/warp_ops.cuh"
+#include "kernels/common/rank_bound.hpp"
 #include "kernels/intranode/intranode_launchers.hpp"
 #include "transport/window.cuh"
 
@@ -64,21 +67,31 @@ __device__ void send_channel(const device::Window& window, const CombineKernelAr
   if (team_leader) *own_sent = start + total;
 }
 
+// Adds one BF16 vector (8 channels) into `sum` in float.
+__device__ __forceinline__ void add_bf16(float (&sum)[kBf16PerVector], const int4& raw) {
+  const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+  for (int j = 0; j < kBf16PerVector; ++j) sum[j] += __bfloat162float(values[j]);
+}
+
 // One warp reduces one token: the rows from every rank it was sent to, plus the biases. The
-// loads of all ranks' rows for one vector are issued before any is added (kMaxNvlPeers unrolled,
-// predicated), so a lane keeps up to one load per rank in flight.
+// receiver is bound by how many bytes each lane keeps in flight, so a lane issues the loads of
+// kVectors vectors of every rank (kRankBound of them, predicated by the token's ranks) before it
+// adds any: about kCombineLoadsInFlight 16-byte loads, whatever the rank count.
+template <int kRankBound>
 __device__ void reduce_token(const device::Window& window, const CombineKernelArgs& args, const KernelContext& context,
                              const RingLayout& ring, int channel, int token, const uint64_t* ring_start) {
+  constexpr int kVectors = kCombineLoadsInFlight / kRankBound;
   const int lane = device::lane_id();
   const int num_ranks = context.num_ranks;
   const int32_t my_position = lane < num_ranks ? args.send_position[static_cast<int64_t>(token) * num_ranks + lane] : -1;
 
   // Rows as 16-byte-vector indices from the ring base (32 bits each, to save registers).
   const int4* ring_base = window.own<const int4>(NvlLayout::kDataOffset);
-  uint32_t row_at[kMaxNvlPeers];
+  uint32_t row_at[kRankBound];
   uint32_t present = 0;  // bit s: the token went to rank s
 #pragma unroll
-  for (int source = 0; source < kMaxNvlPeers; ++source) {
+  for (int source = 0; source < kRankBound; ++source) {
     const int32_t position = __shfl_sync(0xffffffffu, my_position, source);
     row_at[source] = 0;
     if (source >= num_ranks || position < 0) continue;
@@ -96,45 +109,38 @@ __device__ void reduce_token(const device::Window& window, const CombineKernelAr
   const int4* __restrict__ bias0 = static_cast<const int4*>(args.bias0);
   const int4* __restrict__ bias1 = static_cast<const int4*>(args.bias1);
   int4* __restrict__ out = static_cast<int4*>(args.combined_x) + static_cast<int64_t>(token) * vectors;
-  // Two vectors per lane in flight at once (the compiler interleaves the unrolled iterations:
-  // `out` cannot alias the ring).
-#pragma unroll 2
-  for (int v = lane; v < vectors; v += kWarpSize) {
-    int4 raw[kMaxNvlPeers];
+  for (int first = lane; first < vectors; first += kWarpSize * kVectors) {
+    int4 raw[kVectors][kRankBound];
 #pragma unroll
-    for (int source = 0; source < kMaxNvlPeers; ++source) {
-      if (present & (1u << source)) raw[source] = __ldcg(ring_base + row_at[source] + v);
+    for (int i = 0; i < kVectors; ++i) {
+      const int v = first + i * kWarpSize;
+#pragma unroll
+      for (int source = 0; source < kRankBound; ++source) {
+        if (v < vectors && (present & (1u << source))) raw[i][source] = __ldcg(ring_base + row_at[source] + v);
+      }
     }
-    float sum[kBf16PerVector] = {};  // +0.0f, then ranks ascending, then biases: the reference's order
 #pragma unroll
-    for (int source = 0; source < kMaxNvlPeers; ++source) {
-      if (!(present & (1u << source))) continue;
-      const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&raw[source]);
+    for (int i = 0; i < kVectors; ++i) {
+      const int v = first + i * kWarpSize;
+      if (v >= vectors) break;  // later vectors of this lane are past the row too
+      float sum[kBf16PerVector] = {};  // +0.0f, then ranks ascending, then biases: the reference's order
 #pragma unroll
-      for (int j = 0; j < kBf16PerVector; ++j) sum[j] += __bfloat162float(values[j]);
+      for (int source = 0; source < kRankBound; ++source) {
+        if (present & (1u << source)) add_bf16(sum, raw[i][source]);
+      }
+      if (bias0 != nullptr) add_bf16(sum, bias0[static_cast<int64_t>(token) * vectors + v]);
+      if (bias1 != nullptr) add_bf16(sum, bias1[static_cast<int64_t>(token) * vectors + v]);
+      int4 packed;
+      __nv_bfloat16* result = reinterpret_cast<__nv_bfloat16*>(&packed);
+#pragma unroll
+      for (int j = 0; j < kBf16PerVector; ++j) result[j] = __float2bfloat16_rn(sum[j]);
+      out[v] = packed;
     }
-    if (bias0 != nullptr) {
-      const int4 raw_bias = bias0[static_cast<int64_t>(token) * vectors + v];
-      const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&raw_bias);
-#pragma unroll
-      for (int j = 0; j < kBf16PerVector; ++j) sum[j] += __bfloat162float(values[j]);
-    }
-    if (bias1 != nullptr) {
-      const int4 raw_bias = bias1[static_cast<int64_t>(token) * vectors + v];
-      const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&raw_bias);
-#pragma unroll
-      for (int j = 0; j < kBf16PerVector; ++j) sum[j] += __bfloat162float(values[j]);
-    }
-    int4 packed;
-    __nv_bfloat16* result = reinterpret_cast<__nv_bfloat16*>(&packed);
-#pragma unroll
-    for (int j = 0; j < kBf16PerVector; ++j) result[j] = __float2bfloat16_rn(sum[j]);
-    out[v] = packed;
   }
   if (args.combined_topk_weights != nullptr && lane < args.num_topk) {
     float weight = 0.0f;
 #pragma unroll
-    for (int source = 0; source < kMaxNvlPeers; ++source) {
+    for (int source = 0; source < kRankBound; ++source) {
       if (present & (1u << source)) {
         const char* slot = reinterpret_cast<const char*>(ring_base + row_at[source]);
         weight += __ldcg(reinterpret_cast<const float*>(slot + ring.slot.weights_offset) + lane);
@@ -144,6 +150,7 @@ __device__ void reduce_token(const device::Window& window, const CombineKernelAr
   }
 }
 
+template <int kRankBound>
 __device__ void receive_channel(const device::Window& window, const CombineKernelArgs& args, const KernelContext& context,
                                 const RingLayout& ring, int channel) {
   __shared__ uint64_t ring_start[kMaxNvlPeers];
@@ -157,7 +164,7 @@ __device__ void receive_channel(const device::Window& window, const CombineKerne
   uint64_t consumed = threadIdx.x < num_ranks ? ring_start[threadIdx.x] : 0;
   for (int first_token = begin; first_token < end; first_token += kCombineWindowTokens) {
     const int token = first_token + device::warp_id();
-    if (token < end) reduce_token(window, args, context, ring, channel, token, ring_start);
+    if (token < end) reduce_token<kRankBound>(window, args, context, ring, channel, token, ring_start);
     __syncthreads();  // every warp has read its rows of this window
     if (threadIdx.x < num_ranks) {
       const int source = threadIdx.x;
@@ -178,6 +185,7 @@ __device__ void receive_channel(const device::Window& window, const CombineKerne
   if (threadIdx.x < num_ranks) *window.own<uint64_t>(NvlLayout::ring_consumed(channel, threadIdx.x)) = consumed;
 }
 
+template <int kRankBound>
 __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
     combine_kernel(const __grid_constant__ PeerWindow peers, const __grid_constant__ CombineKernelArgs args,
                    KernelContext context) {
@@ -196,7 +204,7 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
       send_channel(window, args, context, ring, channel, destination, warps, device::warp_id() % warps);
     }
   } else {
-    receive_channel(window, args, context, ring, channel);
+    receive_channel<kRankBound>(window, args, context, ring, channel);
   }
 }
 
@@ -204,19 +212,28 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
 
 void launch_combine(const PeerWindow& window, const CombineKernelArgs& args, const KernelContext& context,
                     cudaStream_t stream) {
-  combine_kernel<<<2 * args.ring.num_channels, kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
+  with_rank_bound(context.num_ranks, [&](auto bound) {
+    combine_kernel<bound.value><<<2 * args.ring.num_channels, kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
+  });
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }
 
 int combine_blocks_per_sm() {
-  int blocks = 0;
-  EPCOMM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, combine_kernel, kNormalThreadsPerBlock, 0));
-  return blocks;
+  int fewest = kNormalThreadsPerBlock;
+  for_each_rank_bound([&](auto bound) {
+    int blocks = 0;
+    EPCOMM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, combine_kernel<bound.value>,
+                                                                    kNormalThreadsPerBlock, 0));
+    fewest = std::min(fewest, blocks);
+  });
+  return fewest;
 }
 
 void load_combine_kernel_module() {
-  cudaFuncAttributes attributes;
-  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, combine_kernel));
+  for_each_rank_bound([](auto bound) {
+    cudaFuncAttributes attributes;
+    EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, combine_kernel<bound.value>));
+  });
 }
 
 }  // namespace epcomm::kernels
