@@ -34,8 +34,10 @@ inline constexpr int kSendWindowTokens = 32;
 inline constexpr int kCombineWindowTokens = kNormalWarpsPerBlock;
 // Ring capacity must hold a send window plus a combine window, or the two sides can stall.
 inline constexpr int kMinRingTokens = 2 * kSendWindowTokens;
-// The combine receiver: 16-byte loads each lane keeps in flight (its registers hold them).
+// 16-byte loads each lane keeps in flight (its registers hold them): the combine receiver, and
+// the row copies of normal-mode dispatch.
 inline constexpr int kCombineLoadsInFlight = 16;
+inline constexpr int kRowCopyLoadsInFlight = 16;
 inline constexpr int kMaxTopk = 32;
 // The local experts of one rank whose counts the notify step exchanges.
 inline constexpr int kMaxLocalExperts = 4096;

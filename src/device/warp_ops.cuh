@@ -33,11 +33,11 @@ __device__ __forceinline__ int warp_inclusive_scan(int value) {
 }
 
 // The whole warp copies `bytes` (a multiple of 16, both pointers 16-byte aligned), keeping
-// several 16-byte loads in flight per lane before storing them. kFromRing reads through L2 only
-// (ld.global.cg): ring slots are rewritten by peers, and this SM's L1 may hold an older copy.
-template <bool kFromRing = false>
+// kLoadsInFlight 16-byte loads in flight per lane before storing them (a copy is bound by the
+// bytes in flight; more costs registers). kFromRing reads through L2 only (ld.global.cg): ring
+// slots are rewritten by peers, and this SM's L1 may hold an older copy.
+template <bool kFromRing = false, int kLoadsInFlight = 8>
 __device__ __forceinline__ void warp_copy(void* destination, const void* source, size_t bytes) {
-  constexpr int kLoadsInFlight = 8;
   const int4* from = static_cast<const int4*>(source);
   int4* to = static_cast<int4*>(destination);
   const int vectors = static_cast<int>(bytes / sizeof(int4));

@@ -82,8 +82,8 @@ __device__ void send_channel(const device::Window& window, const DispatchKernelA
     for (int i = team.warp_in_team; i < count; i += team.warps) {
       const int token = first_token + __fns(mask, 0, i + 1);
       char* slot = window.ptr(destination, ring.slot_at(channel, context.rank, start + sent + i));
-      device::warp_copy(slot, static_cast<const char*>(args.x) + static_cast<int64_t>(token) * args.row_bytes,
-                        args.row_bytes);
+      const char* row = static_cast<const char*>(args.x) + static_cast<int64_t>(token) * args.row_bytes;
+      device::warp_copy<false, kRowCopyLoadsInFlight>(slot, row, args.row_bytes);
       float* slot_scales = reinterpret_cast<float*>(slot + ring.slot.scales_offset);
       for (int s = lane; s < args.num_scales; s += kWarpSize) slot_scales[s] = args.x_scales[static_cast<int64_t>(token) * args.num_scales + s];
       if (lane < args.num_topk && args.topk_idx != nullptr) {
@@ -140,7 +140,8 @@ __device__ void receive_channel(const device::Window& window, const DispatchKern
       const int64_t row = first_row + static_cast<int64_t>(done + i);
       if (row >= args.num_rows) continue;  // more than num_worst_tokens: reported, never written
       const char* slot = window.own(ring.slot_at(channel, source, start + done + i));
-      device::warp_copy<true>(static_cast<char*>(args.recv_x) + row * args.row_bytes, slot, args.row_bytes);
+      device::warp_copy<true, kRowCopyLoadsInFlight>(static_cast<char*>(args.recv_x) + row * args.row_bytes, slot,
+                                                     args.row_bytes);
       const float* slot_scales = reinterpret_cast<const float*>(slot + ring.slot.scales_offset);
       for (int s = lane; s < args.num_scales; s += kWarpSize) args.recv_x_scales[row * args.num_scales + s] = __ldcg(slot_scales + s);
       if (lane < args.num_topk) {
