@@ -3,7 +3,8 @@
 // diagnostics matter more than bandwidth.
 //
 // Wire protocol (integers big-endian):
-//   peer -> rank 0, once:             Hello {magic, version, rank, num_ranks}          (4 x u32)
+//   once, when a peer meets rank 0:   Hello, Challenge, Proof (bootstrap/handshake.hpp): both sides
+//                                     prove they know the job's secret; strangers are dropped
 //   peer -> rank 0, per exchange:     Request {op, bytes} (u32, u64); after Proceed, `bytes` data
 //   rank 0 -> peer:                   Frame {kind, length} (u32, u64) followed by `length` bytes
 // Each exchange runs in two phases: rank 0 first collects every request and checks that all ranks
@@ -16,11 +17,15 @@
 #include <cerrno>
 #include <climits>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <vector>
 
+#include "bootstrap/admission.hpp"
+#include "bootstrap/handshake.hpp"
 #include "bootstrap/socket_io.hpp"
 #include "epcomm/bootstrap.hpp"
 #include "epcomm/error.hpp"
@@ -31,9 +36,6 @@ namespace {
 using namespace bootstrap_detail;
 using std::chrono::milliseconds;
 
-constexpr uint32_t kHelloMagic = 0x45504342;  // "EPCB"
-constexpr uint32_t kProtocolVersion = 1;
-constexpr size_t kHelloSize = 16;
 constexpr size_t kHeaderSize = 12;  // Request and Frame headers alike: u32 + u64
 constexpr size_t kMaxAbortText = 64 * 1024;
 constexpr int kMinListenBacklog = 128;
@@ -45,6 +47,10 @@ constexpr milliseconds kMaxRetryDelay{200};
 constexpr milliseconds kAbortSendBudget{1000};
 // How long a peer that lost rank 0 looks for an Abort message that may already have arrived.
 constexpr milliseconds kAbortReadBudget{100};
+// How long rank 0 gives one new connection to finish its handshake (a rank does it at once), and
+// how many handshakes it runs at the same time.
+constexpr milliseconds kHandshakeBudget{5000};
+constexpr size_t kMaxConcurrentHandshakes = 64;
 
 enum class Op : uint32_t { kAllgather = 1, kBarrier = 2 };
 enum class FrameKind : uint32_t { kWelcome = 1, kProceed = 2, kResult = 3, kAbort = 4 };
@@ -57,23 +63,6 @@ const char* op_name(uint32_t op) {
       return "barrier";
   }
   return "an unknown operation";
-}
-
-void store_u32(unsigned char* out, uint32_t value) {
-  for (int i = 3; i >= 0; --i, value >>= 8) out[i] = static_cast<unsigned char>(value & 0xff);
-}
-void store_u64(unsigned char* out, uint64_t value) {
-  for (int i = 7; i >= 0; --i, value >>= 8) out[i] = static_cast<unsigned char>(value & 0xff);
-}
-uint32_t load_u32(const unsigned char* in) {
-  uint32_t value = 0;
-  for (int i = 0; i < 4; ++i) value = (value << 8) | in[i];
-  return value;
-}
-uint64_t load_u64(const unsigned char* in) {
-  uint64_t value = 0;
-  for (int i = 0; i < 8; ++i) value = (value << 8) | in[i];
-  return value;
 }
 
 using Header = std::array<unsigned char, kHeaderSize>;
@@ -115,8 +104,9 @@ class LocalBootstrap final : public Bootstrap {
 // Not thread-safe: a rank runs its exchanges one at a time, like any collective.
 class SocketBootstrap final : public Bootstrap {
  public:
-  SocketBootstrap(SocketAddress address, int rank, int num_ranks, milliseconds timeout)
-      : address_(std::move(address)), rank_(rank), num_ranks_(num_ranks), timeout_(timeout) {
+  SocketBootstrap(SocketAddress address, int rank, int num_ranks, milliseconds timeout, std::string job_secret)
+      : address_(std::move(address)), rank_(rank), num_ranks_(num_ranks), timeout_(timeout),
+        key_(std::move(job_secret)) {
     guarded([&] { rank_ == 0 ? rendezvous_as_root() : rendezvous_as_peer(); });
   }
 
@@ -202,30 +192,27 @@ class SocketBootstrap final : public Bootstrap {
     Listener listener(address_, std::max(num_ranks_, kMinListenBacklog));
     peers_.resize(static_cast<size_t>(num_ranks_));
     const Deadline deadline(timeout_);
+    Admission admission(listener, key_, std::min(timeout_, kHandshakeBudget), kMaxConcurrentHandshakes);
     int connected = 0;
     while (connected < num_ranks_ - 1) {
       IoStatus status;
-      UniqueFd connection = listener.accept(deadline, status);
-      if (!connection) {
+      std::optional<Admitted> admitted = admission.next(deadline, status);
+      if (!admitted) {
         if (status.kind != IoStatus::kTimedOut) {
           fail(ErrorCode::kBootstrapError, "rank 0 cannot accept connections on ", address_.text, ": ",
                status.describe());
         }
+        const std::string refusals =
+            admission.refused() == 0
+                ? std::string()
+                : join_message("; ", admission.refused(), " other connection(s) were refused, the last because ",
+                               admission.last_refusal());
         fail(ErrorCode::kBootstrapError, "rank 0 waited ", timeout_.count(), " ms for ",
              describe_ranks(missing_peers()), " to connect to ", address_.text, " (", connected, " of ", num_ranks_ - 1,
-             " peers connected)");
+             " peers connected, job ", key_.id_text(), refusals, ")");
       }
-      std::array<unsigned char, kHelloSize> hello{};
-      status = read_all(connection.get(), hello.data(), hello.size(), deadline);
-      // A connection that closes before saying who it is was not a rank (or was one that gave up).
-      if (status.kind == IoStatus::kPeerClosed) continue;
-      if (!status.ok()) {
-        fail(ErrorCode::kBootstrapError, "rank 0 waited ", timeout_.count(), " ms for a new connection on ",
-             address_.text, " to say which rank it is: ", status.describe(), " (", connected, " of ", num_ranks_ - 1,
-             " peers connected)");
-      }
-      pending_ = std::move(connection);  // so that a rejected process also hears why
-      const int peer = admit(hello);
+      pending_ = std::move(admitted->fd);  // a real rank of this job: it hears why if it is rejected
+      const int peer = admit(admitted->hello);
       peers_[static_cast<size_t>(peer)] = std::move(pending_);
       ++connected;
     }
@@ -238,18 +225,11 @@ class SocketBootstrap final : public Bootstrap {
     }
   }
 
-  // Checks a Hello and returns the sender's rank.
-  int admit(const std::array<unsigned char, kHelloSize>& hello) const {
-    const uint32_t magic = load_u32(hello.data());
-    const uint32_t version = load_u32(hello.data() + 4);
-    const auto peer = static_cast<int32_t>(load_u32(hello.data() + 8));
-    const auto peer_num_ranks = static_cast<int32_t>(load_u32(hello.data() + 12));
-    if (magic != kHelloMagic || version != kProtocolVersion) {
-      fail(ErrorCode::kBootstrapError, "rank 0 got an unknown greeting on ", address_.text, " (magic 0x", std::hex,
-           magic, std::dec, ", version ", version, "); is another program or epcomm version using this address?");
-    }
-    if (peer_num_ranks != num_ranks_) {
-      fail(ErrorCode::kBootstrapError, "rank ", peer, " connected with num_ranks=", peer_num_ranks,
+  // Checks what an authenticated rank said about itself and returns its rank.
+  int admit(const Hello& hello) const {
+    const int peer = hello.rank;
+    if (hello.num_ranks != num_ranks_) {
+      fail(ErrorCode::kBootstrapError, "rank ", peer, " connected with num_ranks=", hello.num_ranks,
            ", but rank 0 has num_ranks=", num_ranks_, "; every rank must be started with the same num_ranks");
     }
     if (peer < 1 || peer >= num_ranks_) {
@@ -332,15 +312,38 @@ class SocketBootstrap final : public Bootstrap {
 
     // A fresh deadline: rank 0 is up now and will itself report any rank that never connects.
     const Deadline deadline(timeout_);
-    std::array<unsigned char, kHelloSize> hello{};
-    store_u32(hello.data(), kHelloMagic);
-    store_u32(hello.data() + 4, kProtocolVersion);
-    store_u32(hello.data() + 8, static_cast<uint32_t>(rank_));
-    store_u32(hello.data() + 12, static_cast<uint32_t>(num_ranks_));
-    const IoStatus status = write_all(fd_of(0), hello.data(), hello.size(), deadline);
-    if (!status.ok()) fail_from_root(status, "accept our greeting");
+    prove_membership(deadline);
     expect_frame(FrameKind::kWelcome, 0, deadline,
                  "confirm the rendezvous (rank 0 does so once every rank has connected)");
+  }
+
+  // The peer's half of the handshake: rank 0 must prove it knows the job's secret before this
+  // rank proves it does.
+  void prove_membership(const Deadline& deadline) {
+    Hello hello;
+    hello.rank = rank_;
+    hello.num_ranks = num_ranks_;
+    hello.job = key_.id();
+    hello.nonce = random_nonce();
+    const auto hello_bytes = hello.encode();
+    IoStatus status = write_all(fd_of(0), hello_bytes.data(), hello_bytes.size(), deadline);
+    if (!status.ok()) fail_from_root(status, "accept our greeting");
+    std::array<uint8_t, Challenge::kBytes> challenge_bytes{};
+    status = read_all(fd_of(0), challenge_bytes.data(), challenge_bytes.size(), Deadline(std::min(timeout_, kHandshakeBudget)));
+    if (!status.ok()) {
+      fail(ErrorCode::kBootstrapError, "rank ", rank_, ": the process listening at ", address_.text,
+           " did not answer our greeting (", status.describe(), "): it is not rank 0 of this job (job ", key_.id_text(),
+           "), but another job's (started with another secret), another program, or an older epcomm");
+    }
+    const Challenge challenge = Challenge::decode(challenge_bytes.data());
+    const Digest expected = key_.proof(Side::kRoot, hello.nonce, rank_, num_ranks_);
+    if (!equal_in_constant_time(challenge.proof.data(), expected.data(), expected.size())) {
+      fail(ErrorCode::kBootstrapError, "rank ", rank_, ": the process listening at ", address_.text,
+           " could not prove it knows this job's secret (", kEnvJobSecret, "); refusing to join it");
+    }
+    const Digest proof = key_.proof(Side::kPeer, challenge.nonce, rank_, num_ranks_);
+    status = write_all(fd_of(0), proof.data(), proof.size(), deadline);
+    if (!status.ok()) fail_from_root(status, "accept our proof of membership");
   }
 
   void exchange_as_peer(Op op, const void* in, void* out, size_t bytes) {
@@ -409,6 +412,7 @@ class SocketBootstrap final : public Bootstrap {
   int rank_;
   int num_ranks_;
   milliseconds timeout_;
+  JobKey key_;
   std::vector<UniqueFd> peers_;  // rank 0: indexed by rank (slot 0 unused); others: [0] is rank 0
   UniqueFd pending_;             // rank 0: a connection whose greeting is being checked
   std::string broken_;           // why the last failed step failed; empty while healthy
@@ -441,7 +445,18 @@ const char* require_env(const char* name) {
 
 std::unique_ptr<Bootstrap> make_socket_bootstrap(const std::string& address, int rank, int num_ranks,
                                                  milliseconds timeout) {
-  if (num_ranks < 1) fail(ErrorCode::kInvalidArgument, "make_socket_bootstrap: num_ranks=", num_ranks, " must be >= 1");
+  SocketBootstrapOptions options;
+  options.timeout = timeout;
+  return make_socket_bootstrap(address, rank, num_ranks, options);
+}
+
+std::unique_ptr<Bootstrap> make_socket_bootstrap(const std::string& address, int rank, int num_ranks,
+                                                 const SocketBootstrapOptions& options) {
+  const milliseconds timeout = options.timeout;
+  if (num_ranks < 1 || num_ranks > kMaxBootstrapRanks) {
+    fail(ErrorCode::kInvalidArgument, "make_socket_bootstrap: num_ranks=", num_ranks, " must be between 1 and ",
+         kMaxBootstrapRanks);
+  }
   if (rank < 0 || rank >= num_ranks) {
     fail(ErrorCode::kInvalidArgument, "make_socket_bootstrap: rank=", rank, " must be between 0 and ", num_ranks - 1,
          " (num_ranks=", num_ranks, ")");
@@ -451,12 +466,12 @@ std::unique_ptr<Bootstrap> make_socket_bootstrap(const std::string& address, int
   }
   // A single rank has nobody to talk to, so its address is neither parsed nor used.
   if (num_ranks == 1) return std::make_unique<LocalBootstrap>();
-  return std::make_unique<SocketBootstrap>(parse_address(address), rank, num_ranks, timeout);
+  return std::make_unique<SocketBootstrap>(parse_address(address), rank, num_ranks, timeout, options.job_secret);
 }
 
 std::unique_ptr<Bootstrap> make_bootstrap_from_env(milliseconds timeout) {
-  const int num_ranks = parse_env_int(kEnvNumRanks, require_env(kEnvNumRanks), 1, INT_MAX);
-  const int rank = parse_env_int(kEnvRank, require_env(kEnvRank), 0, INT_MAX);
+  const int num_ranks = parse_env_int(kEnvNumRanks, require_env(kEnvNumRanks), 1, kMaxBootstrapRanks);
+  const int rank = parse_env_int(kEnvRank, require_env(kEnvRank), 0, kMaxBootstrapRanks - 1);
   if (rank >= num_ranks) {
     fail(ErrorCode::kInvalidArgument, kEnvRank, "=", rank, " must be less than ", kEnvNumRanks, "=", num_ranks);
   }
@@ -464,7 +479,17 @@ std::unique_ptr<Bootstrap> make_bootstrap_from_env(milliseconds timeout) {
   if (num_ranks > 1 && address.empty()) {
     fail(ErrorCode::kInvalidArgument, kEnvBootstrapAddress, " is empty; it must be unix:/path or HOST:PORT");
   }
-  return make_socket_bootstrap(address, rank, num_ranks, timeout);
+  SocketBootstrapOptions options;
+  options.timeout = timeout;
+  const char* secret = std::getenv(kEnvJobSecret);
+  if (secret != nullptr) options.job_secret = secret;
+  if (num_ranks > 1 && options.job_secret.empty()) {
+    std::fprintf(stderr,
+                 "epcomm: warning: rank %d: %s is not set, so the rendezvous at %s is unauthenticated: any process "
+                 "that reaches it can join this job (epcomm-launch sets a secret per job)\n",
+                 rank, kEnvJobSecret, address.c_str());
+  }
+  return make_socket_bootstrap(address, rank, num_ranks, options);
 }
 
 }  // namespace epcomm

@@ -52,6 +52,14 @@ void disable_nagle(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));  // best effort: only latency
 }
 
+// Whether a process accepts connections on the unix socket at `path` (a stale file refuses them).
+bool someone_listens_on(const std::string& path) {
+  UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) return false;
+  const sockaddr_un addr = unix_sockaddr(path);
+  return connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0 || errno == EAGAIN;
+}
+
 std::string errno_text(const char* step, int error) { return std::string(step) + ": " + std::strerror(error); }
 
 bool is_digits(const std::string& text) {
@@ -206,6 +214,11 @@ Listener::Listener(const SocketAddress& address, int backlog) {
       if (!S_ISSOCK(info.st_mode)) {
         fail(ErrorCode::kBootstrapError, "rank 0 cannot listen on ", address.text, ": ", address.path,
              " exists and is not a socket");
+      }
+      // A socket somebody still listens on belongs to a live job: never take it over.
+      if (someone_listens_on(address.path)) {
+        fail(ErrorCode::kBootstrapError, "rank 0 cannot listen on ", address.text,
+             ": another process (another job?) is listening on it; give each job its own address");
       }
       unlink(address.path.c_str());
     }

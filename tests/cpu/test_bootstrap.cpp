@@ -212,7 +212,7 @@ TEST(BootstrapErrors, MissingRankIsNamedByRankZeroAndRelayedToOthers) {
       2, [&](int rank) { make_socket_bootstrap(address, rank, 3, rank == 0 ? kShortTimeout : kGenerousTimeout); });
   EXPECT_LT(Clock::now() - start, kPromptly);
   expect_bootstrap_error(outcomes[0],
-                         "rank 0 waited 500 ms for rank 2 to connect to " + address + " (1 of 2 peers connected)");
+                         "rank 0 waited 500 ms for rank 2 to connect to " + address + " (1 of 2 peers connected");
   expect_bootstrap_error(outcomes[1], "rank 1 was stopped by rank 0");
   expect_bootstrap_error(outcomes[1], "for rank 2 to connect");
 }
@@ -328,7 +328,7 @@ TEST(BootstrapErrors, InvalidArgumentsAreNamed) {
   const std::string address = "unix:/tmp/epcomm-never-used.sock";
   expect_invalid_argument([&] { make_socket_bootstrap(address, 4, 4); }, "rank=4 must be between 0 and 3");
   expect_invalid_argument([&] { make_socket_bootstrap(address, -1, 4); }, "rank=-1 must be between 0 and 3");
-  expect_invalid_argument([&] { make_socket_bootstrap(address, 0, 0); }, "num_ranks=0 must be >= 1");
+  expect_invalid_argument([&] { make_socket_bootstrap(address, 0, 0); }, "num_ranks=0 must be between 1 and 65536");
   expect_invalid_argument([&] { make_socket_bootstrap(address, 0, 2, 0ms); }, "timeout=0 ms must be positive");
   expect_invalid_argument([&] { make_socket_bootstrap("localhost", 0, 2); }, "'localhost' must be unix:/path");
   expect_invalid_argument([&] { make_socket_bootstrap("unix:", 0, 2); }, "'unix:' has no socket path");
@@ -359,7 +359,7 @@ class ScopedEnv {
   void unset(const char* name) { unsetenv(name); }
 
  private:
-  static constexpr const char* kNames[] = {kEnvRank, kEnvNumRanks, kEnvBootstrapAddress};
+  static constexpr const char* kNames[] = {kEnvRank, kEnvNumRanks, kEnvBootstrapAddress, kEnvJobSecret};
   std::vector<std::pair<const char*, std::optional<std::string>>> saved_;
 };
 
@@ -371,6 +371,8 @@ TEST(BootstrapFromEnv, MissingOrMalformedVariablesAreNamed) {
   expect_invalid_argument(from_env, "EPCOMM_NUM_RANKS='two' is not an integer");
   env.set(kEnvNumRanks, "0");
   expect_invalid_argument(from_env, "EPCOMM_NUM_RANKS=0 must be between 1 and");
+  env.set(kEnvNumRanks, "2147483647");  // rank 0 would reserve a slot per rank: bounded
+  expect_invalid_argument(from_env, "EPCOMM_NUM_RANKS=2147483647 must be between 1 and 65536");
   env.set(kEnvNumRanks, "2");
   expect_invalid_argument(from_env, "EPCOMM_RANK is not set");
   env.set(kEnvRank, "");
@@ -402,8 +404,12 @@ TEST(BootstrapFromEnv, JoinsRanksStartedExplicitly) {
   env.set(kEnvNumRanks, "2");
   env.set(kEnvRank, "1");
   env.set(kEnvBootstrapAddress, unix_address(dir));
+  env.set(kEnvJobSecret, "the job's secret");
+  SocketBootstrapOptions root;
+  root.timeout = kGenerousTimeout;
+  root.job_secret = "the job's secret";
   expect_all_ok(run_threads(2, [&](int rank) {
-    auto bootstrap = rank == 0 ? make_socket_bootstrap(unix_address(dir), 0, 2, kGenerousTimeout)
+    auto bootstrap = rank == 0 ? make_socket_bootstrap(unix_address(dir), 0, 2, root)
                                : make_bootstrap_from_env(kGenerousTimeout);
     EXPECT_EQ(bootstrap->rank(), rank);
     exchange_rounds(*bootstrap, {4});

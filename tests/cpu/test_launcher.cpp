@@ -125,6 +125,21 @@ TEST(Launcher, EveryRankGetsItsOwnRankAndTheSharedJobVariables) {
   EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(socket_path).parent_path())) << socket_path;
 }
 
+TEST(Launcher, EveryJobGetsItsOwnSecretSharedByItsRanks) {
+  const TempDir dir;
+  // Rank r writes its EPCOMM_JOB_SECRET into "<job>.<r>"; two jobs run one after the other.
+  const std::string script = R"(printf %s "$EPCOMM_JOB_SECRET" > "$1/$2.$EPCOMM_RANK")";
+  for (const char* job : {"first", "second"}) {
+    const LaunchResult run = run_launcher(dir, concat_args({"-n", "3"}, shell(script, {dir.path(), job})));
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+  }
+  const std::string first = read_file(dir.file("first.0"));
+  EXPECT_EQ(first.size(), 64u) << first;
+  EXPECT_EQ(first.find_first_not_of("0123456789abcdef"), std::string::npos) << first;
+  for (int rank = 1; rank < 3; ++rank) EXPECT_EQ(read_file(dir.file("first." + std::to_string(rank))), first);
+  EXPECT_NE(read_file(dir.file("second.0")), first);
+}
+
 TEST(Launcher, PassesAnExplicitAddress) {
   const TempDir dir;
   const LaunchResult run =

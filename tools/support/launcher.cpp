@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
@@ -121,6 +122,12 @@ std::vector<std::string> shared_environment(const LaunchOptions& options, const 
   std::vector<std::pair<std::string, std::string>> overrides = options.extra_env;
   overrides.emplace_back(kEnvNumRanks, std::to_string(options.num_ranks));
   overrides.emplace_back(kEnvBootstrapAddress, address);
+  // Every job gets its own secret, so no other process can join its rendezvous; one already in
+  // the environment (or extra_env) is kept, so ranks started by several launchers can share it.
+  const bool has_secret = std::getenv(kEnvJobSecret) != nullptr ||
+                          std::any_of(overrides.begin(), overrides.end(),
+                                      [](const auto& entry) { return entry.first == kEnvJobSecret; });
+  if (!has_secret) overrides.emplace_back(kEnvJobSecret, make_job_secret());
   std::vector<std::string> env;
   for (char** entry = environ; entry && *entry; ++entry) {
     const std::string text = *entry;

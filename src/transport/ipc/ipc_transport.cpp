@@ -55,6 +55,11 @@ IpcTransport::IpcTransport(Bootstrap& bootstrap, const TransportOptions& options
 
   std::vector<IpcExport> all(num_ranks);
   bootstrap.allgather(&mine, all.data(), sizeof(IpcExport));
+  for (IpcExport& theirs : all) {  // text from other processes is printed: make sure it ends
+    theirs.host_name[kHostNameBytes - 1] = '\0';
+    theirs.pci_bus_id[kBusIdBytes - 1] = '\0';
+    theirs.agreed[kAgreedBytes - 1] = '\0';
+  }
 
   for (int peer = 0; peer < num_ranks; ++peer) {
     const IpcExport& theirs = all[peer];
