@@ -8,8 +8,9 @@ Where epcomm differs from deep_ep, the docstring of the method says so.
 
 from . import _C
 from ._C import Config, TensorView, WarmupShape, low_latency_buffer_size_hint
+from . import utils
 from .buffer import Buffer
-from .event import EventOverlap
+from .event import EventHandle, EventOverlap
 
 __version__ = "0.1.0"
 
@@ -17,6 +18,23 @@ __version__ = "0.1.0"
 def version() -> str:
     """The library version and the git revision it was built from."""
     return _C.version()
+
+
+def install_as_deep_ep() -> None:
+    """Makes ``import deep_ep`` (and ``deep_ep.utils``) give epcomm, for frameworks that import
+    deep_ep by name (Megatron-LM's ``from deep_ep import Buffer``). Call it before they import it.
+
+    Raises ImportError if a real deep_ep is imported already: mixing the two in one process would
+    hand one library's handles to the other. Calling it twice is harmless.
+    """
+    import sys
+
+    current = sys.modules.get("deep_ep")
+    if current is not None and current is not sys.modules[__name__]:
+        raise ImportError(f"epcomm.install_as_deep_ep(): a real deep_ep is imported already "
+                          f"({getattr(current, '__file__', current)!r}); call it before anything imports deep_ep")
+    sys.modules["deep_ep"] = sys.modules[__name__]
+    sys.modules["deep_ep.utils"] = utils
 
 
 def __getattr__(name: str):
@@ -29,4 +47,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'epcomm' has no attribute {name!r}")
 
 
-__all__ = ["Buffer", "Config", "EventOverlap", "TensorView", "WarmupShape", "low_latency_buffer_size_hint", "version"]
+__all__ = ["Buffer", "Config", "EventHandle", "EventOverlap", "TensorView", "WarmupShape", "install_as_deep_ep",
+           "low_latency_buffer_size_hint", "utils", "version"]

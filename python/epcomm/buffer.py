@@ -5,7 +5,7 @@ from typing import Any, Callable, Optional, Tuple, Union
 
 from . import _C
 from . import _torch
-from .event import EventOverlap
+from .event import EventOverlap, runtime_event
 
 Config = _C.Config
 WarmupShape = _C.WarmupShape
@@ -218,7 +218,7 @@ class Buffer:
         With ``handle`` (cached dispatch) the layout arguments are not needed.
         """
         x_data, x_scales = x if isinstance(x, tuple) else (x, None)
-        event = previous_event.event if previous_event is not None and previous_event.event is not None else _C.Event()
+        event = runtime_event(previous_event.event if previous_event is not None else None)
         args = _fill(_C.DispatchArgs(), x=_torch.view(x_data, "x"), x_scales=_torch.view(x_scales, "x_scales"),
                      topk_idx=_torch.view(topk_idx, "topk_idx"), topk_weights=_torch.view(topk_weights, "topk_weights"),
                      num_tokens_per_rank=_torch.view(num_tokens_per_rank, "num_tokens_per_rank"),
@@ -240,7 +240,7 @@ class Buffer:
                 async_finish: bool = False, allocate_on_comm_stream: bool = False):
         """-> (combined_x, combined_topk_weights, event). ``bias`` is a tensor or a pair of tensors."""
         bias0, bias1 = bias if isinstance(bias, tuple) else (bias, None)
-        event = previous_event.event if previous_event is not None and previous_event.event is not None else _C.Event()
+        event = runtime_event(previous_event.event if previous_event is not None else None)
         args = _fill(_C.CombineArgs(), x=_torch.view(x, "x"), topk_weights=_torch.view(topk_weights, "topk_weights"),
                      bias0=_torch.view(bias0, "bias[0]"), bias1=_torch.view(bias1, "bias[1]"), handle=handle,
                      config=self._config(config, Buffer.get_combine_config))

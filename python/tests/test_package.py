@@ -148,3 +148,40 @@ def test_tensor_arguments_are_checked_with_their_names():
     assert _torch.view(None, "x").shape == []
     assert _torch.to_torch_dtype(int(_C.DType.bfloat16)) is torch.bfloat16
     assert _torch.to_torch_dtype(_C.DType.float8_e4m3fn) is torch.float8_e4m3fn
+
+
+def test_utils_has_deep_eps_names():
+    from epcomm import utils
+
+    for name in ("Config", "EventHandle", "EventOverlap", "check_nvlink_connections"):
+        assert hasattr(utils, name), name
+    assert utils.EventOverlap is epcomm.EventOverlap and utils.Config is epcomm.Config
+    overlap = utils.EventOverlap()  # deep_ep's default: nothing to wait for
+    assert overlap.event is None and overlap.extra_tensors is None
+
+
+def test_install_as_deep_ep_serves_imports_by_name(monkeypatch):
+    import sys
+
+    monkeypatch.delitem(sys.modules, "deep_ep", raising=False)
+    monkeypatch.delitem(sys.modules, "deep_ep.utils", raising=False)
+    epcomm.install_as_deep_ep()
+    epcomm.install_as_deep_ep()  # twice is harmless
+    import deep_ep
+    from deep_ep import Buffer
+    from deep_ep.utils import EventHandle, EventOverlap
+
+    assert deep_ep is epcomm and Buffer is epcomm.Buffer
+    assert EventOverlap is epcomm.EventOverlap and EventHandle is epcomm.EventHandle
+
+
+def test_install_as_deep_ep_refuses_when_a_real_deep_ep_is_loaded(monkeypatch):
+    import sys
+    import types
+
+    real = types.ModuleType("deep_ep")
+    real.__file__ = "/site-packages/deep_ep/__init__.py"
+    monkeypatch.setitem(sys.modules, "deep_ep", real)
+    with pytest.raises(ImportError, match="a real deep_ep is imported already"):
+        epcomm.install_as_deep_ep()
+    assert sys.modules["deep_ep"] is real

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "common/constants.hpp"
+#include "common/gpu_presence.hpp"
 #include "common/layout_workspace.hpp"
 #include "common/notify_results.hpp"
 #include "epcomm/error.hpp"
@@ -22,8 +23,8 @@ int resolve_device(int requested) {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess || count == 0) {
-    fail(ErrorCode::kUnsupported, "Buffer: no CUDA device is usable (cudaGetDeviceCount: ",
-         status == cudaSuccess ? "0 devices" : cudaGetErrorString(status), ")");
+    (void)cudaGetLastError();
+    fail(ErrorCode::kUnsupported, "Buffer: no CUDA device is usable: ", detail::no_gpu_reason(status, count));
   }
   if (requested == -1) {
     int current = 0;

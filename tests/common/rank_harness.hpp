@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "common/gpu_presence.hpp"
 #include "epcomm/bootstrap.hpp"
 #include "epcomm/error.hpp"
 
@@ -66,7 +67,7 @@ class RankHarness {
 inline std::string gpu_unavailable_reason() {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
-  if (status != cudaSuccess) return std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(status);
+  if (status != cudaSuccess) return detail::no_gpu_reason(status, count);
   if (count == 0) return "no CUDA device is visible";
   return "";
 }

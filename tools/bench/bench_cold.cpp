@@ -228,7 +228,7 @@ int run_cold_trial(BenchContext& context, double context_ms) {
   phases += "}";
   for (size_t i = 0; i < ops.size(); ++i) {
     const CallTimes& times = results[i];
-    const ColdOp& kind = cold_op(ops[i].name);
+    const ColdOp kind = cold_op(ops[i].name);  // a copy: GCC 13 cannot tell the table outlives the call
     Record record = context.base_record(ops[i].name, kind.mode);
     record.set("tokens", std::string(kind.mode) == "low_latency" ? ll_tokens : tokens)
         .set("dtype", kind.dtype)

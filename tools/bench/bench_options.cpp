@@ -43,7 +43,12 @@ const char* bench_usage() {
          "  --cold-order O    rounds (each op once per round, as a training step calls them),\n"
          "                    back-to-back (each op's calls in a row) or both (default)\n"
          "  --cold-pause-ms N host sleep before every cold round or call (default 0)\n"
-         "  --out FILE        also append the JSON records to FILE\n";
+         "  --out FILE        also append the JSON records to FILE\n"
+         "Ranks: 1 to 8 (one node); rank r runs on GPU r % (visible GPUs). Several ranks on one GPU\n"
+         "run at once only under MPS (scripts/bench.sh starts it).\n"
+         "Exit codes: 0 every op ran and matched the CPU reference; 1 a rank failed or a result was\n"
+         "wrong (the log says which); 2 bad options; 3 no usable GPU (after the CPU self-check);\n"
+         "124 the job timed out; 128+N a rank was killed by signal N.\n";
 }
 
 BenchOptions parse_bench_options(const std::vector<std::string>& args) {

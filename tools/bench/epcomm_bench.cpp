@@ -19,6 +19,7 @@
 #include "reference/reference.hpp"
 #include "reference/workload.hpp"
 #include "common/cuda_check.hpp"
+#include "common/gpu_presence.hpp"
 
 
 namespace epcomm::bench {
@@ -182,7 +183,7 @@ int main(int argc, char** argv) {
   try {
     options = bench::parse_bench_options(std::vector<std::string>(argv + 1, argv + argc));
   } catch (const Error& error) {
-    std::fprintf(stderr, "%s\n%s", error.what(), bench::bench_usage());
+    std::fprintf(stderr, "%s (epcomm-bench --help lists the options)\n", error.what());
     return bench::kExitUsage;
   }
   if (options.help) {
@@ -197,7 +198,7 @@ int main(int argc, char** argv) {
     const cudaError_t status = cudaGetDeviceCount(&num_gpus);
     if (status != cudaSuccess || num_gpus == 0) {
       std::fprintf(stderr, "epcomm-bench: no CUDA GPU is usable here (%s); the GPU benchmarks did not run.\n",
-                   status == cudaSuccess ? "0 devices" : cudaGetErrorString(status));
+                   detail::no_gpu_reason(status, num_gpus).c_str());
       return bench::kExitNoGpu;
     }
     auto launch_with = [&](const bench::BenchOptions& rank_options) {

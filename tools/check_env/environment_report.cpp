@@ -1,5 +1,7 @@
 #include "check_env/environment_report.hpp"
 
+#include "common/gpu_presence.hpp"
+
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <link.h>
@@ -152,7 +154,7 @@ PeerLink query_peer_link(int from, int to) {
 void collect_gpus(EnvironmentReport& report) {
   int count = 0;
   if (const cudaError_t status = cudaGetDeviceCount(&count); status != cudaSuccess) {
-    report.gpu_error = cuda_error_text("cudaGetDeviceCount", status);
+    report.gpu_error = detail::no_gpu_reason(status, count);
     return;
   }
   if (count == 0) {
