@@ -43,7 +43,8 @@ class DispatchHandle {
 
 struct DispatchArgs {
   TensorView x;             // in: bfloat16 or float8_e4m3fn [T, hidden]
-  TensorView x_scales;      // in: float32 [T, hidden / 128] with FP8 x; empty (data null, ndim 0) otherwise
+  TensorView x_scales;      // in: float32 [T, hidden / 128] with FP8 x, any strides (row- or column-major);
+                            //     empty (data null, ndim 0) otherwise
   TensorView topk_idx;      // in: int64 [T, K], optional; rewritten to local expert ids on arrival
   TensorView topk_weights;  // in: float32 [T, K], optional (requires topk_idx)
   // The layout of these tokens (get_dispatch_layout); required unless `handle` is given.

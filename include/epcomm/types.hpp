@@ -27,7 +27,8 @@ size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);
 
 // A non-owning view of a strided tensor (strides in elements, row-major by default).
-// Kernels require contiguous tensors; validation reports a non-contiguous one by name.
+// Kernels require contiguous tensors, except where an argument says it takes any strides
+// (dispatch's x_scales); validation reports a non-contiguous one by name.
 // A default-constructed view (ndim == 0) means "absent" for optional arguments; it has no elements.
 struct TensorView {
   static constexpr int kMaxDims = 4;

@@ -153,8 +153,9 @@ DispatchShape validate_dispatch(const Buffer::Impl& impl, const DispatchArgs& ar
     }
     shape.num_scales = shape.hidden / kFp8ChannelsPerScale;
     if (!given(args.x_scales)) fail(ErrorCode::kInvalidArgument, kDispatchOp, ": FP8 x needs x_scales");
+    // Any layout, as deep_ep takes them: row-major [token][scale] or scale-major (column-major).
     detail::require_device_tensor(kDispatchOp, "x_scales", args.x_scales, {DType::kFloat32},
-                                  {shape.num_tokens, shape.num_scales});
+                                  {shape.num_tokens, shape.num_scales}, detail::Strides::kAny);
   } else if (given(args.x_scales)) {
     fail(ErrorCode::kInvalidArgument, kDispatchOp, ": x_scales (", args.x_scales.describe(),
          ") was given but x is bfloat16; scales go with float8_e4m3fn x only");
@@ -277,6 +278,8 @@ void launch(const Buffer::Impl& impl, const DispatchArgs& args, const DispatchSh
   kernel.x = args.x.data;
   kernel.row_bytes = static_cast<size_t>(shape.row_bytes);
   kernel.x_scales = shape.num_scales > 0 ? args.x_scales.ptr<float>() : nullptr;
+  kernel.scale_token_stride = shape.num_scales > 0 ? args.x_scales.strides[0] : 0;
+  kernel.scale_stride = shape.num_scales > 0 ? args.x_scales.strides[1] : 0;
   kernel.num_scales = shape.num_scales;
   kernel.topk_idx = shape.num_topk > 0 ? args.topk_idx.ptr<int64_t>() : nullptr;
   kernel.topk_weights = given(args.topk_weights) ? args.topk_weights.ptr<float>() : nullptr;

@@ -34,7 +34,7 @@ bool is_device_accessible(const void* pointer) {
 }  // namespace
 
 void require_device_tensor(const char* op, const char* name, const TensorView& tensor,
-                           std::initializer_list<DType> dtypes, std::initializer_list<int64_t> shape) {
+                           std::initializer_list<DType> dtypes, std::initializer_list<int64_t> shape, Strides strides) {
   bool dtype_ok = false;
   for (DType dtype : dtypes) dtype_ok = dtype_ok || tensor.dtype == dtype;
   bool shape_ok = tensor.ndim == static_cast<int>(shape.size());
@@ -47,8 +47,13 @@ void require_device_tensor(const char* op, const char* name, const TensorView& t
     fail(ErrorCode::kInvalidArgument, op, ": ", name, " must be ", expected_description(dtypes, shape), ", got ",
          tensor.describe());
   }
-  if (!tensor.is_contiguous()) {
+  if (strides == Strides::kContiguous && !tensor.is_contiguous()) {
     fail(ErrorCode::kInvalidArgument, op, ": ", name, " must be contiguous, got ", tensor.describe());
+  }
+  for (int d = 0; d < tensor.ndim; ++d) {
+    if (tensor.strides[d] < 0) {
+      fail(ErrorCode::kInvalidArgument, op, ": ", name, " has a negative stride, got ", tensor.describe());
+    }
   }
   if (tensor.numel() == 0) return;
   if (tensor.data == nullptr) {

@@ -12,10 +12,14 @@ namespace epcomm::detail {
 // Any extent; for shape checks.
 inline constexpr int64_t kAnyExtent = -1;
 
-// Checks dtype (one of `dtypes`), rank and extents (kAnyExtent matches any), contiguity, and that
-// non-empty data lives in device-accessible memory.
+enum class Strides { kContiguous, kAny };
+
+// Checks dtype (one of `dtypes`), rank and extents (kAnyExtent matches any), contiguity (unless
+// `strides` is kAny: then non-negative strides), and that non-empty data lives in
+// device-accessible memory.
 void require_device_tensor(const char* op, const char* name, const TensorView& tensor,
-                           std::initializer_list<DType> dtypes, std::initializer_list<int64_t> shape);
+                           std::initializer_list<DType> dtypes, std::initializer_list<int64_t> shape,
+                           Strides strides = Strides::kContiguous);
 
 // Throws InvalidArgument "op: name=value must be ..." unless lo <= value <= hi.
 void require_in_range(const char* op, const char* name, int64_t value, int64_t lo, int64_t hi);

@@ -41,6 +41,7 @@ enum Flag : unsigned {
   kWorst = 1u << 5,        // also in worst-case mode (num_worst_tokens = max tokens * ranks)
   kSmallConfig = 1u << 6,  // num_sms 4, rings of 64 tokens, chunks of 4
   kAlign128 = 1u << 7,     // expert_alignment 128
+  kColumnScales = 1u << 8, // FP8 x_scales stored scale-major (strides 1, tokens), as deep_ep's tests pass them
 };
 
 struct Scenario {
@@ -57,7 +58,7 @@ struct Scenario {
 std::vector<Scenario> scenarios() {
   return {
       {"bf16 h7168 T4096 top8", false, 7168, 4096, 8, Routing::kPlain, kPoison | kCached},
-      {"fp8 h7168 T1024 top8 sparse", true, 7168, 1024, 8, Routing::kSparse, kCached},
+      {"fp8 h7168 T1024 top8 sparse", true, 7168, 1024, 8, Routing::kSparse, kCached | kColumnScales},
       {"bf16 h2048 T0", false, 2048, 0, 8, Routing::kPlain, kWorst | kCached},
       {"fp8 h2048 T1 hot", true, 2048, 1, 8, Routing::kHot, kPoison | kWorst},
       {"bf16 h8192 uneven top8 bias", false, 8192, -1, 8, Routing::kPlain, kPoison | kBias},
@@ -81,6 +82,19 @@ struct Context {
 };
 
 int tokens_of(const Scenario& s, int rank) { return s.tokens >= 0 ? s.tokens : 100 * rank + 3; }
+
+// Row-major [token][scale] scales copied to the device scale-major ([scale][token]).
+DeviceBytes scale_major(const std::vector<float>& by_token, int tokens, int scales) {
+  std::vector<float> by_scale(by_token.size());
+  for (int token = 0; token < tokens; ++token) {
+    for (int j = 0; j < scales; ++j) {
+      by_scale[static_cast<size_t>(j) * tokens + token] = by_token[static_cast<size_t>(token) * scales + j];
+    }
+  }
+  DeviceBytes device(by_scale.size() * sizeof(float));
+  upload_exact(device, by_scale);
+  return device;
+}
 int num_experts(int ranks) { return kExpertsPerRank * ranks; }
 int num_scales(const Scenario& s) { return s.fp8 ? s.hidden / reference::kFp8ChannelsPerScale : 0; }
 int64_t row_bytes(const Scenario& s) { return static_cast<int64_t>(s.hidden) * (s.fp8 ? 1 : 2); }
@@ -335,15 +349,22 @@ void run_scenario(Context& ctx, const Scenario& s, uint64_t seed) {
   for (int r = 0; r < ranks; ++r) tokens_per_rank[r] = tokens_of(s, r);
   std::vector<reference::NormalRankDispatched> dispatched;
   std::unique_ptr<RankTensors> inputs;
+  DeviceBytes column_scales;  // kColumnScales: this rank's x_scales, scale-major
   {
     const std::vector<reference::NormalRankInput> world = make_world(s, seed, ranks, kXStream, kScalesStream);
     dispatched = reference_dispatch(world, s);
     inputs = std::make_unique<RankTensors>(world[me], ranks);
+    if (s.has(kColumnScales)) column_scales = scale_major(world[me].x_scales, tokens_of(s, me), num_scales(s));
   }
   inputs->poison_layout();
   EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());  // uploads and poison done before a side-stream launch
   inputs->launch_layout(buffer, s, call.stream);
   DispatchArgs args = inputs->args(s, config, ranks);
+  if (s.has(kColumnScales)) {
+    args.x_scales.data = column_scales.get();
+    args.x_scales.strides[0] = 1;
+    args.x_scales.strides[1] = tokens_of(s, me);
+  }
 
   DispatchResult first = buffer.dispatch(args, allocator, call);
   settle(ctx, s, first.event, name + " dispatch");

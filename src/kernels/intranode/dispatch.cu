@@ -85,7 +85,9 @@ __device__ void send_channel(const device::Window& window, const DispatchKernelA
       const char* row = static_cast<const char*>(args.x) + static_cast<int64_t>(token) * args.row_bytes;
       device::warp_copy<false, kRowCopyLoadsInFlight>(slot, row, args.row_bytes);
       float* slot_scales = reinterpret_cast<float*>(slot + ring.slot.scales_offset);
-      for (int s = lane; s < args.num_scales; s += kWarpSize) slot_scales[s] = args.x_scales[static_cast<int64_t>(token) * args.num_scales + s];
+      for (int s = lane; s < args.num_scales; s += kWarpSize) {
+        slot_scales[s] = args.x_scales[static_cast<int64_t>(token) * args.scale_token_stride + s * args.scale_stride];
+      }
       if (lane < args.num_topk && args.topk_idx != nullptr) {
         const int64_t local = to_local_expert(args.topk_idx[static_cast<int64_t>(token) * args.num_topk + lane],
                                               destination, experts_per_rank);

@@ -40,7 +40,9 @@ struct RingArgs {
 struct DispatchKernelArgs {
   const void* x = nullptr;              // [num_tokens, row_bytes]
   size_t row_bytes = 0;
-  const float* x_scales = nullptr;      // [num_tokens, num_scales] or null
+  const float* x_scales = nullptr;      // [num_tokens, num_scales] or null, strided:
+  int64_t scale_token_stride = 0;       //   x_scales[token * scale_token_stride + s * scale_stride]
+  int64_t scale_stride = 0;
   int num_scales = 0;
   const int64_t* topk_idx = nullptr;    // [num_tokens, num_topk] or null
   const float* topk_weights = nullptr;  // [num_tokens, num_topk] or null
