@@ -183,6 +183,7 @@ void Buffer::destroy() {
   if (!impl_) return;
   if (impl_->initialization.valid()) impl_->initialization.wait();
   if (!impl_->transport) return;
+  impl_->alive->store(false);
   detail::ScopedDevice scoped(impl_->device);
   // No kernel of this rank may still touch a peer, and no peer one of ours, once memory is freed.
   EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());

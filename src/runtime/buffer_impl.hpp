@@ -1,6 +1,7 @@
 // The state behind epcomm::Buffer, shared by the files that implement its operations.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <exception>
@@ -35,6 +36,13 @@ void check_warmup_fits(const BufferOptions& options, int num_ranks);
 
 struct Buffer::Impl {
   ~Impl();
+
+  // Names this Buffer for the handles it makes: unlike its address, never reused by a later
+  // Buffer of the process, so a stale handle is refused rather than taken for a new Buffer's.
+  const uint64_t id = next_id();
+  // False once destroy() has begun. Receive hooks hold it: a hook run after destroy() fails with
+  // a clear error instead of launching on unmapped peer memory.
+  std::shared_ptr<std::atomic<bool>> alive = std::make_shared<std::atomic<bool>>(true);
 
   std::shared_ptr<Bootstrap> bootstrap;
   BufferOptions options;
@@ -113,6 +121,11 @@ struct Buffer::Impl {
 
   const PeerWindow& window() const { return transport->window(); }
   char* local_base() const { return static_cast<char*>(transport->local_base()); }
+
+  static uint64_t next_id() {
+    static std::atomic<uint64_t> last{0};
+    return ++last;
+  }
 
   // Every operation starts here: a Buffer that was destroyed, or whose earlier kernel recorded a
   // failure, refuses to go on.

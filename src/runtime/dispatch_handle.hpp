@@ -8,7 +8,7 @@
 namespace epcomm::detail {
 
 struct DispatchHandleState {
-  const void* owner = nullptr;  // the Buffer::Impl that made it: a handle works only there
+  uint64_t owner = 0;  // Buffer::Impl::id of the Buffer that made it: a handle works only there
   int num_ranks = 0;
   int num_tokens = 0;
   int num_channels = 0;

@@ -6,7 +6,7 @@
 namespace epcomm::detail {
 
 struct LowLatencyHandleState {
-  const void* owner = nullptr;  // the Buffer::Impl that made it
+  uint64_t owner = 0;  // Buffer::Impl::id of the Buffer that made it
   int num_tokens = 0;           // T of the dispatching rank
   int num_topk = 0;
   int max_tokens = 0;           // M

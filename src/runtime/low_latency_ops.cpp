@@ -69,6 +69,10 @@ kernels::LowLatencyCommon common_args(const Buffer::Impl& impl, int set_index, i
   return common;
 }
 
+void require_alive(const std::atomic<bool>& alive) {
+  if (!alive.load()) fail(ErrorCode::kInvalidArgument, "RecvHook: the Buffer that made it was destroyed");
+}
+
 Event finish(const CallOptions& call) { return call.async_finish ? Event::record(call.stream) : Event{}; }
 
 }  // namespace
@@ -136,7 +140,7 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
   }
   result.recv_count = allocator.allocate(DType::kInt32, {experts_per_rank}, call.stream);
   auto state = std::make_shared<detail::LowLatencyHandleState>();
-  state->owner = &impl;
+  state->owner = impl.id;
   state->num_tokens = num_tokens;
   state->num_topk = num_topk;
   state->max_tokens = max_tokens;
@@ -181,7 +185,9 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
     std::shared_ptr<const detail::LowLatencyHandleState> handle_state = state;  // the receive writes into it
     const cudaStream_t default_stream = call.stream;
     const int device = impl.device;
-    result.hook = RecvHook([window, kernel, context, keep, handle_state, default_stream, device](cudaStream_t stream) {
+    result.hook = RecvHook([window, kernel, context, keep, handle_state, default_stream, device,
+                            alive = impl.alive](cudaStream_t stream) {
+      require_alive(*alive);
       detail::ScopedDevice hook_device(device);
       kernels::launch_low_latency_dispatch(window, kernel, kernels::kReceivePhase, context, stream ? stream : default_stream);
     });
@@ -196,7 +202,7 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
   impl_->begin(kCombineOp);
   Impl& impl = *impl_;
   const auto profiled = impl.profile_call(kCombineOp, call.stream);
-  if (args.handle == nullptr || args.handle->empty() || args.handle->state_->owner != &impl) {
+  if (args.handle == nullptr || args.handle->empty() || args.handle->state_->owner != impl.id) {
     fail(ErrorCode::kInvalidArgument, kCombineOp, ": handle must be a low-latency dispatch handle made by this Buffer");
   }
   const detail::LowLatencyHandleState& state = *args.handle->state_;
@@ -252,7 +258,9 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
     auto handle_state = args.handle->state_;
     const cudaStream_t default_stream = call.stream;
     const int device = impl.device;
-    result.hook = RecvHook([window, kernel, context, keep, handle_state, default_stream, device](cudaStream_t stream) {
+    result.hook = RecvHook([window, kernel, context, keep, handle_state, default_stream, device,
+                            alive = impl.alive](cudaStream_t stream) {
+      require_alive(*alive);
       detail::ScopedDevice hook_device(device);
       kernels::launch_low_latency_combine(window, kernel, kernels::kReceivePhase, context, stream ? stream : default_stream);
     });
@@ -263,7 +271,8 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
 
 TensorView Buffer::get_next_low_latency_combine_buffer(const LowLatencyHandle& handle) const {
   impl_->wait_until_ready();
-  if (handle.empty() || handle.state_->owner != impl_.get()) {
+  if (!impl_->transport) fail(ErrorCode::kInvalidArgument, "get_next_low_latency_combine_buffer: the Buffer was destroyed");
+  if (handle.empty() || handle.state_->owner != impl_->id) {
     fail(ErrorCode::kInvalidArgument, "get_next_low_latency_combine_buffer: handle must come from this Buffer");
   }
   const detail::LowLatencyHandleState& state = *handle.state_;

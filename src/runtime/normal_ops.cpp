@@ -172,7 +172,7 @@ DispatchShape validate_dispatch(const Buffer::Impl& impl, const DispatchArgs& ar
                                   {shape.num_tokens, shape.num_topk});
   }
   if (args.handle != nullptr) {
-    if (cached == nullptr || cached->owner != &impl) {
+    if (cached == nullptr || cached->owner != impl.id) {
       fail(ErrorCode::kInvalidArgument, kDispatchOp, ": handle is empty or was made by another Buffer");
     }
     if (cached->num_tokens != shape.num_tokens) {
@@ -327,7 +327,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, 
   if (cached != nullptr) {
     *state = *cached;  // same routing; the tensors are shared
   } else {
-    state->owner = &impl;
+    state->owner = impl.id;
     state->num_ranks = ranks;
     state->num_tokens = shape.num_tokens;
     state->num_channels = args.config.num_channels();
@@ -351,7 +351,7 @@ CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, con
   impl_->begin(kCombineOp);
   Impl& impl = *impl_;
   const auto profiled = impl.profile_call(kCombineOp, call.stream);
-  if (args.handle == nullptr || args.handle->empty() || args.handle->state_->owner != &impl) {
+  if (args.handle == nullptr || args.handle->empty() || args.handle->state_->owner != impl.id) {
     fail(ErrorCode::kInvalidArgument, kCombineOp, ": handle must be a dispatch handle made by this Buffer");
   }
   const detail::DispatchHandleState& state = *args.handle->state_;

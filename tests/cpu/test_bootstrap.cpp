@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/free_tcp_port.hpp"
 #include "common/temp_dir.hpp"
 #include "epcomm/bootstrap.hpp"
 #include "epcomm/error.hpp"
@@ -27,6 +28,7 @@ namespace epcomm {
 namespace {
 
 using namespace std::chrono_literals;
+using test_support::free_tcp_port;
 using test_support::TempDir;
 using Clock = std::chrono::steady_clock;
 
@@ -102,19 +104,6 @@ void exchange_rounds(Bootstrap& bootstrap, const std::vector<size_t>& sizes) {
 }
 
 std::string unix_address(const TempDir& dir) { return "unix:" + dir.file("boot.sock"); }
-
-// A port that was free a moment ago; the tiny race with other programs is acceptable in a test.
-int free_tcp_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(addr);
-  const bool ok = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-                  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) == 0;
-  if (fd >= 0) close(fd);
-  return ok ? ntohs(addr.sin_port) : 0;
-}
 
 class BootstrapRanks : public ::testing::TestWithParam<int> {};
 

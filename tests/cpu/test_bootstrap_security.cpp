@@ -17,6 +17,7 @@
 
 #include "bootstrap/handshake.hpp"
 #include "bootstrap/sha256.hpp"
+#include "common/free_tcp_port.hpp"
 #include "common/temp_dir.hpp"
 #include "epcomm/bootstrap.hpp"
 #include "epcomm/error.hpp"
@@ -164,17 +165,7 @@ TEST(BootstrapSecurity, StrangerWithAnotherSecretIsRefusedAndTheJobFinishes) {
 
 TEST(BootstrapSecurity, AnotherJobOnTheSameTcpAddressDoesNotMix) {
   // Job A (2 ranks) and job B's rank 1 on one TCP address: B's rank is refused, A finishes.
-  const int port = [] {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t length = sizeof(addr);
-    bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-    getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length);
-    close(fd);
-    return static_cast<int>(ntohs(addr.sin_port));
-  }();
+  const int port = test_support::free_tcp_port();
   ASSERT_GT(port, 0);
   const std::string address = "127.0.0.1:" + std::to_string(port);
   Result other_job, a0, a1;

@@ -1,5 +1,7 @@
 // Buffers come and go without leaking: 100 create/destroy cycles (IPC export, peer mapping,
 // preinitialize, explicit destroy or destructor) leave device memory where it started.
+#include <vector>
+
 #include "support/device_bytes.hpp"
 #include "epcomm/buffer.hpp"
 #include "epcomm/event.hpp"
@@ -50,6 +52,47 @@ void check_released_events_keep_their_waits(RankHarness& harness) {
   }
 }
 
+// What a destroyed Buffer leaves in the caller's hands fails cleanly: a receive hook made before
+// destroy(), get_next_low_latency_combine_buffer, and a handle passed to a later Buffer (which may
+// even sit at the same address: handles name their Buffer by id).
+void check_use_after_destroy(RankHarness& harness) {
+  const int ranks = harness.num_ranks();
+  constexpr int kHidden = 128;
+  BufferOptions options;
+  options.low_latency_mode = true;
+  options.num_rdma_bytes = Buffer::low_latency_buffer_size_hint(1, kHidden, ranks, ranks);
+  DeviceBytes x(kHidden * sizeof(uint16_t));
+  DeviceBytes topk_idx(sizeof(int64_t));
+  x.upload(std::vector<uint16_t>(kHidden, 0));
+  topk_idx.upload(std::vector<int64_t>{(harness.rank() + 1) % ranks});  // one token to the next rank's expert
+  LowLatencyDispatchArgs args;
+  args.x = TensorView::contiguous(x.get(), DType::kBFloat16, {1, kHidden});
+  args.topk_idx = TensorView::contiguous(topk_idx.get(), DType::kInt64, {1, 1});
+  args.num_max_dispatch_tokens_per_rank = 1;
+  args.num_experts = ranks;
+  args.use_fp8 = false;
+  args.return_recv_hook = true;
+
+  LowLatencyDispatchResult stale;
+  {
+    Buffer buffer(harness.bootstrap(), options);
+    auto allocator = buffer.output_allocator();
+    stale = buffer.low_latency_dispatch(args, *allocator);
+    stale.hook();  // the receive, so every rank's flags are consumed before destroy()
+    buffer.synchronize(nullptr);
+    buffer.destroy();
+    harness.expect_error(ErrorCode::kInvalidArgument, "destroyed", [&] { stale.hook(); },
+                         "a receive hook run after destroy()");
+    harness.expect_error(ErrorCode::kInvalidArgument, "destroyed",
+                         [&] { (void)buffer.get_next_low_latency_combine_buffer(stale.handle); },
+                         "get_next_low_latency_combine_buffer after destroy()");
+  }
+  Buffer later(harness.bootstrap(), options);
+  harness.expect_error(ErrorCode::kInvalidArgument, "must come from this Buffer",
+                       [&] { (void)later.get_next_low_latency_combine_buffer(stale.handle); },
+                       "a handle of a destroyed Buffer given to a later one");
+}
+
 }  // namespace
 
 void run_lifecycle_case(RankHarness& harness) {
@@ -94,6 +137,7 @@ void run_lifecycle_case(RankHarness& harness) {
                     " MiB free before, " + std::to_string(after >> 20) + " MiB after");
 
   check_released_events_keep_their_waits(harness);
+  check_use_after_destroy(harness);
 
   // Construction validates options before touching the GPU or the bootstrap.
   BufferOptions bad;
