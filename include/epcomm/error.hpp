@@ -18,6 +18,7 @@ enum class ErrorCode {
   kBootstrapError,   // the rank-to-rank byte exchange failed or timed out
   kDeviceError,      // a kernel reported bad input it found on the device
   kTimeout,          // a bounded GPU wait expired (a peer never answered)
+  kPeerFailed,       // another rank's process died (killed, crashed) during the job
   kInternal,         // an invariant of epcomm itself was broken: a bug
 };
 

@@ -143,6 +143,13 @@ class Buffer:
         """Collective teardown (deep_ep's explicitly_destroy); the object is unusable afterwards."""
         self.runtime.destroy()
 
+    def check_errors(self) -> None:
+        """Raises what the GPU recorded for this Buffer since the last check, without waiting for
+        the GPU: a bad expert id (ValueError), a wait that timed out (TimeoutError), or a peer rank
+        whose process died (RuntimeError naming it; every later call raises it too). Calls check
+        on their own at their start; this is for asking in between, e.g. after an async call."""
+        self.runtime.check_device_errors()
+
     def warmup(self) -> None:
         """Pay every one-time cost now (collective); see the C++ Buffer::warmup."""
         self.runtime.warmup(_torch.current_stream())

@@ -185,3 +185,8 @@ def test_install_as_deep_ep_refuses_when_a_real_deep_ep_is_loaded(monkeypatch):
     with pytest.raises(ImportError, match="a real deep_ep is imported already"):
         epcomm.install_as_deep_ep()
     assert sys.modules["deep_ep"] is real
+
+
+def test_buffer_offers_check_errors():
+    assert callable(getattr(epcomm.Buffer, "check_errors", None))
+    assert hasattr(_C.Buffer, "check_device_errors")

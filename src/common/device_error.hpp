@@ -51,7 +51,7 @@ struct DeviceErrorRecord {
   int32_t rank;
   int32_t peer;     // -1 if none
   int32_t channel;  // -1 if none
-  int32_t reserved;
+  int32_t failed_peer;  // 1 + the rank whose process died (the host's watchdog writes it), 0 if none
   int64_t index0;
   int64_t index1;
   int64_t expected;

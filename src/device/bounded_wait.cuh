@@ -32,11 +32,13 @@ __device__ __forceinline__ bool wait_at_least(const uint64_t* flag, uint64_t exp
     if (ld_relaxed_sys(flag) >= expected) return ld_acquire_sys(flag) >= expected;
     if (polls % kPollsPerTimerRead != 0) continue;
     if (global_timer_ns() - start_ns > context.wait_timeout_ns) break;
-    // Another wait of this rank already timed out: give up too (the record lives in host memory,
-    // so it is read only every kPollsPerErrorCheck polls). Other recorded errors (a bad id, too
-    // many rows) are not fatal to the call, so they must not cut waits short.
+    // Another wait of this rank already timed out, or the host saw a peer's process die: give
+    // up too (the record lives in host memory, so it is read only every kPollsPerErrorCheck
+    // polls). Other recorded errors (a bad id, too many rows) are not fatal to the call, so they
+    // must not cut waits short.
     if (polls % kPollsPerErrorCheck == 0 &&
-        ld_relaxed_sys(&context.errors->kind) == static_cast<int32_t>(DeviceErrorKind::kWaitTimeout)) {
+        (ld_relaxed_sys(&context.errors->kind) == static_cast<int32_t>(DeviceErrorKind::kWaitTimeout) ||
+         ld_relaxed_sys(&context.errors->failed_peer) != 0)) {
       return false;
     }
   }

@@ -112,6 +112,11 @@ void Buffer::Impl::initialize(int caller_device, bool background) {
       " warmup_shape=", options.warmup_shape.num_tokens, "/", options.warmup_shape.num_low_latency_tokens, "/",
       options.warmup_shape.hidden, "/", options.warmup_shape.num_topk, "/", options.warmup_shape.num_experts);
   transport = detail::make_transport(*bootstrap, transport_options);
+  if (bootstrap->num_ranks() > 1) {
+    watchdog = std::make_unique<detail::PeerWatchdog>(
+        transport->local_processes(), [this](int rank, int64_t pid) { errors.mark_peer_dead(rank, pid); },
+        kPeerWatchInterval);
+  }
   // After the agreement: every rank has the same options now, so every rank fails here alike.
   detail::check_warmup_fits(options, bootstrap->num_ranks());
 }
@@ -184,6 +189,7 @@ void Buffer::destroy() {
   if (impl_->initialization.valid()) impl_->initialization.wait();
   if (!impl_->transport) return;
   impl_->alive->store(false);
+  impl_->watchdog.reset();  // peers may exit once they are past their own destroy()
   detail::ScopedDevice scoped(impl_->device);
   // No kernel of this rank may still touch a peer, and no peer one of ours, once memory is freed.
   EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());

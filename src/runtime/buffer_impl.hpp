@@ -14,6 +14,7 @@
 #include "common/cuda_check.hpp"
 #include "common/device_allocation.hpp"
 #include "runtime/device_error_log.hpp"
+#include "runtime/peer_watchdog.hpp"
 #include "runtime/profiler.hpp"
 #include "runtime/scoped_device.hpp"
 #include "common/buffer_layout.hpp"
@@ -22,6 +23,9 @@
 namespace epcomm {
 
 inline constexpr int64_t kNanosecondsPerMillisecond = 1000 * 1000;
+// How often the watchdog looks at the peers' processes: a dead rank stops every wait within about
+// this long plus a wait's error-check interval (device/bounded_wait.cuh).
+inline constexpr std::chrono::milliseconds kPeerWatchInterval{100};
 
 namespace detail {
 
@@ -51,6 +55,9 @@ struct Buffer::Impl {
   detail::DeviceErrorLog errors;
   BufferLayout layout;                        // where each region of every rank's buffer starts
   std::unique_ptr<detail::Transport> transport;  // null before initialisation and after destroy()
+  // Watches the processes of the ranks on this host while the transport lives; declared after
+  // `errors`, which it writes to, so it stops first.
+  std::unique_ptr<detail::PeerWatchdog> watchdog;
   detail::DeviceAllocation layout_workspace;  // LayoutWorkspace, zeroed once
   detail::MappedHostMemory notify_results;    // NotifyResults, read by the host after a notify
   uint64_t notify_sequence = 0;               // last sequence number a host-waited notify published

@@ -96,7 +96,20 @@ void DeviceErrorLog::raise_if_recorded() {
   throw Error(code, message);
 }
 
+void DeviceErrorLog::mark_peer_dead(int rank, int64_t pid) {
+  dead_pid_.store(pid);
+  int none = -1;
+  if (!dead_peer_.compare_exchange_strong(none, rank)) return;  // the first death is the one reported
+  // Pairs with the relaxed polls of every bounded wait (device/bounded_wait.cuh).
+  if (host_record() != nullptr) __atomic_store_n(&host_record()->failed_peer, rank + 1, __ATOMIC_RELEASE);
+}
+
 void DeviceErrorLog::raise_if_unusable() const {
+  if (const int dead = dead_peer_.load(); dead >= 0) {
+    fail(ErrorCode::kPeerFailed, "the process of rank ", dead, " (pid ", dead_pid_.load(),
+         ") ended while this Buffer was in use (killed, crashed, or exited without destroying it); every call on "
+         "this Buffer fails now: destroy it where possible and restart the job");
+  }
   if (!sticky_failure_.empty()) {
     fail(ErrorCode::kTimeout, "this Buffer is unusable after an earlier timeout (", sticky_failure_,
          "); destroy it and create a new one on every rank");

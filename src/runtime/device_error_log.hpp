@@ -2,6 +2,8 @@
 // turns a recorded failure into an epcomm::Error with every detail in the message.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <string>
 
 #include "common/device_error.hpp"
@@ -24,6 +26,9 @@ class DeviceErrorLog {
   void raise_if_unusable() const;
   // A failure the host found itself (a host-side wait timed out) that leaves the ranks out of step.
   void mark_unusable(const std::string& message) { sticky_failure_ = message; }
+  // The process of `rank` died. Safe from any thread (the watchdog's): every GPU wait of this rank
+  // gives up at its next check, and every later call raises ErrorCode::kPeerFailed naming it.
+  void mark_peer_dead(int rank, int64_t pid);
 
   static std::string describe(const DeviceErrorRecord& record);
 
@@ -32,6 +37,8 @@ class DeviceErrorLog {
   MappedHostMemory memory_;
   DeviceAllocation claim_;  // int32: the last ticket a kernel claimed (see device_error.hpp)
   std::string sticky_failure_;
+  std::atomic<int> dead_peer_{-1};  // the first rank whose process died, -1 while all live
+  std::atomic<int64_t> dead_pid_{0};
 };
 
 }  // namespace epcomm::detail

@@ -10,6 +10,7 @@ const char* error_code_name(ErrorCode code) {
     case ErrorCode::kBootstrapError: return "BootstrapError";
     case ErrorCode::kDeviceError: return "DeviceError";
     case ErrorCode::kTimeout: return "Timeout";
+    case ErrorCode::kPeerFailed: return "PeerFailed";
     case ErrorCode::kInternal: return "Internal";
   }
   return "Unknown";  // only reachable through a value cast from outside the enum

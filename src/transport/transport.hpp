@@ -10,8 +10,10 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/buffer_layout.hpp"
+#include "common/process_identity.hpp"
 #include "epcomm/bootstrap.hpp"
 #include "transport/window.hpp"
 
@@ -37,6 +39,9 @@ class Transport {
   void* local_base() const { return window_.bases[window_.rank]; }
   // Ranks (this one included) whose buffers live on this rank's GPU: > 1 when ranks share it (MPS).
   int ranks_on_my_device() const { return ranks_on_my_device_; }
+  // The process of every rank that shares this host (pid 0 for this rank and for ranks elsewhere),
+  // as they published it: whose death to watch for.
+  const std::vector<ProcessIdentity>& local_processes() const { return local_processes_; }
   // Collective teardown: no rank frees memory a peer still reaches. The destructor alone (e.g.
   // while an exception unwinds) releases without waiting for peers.
   virtual void release_collectively(Bootstrap& bootstrap) = 0;
@@ -44,6 +49,7 @@ class Transport {
  protected:
   PeerWindow window_;
   int ranks_on_my_device_ = 1;
+  std::vector<ProcessIdentity> local_processes_;
 };
 
 // Collective over `bootstrap`: every rank calls it with the same options.

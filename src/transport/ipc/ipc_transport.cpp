@@ -19,6 +19,7 @@ constexpr size_t kAgreedBytes = 256;
 struct IpcExport {
   cudaIpcMemHandle_t handle;
   uint64_t total_bytes;
+  ProcessIdentity process;
   char host_name[kHostNameBytes];
   char pci_bus_id[kBusIdBytes];
   char agreed[kAgreedBytes];
@@ -49,6 +50,7 @@ IpcTransport::IpcTransport(Bootstrap& bootstrap, const TransportOptions& options
   IpcExport mine{};
   EPCOMM_CUDA_CHECK(cudaIpcGetMemHandle(&mine.handle, local_.get()));
   mine.total_bytes = total_bytes;
+  mine.process = current_process();
   gethostname(mine.host_name, kHostNameBytes - 1);
   EPCOMM_CUDA_CHECK(cudaDeviceGetPCIBusId(mine.pci_bus_id, kBusIdBytes, options.device));
   std::strncpy(mine.agreed, options.agreed.c_str(), kAgreedBytes - 1);
@@ -80,6 +82,13 @@ IpcTransport::IpcTransport(Bootstrap& bootstrap, const TransportOptions& options
 
   window_.rank = rank;
   window_.num_ranks = num_ranks;
+  // One host: every peer's process can be watched, from the same pid namespace.
+  local_processes_.resize(num_ranks);
+  for (int peer = 0; peer < num_ranks; ++peer) {
+    if (peer != rank && all[peer].process.pid_namespace == mine.process.pid_namespace) {
+      local_processes_[peer] = all[peer].process;
+    }
+  }
   mappings_.resize(num_ranks);
   for (int peer = 0; peer < num_ranks; ++peer) {
     if (node_of(peer, num_ranks, options.emulated_nodes) == node_of(rank, num_ranks, options.emulated_nodes)) {
