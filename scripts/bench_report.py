@@ -46,6 +46,8 @@ def table(header: List[str], rows: List[List[str]]) -> str:
 def variant(record: dict) -> str:
     """What distinguishes records of one op: phase, cached, path, config."""
     parts = []
+    if record.get("timing") == "kernel":
+        parts.append("kernel time")
     for key in ("phase", "path"):
         if record.get(key):
             parts.append(str(record[key]))

@@ -110,11 +110,16 @@ class Buffer {
   void synchronize(cudaStream_t stream);
 
   // ---- Diagnostics and benchmarks ----
+  // How copy_to_all_ranks moves bytes: a copy kernel on `num_sms` SMs (stores through the peer
+  // mapping, as dispatch does), or the GPU's copy engines (cudaMemcpyAsync into each peer's
+  // mapping, one peer after another, the own rank last: each copy has a link to itself).
+  enum class CopyPath { kSmKernel, kCopyEngine };
   // Collective. Writes `bytes_per_rank` bytes from `source` (device) into every rank's NVLink
-  // buffer at offset rank() * bytes_per_rank, using `num_sms` blocks: dispatch's traffic pattern
-  // without its bookkeeping, the roofline dispatch and combine are compared with. Between two
-  // barriers, so on return (in stream order) every rank's buffer holds every rank's bytes.
-  void copy_to_all_ranks(const void* source, size_t bytes_per_rank, int num_sms, cudaStream_t stream);
+  // buffer at offset rank() * bytes_per_rank: dispatch's traffic pattern without its bookkeeping,
+  // the roofline dispatch and combine are compared with. Between two barriers, so on return (in
+  // stream order) every rank's buffer holds every rank's bytes.
+  void copy_to_all_ranks(const void* source, size_t bytes_per_rank, int num_sms, cudaStream_t stream,
+                         CopyPath path = CopyPath::kSmKernel);
   // This rank's NVLink buffer (device memory, num_nvl_bytes long).
   void* local_nvl_buffer() const;
   // This rank's low-latency region (num_rdma_bytes), or null after destroy(): deep_ep's RDMA buffer.

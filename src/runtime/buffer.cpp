@@ -260,7 +260,8 @@ void Buffer::synchronize(cudaStream_t stream) {
   check_device_errors();
 }
 
-void Buffer::copy_to_all_ranks(const void* source, size_t bytes_per_rank, int num_sms, cudaStream_t stream) {
+void Buffer::copy_to_all_ranks(const void* source, size_t bytes_per_rank, int num_sms, cudaStream_t stream,
+                               CopyPath path) {
   constexpr const char* kOp = "copy_to_all_ranks";
   impl_->begin(kOp);
   if (bytes_per_rank % kVectorBytes != 0) {
@@ -280,7 +281,16 @@ void Buffer::copy_to_all_ranks(const void* source, size_t bytes_per_rank, int nu
   Event::record(stream).wait(comm);
   // The leading barrier keeps the copy off rings a peer may still be reading (a combine).
   kernels::launch_nvl_barrier(impl_->window(), impl_->context(), comm);
-  kernels::launch_peer_copy(impl_->window(), source, bytes_per_rank, num_sms, impl_->context(), comm);
+  if (path == CopyPath::kSmKernel) {
+    kernels::launch_peer_copy(impl_->window(), source, bytes_per_rank, num_sms, impl_->context(), comm);
+  } else {
+    const PeerWindow& window = impl_->window();
+    const size_t offset = BufferLayout::nvl_offset() + static_cast<size_t>(window.rank) * bytes_per_rank;
+    for (int step = 1; step <= window.num_ranks; ++step) {  // the right-hand neighbour first, as the kernel
+      const int peer = (window.rank + step) % window.num_ranks;
+      EPCOMM_CUDA_CHECK(cudaMemcpyAsync(window.bases[peer] + offset, source, bytes_per_rank, cudaMemcpyDeviceToDevice, comm));
+    }
+  }
   kernels::launch_nvl_barrier(impl_->window(), impl_->context(), comm);
   Event::record(comm).wait(stream);
 }

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "bench/bench_context.hpp"
+#include "bench/stream_filler.hpp"
 #include "reference/reference.hpp"
 #include "reference/workload.hpp"
 #include "common/cuda_check.hpp"
@@ -112,18 +113,24 @@ void bench_low_latency(BenchContext& context, double copy_gbps) {
   // Timings. Every combine needs a dispatch before it, so time them in pairs, each half with its
   // own events; hook mode the same, send and receive separately.
   auto align = [&] { context.align(); };
+  // With kKernel, the stream is kept busy while the host enqueues each call (stream_filler.hpp), so
+  // the marks bracket the GPU's work only.
   auto run_pairs = [&](bool hook, std::vector<double>& send_dispatch, std::vector<double>& receive_dispatch,
-                       std::vector<double>& send_combine, std::vector<double>& receive_combine) {
+                       std::vector<double>& send_combine, std::vector<double>& receive_combine,
+                       TimingMode mode = TimingMode::kEndToEnd) {
+    const bool kernel_time = mode == TimingMode::kKernel;
     args.return_recv_hook = hook;
     combine_args.return_recv_hook = hook;
     cudaEvent_t marks[5];
     for (cudaEvent_t& mark : marks) EPCOMM_CUDA_CHECK(cudaEventCreate(&mark));
     for (int i = 0; i < options.warmup_iters + options.timed_iters; ++i) {
       align();
+      if (kernel_time) keep_stream_busy(context.stream, kKernelTimingLead);
       EPCOMM_CUDA_CHECK(cudaEventRecord(marks[0], context.stream));
       LowLatencyDispatchResult d = context.buffer->low_latency_dispatch(args, *allocator, call);
       EPCOMM_CUDA_CHECK(cudaEventRecord(marks[1], context.stream));
       if (hook) d.hook();
+      if (kernel_time) keep_stream_busy(context.stream, kKernelTimingLead);
       EPCOMM_CUDA_CHECK(cudaEventRecord(marks[2], context.stream));
       combine_args.handle = &d.handle;
       LowLatencyCombineResult c = context.buffer->low_latency_combine(combine_args, *allocator, call);
@@ -145,6 +152,8 @@ void bench_low_latency(BenchContext& context, double copy_gbps) {
   run_pairs(false, dispatch_us, unused_a, combine_us, unused_b);
   std::vector<double> hook_send_dispatch, hook_recv_dispatch, hook_send_combine, hook_recv_combine;
   run_pairs(true, hook_send_dispatch, hook_recv_dispatch, hook_send_combine, hook_recv_combine);
+  std::vector<double> dispatch_kernel_us, unused_c, combine_kernel_us, unused_d;
+  run_pairs(false, dispatch_kernel_us, unused_c, combine_kernel_us, unused_d, TimingMode::kKernel);
   context.buffer->check_device_errors();
   const Timing dispatch_timing = summarize_across_ranks(*context.bootstrap, dispatch_us);
   const Timing combine_timing = summarize_across_ranks(*context.bootstrap, combine_us);
@@ -152,6 +161,8 @@ void bench_low_latency(BenchContext& context, double copy_gbps) {
   const Timing recv_d = summarize_across_ranks(*context.bootstrap, hook_recv_dispatch);
   const Timing send_c = summarize_across_ranks(*context.bootstrap, hook_send_combine);
   const Timing recv_c = summarize_across_ranks(*context.bootstrap, hook_recv_combine);
+  const Timing dispatch_kernel = summarize_across_ranks(*context.bootstrap, dispatch_kernel_us);
+  const Timing combine_kernel = summarize_across_ranks(*context.bootstrap, combine_kernel_us);
   if (!context.is_reporting_rank()) return;
 
   // Bytes: every (token, k) pair with an expert, FP8 row + scales out, BF16 row back.
@@ -162,10 +173,12 @@ void bench_low_latency(BenchContext& context, double copy_gbps) {
   pairs /= ranks;  // per rank, on average
   const double dispatch_bytes = static_cast<double>(pairs) * (options.hidden + groups * sizeof(float));
   const double combine_bytes = static_cast<double>(pairs) * options.hidden * 2.0;
-  auto write = [&](const char* op, const char* dtype, const char* phase, const Timing& timing, double bytes, bool correct) {
+  auto write = [&](const char* op, const char* dtype, const char* phase, const Timing& timing, double bytes, bool correct,
+                   TimingMode mode = TimingMode::kEndToEnd) {
     const double gbps = bytes / kBytesPerGigabyte / (timing.median_us / kMicrosecondsPerSecond);
     Record record = context.base_record(op, "low_latency");
-    record.set("tokens", tokens)
+    record.set("timing", timing_name(mode))
+        .set("tokens", tokens)
         .set("dtype", dtype)
         .set("phase", phase)
         .set("sms", context.device_sms / ((options.num_ranks + context.num_gpus - 1) / context.num_gpus))  // this rank's share
@@ -182,6 +195,8 @@ void bench_low_latency(BenchContext& context, double copy_gbps) {
   write("ll_dispatch", "fp8", "hook_receive", recv_d, dispatch_bytes, false);
   write("ll_combine", "bf16", "hook_send", send_c, combine_bytes, false);
   write("ll_combine", "bf16", "hook_receive", recv_c, combine_bytes, false);
+  write("ll_dispatch", "fp8", "full", dispatch_kernel, dispatch_bytes, false, TimingMode::kKernel);
+  write("ll_combine", "bf16", "full", combine_kernel, combine_bytes, false, TimingMode::kKernel);
 }
 
 }  // namespace epcomm::bench

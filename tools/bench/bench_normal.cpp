@@ -248,10 +248,19 @@ void bench_normal(BenchContext& context, double copy_gbps, const Config& config,
     const std::vector<double> combine_samples = time_on_stream(context.stream, options.warmup_iters, options.timed_iters, align, [&] {
       CombineResult result = context.buffer->combine(combine_args, *allocator, call);
     });
+    // Kernel time of the calls that never wait on the host: cached dispatch and combine.
+    const std::vector<double> cached_kernel_samples = time_on_stream(
+        context.stream, options.warmup_iters, options.timed_iters, align,
+        [&] { DispatchResult result = context.buffer->dispatch(cached_args, *allocator, call); }, TimingMode::kKernel);
+    const std::vector<double> combine_kernel_samples = time_on_stream(
+        context.stream, options.warmup_iters, options.timed_iters, align,
+        [&] { CombineResult result = context.buffer->combine(combine_args, *allocator, call); }, TimingMode::kKernel);
     context.buffer->check_device_errors();
     const Timing dispatch_timing = summarize_across_ranks(*context.bootstrap, dispatch_samples);
     const Timing combine_timing = summarize_across_ranks(*context.bootstrap, combine_samples);
     const Timing cached_timing = summarize_across_ranks(*context.bootstrap, cached_samples);
+    const Timing cached_kernel_timing = summarize_across_ranks(*context.bootstrap, cached_kernel_samples);
+    const Timing combine_kernel_timing = summarize_across_ranks(*context.bootstrap, combine_kernel_samples);
 
     const double pairs = static_cast<double>(total_pairs(inputs.in_rank_host));
     const double dispatch_row_bytes = fp8 ? options.hidden + groups * sizeof(float) : options.hidden * 2.0;
@@ -260,9 +269,10 @@ void bench_normal(BenchContext& context, double copy_gbps, const Config& config,
     const double cached_gbps = gigabytes_per_second(pairs * dispatch_row_bytes, cached_timing.median_us);
     if (!context.is_reporting_rank()) continue;
     auto record_for = [&](const char* op, const char* dtype, const Timing& timing, double gbps, bool correct,
-                          bool cached) {
+                          bool cached, TimingMode mode = TimingMode::kEndToEnd) {
       Record record = context.base_record(op, "normal");
-      record.set("dtype", dtype)
+      record.set("timing", timing_name(mode))
+          .set("dtype", dtype)
           .set("cached", cached)
           .set("dispatch_dtype", fp8 ? "fp8" : "bf16")
           .set("sms", config.num_sms)
@@ -279,6 +289,12 @@ void bench_normal(BenchContext& context, double copy_gbps, const Config& config,
     // The cached dispatch is not checked separately (the GPU tests check it): correct=false.
     record_for("dispatch", fp8 ? "fp8" : "bf16", cached_timing, cached_gbps, false, true);
     record_for("combine", "bf16", combine_timing, combine_gbps, all_combine_ok, false);
+    const double bytes = pairs * dispatch_row_bytes;
+    record_for("dispatch", fp8 ? "fp8" : "bf16", cached_kernel_timing,
+               gigabytes_per_second(bytes, cached_kernel_timing.median_us), false, true, TimingMode::kKernel);
+    record_for("combine", "bf16", combine_kernel_timing,
+               gigabytes_per_second(pairs * options.hidden * 2.0, combine_kernel_timing.median_us), false, false,
+               TimingMode::kKernel);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "bench/stream_filler.hpp"
 #include "common/cuda_check.hpp"
 
 namespace epcomm::bench {
@@ -29,8 +30,10 @@ void RecordSink::write(const Record& record) const {
   }
 }
 
+const char* timing_name(TimingMode mode) { return mode == TimingMode::kKernel ? "kernel" : "end_to_end"; }
+
 std::vector<double> time_on_stream(cudaStream_t stream, int warmup, int iters, const std::function<void()>& align,
-                                   const std::function<void()>& op) {
+                                   const std::function<void()>& op, TimingMode mode) {
   for (int i = 0; i < warmup; ++i) {
     align();
     op();
@@ -42,6 +45,7 @@ std::vector<double> time_on_stream(cudaStream_t stream, int warmup, int iters, c
   samples_us.reserve(iters);
   for (int i = 0; i < iters; ++i) {
     align();
+    if (mode == TimingMode::kKernel) keep_stream_busy(stream, kKernelTimingLead);
     EPCOMM_CUDA_CHECK(cudaEventRecord(start, stream));
     op();
     EPCOMM_CUDA_CHECK(cudaEventRecord(stop, stream));

@@ -32,10 +32,19 @@ struct Timing {
   double p99_us = 0;
 };
 
+// What a sample measures (the records' "timing" key).
+//   kEndToEnd  from the host's call to completion on the GPU, host enqueue included: what a
+//              caller waits for.
+//   kKernel    the GPU's work alone: the stream is kept busy while the host enqueues the op
+//              (stream_filler.hpp), so the start event fires when the GPU can start it. A call that
+//              waits on the host midway (non-cached dispatch) cannot be timed this way.
+enum class TimingMode { kEndToEnd, kKernel };
+const char* timing_name(TimingMode mode);
+
 // Times `op` on `stream` with CUDA events, `warmup` untimed then `iters` timed runs. Before each
 // run `align` (a device barrier) lines the ranks up, outside the timed region.
 std::vector<double> time_on_stream(cudaStream_t stream, int warmup, int iters, const std::function<void()>& align,
-                                   const std::function<void()>& op);
+                                   const std::function<void()>& op, TimingMode mode = TimingMode::kEndToEnd);
 
 // A collective op is as slow as its slowest rank: gathers every rank's samples, takes the
 // per-iteration maximum, and summarises that.

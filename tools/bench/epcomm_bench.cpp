@@ -170,6 +170,7 @@ Record BenchContext::base_record(const char* op, const char* mode) const {
       .set("topk", options.num_topk)
       .set("experts", options.num_experts)
       .set("iters", options.timed_iters)
+      .set("timing", timing_name(TimingMode::kEndToEnd))  // kernel-time records say so
       .set("git", EPCOMM_GIT_REVISION)
       .set("gpu", gpu_name);
   return record;
