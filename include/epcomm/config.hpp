@@ -86,14 +86,14 @@ struct BufferOptions {
 // Tuning of the normal-mode kernels, deep_ep.Config's fields. The defaults are those of
 // default_dispatch_config().
 struct Config {
-  int num_sms = 24;                             // SMs the kernels use (two per channel)
+  int num_sms = 24;                             // SMs the kernels use (one channel each)
   int num_max_nvl_chunked_send_tokens = 8;      // a sender publishes its progress every this many tokens
   int num_max_nvl_chunked_recv_tokens = 128;    // capacity of each NVLink ring, in tokens
   int num_max_rdma_chunked_send_tokens = 6;     // same over RDMA (internode)
   int num_max_rdma_chunked_recv_tokens = 256;
 
   void validate() const;  // throws InvalidArgument naming the field and value
-  int num_channels() const { return num_sms / 2; }
+  int num_channels() const { return num_sms; }
   // NVLink buffer bytes normal-mode dispatch and combine need with this config, for tokens of
   // `hidden_bytes` (hidden x element size) among `num_ranks` ranks (deep_ep's hint).
   int64_t nvl_buffer_size_hint(int64_t hidden_bytes, int num_ranks) const;

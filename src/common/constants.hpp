@@ -23,15 +23,17 @@ inline constexpr int kLayoutMaxTopk = 32;
 // Blocks of one layout launch; each leaves partial counts in the Buffer's layout workspace.
 inline constexpr int kLayoutMaxBlocks = 64;
 
-// Normal mode (intranode dispatch / combine). Each channel is a pair of blocks: a sender and a
-// receiver. Warps of each block are split evenly among the peer ranks.
-inline constexpr int kMaxChannels = 32;
+// Normal mode (intranode dispatch / combine). Each channel is one block on its own SM: half of its
+// warps send, half receive (kernels/intranode/channel_block.cuh); each half is split evenly among
+// the peer ranks.
+inline constexpr int kMaxChannels = 64;
 inline constexpr int kNormalThreadsPerBlock = 512;
 inline constexpr int kNormalWarpsPerBlock = kNormalThreadsPerBlock / 32;
+inline constexpr int kChannelRoleWarps = kNormalWarpsPerBlock / 2;
 // A sender scans this many candidate tokens per step (one per lane of a warp).
 inline constexpr int kSendWindowTokens = 32;
 // The combine receiver reduces one token per warp per step.
-inline constexpr int kCombineWindowTokens = kNormalWarpsPerBlock;
+inline constexpr int kCombineWindowTokens = kChannelRoleWarps;
 // Ring capacity must hold a send window plus a combine window, or the two sides can stall.
 inline constexpr int kMinRingTokens = 2 * kSendWindowTokens;
 // 16-byte loads each lane keeps in flight (its registers hold them): the combine receiver, and

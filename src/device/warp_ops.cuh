@@ -11,9 +11,9 @@ namespace epcomm::device {
 __device__ __forceinline__ int lane_id() { return static_cast<int>(threadIdx.x % kWarpSize); }
 __device__ __forceinline__ int warp_id() { return static_cast<int>(threadIdx.x / kWarpSize); }
 
-// Synchronises the warps of one group (named barrier `1 + group`; barrier 0 is __syncthreads).
-__device__ __forceinline__ void sync_group(int group, int num_warps_in_group) {
-  asm volatile("bar.sync %0, %1;" ::"r"(group + 1), "r"(num_warps_in_group * kWarpSize) : "memory");
+// Synchronises `num_warps` warps on named barrier `id` (0 is __syncthreads).
+__device__ __forceinline__ void named_barrier(int id, int num_warps) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(num_warps * kWarpSize) : "memory");
 }
 
 __device__ __forceinline__ int warp_sum(int value) {

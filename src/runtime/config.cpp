@@ -85,9 +85,10 @@ void BufferOptions::validate(int num_ranks) const {
 }
 
 void Config::validate() const {
-  if (num_sms < 2 || num_sms % 2 != 0 || num_sms > 2 * kMaxChannels) {
-    fail(ErrorCode::kInvalidArgument, "Config: num_sms=", num_sms, " must be an even number in [2, ", 2 * kMaxChannels,
-         "] (one sender and one receiver block per channel)");
+  // Even, as deep_ep requires (its channels are SM pairs); here each SM is a channel of its own.
+  if (num_sms < 2 || num_sms % 2 != 0 || num_sms > kMaxChannels) {
+    fail(ErrorCode::kInvalidArgument, "Config: num_sms=", num_sms, " must be an even number in [2, ", kMaxChannels,
+         "] (one channel per SM)");
   }
   if (num_max_nvl_chunked_send_tokens < 1) {
     fail(ErrorCode::kInvalidArgument, "Config: num_max_nvl_chunked_send_tokens=", num_max_nvl_chunked_send_tokens,

@@ -67,25 +67,30 @@ void bench_low_latency(BenchContext& context, double copy_gbps) {
   CallOptions call;
   call.stream = context.stream;
 
-  LowLatencyDispatchResult dispatched = context.buffer->low_latency_dispatch(args, *allocator, call);
-  context.buffer->synchronize(context.stream);
-  bool dispatch_ok = download<int32_t>(dispatched.recv_count.view) == expected[rank].recv_count;
-  const std::vector<uint8_t> recv_x = download<uint8_t>(dispatched.recv_x.view);
-  const std::vector<float> recv_scales = download<float>(dispatched.recv_x_scales.view);
-  const std::vector<int32_t> src = download<int32_t>(dispatched.handle.recv_src_info());
   const size_t slots = static_cast<size_t>(ranks) * tokens;
   const int groups = options.hidden / 128;
-  for (int le = 0; le < experts_per_rank && dispatch_ok; ++le) {
-    for (int s = 0; s < ranks && dispatch_ok; ++s) {
-      const int count = expected[rank].recv_count_from[static_cast<size_t>(le) * ranks + s];
-      for (int j = 0; j < count && dispatch_ok; ++j) {
-        const size_t row = static_cast<size_t>(le) * slots + static_cast<size_t>(s) * tokens + j;
-        dispatch_ok = src[row] == expected[rank].recv_src_token[row] &&
-                      std::memcmp(&recv_x[row * options.hidden], &expected[rank].recv_x_fp8[row * options.hidden], options.hidden) == 0 &&
-                      std::memcmp(&recv_scales[row * groups], &expected[rank].recv_x_scales[row * groups], groups * sizeof(float)) == 0;
+  // Checks one dispatch's outputs against the reference (the receive must have run).
+  auto dispatch_matches = [&](const LowLatencyDispatchResult& dispatched) {
+    bool ok = download<int32_t>(dispatched.recv_count.view) == expected[rank].recv_count;
+    const std::vector<uint8_t> recv_x = download<uint8_t>(dispatched.recv_x.view);
+    const std::vector<float> recv_scales = download<float>(dispatched.recv_x_scales.view);
+    const std::vector<int32_t> src = download<int32_t>(dispatched.handle.recv_src_info());
+    for (int le = 0; le < experts_per_rank && ok; ++le) {
+      for (int s = 0; s < ranks && ok; ++s) {
+        const int count = expected[rank].recv_count_from[static_cast<size_t>(le) * ranks + s];
+        for (int j = 0; j < count && ok; ++j) {
+          const size_t row = static_cast<size_t>(le) * slots + static_cast<size_t>(s) * tokens + j;
+          ok = src[row] == expected[rank].recv_src_token[row] &&
+               std::memcmp(&recv_x[row * options.hidden], &expected[rank].recv_x_fp8[row * options.hidden], options.hidden) == 0 &&
+               std::memcmp(&recv_scales[row * groups], &expected[rank].recv_x_scales[row * groups], groups * sizeof(float)) == 0;
+        }
       }
     }
-  }
+    return ok;
+  };
+  LowLatencyDispatchResult dispatched = context.buffer->low_latency_dispatch(args, *allocator, call);
+  context.buffer->synchronize(context.stream);
+  const bool dispatch_ok = dispatch_matches(dispatched);
 
   // Expert outputs: the dequantised rows, as BF16 (rows past the counts are left as allocated).
   std::vector<std::vector<uint16_t>> outputs(ranks);
@@ -106,23 +111,28 @@ void bench_low_latency(BenchContext& context, double copy_gbps) {
   combine_args.handle = &dispatched.handle;
   LowLatencyCombineResult combined = context.buffer->low_latency_combine(combine_args, *allocator, call);
   context.buffer->synchronize(context.stream);
-  const bool combine_ok = download<uint16_t>(combined.combined_x.view) == expected_combined[rank];
+  auto combine_matches = [&](const LowLatencyCombineResult& result) {
+    return download<uint16_t>(result.combined_x.view) == expected_combined[rank];
+  };
+  const bool combine_ok = combine_matches(combined);
   const bool all_dispatch_ok = all_ranks_agree(*context.bootstrap, dispatch_ok);
   const bool all_combine_ok = all_ranks_agree(*context.bootstrap, combine_ok);
 
   // Timings. Every combine needs a dispatch before it, so time them in pairs, each half with its
-  // own events; hook mode the same, send and receive separately.
+  // own events; hook mode the same, send and receive separately. The last pair of each run is
+  // checked against the reference too (true when both halves match, on every rank).
   auto align = [&] { context.align(); };
   // With kKernel, the stream is kept busy while the host enqueues each call (stream_filler.hpp), so
   // the marks bracket the GPU's work only.
   auto run_pairs = [&](bool hook, std::vector<double>& send_dispatch, std::vector<double>& receive_dispatch,
                        std::vector<double>& send_combine, std::vector<double>& receive_combine,
-                       TimingMode mode = TimingMode::kEndToEnd) {
+                       TimingMode mode = TimingMode::kEndToEnd) -> bool {
     const bool kernel_time = mode == TimingMode::kKernel;
     args.return_recv_hook = hook;
     combine_args.return_recv_hook = hook;
     cudaEvent_t marks[5];
     for (cudaEvent_t& mark : marks) EPCOMM_CUDA_CHECK(cudaEventCreate(&mark));
+    bool last_ok = false;
     for (int i = 0; i < options.warmup_iters + options.timed_iters; ++i) {
       align();
       if (kernel_time) keep_stream_busy(context.stream, kKernelTimingLead);
@@ -138,6 +148,7 @@ void bench_low_latency(BenchContext& context, double copy_gbps) {
       if (hook) c.hook();
       EPCOMM_CUDA_CHECK(cudaEventRecord(marks[4], context.stream));
       EPCOMM_CUDA_CHECK(cudaEventSynchronize(marks[4]));
+      if (i + 1 == options.warmup_iters + options.timed_iters) last_ok = dispatch_matches(d) && combine_matches(c);
       if (i < options.warmup_iters) continue;
       float ms[4];
       for (int m = 0; m < 4; ++m) EPCOMM_CUDA_CHECK(cudaEventElapsedTime(&ms[m], marks[m], marks[m + 1]));
@@ -147,13 +158,15 @@ void bench_low_latency(BenchContext& context, double copy_gbps) {
       receive_combine.push_back(ms[3] * 1000.0);
     }
     for (cudaEvent_t mark : marks) EPCOMM_CUDA_WARN(cudaEventDestroy(mark));
+    return all_ranks_agree(*context.bootstrap, last_ok);
   };
   std::vector<double> dispatch_us, unused_a, combine_us, unused_b;
-  run_pairs(false, dispatch_us, unused_a, combine_us, unused_b);
+  const bool pairs_ok = run_pairs(false, dispatch_us, unused_a, combine_us, unused_b);
   std::vector<double> hook_send_dispatch, hook_recv_dispatch, hook_send_combine, hook_recv_combine;
-  run_pairs(true, hook_send_dispatch, hook_recv_dispatch, hook_send_combine, hook_recv_combine);
+  const bool hook_ok = run_pairs(true, hook_send_dispatch, hook_recv_dispatch, hook_send_combine, hook_recv_combine);
   std::vector<double> dispatch_kernel_us, unused_c, combine_kernel_us, unused_d;
-  run_pairs(false, dispatch_kernel_us, unused_c, combine_kernel_us, unused_d, TimingMode::kKernel);
+  const bool kernel_ok =
+      run_pairs(false, dispatch_kernel_us, unused_c, combine_kernel_us, unused_d, TimingMode::kKernel);
   context.buffer->check_device_errors();
   const Timing dispatch_timing = summarize_across_ranks(*context.bootstrap, dispatch_us);
   const Timing combine_timing = summarize_across_ranks(*context.bootstrap, combine_us);
@@ -189,14 +202,14 @@ void bench_low_latency(BenchContext& context, double copy_gbps) {
         .set("correct", correct);
     context.sink.write(record);
   };
-  write("ll_dispatch", "fp8", "full", dispatch_timing, dispatch_bytes, all_dispatch_ok);
-  write("ll_combine", "bf16", "full", combine_timing, combine_bytes, all_combine_ok);
-  write("ll_dispatch", "fp8", "hook_send", send_d, dispatch_bytes, false);
-  write("ll_dispatch", "fp8", "hook_receive", recv_d, dispatch_bytes, false);
-  write("ll_combine", "bf16", "hook_send", send_c, combine_bytes, false);
-  write("ll_combine", "bf16", "hook_receive", recv_c, combine_bytes, false);
-  write("ll_dispatch", "fp8", "full", dispatch_kernel, dispatch_bytes, false, TimingMode::kKernel);
-  write("ll_combine", "bf16", "full", combine_kernel, combine_bytes, false, TimingMode::kKernel);
+  write("ll_dispatch", "fp8", "full", dispatch_timing, dispatch_bytes, all_dispatch_ok && pairs_ok);
+  write("ll_combine", "bf16", "full", combine_timing, combine_bytes, all_combine_ok && pairs_ok);
+  write("ll_dispatch", "fp8", "hook_send", send_d, dispatch_bytes, hook_ok);
+  write("ll_dispatch", "fp8", "hook_receive", recv_d, dispatch_bytes, hook_ok);
+  write("ll_combine", "bf16", "hook_send", send_c, combine_bytes, hook_ok);
+  write("ll_combine", "bf16", "hook_receive", recv_c, combine_bytes, hook_ok);
+  write("ll_dispatch", "fp8", "full", dispatch_kernel, dispatch_bytes, kernel_ok, TimingMode::kKernel);
+  write("ll_combine", "bf16", "full", combine_kernel, combine_bytes, kernel_ok, TimingMode::kKernel);
 }
 
 }  // namespace epcomm::bench

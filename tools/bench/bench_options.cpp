@@ -3,7 +3,9 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <sstream>
 
+#include "common/constants.hpp"
 #include "epcomm/error.hpp"
 
 namespace epcomm::bench {
@@ -36,6 +38,7 @@ const char* bench_usage() {
          "  --seed N          workload seed (default 1)\n"
          "  --setup NAME      label for the records (default: detected)\n"
          "  --sweep           also time a grid of normal-mode configs (SMs, chunk and ring sizes)\n"
+         "  --sms A,B,...     time the default normal-mode config at each of these SM counts\n"
          "  --skip-normal     skip normal-mode dispatch and combine\n"
          "  --cold            cold start: --trials trials in fresh processes, with and without\n"
          "                    preinitialize; init time by phase, first / second / steady call of each op\n"
@@ -76,6 +79,13 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
        }},
       {"--cold-pause-ms", [&](const std::string& v) { options.cold_pause_ms = static_cast<int>(parse_integer("--cold-pause-ms", v, 0, 10000)); }},
       {"--out", [&](const std::string& v) { options.out_path = v; }},
+      {"--sms", [&](const std::string& v) {
+         options.sms_list.clear();
+         std::stringstream list(v);
+         for (std::string item; std::getline(list, item, ',');) {
+           options.sms_list.push_back(static_cast<int>(parse_integer("--sms", item, 2, kMaxChannels)));
+         }
+       }},
   };
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--help" || args[i] == "-h") {
@@ -123,6 +133,11 @@ std::vector<std::string> to_arguments(const BenchOptions& options) {
   if (!options.setup.empty()) args.insert(args.end(), {"--setup", options.setup});
   if (!options.out_path.empty()) args.insert(args.end(), {"--out", options.out_path});
   if (options.sweep) args.push_back("--sweep");
+  if (!options.sms_list.empty()) {
+    std::string list;
+    for (const int sms : options.sms_list) list += (list.empty() ? "" : ",") + std::to_string(sms);
+    args.insert(args.end(), {"--sms", list});
+  }
   if (options.skip_normal) args.push_back("--skip-normal");
   if (options.cold_trial >= 0) {
     args.insert(args.end(), {"--cold-trial", std::to_string(options.cold_trial), "--cold-preinitialize",

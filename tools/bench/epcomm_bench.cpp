@@ -129,12 +129,19 @@ std::vector<Config> bench_configs(const BenchContext& context) {
   const BenchOptions& options = context.options;
   // Ranks sharing one GPU must all be resident at once, one block per SM.
   const bool shared_gpu = context.num_gpus < options.num_ranks;
-  const int sm_cap = shared_gpu ? (context.device_sms / options.num_ranks) / 2 * 2 : 2 * kMaxChannels;
+  const int sm_cap = shared_gpu ? (context.device_sms / options.num_ranks) / 2 * 2 : kMaxChannels;
   auto capped = [&](Config config) {
     config.num_sms = std::max(2, std::min(config.num_sms, sm_cap));
     return config;
   };
-  std::vector<Config> configs = {capped(default_dispatch_config(options.num_ranks))};
+  std::vector<Config> configs;
+  for (const int sms : options.sms_list) {
+    Config config = default_dispatch_config(options.num_ranks);
+    config.num_sms = sms;
+    configs.push_back(capped(config));
+  }
+  if (!configs.empty()) return configs;
+  configs.push_back(capped(default_dispatch_config(options.num_ranks)));
   if (!options.sweep) return configs;
   // More than 24 SMs only where a rank has its GPU to itself (the cap keeps shared GPUs at their share).
   for (const int sms : {8, 16, 24, 32, 48}) {

@@ -1,10 +1,10 @@
-// Normal-mode combine inside one NVLink domain: the reverse of dispatch.
-//
-//   sender block   (even): warp group g sends the rows this rank received from rank g on this
-//                          channel back into g's ring (channel, me), in row order.
-//   receiver block (odd):  one warp per token of this channel: for each rank the token went to
-//                          (ascending), waits for its row and adds it in float, adds the biases,
-//                          and writes the BF16 result; after each window of tokens, frees slots.
+// Normal-mode combine inside one NVLink domain: the reverse of dispatch. One block per channel
+// (channel_block.cuh):
+//   sender warps:   team g sends the rows this rank received from rank g on this channel back
+//                   into g's ring (channel, me), in row order.
+//   receiver warps: one warp per token of this channel: for each rank the token went to
+//                   (ascending), waits for its row and adds it in float, adds the biases, and
+//                   writes the BF16 result; after each window of tokens, frees slots.
 // A token's row from rank d sits at the token's dispatch position in the (channel, d) stream
 // (send_position), because rank d returns rows in the order it received them. Rows are direct
 // stores into the peer's ring; tails and heads are window signals (transport/window.cuh).
@@ -16,18 +16,18 @@
 #include "common/nvl_layout.hpp"
 #include "device/warp_ops.cuh"
 #include "kernels/common/rank_bound.hpp"
+#include "kernels/intranode/channel_block.cuh"
 #include "kernels/intranode/intranode_launchers.hpp"
 #include "transport/window.cuh"
 
 namespace epcomm::kernels {
 namespace {
 
-enum class CombineRole { kSender, kReceiver };
-
 constexpr int kBf16PerVector = static_cast<int>(sizeof(int4) / sizeof(__nv_bfloat16));
 
 __device__ void send_channel(const device::Window& window, const CombineKernelArgs& args, const KernelContext& context,
-                             const RingLayout& ring, int channel, int destination, int warps, int warp_in_team) {
+                             const RingLayout& ring, int channel, const Team& team) {
+  const int destination = team.peer;
   const int32_t* prefix = args.recv_channel_prefix + destination * (args.ring.num_channels + 1);
   const int first_row = prefix[channel];
   const uint64_t total = static_cast<uint64_t>(prefix[channel + 1] - first_row);
@@ -35,7 +35,7 @@ __device__ void send_channel(const device::Window& window, const CombineKernelAr
   uint64_t* own_sent = window.own<uint64_t>(NvlLayout::ring_sent(channel, destination));
   const uint64_t start = *own_sent;
   const int lane = device::lane_id();
-  const bool team_leader = warp_in_team == 0 && lane == 0;
+  const bool team_leader = team.warp_in_team == 0 && lane == 0;
   const device::WaitSite space_site{DeviceOp::kCombine, WaitTarget::kRingSpace, destination, channel};
 
   uint64_t published = 0;
@@ -45,20 +45,21 @@ __device__ void send_channel(const device::Window& window, const CombineKernelAr
       window.wait(NvlLayout::ring_head(channel, destination), start + done + step - ring.capacity, context, space_site);
     }
     __syncwarp();
-    for (uint64_t i = warp_in_team; i < step; i += warps) {
+    for (uint64_t i = team.warp_in_team; i < step; i += team.warps) {
       const int64_t row = first_row + static_cast<int64_t>(done + i);
       // Rows past x (more arrived than num_worst_tokens; reported by the dispatch) keep their slot
       // so positions stay in step, but nothing is read for them.
       if (row >= args.num_rows) continue;
       char* slot = window.ptr(destination, ring.slot_at(channel, context.rank, start + done + i));
-      device::warp_copy(slot, static_cast<const char*>(args.x) + row * row_bytes, row_bytes);
-      if (args.topk_weights != nullptr && lane < args.num_topk) {
-        reinterpret_cast<float*>(slot + ring.slot.weights_offset)[lane] = args.topk_weights[row * args.num_topk + lane];
-      }
+      // The weight's load is issued before the row's, so both cost one round trip.
+      const bool has_weight = args.topk_weights != nullptr && lane < args.num_topk;
+      const float weight = has_weight ? args.topk_weights[row * args.num_topk + lane] : 0.0f;
+      device::warp_copy<false, kRowCopyLoadsInFlight>(slot, static_cast<const char*>(args.x) + row * row_bytes, row_bytes);
+      if (has_weight) reinterpret_cast<float*>(slot + ring.slot.weights_offset)[lane] = weight;
     }
     done += step;
     if (done - published >= static_cast<uint64_t>(args.ring.send_chunk) || done == total) {
-      device::sync_group(destination, warps);  // every warp's slots are written
+      sync_team(team);  // every warp's slots are written
       // Pairs with the receiver's wait on the tail.
       if (team_leader) window.signal(destination, NvlLayout::ring_tail(channel, context.rank), start + done);
       published = done;
@@ -155,19 +156,20 @@ __device__ void receive_channel(const device::Window& window, const CombineKerne
                                 const RingLayout& ring, int channel) {
   __shared__ uint64_t ring_start[kMaxNvlPeers];
   const int num_ranks = context.num_ranks;
-  if (threadIdx.x < num_ranks) ring_start[threadIdx.x] = *window.own<uint64_t>(NvlLayout::ring_consumed(channel, threadIdx.x));
-  __syncthreads();
+  const int thread = thread_in_role();
+  if (thread < num_ranks) ring_start[thread] = *window.own<uint64_t>(NvlLayout::ring_consumed(channel, thread));
+  sync_receivers();
 
   const int begin = device::channel_begin(channel, args.num_tokens, args.ring.num_channels);
   const int end = device::channel_begin(channel + 1, args.num_tokens, args.ring.num_channels);
   // Thread `source` (< num_ranks) tracks how far this channel has consumed source's ring.
-  uint64_t consumed = threadIdx.x < num_ranks ? ring_start[threadIdx.x] : 0;
+  uint64_t consumed = thread < num_ranks ? ring_start[thread] : 0;
   for (int first_token = begin; first_token < end; first_token += kCombineWindowTokens) {
-    const int token = first_token + device::warp_id();
+    const int token = first_token + warp_in_role();
     if (token < end) reduce_token<kRankBound>(window, args, context, ring, channel, token, ring_start);
-    __syncthreads();  // every warp has read its rows of this window
-    if (threadIdx.x < num_ranks) {
-      const int source = threadIdx.x;
+    sync_receivers();  // every warp has read its rows of this window
+    if (thread < num_ranks) {
+      const int source = thread;
       const int last = min(first_token + kCombineWindowTokens, end) - 1;
       for (int t = last; t >= first_token; --t) {
         const int32_t position = args.send_position[static_cast<int64_t>(t) * num_ranks + source];
@@ -182,7 +184,7 @@ __device__ void receive_channel(const device::Window& window, const CombineKerne
       }
     }
   }
-  if (threadIdx.x < num_ranks) *window.own<uint64_t>(NvlLayout::ring_consumed(channel, threadIdx.x)) = consumed;
+  if (thread < num_ranks) *window.own<uint64_t>(NvlLayout::ring_consumed(channel, thread)) = consumed;
 }
 
 template <int kRankBound>
@@ -190,19 +192,15 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
     combine_kernel(const __grid_constant__ PeerWindow peers, const __grid_constant__ CombineKernelArgs args,
                    KernelContext context) {
   const device::Window window(peers);
-  const CombineRole role = blockIdx.x % 2 == 0 ? CombineRole::kSender : CombineRole::kReceiver;
-  const int channel = static_cast<int>(blockIdx.x / 2);
+  const int channel = static_cast<int>(blockIdx.x);
   RingLayout ring;
   ring.slot = SlotLayout::combine(static_cast<size_t>(args.hidden) * sizeof(__nv_bfloat16), args.num_topk);
   ring.num_ranks = context.num_ranks;
   ring.capacity = args.ring.ring_capacity;
 
-  if (role == CombineRole::kSender) {
-    const int warps = kNormalWarpsPerBlock / context.num_ranks;
-    const int destination = device::warp_id() / warps;
-    if (destination < context.num_ranks) {
-      send_channel(window, args, context, ring, channel, destination, warps, device::warp_id() % warps);
-    }
+  if (role_of_this_warp() == ChannelRole::kSender) {
+    const Team team = team_of_this_warp(ChannelRole::kSender, context.num_ranks);
+    if (team.active) send_channel(window, args, context, ring, channel, team);
   } else {
     receive_channel<kRankBound>(window, args, context, ring, channel);
   }
@@ -213,7 +211,7 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
 void launch_combine(const PeerWindow& window, const CombineKernelArgs& args, const KernelContext& context,
                     cudaStream_t stream) {
   with_rank_bound(context.num_ranks, [&](auto bound) {
-    combine_kernel<bound.value><<<2 * args.ring.num_channels, kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
+    combine_kernel<bound.value><<<args.ring.num_channels, kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
   });
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }
