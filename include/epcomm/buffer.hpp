@@ -111,9 +111,10 @@ class Buffer {
 
   // ---- Diagnostics and benchmarks ----
   // How copy_to_all_ranks moves bytes: a copy kernel on `num_sms` SMs (stores through the peer
-  // mapping, as dispatch does), or the GPU's copy engines (cudaMemcpyAsync into each peer's
-  // mapping, one peer after another, the own rank last: each copy has a link to itself).
-  enum class CopyPath { kSmKernel, kCopyEngine };
+  // mapping, as dispatch does), the bulk-copy (TMA) engines of `num_sms` SMs (through shared
+  // memory; every rank must be direct), or the GPU's copy engines (cudaMemcpyAsync into each
+  // peer's mapping, one peer after another, the own rank last: each copy has a link to itself).
+  enum class CopyPath { kSmKernel, kTma, kCopyEngine };
   // Collective. Writes `bytes_per_rank` bytes from `source` (device) into every rank's NVLink
   // buffer at offset rank() * bytes_per_rank: dispatch's traffic pattern without its bookkeeping,
   // the roofline dispatch and combine are compared with. Between two barriers, so on return (in

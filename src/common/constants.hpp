@@ -40,6 +40,9 @@ inline constexpr int kMinRingTokens = 2 * kSendWindowTokens;
 // the row copies of normal-mode dispatch.
 inline constexpr int kCombineLoadsInFlight = 16;
 inline constexpr int kRowCopyLoadsInFlight = 16;
+// The combine sender's row copy: it shares the kernel's 128 registers per thread with the
+// receiver's loads, and 16 spills there.
+inline constexpr int kCombineSendLoadsInFlight = 12;
 inline constexpr int kMaxTopk = 32;
 // The local experts of one rank whose counts the notify step exchanges.
 inline constexpr int kMaxLocalExperts = 4096;
@@ -60,6 +63,10 @@ inline constexpr int kLowLatencyChunkVectors = 64;
 // Peer copy (the bandwidth roofline): threads per block; SMs it uses when warming buffers up.
 inline constexpr int kCopyWarmupSms = 16;
 inline constexpr int kCopyThreadsPerBlock = 512;
+// The bulk-copy (TMA) roofline: one thread per SM keeps this many chunks of shared memory in
+// flight (kTmaCopyStages x kTmaCopyChunkBytes of dynamic shared memory per block).
+inline constexpr int kTmaCopyStages = 8;
+inline constexpr int kTmaCopyChunkBytes = 16 << 10;
 
 // Bounded waits: a spin-wait reads the global timer only every this many polls, to keep the
 // timer off the hot path, and gives up after the buffer's wait timeout.

@@ -38,6 +38,10 @@ void launch_nvl_barrier(const PeerWindow& window, const KernelContext& context, 
 // rank * bytes_per_peer: the all-to-all traffic pattern of dispatch, with nothing else.
 void launch_peer_copy(const PeerWindow& window, const void* source, size_t bytes_per_peer, int num_blocks,
                       const KernelContext& context, cudaStream_t stream);
+// The same bytes moved by each SM's bulk-copy engine (TMA) through shared memory. Every rank must
+// be direct.
+void launch_peer_copy_tma(const PeerWindow& window, const void* source, size_t bytes_per_peer, int num_blocks,
+                          const KernelContext& context, cudaStream_t stream);
 
 // Forces the module of every kernel above to load now (CUDA loads modules lazily on first launch).
 void load_all_kernel_modules();

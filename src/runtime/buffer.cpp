@@ -276,6 +276,10 @@ void Buffer::copy_to_all_ranks(const void* source, size_t bytes_per_rank, int nu
          "-byte aligned device pointer");
   }
   detail::require_in_range(kOp, "num_sms", num_sms, 1, impl_->num_device_sms);
+  if (path == CopyPath::kTma && !impl_->window().all_direct()) {
+    fail(ErrorCode::kUnsupported, kOp, ": CopyPath::kTma needs every rank direct (emulated_nodes=",
+         impl_->options.emulated_nodes, ")");
+  }
   detail::ScopedDevice scoped(impl_->device);
   const cudaStream_t comm = impl_->comm_stream;
   Event::record(stream).wait(comm);
@@ -283,6 +287,8 @@ void Buffer::copy_to_all_ranks(const void* source, size_t bytes_per_rank, int nu
   kernels::launch_nvl_barrier(impl_->window(), impl_->context(), comm);
   if (path == CopyPath::kSmKernel) {
     kernels::launch_peer_copy(impl_->window(), source, bytes_per_rank, num_sms, impl_->context(), comm);
+  } else if (path == CopyPath::kTma) {
+    kernels::launch_peer_copy_tma(impl_->window(), source, bytes_per_rank, num_sms, impl_->context(), comm);
   } else {
     const PeerWindow& window = impl_->window();
     const size_t offset = BufferLayout::nvl_offset() + static_cast<size_t>(window.rank) * bytes_per_rank;

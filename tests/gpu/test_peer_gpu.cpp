@@ -20,7 +20,17 @@ uint32_t pattern(int writer, int round, size_t word) {
          static_cast<uint32_t>(word * 2654435761u);
 }
 
-void check_round(RankHarness& harness, Buffer& buffer, size_t bytes_per_rank, int num_sms, int round) {
+const char* path_name(Buffer::CopyPath path) {
+  switch (path) {
+    case Buffer::CopyPath::kSmKernel: return "SM kernel";
+    case Buffer::CopyPath::kTma: return "TMA";
+    case Buffer::CopyPath::kCopyEngine: return "copy engine";
+  }
+  return "?";
+}
+
+void check_round(RankHarness& harness, Buffer& buffer, size_t bytes_per_rank, int num_sms, int round,
+                 Buffer::CopyPath path) {
   const int ranks = harness.num_ranks();
   const size_t words = bytes_per_rank / sizeof(uint32_t);
   std::vector<uint32_t> mine(words);
@@ -31,7 +41,7 @@ void check_round(RankHarness& harness, Buffer& buffer, size_t bytes_per_rank, in
   // Poison our buffer, and make sure no peer writes before everyone has poisoned.
   EPCOMM_CUDA_CHECK(cudaMemset(buffer.local_nvl_buffer(), kPoisonByte, static_cast<size_t>(kBufferBytes)));
   buffer.barrier(nullptr);
-  buffer.copy_to_all_ranks(source.get(), bytes_per_rank, num_sms, nullptr);
+  buffer.copy_to_all_ranks(source.get(), bytes_per_rank, num_sms, nullptr, path);
   buffer.synchronize(nullptr);
 
   std::vector<uint32_t> received(words * ranks);
@@ -42,14 +52,15 @@ void check_round(RankHarness& harness, Buffer& buffer, size_t bytes_per_rank, in
     for (size_t i = 0; i < words; ++i) wrong += received[writer * words + i] != pattern(writer, round, i);
     harness.check(wrong == 0, "round " + std::to_string(round) + ": " + std::to_string(wrong) + " of " +
                                    std::to_string(words) + " words from rank " + std::to_string(writer) + " wrong (" +
-                                   std::to_string(bytes_per_rank) + " bytes, " + std::to_string(num_sms) + " SMs)");
+                                   std::to_string(bytes_per_rank) + " bytes, " + std::to_string(num_sms) + " SMs, " +
+                                   path_name(path) + ")");
   }
   // Bytes past the last slot must be untouched.
   if (static_cast<int64_t>(bytes_per_rank * ranks) < kBufferBytes) {
     unsigned char after = 0;
     EPCOMM_CUDA_CHECK(cudaMemcpy(&after, static_cast<char*>(buffer.local_nvl_buffer()) + bytes_per_rank * ranks, 1,
                                  cudaMemcpyDeviceToHost));
-    harness.check(after == kPoisonByte, "copy wrote past the last rank's slot");
+    harness.check(after == kPoisonByte, std::string("copy wrote past the last rank's slot (") + path_name(path) + ")");
   }
   buffer.barrier(nullptr);  // nobody poisons again before everyone has read
 }
@@ -65,8 +76,10 @@ void run_peer_case(RankHarness& harness) {
   const size_t sizes[] = {16, 4096 + 16, 1 << 20, max_per_rank / 16 * 16};
   const int sm_counts[] = {1, 3, 16};
   int round = 0;
-  for (size_t bytes : sizes) {
-    for (int num_sms : sm_counts) check_round(harness, buffer, bytes, num_sms, round++);
+  for (const Buffer::CopyPath path : {Buffer::CopyPath::kSmKernel, Buffer::CopyPath::kTma, Buffer::CopyPath::kCopyEngine}) {
+    for (size_t bytes : sizes) {
+      for (int num_sms : sm_counts) check_round(harness, buffer, bytes, num_sms, round++, path);
+    }
   }
 
   for (int i = 0; i < kBarrierRounds; ++i) buffer.barrier(nullptr);

@@ -35,14 +35,15 @@ void bench_layout(BenchContext& context);
 // the peer-copy bandwidth in GB/s for later ratios.
 double bench_copy(BenchContext& context, size_t bytes_per_rank);
 
-// Writes dispatch (FP8 and BF16) and combine records for one config; `check` compares the first
-// call of each against the expected routing and values.
-void bench_normal(BenchContext& context, double copy_gbps, const Config& config, bool check);
-// The configs epcomm-bench measures: the default one, or (with --sweep) a grid around it, each
-// capped so every rank's blocks fit on a shared GPU.
+// Writes dispatch (FP8 and BF16) and combine records for one config, each checked against the
+// expected routing and values (the first call, and one more after the timed ones).
+void bench_normal(BenchContext& context, double copy_gbps, const Config& config);
+// The configs epcomm-bench measures: the default one, the default at each --sms count, or (with
+// --sweep) a grid around it, each capped so every rank's blocks fit on a shared GPU.
 std::vector<Config> bench_configs(const BenchContext& context);
 
-// Writes low-latency dispatch / combine records (full calls and hook halves), checked first.
+// Writes low-latency dispatch / combine records (full calls and hook halves), checked first and
+// after each timed run.
 void bench_low_latency(BenchContext& context, double copy_gbps);
 
 // One cold-start trial in this (fresh) rank process: writes init and first-call records.

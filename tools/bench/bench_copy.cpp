@@ -65,16 +65,24 @@ double bench_copy(BenchContext& context, size_t bytes_per_rank) {
     context.align();  // nobody overwrites a buffer another rank is still checking
     return all_correct;
   };
+  auto tma_copy = [&] {
+    context.buffer->copy_to_all_ranks(source.get(), bytes_per_rank, options.copy_sms, context.stream,
+                                      Buffer::CopyPath::kTma);
+  };
   const bool peer_correct = copies_correctly(copy);
   const bool engine_correct = copies_correctly(engine_copy);
+  const bool tma_correct = copies_correctly(tma_copy);
 
   const std::vector<double> peer_samples =
       time_on_stream(context.stream, options.warmup_iters, options.timed_iters, [&] { context.align(); }, copy);
   const std::vector<double> engine_samples =
       time_on_stream(context.stream, options.warmup_iters, options.timed_iters, [&] { context.align(); }, engine_copy);
+  const std::vector<double> tma_samples =
+      time_on_stream(context.stream, options.warmup_iters, options.timed_iters, [&] { context.align(); }, tma_copy);
   context.buffer->check_device_errors();
   const Timing peer = summarize_across_ranks(*context.bootstrap, peer_samples);
   const Timing engine = summarize_across_ranks(*context.bootstrap, engine_samples);
+  const Timing tma = summarize_across_ranks(*context.bootstrap, tma_samples);
 
   const size_t total_bytes = bytes_per_rank * ranks;
   testing::DeviceBytes local_source(total_bytes), local_destination(total_bytes);
@@ -88,8 +96,9 @@ double bench_copy(BenchContext& context, size_t bytes_per_rank) {
 
   const double peer_gbps = gigabytes_per_second(total_bytes, peer.median_us);
   const double engine_gbps = gigabytes_per_second(total_bytes, engine.median_us);
+  const double tma_gbps = gigabytes_per_second(total_bytes, tma.median_us);
   const double local_gbps = gigabytes_per_second(total_bytes, local.median_us);
-  const double roofline_gbps = std::max(peer_gbps, engine_gbps);
+  const double roofline_gbps = std::max({peer_gbps, engine_gbps, tma_gbps});
   const size_t sent_bytes = bytes_per_rank * static_cast<size_t>(ranks - 1);
   if (context.is_reporting_rank()) {
     auto write = [&](const char* path, int sms, const Timing& timing, double gbps, bool checked) {
@@ -108,6 +117,7 @@ double bench_copy(BenchContext& context, size_t bytes_per_rank) {
     };
     write("peer", options.copy_sms, peer, peer_gbps, peer_correct);
     write("copy_engine", 0, engine, engine_gbps, engine_correct);
+    write("tma", options.copy_sms, tma, tma_gbps, tma_correct);
     Record local_record = context.base_record("copy", "normal");
     local_record.set("path", "local")
         .set("dtype", "bf16")

@@ -3,6 +3,7 @@
 // ratio to this kernel measured in the same run.
 #include "common/buffer_layout.hpp"
 #include "common/cuda_check.hpp"
+#include "device/tma.cuh"
 #include "kernels/launchers.hpp"
 #include "transport/window.cuh"
 
@@ -60,7 +61,77 @@ __global__ void __launch_bounds__(kCopyThreadsPerBlock)
   }
 }
 
+// The bulk-copy roofline. Work is cut into chunks of kTmaCopyChunkBytes per peer, dealt to blocks
+// round-robin with peers interleaved (each rank starting at its right-hand neighbour, as above).
+// One thread per block keeps kTmaCopyStages - 1 loads in flight ahead of the store it issues; a
+// stage is reloaded once the engine has read it for the previous store.
+__global__ void __launch_bounds__(kWarpSize)
+    peer_copy_tma_kernel(const __grid_constant__ PeerWindow peers, const char* source, int64_t bytes_per_peer,
+                         KernelContext context) {
+  extern __shared__ __align__(128) char stages[];
+  __shared__ uint64_t loaded[kTmaCopyStages];
+  if (threadIdx.x != 0) return;
+  const device::Window window(peers);
+  const int num_ranks = context.num_ranks;
+  const int64_t chunks_per_peer = (bytes_per_peer + kTmaCopyChunkBytes - 1) / kTmaCopyChunkBytes;
+  const int64_t total = chunks_per_peer * num_ranks;
+  const int64_t mine = total > blockIdx.x ? (total - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  const size_t region = BufferLayout::nvl_offset() + static_cast<size_t>(context.rank) * bytes_per_peer;
+
+  struct Chunk {
+    char* destination;
+    const char* source;
+    uint32_t bytes;
+  };
+  auto chunk_at = [&](int64_t k) {
+    const int64_t global = blockIdx.x + k * gridDim.x;
+    const int peer = (context.rank + 1 + static_cast<int>(global % num_ranks)) % num_ranks;
+    const int64_t begin = (global / num_ranks) * kTmaCopyChunkBytes;
+    Chunk chunk;
+    chunk.destination = window.ptr(peer, region + begin);
+    chunk.source = source + begin;
+    chunk.bytes = static_cast<uint32_t>(min(static_cast<int64_t>(kTmaCopyChunkBytes), bytes_per_peer - begin));
+    return chunk;
+  };
+  auto load = [&](int64_t k) {
+    const int stage = static_cast<int>(k % kTmaCopyStages);
+    const Chunk chunk = chunk_at(k);
+    device::mbarrier_arrive_expect_bytes(&loaded[stage], chunk.bytes);
+    device::bulk_load(stages + static_cast<size_t>(stage) * kTmaCopyChunkBytes, chunk.source, chunk.bytes, &loaded[stage]);
+  };
+
+  for (int stage = 0; stage < kTmaCopyStages; ++stage) device::mbarrier_init(&loaded[stage], 1);
+  device::fence_mbarrier_init();
+  for (int64_t k = 0; k < min(static_cast<int64_t>(kTmaCopyStages - 1), mine); ++k) load(k);
+  for (int64_t k = 0; k < mine; ++k) {
+    // Refill the stage of chunk k - 1 with chunk k + stages - 1, once chunk k - 1's store has read it.
+    if (k + kTmaCopyStages - 1 < mine) {
+      device::bulk_wait_read<0>();
+      load(k + kTmaCopyStages - 1);
+    }
+    const int stage = static_cast<int>(k % kTmaCopyStages);
+    device::mbarrier_wait(&loaded[stage], static_cast<uint32_t>((k / kTmaCopyStages) & 1));
+    const Chunk chunk = chunk_at(k);
+    device::bulk_store(chunk.destination, stages + static_cast<size_t>(stage) * kTmaCopyChunkBytes, chunk.bytes);
+    device::bulk_commit();
+  }
+  device::bulk_wait_all();  // the barrier kernel after this one publishes the bytes
+  device::fence_proxy_async_global();
+}
+
+constexpr size_t kTmaCopySharedBytes = static_cast<size_t>(kTmaCopyStages) * kTmaCopyChunkBytes;
+
 }  // namespace
+
+void launch_peer_copy_tma(const PeerWindow& window, const void* source, size_t bytes_per_peer, int num_blocks,
+                          const KernelContext& context, cudaStream_t stream) {
+  if (bytes_per_peer == 0) return;
+  EPCOMM_CUDA_CHECK(cudaFuncSetAttribute(peer_copy_tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kTmaCopySharedBytes)));
+  peer_copy_tma_kernel<<<num_blocks, kWarpSize, kTmaCopySharedBytes, stream>>>(
+      window, static_cast<const char*>(source), static_cast<int64_t>(bytes_per_peer), context);
+  EPCOMM_CUDA_CHECK(cudaGetLastError());
+}
 
 void launch_peer_copy(const PeerWindow& window, const void* source, size_t bytes_per_peer, int num_blocks,
                       const KernelContext& context, cudaStream_t stream) {
@@ -74,6 +145,7 @@ void launch_peer_copy(const PeerWindow& window, const void* source, size_t bytes
 void load_peer_copy_kernel_module() {
   cudaFuncAttributes attributes;
   EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, peer_copy_kernel));
+  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, peer_copy_tma_kernel));
 }
 
 }  // namespace epcomm::kernels

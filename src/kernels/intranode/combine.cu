@@ -1,5 +1,5 @@
-// Normal-mode combine inside one NVLink domain: the reverse of dispatch. One block per channel
-// (channel_block.cuh):
+// Normal-mode combine inside one NVLink domain: the reverse of dispatch. Each channel has a sender
+// half-block and a receiver half-block (channel_block.cuh, kCombineChannelLayout):
 //   sender warps:   team g sends the rows this rank received from rank g on this channel back
 //                   into g's ring (channel, me), in row order.
 //   receiver warps: one warp per token of this channel: for each rank the token went to
@@ -54,7 +54,7 @@ __device__ void send_channel(const device::Window& window, const CombineKernelAr
       // The weight's load is issued before the row's, so both cost one round trip.
       const bool has_weight = args.topk_weights != nullptr && lane < args.num_topk;
       const float weight = has_weight ? args.topk_weights[row * args.num_topk + lane] : 0.0f;
-      device::warp_copy<false, kRowCopyLoadsInFlight>(slot, static_cast<const char*>(args.x) + row * row_bytes, row_bytes);
+      device::warp_copy<false, kCombineSendLoadsInFlight>(slot, static_cast<const char*>(args.x) + row * row_bytes, row_bytes);
       if (has_weight) reinterpret_cast<float*>(slot + ring.slot.weights_offset)[lane] = weight;
     }
     done += step;
@@ -153,21 +153,23 @@ __device__ void reduce_token(const device::Window& window, const CombineKernelAr
 
 template <int kRankBound>
 __device__ void receive_channel(const device::Window& window, const CombineKernelArgs& args, const KernelContext& context,
-                                const RingLayout& ring, int channel) {
-  __shared__ uint64_t ring_start[kMaxNvlPeers];
+                                const RingLayout& ring, const HalfPlan& plan) {
+  __shared__ uint64_t ring_starts[kHalvesPerBlock][kMaxNvlPeers];
+  uint64_t* ring_start = ring_starts[plan.half];
+  const int channel = plan.channel;
   const int num_ranks = context.num_ranks;
-  const int thread = thread_in_role();
+  const int thread = plan.thread;
   if (thread < num_ranks) ring_start[thread] = *window.own<uint64_t>(NvlLayout::ring_consumed(channel, thread));
-  sync_receivers();
+  sync_half(plan);
 
   const int begin = device::channel_begin(channel, args.num_tokens, args.ring.num_channels);
   const int end = device::channel_begin(channel + 1, args.num_tokens, args.ring.num_channels);
   // Thread `source` (< num_ranks) tracks how far this channel has consumed source's ring.
   uint64_t consumed = thread < num_ranks ? ring_start[thread] : 0;
   for (int first_token = begin; first_token < end; first_token += kCombineWindowTokens) {
-    const int token = first_token + warp_in_role();
+    const int token = first_token + plan.warp;
     if (token < end) reduce_token<kRankBound>(window, args, context, ring, channel, token, ring_start);
-    sync_receivers();  // every warp has read its rows of this window
+    sync_half(plan);  // every warp has read its rows of this window
     if (thread < num_ranks) {
       const int source = thread;
       const int last = min(first_token + kCombineWindowTokens, end) - 1;
@@ -192,17 +194,17 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
     combine_kernel(const __grid_constant__ PeerWindow peers, const __grid_constant__ CombineKernelArgs args,
                    KernelContext context) {
   const device::Window window(peers);
-  const int channel = static_cast<int>(blockIdx.x);
   RingLayout ring;
   ring.slot = SlotLayout::combine(static_cast<size_t>(args.hidden) * sizeof(__nv_bfloat16), args.num_topk);
   ring.num_ranks = context.num_ranks;
   ring.capacity = args.ring.ring_capacity;
 
-  if (role_of_this_warp() == ChannelRole::kSender) {
-    const Team team = team_of_this_warp(ChannelRole::kSender, context.num_ranks);
-    if (team.active) send_channel(window, args, context, ring, channel, team);
+  const HalfPlan plan = plan_of_this_warp(kCombineChannelLayout);
+  if (plan.role == ChannelRole::kSender) {
+    const Team team = team_of_this_warp(plan, context.num_ranks);
+    if (team.active) send_channel(window, args, context, ring, plan.channel, team);
   } else {
-    receive_channel<kRankBound>(window, args, context, ring, channel);
+    receive_channel<kRankBound>(window, args, context, ring, plan);
   }
 }
 
@@ -211,7 +213,7 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
 void launch_combine(const PeerWindow& window, const CombineKernelArgs& args, const KernelContext& context,
                     cudaStream_t stream) {
   with_rank_bound(context.num_ranks, [&](auto bound) {
-    combine_kernel<bound.value><<<args.ring.num_channels, kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
+    combine_kernel<bound.value><<<channel_blocks(kCombineChannelLayout, args.ring.num_channels), kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
   });
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }

@@ -1,7 +1,7 @@
 // Normal-mode dispatch inside one NVLink domain.
 //
-// Tokens are split into channels (contiguous token ranges); each channel is one block
-// (channel_block.cuh) with two roles:
+// Tokens are split into channels (contiguous token ranges); each channel has a sender half-block
+// and a receiver half-block (channel_block.cuh, kDispatchChannelLayout):
 //   sender warps:   team g sends this rank's channel tokens bound for rank g into g's ring
 //                   (channel, me), in token order, waiting for free slots.
 //   receiver warps: team g copies rows from my ring (channel, g) into the outputs, at the rows
@@ -185,8 +185,10 @@ __device__ void receive_row(const DispatchKernelArgs& args, const RingLayout& ri
 }
 
 __device__ void receive_channel(const device::Window& window, const DispatchKernelArgs& args, const KernelContext& context,
-                                const RingLayout& ring, int channel, const Team& team) {
-  __shared__ uint64_t team_tail[kMaxNvlPeers];
+                                const RingLayout& ring, const HalfPlan& plan, const Team& team) {
+  __shared__ uint64_t tails[kHalvesPerBlock][kMaxNvlPeers];
+  uint64_t* team_tail = tails[plan.half];
+  const int channel = plan.channel;
   const int source = team.peer;
   const int32_t* prefix = args.recv_channel_prefix + source * (args.ring.num_channels + 1);
   const int first_row = prefix[channel];
@@ -222,10 +224,11 @@ __device__ void receive_channel(const device::Window& window, const DispatchKern
 }
 
 // Worst-case sizing: rows past the received ones are marked empty (no expert, no source).
-__device__ void mark_unused_rows(const DispatchKernelArgs& args, int channel, const KernelContext& context) {
+__device__ void mark_unused_rows(const DispatchKernelArgs& args, const HalfPlan& plan, const KernelContext& context) {
+  const int channel = plan.channel;
   const int received =
       args.recv_channel_prefix[(context.num_ranks - 1) * (args.ring.num_channels + 1) + args.ring.num_channels];
-  if (received > args.num_rows && channel == 0 && thread_in_role() == 0) {
+  if (received > args.num_rows && channel == 0 && plan.thread == 0) {
     device::ErrorDetails details;
     details.kind = DeviceErrorKind::kTooManyRows;
     details.op = DeviceOp::kDispatch;
@@ -235,7 +238,7 @@ __device__ void mark_unused_rows(const DispatchKernelArgs& args, int channel, co
   }
   constexpr int kRoleThreads = kChannelRoleWarps * kWarpSize;
   const int stride = args.ring.num_channels * kRoleThreads;
-  for (int row = received + channel * kRoleThreads + thread_in_role(); row < args.num_rows; row += stride) {
+  for (int row = received + channel * kRoleThreads + plan.thread; row < args.num_rows; row += stride) {
     if (args.recv_src_idx != nullptr) args.recv_src_idx[row] = -1;
     for (int k = 0; k < args.num_topk; ++k) {
       if (args.recv_topk_idx != nullptr) args.recv_topk_idx[static_cast<int64_t>(row) * args.num_topk + k] = -1;
@@ -248,19 +251,18 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
     dispatch_kernel(const __grid_constant__ PeerWindow peers, const __grid_constant__ DispatchKernelArgs args,
                     KernelContext context) {
   const device::Window window(peers);
-  const int channel = static_cast<int>(blockIdx.x);
   RingLayout ring;
   ring.slot = SlotLayout::dispatch(args.row_bytes, args.num_scales, args.num_topk);
   ring.num_ranks = context.num_ranks;
   ring.capacity = args.ring.ring_capacity;
-  const ChannelRole role = role_of_this_warp();
-  const Team team = team_of_this_warp(role, context.num_ranks);
+  const HalfPlan plan = plan_of_this_warp(kDispatchChannelLayout);
+  const Team team = team_of_this_warp(plan, context.num_ranks);
 
-  if (role == ChannelRole::kSender) {
-    if (team.active) send_channel(window, args, context, ring, channel, team);
+  if (plan.role == ChannelRole::kSender) {
+    if (team.active) send_channel(window, args, context, ring, plan.channel, team);
   } else {
-    if (team.active) receive_channel(window, args, context, ring, channel, team);
-    mark_unused_rows(args, channel, context);
+    if (team.active) receive_channel(window, args, context, ring, plan, team);
+    mark_unused_rows(args, plan, context);
   }
 }
 
@@ -268,7 +270,7 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
 
 void launch_dispatch(const PeerWindow& window, const DispatchKernelArgs& args, const KernelContext& context,
                      cudaStream_t stream) {
-  dispatch_kernel<<<args.ring.num_channels, kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
+  dispatch_kernel<<<channel_blocks(kDispatchChannelLayout, args.ring.num_channels), kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }
 
