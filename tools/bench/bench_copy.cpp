@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <utility>
 
 #include "bench/bench_context.hpp"
 #include "common/constants.hpp"
@@ -40,11 +41,17 @@ double bench_copy(BenchContext& context, size_t bytes_per_rank) {
   testing::DeviceBytes source(bytes_per_rank);
   source.upload(source_words);
 
-  auto copy = [&] { context.buffer->copy_to_all_ranks(source.get(), bytes_per_rank, options.copy_sms, context.stream); };
-  auto engine_copy = [&] {
-    context.buffer->copy_to_all_ranks(source.get(), bytes_per_rank, options.copy_sms, context.stream,
-                                      Buffer::CopyPath::kCopyEngine);
+  // One copy on every rank by `path`; with `one_way`, only rank 0 sends (the others take part in
+  // the collective with 0 bytes), so the link carries one direction.
+  auto copy_by = [&](Buffer::CopyPath path, bool one_way = false) {
+    return [&context, &source, &options, bytes_per_rank, rank, path, one_way] {
+      const size_t bytes = one_way && rank != 0 ? 0 : bytes_per_rank;
+      context.buffer->copy_to_all_ranks(source.get(), bytes, options.copy_sms, context.stream, path);
+    };
   };
+  const auto copy = copy_by(Buffer::CopyPath::kSmKernel);
+  const auto engine_copy = copy_by(Buffer::CopyPath::kCopyEngine);
+  const auto tma_copy = copy_by(Buffer::CopyPath::kTma);
   // Clears this rank's buffer, runs `run_copy` once on every rank, and checks what every writer left.
   auto copies_correctly = [&](const std::function<void()>& run_copy) {
     char* received_base = static_cast<char*>(context.buffer->local_nvl_buffer());
@@ -65,10 +72,6 @@ double bench_copy(BenchContext& context, size_t bytes_per_rank) {
     context.align();  // nobody overwrites a buffer another rank is still checking
     return all_correct;
   };
-  auto tma_copy = [&] {
-    context.buffer->copy_to_all_ranks(source.get(), bytes_per_rank, options.copy_sms, context.stream,
-                                      Buffer::CopyPath::kTma);
-  };
   const bool peer_correct = copies_correctly(copy);
   const bool engine_correct = copies_correctly(engine_copy);
   const bool tma_correct = copies_correctly(tma_copy);
@@ -79,6 +82,17 @@ double bench_copy(BenchContext& context, size_t bytes_per_rank) {
       time_on_stream(context.stream, options.warmup_iters, options.timed_iters, [&] { context.align(); }, engine_copy);
   const std::vector<double> tma_samples =
       time_on_stream(context.stream, options.warmup_iters, options.timed_iters, [&] { context.align(); }, tma_copy);
+  // One direction: what the link carries when the other direction is idle.
+  std::vector<std::pair<const char*, Timing>> one_way;
+  if (ranks > 1) {
+    for (const auto& [name, path] : {std::pair{"peer", Buffer::CopyPath::kSmKernel},
+                                     std::pair{"copy_engine", Buffer::CopyPath::kCopyEngine},
+                                     std::pair{"tma", Buffer::CopyPath::kTma}}) {
+      const std::vector<double> samples = time_on_stream(context.stream, options.warmup_iters, options.timed_iters,
+                                                         [&] { context.align(); }, copy_by(path, true));
+      one_way.emplace_back(name, summarize_across_ranks(*context.bootstrap, samples));
+    }
+  }
   context.buffer->check_device_errors();
   const Timing peer = summarize_across_ranks(*context.bootstrap, peer_samples);
   const Timing engine = summarize_across_ranks(*context.bootstrap, engine_samples);
@@ -104,6 +118,7 @@ double bench_copy(BenchContext& context, size_t bytes_per_rank) {
     auto write = [&](const char* path, int sms, const Timing& timing, double gbps, bool checked) {
       Record record = context.base_record("copy", "normal");
       record.set("path", path)
+          .set("direction", "both")
           .set("dtype", "bf16")
           .set("sms", sms)
           .set("bytes_per_rank", static_cast<int64_t>(total_bytes))
@@ -118,6 +133,21 @@ double bench_copy(BenchContext& context, size_t bytes_per_rank) {
     write("peer", options.copy_sms, peer, peer_gbps, peer_correct);
     write("copy_engine", 0, engine, engine_gbps, engine_correct);
     write("tma", options.copy_sms, tma, tma_gbps, tma_correct);
+    for (const auto& [path, timing] : one_way) {
+      Record record = context.base_record("copy", "normal");
+      record.set("path", path)
+          .set("direction", "one")  // rank 0 sends to every other rank; nobody sends to rank 0
+          .set("dtype", "bf16")
+          .set("sms", std::string(path) == "copy_engine" ? 0 : options.copy_sms)
+          .set("bytes_per_rank", static_cast<int64_t>(bytes_per_rank))
+          .set("median_us", timing.median_us)
+          .set("p99_us", timing.p99_us)
+          .set_null("gbps")
+          .set("per_direction_gbps", gigabytes_per_second(sent_bytes, timing.median_us))
+          .set_null("roofline_ratio")
+          .set_null("correct");  // the both-direction copies of the same paths are checked
+      context.sink.write(record);
+    }
     Record local_record = context.base_record("copy", "normal");
     local_record.set("path", "local")
         .set("dtype", "bf16")
