@@ -76,16 +76,26 @@ __device__ __forceinline__ void add_bf16(float (&sum)[kBf16PerVector], const int
 }
 
 // One warp reduces one token: the rows from every rank it was sent to, plus the biases. The
-// receiver is bound by how many bytes each lane keeps in flight, so a lane issues the loads of
-// kVectors vectors of every rank (kRankBound of them, predicated by the token's ranks) before it
-// adds any: about kCombineLoadsInFlight 16-byte loads, whatever the rank count.
+// receiver is bound by round trips to memory, so none waits on another it need not: lane s holds
+// the token's position in source s's stream (loaded a window ahead) and waits for that row alone,
+// all sources at once; then a lane issues the loads of kVectors vectors of every rank (kRankBound
+// of them, predicated by the token's ranks) before it adds any: about kCombineLoadsInFlight
+// 16-byte loads, whatever the rank count. Lane s also records its position in `window_last[s]`
+// (the last row of source s this window read), which frees ring slots after the window.
 template <int kRankBound>
 __device__ void reduce_token(const device::Window& window, const CombineKernelArgs& args, const KernelContext& context,
-                             const RingLayout& ring, int channel, int token, const uint64_t* ring_start) {
+                             const RingLayout& ring, int channel, int token, int32_t my_position,
+                             const uint64_t* ring_start, int32_t* window_last) {
   constexpr int kVectors = kCombineLoadsInFlight / kRankBound;
   const int lane = device::lane_id();
   const int num_ranks = context.num_ranks;
-  const int32_t my_position = lane < num_ranks ? args.send_position[static_cast<int64_t>(token) * num_ranks + lane] : -1;
+  if (lane < num_ranks && my_position >= 0) {
+    const device::WaitSite data_site{DeviceOp::kCombine, WaitTarget::kRingData, lane, channel};
+    window.wait(NvlLayout::ring_tail(channel, lane), ring_start[lane] + static_cast<uint64_t>(my_position) + 1, context,
+                data_site);
+    atomicMax(&window_last[lane], my_position);
+  }
+  __syncwarp();  // the lanes' waits (acquires) order every lane's reads of the rows below
 
   // Rows as 16-byte-vector indices from the ring base (32 bits each, to save registers).
   const int4* ring_base = window.own<const int4>(NvlLayout::kDataOffset);
@@ -97,14 +107,9 @@ __device__ void reduce_token(const device::Window& window, const CombineKernelAr
     row_at[source] = 0;
     if (source >= num_ranks || position < 0) continue;
     const uint64_t absolute = ring_start[source] + static_cast<uint64_t>(position);
-    if (lane == 0) {
-      const device::WaitSite data_site{DeviceOp::kCombine, WaitTarget::kRingData, source, channel};
-      window.wait(NvlLayout::ring_tail(channel, source), absolute + 1, context, data_site);
-    }
     row_at[source] = static_cast<uint32_t>((ring.slot_at(channel, source, absolute) - NvlLayout::kDataOffset) / sizeof(int4));
     present |= 1u << source;
   }
-  __syncwarp();  // lane 0's waits (acquires) order every lane's reads of the rows below
 
   const int vectors = args.hidden / kBf16PerVector;
   const int4* __restrict__ bias0 = static_cast<const int4*>(args.bias0);
@@ -151,38 +156,54 @@ __device__ void reduce_token(const device::Window& window, const CombineKernelAr
   }
 }
 
+// The token's position in each source's stream: lane s holds source s's (-1: not sent there, or
+// no such token).
+__device__ __forceinline__ int32_t position_of(const CombineKernelArgs& args, int token, int end, int num_ranks) {
+  const int lane = device::lane_id();
+  return lane < num_ranks && token < end ? args.send_position[static_cast<int64_t>(token) * num_ranks + lane] : -1;
+}
+
 template <int kRankBound>
 __device__ void receive_channel(const device::Window& window, const CombineKernelArgs& args, const KernelContext& context,
                                 const RingLayout& ring, const HalfPlan& plan) {
+  // Per half: where each source's ring started this call, and (by window parity) the last
+  // position of each source a window read.
   __shared__ uint64_t ring_starts[kHalvesPerBlock][kMaxNvlPeers];
+  __shared__ int32_t window_lasts[kHalvesPerBlock][2][kMaxNvlPeers];
   uint64_t* ring_start = ring_starts[plan.half];
   const int channel = plan.channel;
   const int num_ranks = context.num_ranks;
   const int thread = plan.thread;
-  if (thread < num_ranks) ring_start[thread] = *window.own<uint64_t>(NvlLayout::ring_consumed(channel, thread));
+  if (thread < num_ranks) {
+    ring_start[thread] = *window.own<uint64_t>(NvlLayout::ring_consumed(channel, thread));
+    window_lasts[plan.half][0][thread] = window_lasts[plan.half][1][thread] = -1;
+  }
   sync_half(plan);
 
   const int begin = device::channel_begin(channel, args.num_tokens, args.ring.num_channels);
   const int end = device::channel_begin(channel + 1, args.num_tokens, args.ring.num_channels);
   // Thread `source` (< num_ranks) tracks how far this channel has consumed source's ring.
   uint64_t consumed = thread < num_ranks ? ring_start[thread] : 0;
-  for (int first_token = begin; first_token < end; first_token += kCombineWindowTokens) {
+  int32_t position = position_of(args, begin + plan.warp, end, num_ranks);
+  for (int first_token = begin, parity = 0; first_token < end; first_token += kCombineWindowTokens, parity ^= 1) {
     const int token = first_token + plan.warp;
-    if (token < end) reduce_token<kRankBound>(window, args, context, ring, channel, token, ring_start);
+    const int32_t next_position = position_of(args, token + kCombineWindowTokens, end, num_ranks);
+    int32_t* window_last = window_lasts[plan.half][parity];
+    if (token < end) {
+      reduce_token<kRankBound>(window, args, context, ring, channel, token, position, ring_start, window_last);
+    }
+    position = next_position;
     sync_half(plan);  // every warp has read its rows of this window
     if (thread < num_ranks) {
       const int source = thread;
-      const int last = min(first_token + kCombineWindowTokens, end) - 1;
-      for (int t = last; t >= first_token; --t) {
-        const int32_t position = args.send_position[static_cast<int64_t>(t) * num_ranks + source];
-        if (position < 0) continue;
-        const uint64_t freed = ring_start[source] + static_cast<uint64_t>(position) + 1;
-        if (freed > consumed) {
-          consumed = freed;
-          // Pairs with the sender's wait on the head before it reuses the slots.
-          window.signal(source, NvlLayout::ring_head(channel, context.rank), consumed);
-        }
-        break;
+      // This parity is written again only after the next window's barrier: reset it now.
+      const int32_t last = window_last[source];
+      window_last[source] = -1;
+      const uint64_t freed = last >= 0 ? ring_start[source] + static_cast<uint64_t>(last) + 1 : 0;
+      if (freed > consumed) {
+        consumed = freed;
+        // Pairs with the sender's wait on the head before it reuses the slots.
+        window.signal(source, NvlLayout::ring_head(channel, context.rank), consumed);
       }
     }
   }
