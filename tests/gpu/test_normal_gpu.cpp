@@ -10,6 +10,7 @@
 #include <cstring>
 #include <optional>
 
+#include "common/constants.hpp"
 #include "epcomm/buffer.hpp"
 #include "gpu/gpu_cases.hpp"
 #include "gpu/normal_test_util.hpp"
@@ -42,6 +43,7 @@ enum Flag : unsigned {
   kSmallConfig = 1u << 6,  // num_sms 4, rings of 64 tokens, chunks of 4
   kAlign128 = 1u << 7,     // expert_alignment 128
   kColumnScales = 1u << 8, // FP8 x_scales stored scale-major (strides 1, tokens), as deep_ep's tests pass them
+  kWideConfig = 1u << 9,   // as many SMs (channels) as fit, up to kMaxChannels: more channels than a warp's lanes
 };
 
 struct Scenario {
@@ -69,6 +71,7 @@ std::vector<Scenario> scenarios() {
       {"small-config bf16 h7168 T1024 top8", false, 7168, 1024, 8, Routing::kPlain, kSmallConfig | kPoison | kCached},
       {"small-config fp8 h2048 uneven hot bias", true, 2048, -1, 8, Routing::kHot, kSmallConfig | kWorst | kBias},
       {"small-config bf16 h2048 T1 top1 sparse", false, 2048, 1, 1, Routing::kSparse, kSmallConfig | kPoison},
+      {"wide-config fp8 h7168 uneven top8 sparse", true, 7168, -1, 8, Routing::kSparse, kWideConfig | kPoison | kCached | kWorst},
   };
 }
 
@@ -77,8 +80,11 @@ struct Context {
   Buffer& buffer;
   Config default_config;
   Config small_config;
+  Config wide_config;
   cudaStream_t side_stream;  // non-blocking: async calls and graph capture
-  const Config& config(const Scenario& s) const { return s.has(kSmallConfig) ? small_config : default_config; }
+  const Config& config(const Scenario& s) const {
+    return s.has(kSmallConfig) ? small_config : s.has(kWideConfig) ? wide_config : default_config;
+  }
 };
 
 int tokens_of(const Scenario& s, int rank) { return s.tokens >= 0 ? s.tokens : 100 * rank + 3; }
@@ -648,10 +654,14 @@ void run_normal_case(RankHarness& harness) {
   small_config.num_sms = std::min(4, fitting_sms);
   small_config.num_max_nvl_chunked_recv_tokens = 64;
   small_config.num_max_nvl_chunked_send_tokens = 4;
+  Config wide_config = default_config;
+  wide_config.num_sms = std::min(kMaxChannels, fitting_sms);  // 64 at 1 and 2 ranks on an H200
+  wide_config.num_max_nvl_chunked_recv_tokens = 64;
 
   const int64_t max_row_bytes = int64_t{kMaxHidden} * 2;
-  const int64_t hint = std::max(default_config.nvl_buffer_size_hint(max_row_bytes, ranks),
-                                small_config.nvl_buffer_size_hint(max_row_bytes, ranks));
+  const int64_t hint = std::max({default_config.nvl_buffer_size_hint(max_row_bytes, ranks),
+                                 small_config.nvl_buffer_size_hint(max_row_bytes, ranks),
+                                 wide_config.nvl_buffer_size_hint(max_row_bytes, ranks)});
   BufferOptions options;
   options.num_nvl_bytes = (hint + 127) / 128 * 128;
   options.wait_timeout = kWaitTimeout;
@@ -663,7 +673,7 @@ void run_normal_case(RankHarness& harness) {
   });
   {
     Buffer buffer(harness.bootstrap(), options);
-    Context ctx{harness, buffer, default_config, small_config, side_stream};
+    Context ctx{harness, buffer, default_config, small_config, wide_config, side_stream};
     const std::vector<Scenario> all = scenarios();
     for (size_t i = 0; i < all.size(); ++i) run_scenario(ctx, all[i], kSeed + 7919u * (i + 1));
     run_graph_case(ctx);

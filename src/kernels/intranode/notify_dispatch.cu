@@ -74,14 +74,18 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
   // (3a) Row prefix over (source, channel), in receive order: source-major, then channel.
   if (device::warp_id() == 0) {
     int base = 0;
+    const int lane = device::lane_id();
     for (int source = 0; source < num_ranks; ++source) {
       const NotifySlot* slot = window.own<NotifySlot>(NvlLayout::notify_slot(parity, source));
-      const int lane = device::lane_id();
-      const int count = arrived && lane < args.num_channels ? slot->channel_counts[lane] : 0;
-      const int inclusive = device::warp_inclusive_scan(count);
       int32_t* prefix = args.recv_channel_prefix + source * (args.num_channels + 1);
-      if (lane < args.num_channels) prefix[lane] = base + inclusive - count;
-      base += __shfl_sync(0xffffffffu, inclusive, kWarpSize - 1);
+      // Channels in runs of one warp's lanes (there may be more channels than lanes).
+      for (int first = 0; first < args.num_channels; first += kWarpSize) {
+        const int channel = first + lane;
+        const int count = arrived && channel < args.num_channels ? slot->channel_counts[channel] : 0;
+        const int inclusive = device::warp_inclusive_scan(count);
+        if (channel < args.num_channels) prefix[channel] = base + inclusive - count;
+        base += __shfl_sync(0xffffffffu, inclusive, kWarpSize - 1);
+      }
       if (lane == 0) prefix[args.num_channels] = base;
     }
     if (args.host_results != nullptr && device::lane_id() == 0) {
