@@ -34,6 +34,7 @@ class DispatchHandle {
   TensorView recv_channel_prefix() const;  // int32 [R, num_channels + 1]: first row of (source, channel)
   TensorView send_position() const;        // int32 [T, R]: position of each token in its (channel, rank) stream, -1 if not sent
   TensorView is_token_in_rank() const;     // bool [T, R]
+  TensorView rank_prefix_matrix() const;   // int32 [R, R]: [i][j] = tokens ranks 0..i send to rank j
 
  private:
   friend class Buffer;

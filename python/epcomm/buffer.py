@@ -6,6 +6,7 @@ from typing import Any, Callable, Optional, Tuple, Union
 from . import _C
 from . import _torch
 from .event import EventOverlap, runtime_event
+from .handles import DispatchHandle, LowLatencyHandle, runtime_handle
 
 Config = _C.Config
 WarmupShape = _C.WarmupShape
@@ -31,7 +32,9 @@ class Buffer:
     at construction. Differences from deep_ep, all deliberate:
       - everything runs inside one node (NVLink); num_rdma_bytes is the low-latency region, shared
         over CUDA IPC like the NVLink buffer (across nodes needs NVSHMEM, not in this build);
-      - the dispatch handle is an opaque object (deep_ep returns a tuple of tensors);
+      - handles are sequences with deep_ep's tuple entries (index, unpack, len; see
+        epcomm.handles), but pass back the object itself: a tuple rebuilt from its entries
+        cannot carry epcomm's routing; the channel entries count epcomm's channels (one per SM);
       - ``Config()``'s defaults and the recommended configs are epcomm's own (24 SMs, chunks of 8,
         rings of 128 tokens), as is ``Buffer.num_sms`` (24);
       - low-latency ``recv_x`` rows are packed like deep_ep's (``[e, 0 : recv_count[e]]``), but
@@ -230,7 +233,8 @@ class Buffer:
                      topk_idx=_torch.view(topk_idx, "topk_idx"), topk_weights=_torch.view(topk_weights, "topk_weights"),
                      num_tokens_per_rank=_torch.view(num_tokens_per_rank, "num_tokens_per_rank"),
                      num_tokens_per_expert=_torch.view(num_tokens_per_expert, "num_tokens_per_expert"),
-                     is_token_in_rank=_torch.view(is_token_in_rank, "is_token_in_rank"), handle=handle,
+                     is_token_in_rank=_torch.view(is_token_in_rank, "is_token_in_rank"),
+                     handle=runtime_handle(handle, DispatchHandle, "dispatch", "handle"),
                      expert_alignment=expert_alignment, num_worst_tokens=num_worst_tokens,
                      config=self._config(config, Buffer.get_dispatch_config))
         recv_x, recv_scales, recv_idx, recv_weights, per_expert, new_handle, done = self.runtime.dispatch(
@@ -240,7 +244,7 @@ class Buffer:
                           is_token_in_rank), async_finish, allocate_on_comm_stream)
         received = (recv_x, recv_scales) if x_scales is not None else recv_x
         overlap = EventOverlap(done, (x_data, x_scales, topk_idx, topk_weights)) if async_finish else EventOverlap()
-        return received, recv_idx, recv_weights, list(per_expert), new_handle, overlap
+        return received, recv_idx, recv_weights, list(per_expert), DispatchHandle(new_handle), overlap
 
     def combine(self, x, handle: Any, topk_weights=None, bias: Union[Any, Tuple[Any, Any], None] = None,
                 config: Optional[Config] = None, previous_event: Optional[EventOverlap] = None,
@@ -249,7 +253,8 @@ class Buffer:
         bias0, bias1 = bias if isinstance(bias, tuple) else (bias, None)
         event = runtime_event(previous_event.event if previous_event is not None else None)
         args = _fill(_C.CombineArgs(), x=_torch.view(x, "x"), topk_weights=_torch.view(topk_weights, "topk_weights"),
-                     bias0=_torch.view(bias0, "bias[0]"), bias1=_torch.view(bias1, "bias[1]"), handle=handle,
+                     bias0=_torch.view(bias0, "bias[0]"), bias1=_torch.view(bias1, "bias[1]"),
+                     handle=runtime_handle(handle, DispatchHandle, "dispatch", "handle"),
                      config=self._config(config, Buffer.get_combine_config))
         combined, weights, done = self.runtime.combine(args, self.allocator,
                                                        _call(event, async_finish, allocate_on_comm_stream))
@@ -275,7 +280,7 @@ class Buffer:
             args, self.allocator, _call(_C.Event(), async_finish, False))
         received = (recv_x, scales) if use_fp8 else recv_x
         overlap = EventOverlap(done, (x, topk_idx)) if async_finish else EventOverlap()
-        return received, count, handle, overlap, (hook if return_recv_hook else None)
+        return received, count, LowLatencyHandle(handle), overlap, (hook if return_recv_hook else None)
 
     def low_latency_combine(self, x, topk_idx, topk_weights, handle: Any, use_logfmt: bool = False,
                             zero_copy: bool = False, async_finish: bool = False, return_recv_hook: bool = False,
@@ -284,7 +289,8 @@ class Buffer:
         if use_logfmt or combine_wait_recv_cost_stats is not None:
             raise ValueError("epcomm: use_logfmt and combine_wait_recv_cost_stats are not supported")
         args = _fill(_C.LowLatencyCombineArgs(), x=_torch.view(x, "x"), topk_idx=_torch.view(topk_idx, "topk_idx"),
-                     topk_weights=_torch.view(topk_weights, "topk_weights"), handle=handle, zero_copy=zero_copy,
+                     topk_weights=_torch.view(topk_weights, "topk_weights"),
+                     handle=runtime_handle(handle, LowLatencyHandle, "low_latency_dispatch", "handle"), zero_copy=zero_copy,
                      out=_torch.view(out, "out"), return_recv_hook=return_recv_hook)
         combined, done, hook = self.runtime.low_latency_combine(args, self.allocator,
                                                                 _call(_C.Event(), async_finish, False))
@@ -294,7 +300,8 @@ class Buffer:
     def get_next_low_latency_combine_buffer(self, handle: Any):
         """The buffer the next zero-copy low_latency_combine reads: bf16 [E_local, R * M, hidden]. The
         tensor keeps the runtime alive; it must not be used after destroy()."""
-        return self.runtime.get_next_low_latency_combine_buffer(handle)
+        return self.runtime.get_next_low_latency_combine_buffer(
+            runtime_handle(handle, LowLatencyHandle, "low_latency_dispatch", "handle"))
 
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
         self.runtime.clean_low_latency_buffer(num_max_dispatch_tokens_per_rank, hidden, num_experts,

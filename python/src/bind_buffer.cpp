@@ -23,6 +23,41 @@ namespace {
 
 cudaStream_t as_stream(uintptr_t handle) { return reinterpret_cast<cudaStream_t>(handle); }
 
+nb::dlpack::dtype dlpack_dtype(DType dtype) {
+  using Code = nb::dlpack::dtype_code;
+  switch (dtype) {
+    case DType::kBFloat16: return {static_cast<uint8_t>(Code::Bfloat), 16, 1};
+    case DType::kFloat8E4M3: return {static_cast<uint8_t>(Code::Float8_E4M3FN), 8, 1};
+    case DType::kFloat32: return nb::dtype<float>();
+    case DType::kInt32: return nb::dtype<int32_t>();
+    case DType::kInt64: return nb::dtype<int64_t>();
+    case DType::kBool: return nb::dtype<bool>();
+    case DType::kUInt8: return nb::dtype<uint8_t>();
+  }
+  fail(ErrorCode::kInternal, "no DLPack dtype for ", dtype_name(dtype));
+}
+
+// A torch tensor over device memory the runtime owns (through DLPack, no copy), keeping `owner`
+// (the Python object holding that memory, e.g. a handle) alive for as long as the tensor lives.
+// An empty view gives None.
+nb::object device_tensor(nb::handle owner, const TensorView& view) {
+  if (view.data == nullptr && view.numel() > 0) return nb::none();
+  cudaPointerAttributes attributes{};
+  int device = 0;
+  if (view.data != nullptr && cudaPointerGetAttributes(&attributes, view.data) == cudaSuccess) {
+    device = attributes.device;
+  } else {
+    (void)cudaGetLastError();
+    const cudaError_t status = cudaGetDevice(&device);
+    if (status != cudaSuccess) fail(ErrorCode::kCudaError, "cudaGetDevice: ", cudaGetErrorString(status));
+  }
+  size_t shape[TensorView::kMaxDims];
+  for (int d = 0; d < view.ndim; ++d) shape[d] = static_cast<size_t>(view.shape[d]);
+  return nb::cast(nb::ndarray<nb::pytorch, nb::device::cuda>(view.data, static_cast<size_t>(view.ndim), shape, owner,
+                                                            view.strides, dlpack_dtype(view.dtype),
+                                                            nb::device::cuda::value, device));
+}
+
 TensorView make_view(uintptr_t data, int dtype, const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
   if (shape.size() != strides.size() || shape.size() > static_cast<size_t>(TensorView::kMaxDims)) {
     fail(ErrorCode::kInvalidArgument, "TensorView: ", shape.size(), " extents and ", strides.size(),
@@ -183,14 +218,26 @@ void bind_types(nb::module_& m) {
       .def("__call__", [](const RecvHook& hook, uintptr_t stream) { hook(as_stream(stream)); },
            nb::call_guard<nb::gil_scoped_release>())
       .def_prop_ro("empty", &RecvHook::empty);
+  // The routing tensors of a handle, as torch tensors that keep the handle (and so its memory) alive.
+  auto routing = [](TensorView (DispatchHandle::*get)() const) {
+    return [get](nb::handle self) { return device_tensor(self, (nb::cast<const DispatchHandle&>(self).*get)()); };
+  };
   nb::class_<DispatchHandle>(m, "DispatchHandle")
       .def_prop_ro("num_tokens", &DispatchHandle::num_tokens)
       .def_prop_ro("num_recv_tokens", &DispatchHandle::num_recv_tokens)
       .def_prop_ro("num_rows", &DispatchHandle::num_rows)
-      .def_prop_ro("recv_src_idx", &DispatchHandle::recv_src_idx);
+      .def_prop_ro("num_channels", &DispatchHandle::num_channels)
+      .def_prop_ro("recv_src_idx", routing(&DispatchHandle::recv_src_idx))
+      .def_prop_ro("recv_channel_prefix", routing(&DispatchHandle::recv_channel_prefix))
+      .def_prop_ro("send_position", routing(&DispatchHandle::send_position))
+      .def_prop_ro("is_token_in_rank", routing(&DispatchHandle::is_token_in_rank))
+      .def_prop_ro("rank_prefix_matrix", routing(&DispatchHandle::rank_prefix_matrix));
+  auto low_latency_routing = [](TensorView (LowLatencyHandle::*get)() const) {
+    return [get](nb::handle self) { return device_tensor(self, (nb::cast<const LowLatencyHandle&>(self).*get)()); };
+  };
   nb::class_<LowLatencyHandle>(m, "LowLatencyHandle")
-      .def_prop_ro("recv_src_info", &LowLatencyHandle::recv_src_info)
-      .def_prop_ro("recv_count_from", &LowLatencyHandle::recv_count_from)
+      .def_prop_ro("recv_src_info", low_latency_routing(&LowLatencyHandle::recv_src_info))
+      .def_prop_ro("recv_count_from", low_latency_routing(&LowLatencyHandle::recv_count_from))
       .def_prop_ro("num_max_dispatch_tokens_per_rank", &LowLatencyHandle::num_max_dispatch_tokens_per_rank)
       .def_prop_ro("hidden", &LowLatencyHandle::hidden)
       .def_prop_ro("num_experts", &LowLatencyHandle::num_experts);

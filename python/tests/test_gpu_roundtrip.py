@@ -60,6 +60,11 @@ def _rank_main(rank: int, num_ranks: int, port: int) -> None:
         topk_idx=topk_idx, topk_weights=weights, config=config, async_finish=True)
     event.current_stream_wait()
     assert recv_x.shape == (handle.num_rows, hidden) and len(counts) == experts_per_rank
+    _check_dispatch_handle(handle, per_rank, in_rank, group, rank, num_ranks)
+    cached_x, _, _, _, cached_handle, _ = buffer.dispatch(x, handle=handle, config=config)  # the handle passed back
+    assert torch.equal(cached_x, recv_x) and len(cached_handle) == 6
+    with pytest.raises(TypeError, match="pass the handle object itself"):
+        buffer.combine(recv_x, tuple(handle), config=config)
     combined, combined_weights, _ = buffer.combine(recv_x, handle, config=config)
     copies = in_rank.sum(dim=1, keepdim=True).float()
     expected = (x.float() * copies).to(torch.bfloat16)
@@ -71,6 +76,8 @@ def _rank_main(rank: int, num_ranks: int, port: int) -> None:
             x, topk_idx, tokens, experts, use_fp8=False, return_recv_hook=hook_mode)
         if hook_mode:
             hook()
+        _check_low_latency_handle(ll_handle, count, topk_idx, group, rank, num_ranks, experts_per_rank, tokens, hidden,
+                                  experts)
         out, _, combine_hook = buffer.low_latency_combine(received, topk_idx, weights, ll_handle,
                                                           return_recv_hook=hook_mode)
         if hook_mode:
@@ -90,6 +97,61 @@ def _rank_main(rank: int, num_ranks: int, port: int) -> None:
     assert buffer.runtime.get_num_rdma_ranks() == 1 and buffer.runtime.get_local_device_id() == x.device.index
     buffer.destroy()
     dist.destroy_process_group()
+
+
+def _gathered(tensor, group, num_ranks):
+    """Every rank's copy of `tensor`, stacked (gloo: through the CPU)."""
+    import torch
+    import torch.distributed as dist
+
+    parts = [torch.empty_like(tensor.cpu()) for _ in range(num_ranks)]
+    dist.all_gather(parts, tensor.cpu().contiguous(), group=group)
+    return torch.stack(parts)
+
+
+def _check_dispatch_handle(handle, per_rank, in_rank, group, rank: int, num_ranks: int) -> None:
+    """The handle reads as deep_ep's tuple, with its entries' meanings."""
+    import torch
+
+    assert len(handle) == 6
+    rank_prefix, channel_prefix, recv_channel_prefix, recv_src_idx, is_token_in_rank, send_head = handle
+    sent = _gathered(per_rank, group, num_ranks)  # [source, destination]
+    assert torch.equal(rank_prefix.cpu(), sent.cumsum(dim=0).to(torch.int32)), f"rank {rank}: rank_prefix_matrix"
+    assert torch.equal(handle[0], rank_prefix) and handle[-1] is send_head
+    # deep_ep's check_data: rows from source i are recv_x[prefix[i - 1][rank]:prefix[i][rank]].
+    starts = [0] + rank_prefix[:, rank].tolist()
+    channels = handle.num_channels
+    assert channel_prefix.shape == (num_ranks, channels) and recv_channel_prefix.shape == (num_ranks, channels)
+    assert torch.equal(channel_prefix[:, -1].cpu(), per_rank.cpu()), f"rank {rank}: channel_prefix_matrix totals"
+    assert recv_channel_prefix[:, 0].tolist() == starts[:-1], f"rank {rank}: recv_channel_prefix_matrix"
+    assert recv_src_idx.shape == (starts[-1],) and torch.equal(is_token_in_rank, in_rank)
+    assert torch.equal(send_head >= 0, in_rank), f"rank {rank}: send_head marks exactly the tokens sent"
+    for source in range(num_ranks):  # each source's rows arrive in its token order
+        rows = recv_src_idx[starts[source]:starts[source + 1]]
+        assert bool((rows[1:] > rows[:-1]).all()), f"rank {rank}: rows from {source} out of order"
+
+
+def _check_low_latency_handle(handle, count, topk_idx, group, rank: int, num_ranks: int, experts_per_rank: int,
+                              tokens: int, hidden: int, experts: int) -> None:
+    """deep_ep's low-latency handle: (src_info, layout_range, max_tokens, hidden, experts)."""
+    import torch
+
+    src_info, layout_range, max_tokens, handle_hidden, handle_experts = handle
+    assert (max_tokens, handle_hidden, handle_experts) == (tokens, hidden, experts) and len(handle) == 5
+    everyone = _gathered(topk_idx, group, num_ranks)  # [source, token, k]
+    mask = (1 << 32) - 1
+    for local in range(experts_per_rank):
+        expert = rank * experts_per_rank + local
+        ranges = layout_range[local].cpu()
+        assert int(count[local]) == int((ranges & mask).sum()), f"rank {rank}: expert {local} count"
+        begin = 0
+        for source in range(num_ranks):  # packed in source order: begin, count per source
+            rows = int(ranges[source] & mask)
+            assert int(ranges[source] >> 32) == begin and rows == int((everyone[source] == expert).any(dim=1).sum())
+            got = src_info[local, begin:begin + rows].cpu()
+            want = (everyone[source] == expert).any(dim=1).nonzero().flatten().to(torch.int32)
+            assert torch.equal(got, want), f"rank {rank}: expert {local}, source {source}: src_info"
+            begin += rows
 
 
 def _mps_active() -> bool:

@@ -25,7 +25,7 @@ namespace epcomm {
 
 // What each source rank tells each destination before a dispatch.
 struct NotifySlot {
-  int32_t num_tokens;                        // tokens the source sends here
+  int32_t tokens_per_rank[kMaxNvlPeers];     // tokens the source sends to each rank (deep_ep's rank_prefix_matrix)
   int32_t channel_counts[kMaxChannels];      // ... per channel
   int32_t expert_counts[kMaxLocalExperts];   // (token, k) pairs for each of my local experts
 };

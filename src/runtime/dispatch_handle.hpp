@@ -19,6 +19,7 @@ struct DispatchHandleState {
   // Freed in the order of the Buffer's communication stream, which each tensor's storage keeps
   // alive: a handle (or a result's copy of a tensor) may outlive the Buffer.
   Tensor recv_channel_prefix;   // int32 [R, C + 1]
+  Tensor rank_prefix_matrix;    // int32 [R, R]
   Tensor is_token_in_rank;      // bool [T, R], a copy of the layout's
   Tensor send_position;         // int32 [T, R]
   Tensor recv_src_idx;          // int32 [num_rows]

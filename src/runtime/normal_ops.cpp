@@ -221,12 +221,14 @@ void notify(Buffer::Impl& impl, const DispatchArgs& args, const DispatchShape& s
   std::vector<Tensor> routing = detail::allocate_together(
       allocator,
       {detail::piece(DType::kInt32, {ranks, channels + 1}), detail::piece(DType::kBool, {shape.num_tokens, ranks}),
-       detail::piece(DType::kInt32, {shape.num_tokens, ranks}), detail::piece(DType::kInt32, {shape.num_experts / ranks})},
+       detail::piece(DType::kInt32, {shape.num_tokens, ranks}), detail::piece(DType::kInt32, {shape.num_experts / ranks}),
+       detail::piece(DType::kInt32, {ranks, ranks})},
       comm, impl.comm_stream_lifetime);
   state.recv_channel_prefix = std::move(routing[0]);
   state.is_token_in_rank = std::move(routing[1]);
   state.send_position = std::move(routing[2]);
   state.num_recv_tokens_per_expert_device = std::move(routing[3]);
+  state.rank_prefix_matrix = std::move(routing[4]);
   kernels::NotifyDispatchArgs notify;
   notify.is_token_in_rank = args.is_token_in_rank.ptr<bool>();
   notify.kept_is_token_in_rank = state.is_token_in_rank.view.ptr<bool>();
@@ -237,6 +239,7 @@ void notify(Buffer::Impl& impl, const DispatchArgs& args, const DispatchShape& s
   notify.num_channels = channels;
   notify.expert_alignment = args.expert_alignment;
   notify.recv_channel_prefix = state.recv_channel_prefix.view.ptr<int32_t>();
+  notify.rank_prefix_matrix = state.rank_prefix_matrix.view.ptr<int32_t>();
   notify.num_recv_tokens_per_expert = state.num_recv_tokens_per_expert_device.view.ptr<int32_t>();
   if (host_waits) {
     notify.host_results = static_cast<NotifyResults*>(impl.notify_results.device());
@@ -426,5 +429,6 @@ TensorView DispatchHandle::recv_src_idx() const { return state_ ? state_->recv_s
 TensorView DispatchHandle::recv_channel_prefix() const { return state_ ? state_->recv_channel_prefix.view : TensorView{}; }
 TensorView DispatchHandle::send_position() const { return state_ ? state_->send_position.view : TensorView{}; }
 TensorView DispatchHandle::is_token_in_rank() const { return state_ ? state_->is_token_in_rank.view : TensorView{}; }
+TensorView DispatchHandle::rank_prefix_matrix() const { return state_ ? state_->rank_prefix_matrix.view : TensorView{}; }
 
 }  // namespace epcomm

@@ -228,6 +228,26 @@ void settle(Context& ctx, const Scenario& s, const Event& event, const std::stri
   EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
+// The handle's rank prefix matrix (deep_ep's handle[0]): [i][j] = tokens ranks 0..i send to rank j,
+// the same on every rank.
+void check_rank_prefix(RankHarness& harness, const std::string& what, const DispatchResult& got,
+                       const std::vector<reference::NormalRankDispatched>& every_rank) {
+  const int ranks = static_cast<int>(every_rank.size());
+  std::vector<int32_t> expected(static_cast<size_t>(ranks) * ranks);
+  for (int j = 0; j < ranks; ++j) {
+    int32_t total = 0;
+    for (int i = 0; i < ranks; ++i) {
+      total += every_rank[j].num_recv_tokens_per_rank[i];
+      expected[static_cast<size_t>(i) * ranks + j] = total;
+    }
+  }
+  if (check_shape(harness, what + ": handle.rank_prefix_matrix()", got.handle.rank_prefix_matrix(), DType::kInt32,
+                  {ranks, ranks})) {
+    expect_equal(harness, what + ": handle.rank_prefix_matrix()", download<int32_t>(got.handle.rank_prefix_matrix()),
+                 expected, static_cast<size_t>(ranks));
+  }
+}
+
 // Checks one rank's dispatch outputs; worst > 0: in worst-case mode with that many rows.
 void check_dispatch(RankHarness& harness, const std::string& what, const Scenario& s, const DispatchResult& got,
                     const reference::NormalRankDispatched& want, int worst) {
@@ -375,6 +395,7 @@ void run_scenario(Context& ctx, const Scenario& s, uint64_t seed) {
   DispatchResult first = buffer.dispatch(args, allocator, call);
   settle(ctx, s, first.event, name + " dispatch");
   check_dispatch(harness, name + " dispatch", s, first, dispatched[me], 0);
+  check_rank_prefix(harness, name + " dispatch", first, dispatched);
 
   const int worst = worst_rows(s, ranks);
   DispatchResult worst_result;
@@ -384,6 +405,7 @@ void run_scenario(Context& ctx, const Scenario& s, uint64_t seed) {
     worst_result = buffer.dispatch(worst_args, allocator, call);
     settle(ctx, s, worst_result.event, name + " worst-case dispatch");
     check_dispatch(harness, name + " worst-case dispatch", s, worst_result, dispatched[me], worst);
+    check_rank_prefix(harness, name + " worst-case dispatch", worst_result, dispatched);
   }
 
   {
@@ -458,6 +480,7 @@ void run_scenario(Context& ctx, const Scenario& s, uint64_t seed) {
     const DispatchResult again = buffer.dispatch(cached, allocator, call);
     settle(ctx, s, again.event, name + " cached dispatch");
     check_dispatch(harness, name + " cached dispatch", s, again, expected[me], 0);
+    check_rank_prefix(harness, name + " cached dispatch", again, expected);
   }
 }
 

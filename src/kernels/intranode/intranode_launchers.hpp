@@ -23,6 +23,7 @@ struct NotifyDispatchArgs {
   int num_channels = 0;
   int expert_alignment = 1;
   int32_t* recv_channel_prefix = nullptr;         // out: [R, num_channels + 1] absolute row starts
+  int32_t* rank_prefix_matrix = nullptr;          // out: [R, R], tokens ranks 0..i send to rank j
   int32_t* num_recv_tokens_per_expert = nullptr;  // out: [num_experts / R], padded
   NotifyResults* host_results = nullptr;          // out (mapped), or null when the host does not wait
   uint64_t sequence = 0;                          // published last into host_results

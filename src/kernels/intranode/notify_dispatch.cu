@@ -5,7 +5,8 @@
 // Counts go into peers' slots by direct stores (ptr): normal mode inside a node needs every rank
 // direct, which the runtime checks. One block. Roles in order: (1) write my counts into every peer's notify slot; (2) cross-rank
 // barrier; (3) read the slots addressed to me: per-(source, channel) row prefix for the
-// receivers, per-expert counts for the caller, and (if the host waits) publish them to it.
+// receivers, the rank prefix matrix and per-expert counts for the caller, and (if the host
+// waits) publish them to it.
 #include "common/cuda_check.hpp"
 #include "common/notify_results.hpp"
 #include "kernels/common/block_barrier.cuh"
@@ -61,9 +62,11 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
     window.ptr<NotifySlot>(destination, NvlLayout::notify_slot(parity, context.rank))->expert_counts[i % experts_per_rank] =
         args.num_tokens_per_expert[i];
   }
-  if (threadIdx.x < num_ranks) {
-    window.ptr<NotifySlot>(threadIdx.x, NvlLayout::notify_slot(parity, context.rank))->num_tokens =
-        args.num_tokens_per_rank[threadIdx.x];
+  // Every rank's count to every rank, so each rank can build the whole rank prefix matrix.
+  for (int i = threadIdx.x; i < num_ranks * num_ranks; i += blockDim.x) {
+    const int destination = i / num_ranks, rank = i % num_ranks;
+    window.ptr<NotifySlot>(destination, NvlLayout::notify_slot(parity, context.rank))->tokens_per_rank[rank] =
+        args.num_tokens_per_rank[rank];
   }
 
   // (2) After the barrier every source's counts for me are in my slots. If it timed out (the error
@@ -92,7 +95,16 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
       device::st_relaxed_sys(&args.host_results->num_recv_tokens, base);
     }
   }
-  // (3b) Per local expert, summed over sources and padded to the alignment.
+  // (3b) Tokens ranks 0..i send to rank j, summed: deep_ep's rank_prefix_matrix [i][j].
+  for (int i = threadIdx.x; i < num_ranks * num_ranks; i += blockDim.x) {
+    const int last_source = i / num_ranks, rank = i % num_ranks;
+    int total = 0;
+    for (int source = 0; source <= last_source && arrived; ++source) {
+      total += window.own<NotifySlot>(NvlLayout::notify_slot(parity, source))->tokens_per_rank[rank];
+    }
+    args.rank_prefix_matrix[i] = total;
+  }
+  // (3c) Per local expert, summed over sources and padded to the alignment.
   for (int expert = threadIdx.x; expert < experts_per_rank; expert += blockDim.x) {
     int total = 0;
     for (int source = 0; source < num_ranks && arrived; ++source) {
