@@ -64,7 +64,8 @@ struct LowLatencyDispatchArgs {
 
 struct LowLatencyDispatchResult {
   Tensor recv_x;         // e4m3 or bfloat16 [E_local, R * M, hidden]; rows past recv_count unspecified
-  Tensor recv_x_scales;  // float32 [E_local, R * M, hidden / 128], or int32 [.., hidden / 512] with UE8M0
+  Tensor recv_x_scales;  // float32 [E_local, R * M, hidden / 128], or int32 [.., hidden / 512] with UE8M0; strides
+                         // [words * R * M, 1, R * M]: column-major in the rows, as deep_ep's
   Tensor recv_count;     // int32 [E_local]: rows received per local expert
   LowLatencyHandle handle;
   Event event;

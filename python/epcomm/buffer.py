@@ -39,8 +39,6 @@ class Buffer:
         rings of 128 tokens), as is ``Buffer.num_sms`` (24);
       - low-latency ``recv_x`` rows are packed like deep_ep's (``[e, 0 : recv_count[e]]``), but
         in source-rank order rather than arrival order, so the layout is deterministic;
-      - low-latency FP8 scales are row-major [E_local, R*M, hidden/128] (deep_ep's are
-        column-major in the token dimension);
       - ``preinitialize`` / ``initialize_in_background`` / ``warmup()`` exist to pay every
         one-time cost before the first call; with ``warmup_shape`` (an ``epcomm.WarmupShape``
         of the largest calls) they also grow torch's caching allocator, on the stream current at
@@ -278,7 +276,9 @@ class Buffer:
                      return_recv_hook=return_recv_hook)
         recv_x, scales, count, handle, done, hook = self.runtime.low_latency_dispatch(
             args, self.allocator, _call(_C.Event(), async_finish, False))
-        received = (recv_x, scales) if use_fp8 else recv_x
+        # Scales come stored scale-major [E_local, words, R*M]; deep_ep returns them as this transposed
+        # view, [E_local, R*M, words] with the rows' stride 1 (the layout grouped FP8 GEMMs read).
+        received = (recv_x, scales.transpose(1, 2)) if use_fp8 else recv_x
         overlap = EventOverlap(done, (x, topk_idx)) if async_finish else EventOverlap()
         return received, count, LowLatencyHandle(handle), overlap, (hook if return_recv_hook else None)
 

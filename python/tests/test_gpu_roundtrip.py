@@ -87,6 +87,7 @@ def _rank_main(rank: int, num_ranks: int, port: int) -> None:
             product = weights[:, k:k + 1] * x.float()
             accumulated = torch.where(topk_idx[:, k:k + 1] >= 0, accumulated + product, accumulated)
         assert torch.equal(out, accumulated.to(torch.bfloat16)), f"rank {rank}: low-latency round trip differs"
+    _check_fp8_low_latency(buffer, x, topk_idx, group, rank, num_ranks, tokens, experts)
     torch.cuda.synchronize()
 
     # deep_ep's raw views of the buffers (read only here: the calls own that memory).
@@ -152,6 +153,26 @@ def _check_low_latency_handle(handle, count, topk_idx, group, rank: int, num_ran
             want = (everyone[source] == expert).any(dim=1).nonzero().flatten().to(torch.int32)
             assert torch.equal(got, want), f"rank {rank}: expert {local}, source {source}: src_info"
             begin += rows
+
+
+def _check_fp8_low_latency(buffer, x, topk_idx, group, rank: int, num_ranks: int, tokens: int, experts: int) -> None:
+    """FP8 low-latency dispatch: scales in deep_ep's layout ([E_local, R*M, hidden/128], stride 1
+    along the rows), and rows that dequantise back to the sources' tokens."""
+    import torch
+
+    (recv_x, scales), count, handle, _, _ = buffer.low_latency_dispatch(x, topk_idx, tokens, experts, use_fp8=True)
+    torch.cuda.synchronize()
+    local_experts, rows, hidden = recv_x.shape
+    assert scales.shape == (local_experts, rows, hidden // 128) and scales.stride() == (hidden // 128 * rows, 1, rows)
+    everyone = _gathered(x, group, num_ranks).float()  # [source, token, hidden]
+    src_info, layout_range = handle[0], handle[1]
+    for local in range(local_experts):
+        used = int(count[local])
+        dequantised = recv_x[local, :used].float().view(used, -1, 128) * scales[local, :used].unsqueeze(-1)
+        sources = torch.repeat_interleave(torch.arange(num_ranks), (layout_range[local].cpu() & ((1 << 32) - 1)))
+        original = everyone[sources, src_info[local, :used].cpu().long()]
+        error = (dequantised.view(used, hidden).cpu() - original).abs().max().item() if used else 0.0
+        assert error <= 0.07 * everyone.abs().max().item(), f"rank {rank}: expert {local}: FP8 rows off by {error}"
 
 
 def _mps_active() -> bool:

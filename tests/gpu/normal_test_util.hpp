@@ -18,6 +18,7 @@
 #include "epcomm/types.hpp"
 #include "common/cuda_check.hpp"
 #include "support/device_bytes.hpp"
+#include "support/download.hpp"
 
 namespace epcomm::testing {
 
@@ -66,20 +67,6 @@ class BumpAllocator final : public Allocator {
   size_t used_ = 0;
 };
 
-// The whole tensor, as elements of T (whose size must be the dtype's); empty if it has no data.
-template <typename T>
-std::vector<T> download(const TensorView& view) {
-  if (view.data == nullptr || view.ndim == 0) return {};
-  if (dtype_size(view.dtype) != sizeof(T)) {
-    fail(ErrorCode::kInternal, "download: ", view.describe(), " read as ", sizeof(T), "-byte elements");
-  }
-  std::vector<T> host(static_cast<size_t>(view.numel()));
-  if (!host.empty()) {
-    EPCOMM_CUDA_CHECK(cudaMemcpy(host.data(), view.data, host.size() * sizeof(T), cudaMemcpyDeviceToHost));
-  }
-  return host;
-}
-
 // The whole tensor's bytes, whatever its dtype (rows compared bit for bit).
 inline std::vector<uint8_t> download_bytes(const TensorView& view) {
   if (view.data == nullptr || view.ndim == 0) return {};
@@ -127,6 +114,27 @@ inline bool check_shape(RankHarness& harness, const std::string& what, const Ten
   dim = 0;
   for (int64_t extent : shape) expected += (dim++ ? ", " : "") + std::to_string(extent);
   return harness.check(ok, what + ": expected " + expected + "], got " + view.describe());
+}
+
+// The same for a view laid out with the given strides (elements), e.g. scale-major scales.
+inline bool check_strided_shape(RankHarness& harness, const std::string& what, const TensorView& view, DType dtype,
+                                std::initializer_list<int64_t> shape, std::initializer_list<int64_t> strides) {
+  bool ok = view.dtype == dtype && view.ndim == static_cast<int>(shape.size()) && shape.size() == strides.size();
+  std::string expected = std::string(dtype_name(dtype)) + "[";
+  int dim = 0;
+  for (int64_t extent : shape) {
+    ok = ok && view.shape[dim] == extent;
+    expected += (dim++ ? ", " : "") + std::to_string(extent);
+  }
+  expected += "], strides (";
+  dim = 0;
+  for (int64_t stride : strides) {
+    ok = ok && view.strides[dim] == stride;
+    expected += (dim++ ? ", " : "") + std::to_string(stride);
+  }
+  std::string got = view.describe() + ", strides (";
+  for (int d = 0; d < view.ndim; ++d) got += (d ? ", " : "") + std::to_string(view.strides[d]);
+  return harness.check(ok, what + ": expected " + expected + "), got " + got + ")");
 }
 
 // The first want.size() elements of `got` equal `want` bit for bit (floats too: they are copies or

@@ -273,13 +273,15 @@ void check_dispatch(RankHarness& harness, const std::string& what, const Scenari
   }
   if (s.cast == Cast::kFp8Ue8m0) {
     const int words = s.hidden / (reference::kFp8ChannelsPerScale * 4);
-    if (check_shape(harness, what + ": recv_x_scales", got.recv_x_scales.view, DType::kInt32, {experts, slots, words})) {
+    if (check_strided_shape(harness, what + ": recv_x_scales", got.recv_x_scales.view, DType::kInt32, {experts, slots, words},
+                            {int64_t{words} * slots, 1, slots})) {
       expect_used_rows_equal(harness, what + ": recv_x_scales (ue8m0)", download<int32_t>(got.recv_x_scales.view),
                              want.recv_x_scales_ue8m0, static_cast<size_t>(words), used, per_expert);
     }
   } else {
     const int scales = s.hidden / reference::kFp8ChannelsPerScale;
-    if (check_shape(harness, what + ": recv_x_scales", got.recv_x_scales.view, DType::kFloat32, {experts, slots, scales})) {
+    if (check_strided_shape(harness, what + ": recv_x_scales", got.recv_x_scales.view, DType::kFloat32,
+                            {experts, slots, scales}, {int64_t{scales} * slots, 1, slots})) {
       expect_used_rows_equal(harness, what + ": recv_x_scales", download<float>(got.recv_x_scales.view), want.recv_x_scales,
                              static_cast<size_t>(scales), used, per_expert);
     }

@@ -9,9 +9,11 @@
 #include "reference/workload.hpp"
 #include "common/cuda_check.hpp"
 #include "support/device_bytes.hpp"
+#include "support/download.hpp"
 
 namespace epcomm::bench {
 namespace {
+using testing::download;
 
 constexpr double kBytesPerGigabyte = 1e9;
 constexpr double kMicrosecondsPerSecond = 1e6;
@@ -24,13 +26,6 @@ reference::LowLatencyRankInput rank_input(const BenchOptions& options, int rank,
                                               options.num_experts);
   input.topk_weights = reference::random_topk_weights(reference::derive_seed(options.seed, rank, 12), tokens, options.num_topk);
   return input;
-}
-
-template <typename T>
-std::vector<T> download(const TensorView& view) {
-  std::vector<T> host(static_cast<size_t>(view.numel()));
-  if (!host.empty()) EPCOMM_CUDA_CHECK(cudaMemcpy(host.data(), view.data, host.size() * sizeof(T), cudaMemcpyDeviceToHost));
-  return host;
 }
 
 }  // namespace

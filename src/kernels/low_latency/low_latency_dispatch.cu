@@ -259,9 +259,12 @@ __device__ void receive_expert(const device::Window& window, const LowLatencyDis
       const char* message = window.own(layout.message(common.set_index, layout.slot(local_expert, source, j)));
       device::warp_copy<true>(static_cast<char*>(args.recv_x) + out * row_bytes, message, row_bytes);
       if (args.use_fp8) {
+        // Scale-major per expert (deep_ep's layout): word w of row r at [expert][w][r].
         const uint32_t* from = reinterpret_cast<const uint32_t*>(message + layout.message_scales());
-        uint32_t* to = static_cast<uint32_t*>(args.recv_x_scales) + out * scale_words;
-        for (int w = lane; w < scale_words; w += kWarpSize) to[w] = __ldcg(from + w);
+        const size_t expert_rows_total = static_cast<size_t>(num_ranks) * common.max_tokens;
+        uint32_t* to = static_cast<uint32_t*>(args.recv_x_scales) + static_cast<size_t>(local_expert) * scale_words * expert_rows_total +
+                       (out - expert_rows);
+        for (int w = lane; w < scale_words; w += kWarpSize) to[w * expert_rows_total] = __ldcg(from + w);
       }
       if (lane == 0) {
         const int2 meta = __ldcg(reinterpret_cast<const int2*>(message + layout.message_meta()));

@@ -34,7 +34,7 @@ struct LowLatencyDispatchKernelArgs {
   bool round_scale = false;
   bool use_ue8m0 = false;
   void* recv_x = nullptr;                // out: e4m3 or bf16 [E_local, R*M, hidden]
-  void* recv_x_scales = nullptr;         // out: float32 [.., hidden/128] or int32 [.., hidden/512]
+  void* recv_x_scales = nullptr;         // out: float32 [E_local, hidden/128, R*M] or int32 [E_local, hidden/512, R*M] (scale-major)
   int32_t* recv_count = nullptr;         // out: [E_local]
   int32_t* recv_count_from = nullptr;    // out: [E_local, R]
   int32_t* recv_src_info = nullptr;      // out: [E_local, R*M]
