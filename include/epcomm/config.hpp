@@ -44,9 +44,11 @@ struct BufferOptions {
   int emulated_nodes = 1;
   // CUDA device of this rank; -1 uses the device current at construction.
   int device = -1;
-  // Do every one-time cost (module loading, peer mapping first touch, a barrier round) inside
-  // the constructor, so the first call costs what later calls do.
-  bool preinitialize = false;
+  // Do every one-time cost (module loading, peer mapping first touch, a dummy round of each mode)
+  // inside the constructor, so the first call costs what later calls do. On by default: without
+  // it the first dispatch costs 30-40x a steady one (tens of ms); with it the constructor takes
+  // about 50-140 ms longer on 2 GPUs (docs/PERF.md). false defers those costs to the first calls.
+  bool preinitialize = true;
   // Run the initialisation (allocation, peer mapping, preinitialize) on a background thread: the
   // constructor returns at once and the first call waits for it; its errors surface at that call
   // (and every later one). The bootstrap belongs to that thread until then: make no other use of

@@ -39,8 +39,8 @@ class Buffer:
         rings of 128 tokens), as is ``Buffer.num_sms`` (24);
       - low-latency ``recv_x`` rows are packed like deep_ep's (``[e, 0 : recv_count[e]]``), but
         in source-rank order rather than arrival order, so the layout is deterministic;
-      - ``preinitialize`` / ``initialize_in_background`` / ``warmup()`` exist to pay every
-        one-time cost before the first call; with ``warmup_shape`` (an ``epcomm.WarmupShape``
+      - ``preinitialize`` (on by default) / ``initialize_in_background`` / ``warmup()`` pay every
+        one-time cost before the first call (``preinitialize=False`` defers them); with ``warmup_shape`` (an ``epcomm.WarmupShape``
         of the largest calls) they also grow torch's caching allocator, on the stream current at
         construction (the Buffer's own with ``initialize_in_background``), to what those calls'
         outputs need;
