@@ -205,6 +205,9 @@ class Buffer:
         stream = _torch.current_stream()
         num_tokens = topk_idx.size(0)
         device = topk_idx.device
+        if device.type != "cuda" or device.index != self.device:
+            raise ValueError(f"epcomm: get_dispatch_layout: topk_idx is on {device}, but this Buffer's device is "
+                             f"cuda:{self.device}")
         if previous_event is not None:
             previous_event.current_stream_wait()
         per_rank = torch.empty((self.group_size,), dtype=torch.int32, device=device)

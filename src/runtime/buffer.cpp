@@ -205,7 +205,7 @@ void Buffer::get_dispatch_layout(const TensorView& topk_idx, int num_experts, co
   impl_->begin(kOp);
   const auto profiled = impl_->profile_call(kOp, stream);
   const int ranks = num_ranks();
-  detail::require_device_tensor(kOp, "topk_idx", topk_idx, {DType::kInt64, DType::kInt32},
+  detail::require_device_tensor(impl_->device, kOp, "topk_idx", topk_idx, {DType::kInt64, DType::kInt32},
                                 {detail::kAnyExtent, detail::kAnyExtent});
   const int64_t num_tokens = topk_idx.shape[0];
   const int64_t num_topk = topk_idx.shape[1];
@@ -215,11 +215,11 @@ void Buffer::get_dispatch_layout(const TensorView& topk_idx, int num_experts, co
   if (num_experts % ranks != 0) {
     fail(ErrorCode::kInvalidArgument, kOp, ": num_experts=", num_experts, " must be a multiple of num_ranks=", ranks);
   }
-  detail::require_device_tensor(kOp, "outputs.num_tokens_per_rank", outputs.num_tokens_per_rank, {DType::kInt32},
+  detail::require_device_tensor(impl_->device, kOp, "outputs.num_tokens_per_rank", outputs.num_tokens_per_rank, {DType::kInt32},
                                 {ranks});
-  detail::require_device_tensor(kOp, "outputs.num_tokens_per_expert", outputs.num_tokens_per_expert, {DType::kInt32},
+  detail::require_device_tensor(impl_->device, kOp, "outputs.num_tokens_per_expert", outputs.num_tokens_per_expert, {DType::kInt32},
                                 {num_experts});
-  detail::require_device_tensor(kOp, "outputs.is_token_in_rank", outputs.is_token_in_rank, {DType::kBool},
+  detail::require_device_tensor(impl_->device, kOp, "outputs.is_token_in_rank", outputs.is_token_in_rank, {DType::kBool},
                                 {num_tokens, ranks});
 
   detail::ScopedDevice scoped(impl_->device);

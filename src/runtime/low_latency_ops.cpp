@@ -89,13 +89,13 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
   Impl& impl = *impl_;
   const auto profiled = impl.profile_call(kDispatchOp, call.stream);
   const int ranks = num_ranks();
-  detail::require_device_tensor(kDispatchOp, "x", args.x, {DType::kBFloat16}, {detail::kAnyExtent, detail::kAnyExtent});
+  detail::require_device_tensor(impl.device, kDispatchOp, "x", args.x, {DType::kBFloat16}, {detail::kAnyExtent, detail::kAnyExtent});
   const int num_tokens = static_cast<int>(args.x.shape[0]);
   const int hidden = static_cast<int>(args.x.shape[1]);
   if (reinterpret_cast<uintptr_t>(args.x.data) % kVectorBytes != 0) {
     fail(ErrorCode::kInvalidArgument, kDispatchOp, ": x at ", args.x.data, " must be ", kVectorBytes, "-byte aligned");
   }
-  detail::require_device_tensor(kDispatchOp, "topk_idx", args.topk_idx, {DType::kInt64}, {num_tokens, detail::kAnyExtent});
+  detail::require_device_tensor(impl.device, kDispatchOp, "topk_idx", args.topk_idx, {DType::kInt64}, {num_tokens, detail::kAnyExtent});
   const int num_topk = static_cast<int>(args.topk_idx.shape[1]);
   const int max_tokens = args.num_max_dispatch_tokens_per_rank;
   validate_shapes(kDispatchOp, ranks, max_tokens, hidden, args.num_experts, num_topk);
@@ -119,7 +119,7 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
   }
   const int experts_per_rank = args.num_experts / ranks;
   if (given(args.cumulative_local_expert_recv_stats)) {
-    detail::require_device_tensor(kDispatchOp, "cumulative_local_expert_recv_stats", args.cumulative_local_expert_recv_stats,
+    detail::require_device_tensor(impl.device, kDispatchOp, "cumulative_local_expert_recv_stats", args.cumulative_local_expert_recv_stats,
                                   {DType::kInt32}, {experts_per_rank});
   }
   const LowLatencyLayout layout = make_layout(ranks, args.num_experts, max_tokens, hidden);
@@ -215,12 +215,12 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
   const int ranks = num_ranks();
   const int experts_per_rank = state.num_experts / ranks;
   const int64_t rows = static_cast<int64_t>(ranks) * state.max_tokens;
-  detail::require_device_tensor(kCombineOp, "x", args.x, {DType::kBFloat16}, {experts_per_rank, rows, state.hidden});
-  detail::require_device_tensor(kCombineOp, "topk_idx", args.topk_idx, {DType::kInt64}, {state.num_tokens, state.num_topk});
-  detail::require_device_tensor(kCombineOp, "topk_weights", args.topk_weights, {DType::kFloat32},
+  detail::require_device_tensor(impl.device, kCombineOp, "x", args.x, {DType::kBFloat16}, {experts_per_rank, rows, state.hidden});
+  detail::require_device_tensor(impl.device, kCombineOp, "topk_idx", args.topk_idx, {DType::kInt64}, {state.num_tokens, state.num_topk});
+  detail::require_device_tensor(impl.device, kCombineOp, "topk_weights", args.topk_weights, {DType::kFloat32},
                                 {state.num_tokens, state.num_topk});
   if (given(args.out)) {
-    detail::require_device_tensor(kCombineOp, "out", args.out, {DType::kBFloat16}, {state.num_tokens, state.hidden});
+    detail::require_device_tensor(impl.device, kCombineOp, "out", args.out, {DType::kBFloat16}, {state.num_tokens, state.hidden});
   }
   for (const TensorView* tensor : {&args.x, &args.out}) {
     if (given(*tensor) && reinterpret_cast<uintptr_t>(tensor->data) % kVectorBytes != 0) {

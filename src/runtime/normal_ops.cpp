@@ -136,7 +136,7 @@ struct DispatchShape {
 DispatchShape validate_dispatch(const Buffer::Impl& impl, const DispatchArgs& args,
                                 const detail::DispatchHandleState* cached, int num_ranks) {
   DispatchShape shape;
-  detail::require_device_tensor(kDispatchOp, "x", args.x, {DType::kBFloat16, DType::kFloat8E4M3},
+  detail::require_device_tensor(impl.device, kDispatchOp, "x", args.x, {DType::kBFloat16, DType::kFloat8E4M3},
                                 {detail::kAnyExtent, detail::kAnyExtent});
   shape.num_tokens = static_cast<int>(args.x.shape[0]);
   shape.hidden = static_cast<int>(args.x.shape[1]);
@@ -154,21 +154,21 @@ DispatchShape validate_dispatch(const Buffer::Impl& impl, const DispatchArgs& ar
     shape.num_scales = shape.hidden / kFp8ChannelsPerScale;
     if (!given(args.x_scales)) fail(ErrorCode::kInvalidArgument, kDispatchOp, ": FP8 x needs x_scales");
     // Any layout, as deep_ep takes them: row-major [token][scale] or scale-major (column-major).
-    detail::require_device_tensor(kDispatchOp, "x_scales", args.x_scales, {DType::kFloat32},
+    detail::require_device_tensor(impl.device, kDispatchOp, "x_scales", args.x_scales, {DType::kFloat32},
                                   {shape.num_tokens, shape.num_scales}, detail::Strides::kAny);
   } else if (given(args.x_scales)) {
     fail(ErrorCode::kInvalidArgument, kDispatchOp, ": x_scales (", args.x_scales.describe(),
          ") was given but x is bfloat16; scales go with float8_e4m3fn x only");
   }
   if (given(args.topk_idx)) {
-    detail::require_device_tensor(kDispatchOp, "topk_idx", args.topk_idx, {DType::kInt64},
+    detail::require_device_tensor(impl.device, kDispatchOp, "topk_idx", args.topk_idx, {DType::kInt64},
                                   {shape.num_tokens, detail::kAnyExtent});
     shape.num_topk = static_cast<int>(args.topk_idx.shape[1]);
     detail::require_in_range(kDispatchOp, "num_topk (topk_idx.shape[1])", shape.num_topk, 1, kMaxTopk);
   }
   if (given(args.topk_weights)) {
     if (!given(args.topk_idx)) fail(ErrorCode::kInvalidArgument, kDispatchOp, ": topk_weights needs topk_idx");
-    detail::require_device_tensor(kDispatchOp, "topk_weights", args.topk_weights, {DType::kFloat32},
+    detail::require_device_tensor(impl.device, kDispatchOp, "topk_weights", args.topk_weights, {DType::kFloat32},
                                   {shape.num_tokens, shape.num_topk});
   }
   if (args.handle != nullptr) {
@@ -185,8 +185,8 @@ DispatchShape validate_dispatch(const Buffer::Impl& impl, const DispatchArgs& ar
     }
     shape.num_experts = cached->num_experts;
   } else {
-    detail::require_device_tensor(kDispatchOp, "num_tokens_per_rank", args.num_tokens_per_rank, {DType::kInt32}, {num_ranks});
-    detail::require_device_tensor(kDispatchOp, "num_tokens_per_expert", args.num_tokens_per_expert, {DType::kInt32},
+    detail::require_device_tensor(impl.device, kDispatchOp, "num_tokens_per_rank", args.num_tokens_per_rank, {DType::kInt32}, {num_ranks});
+    detail::require_device_tensor(impl.device, kDispatchOp, "num_tokens_per_expert", args.num_tokens_per_expert, {DType::kInt32},
                                   {detail::kAnyExtent});
     shape.num_experts = static_cast<int>(args.num_tokens_per_expert.shape[0]);
     if (shape.num_experts == 0 || shape.num_experts % num_ranks != 0 || shape.num_experts / num_ranks > kMaxLocalExperts) {
@@ -194,7 +194,7 @@ DispatchShape validate_dispatch(const Buffer::Impl& impl, const DispatchArgs& ar
            " (num_tokens_per_expert.shape[0]) must be a positive multiple of num_ranks=", num_ranks, " with at most ",
            kMaxLocalExperts, " experts per rank");
     }
-    detail::require_device_tensor(kDispatchOp, "is_token_in_rank", args.is_token_in_rank, {DType::kBool},
+    detail::require_device_tensor(impl.device, kDispatchOp, "is_token_in_rank", args.is_token_in_rank, {DType::kBool},
                                   {shape.num_tokens, num_ranks});
   }
   detail::require_in_range(kDispatchOp, "expert_alignment", args.expert_alignment, 1, 1 << 20);
@@ -358,7 +358,7 @@ CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, con
     fail(ErrorCode::kInvalidArgument, kCombineOp, ": handle must be a dispatch handle made by this Buffer");
   }
   const detail::DispatchHandleState& state = *args.handle->state_;
-  detail::require_device_tensor(kCombineOp, "x", args.x, {DType::kBFloat16}, {state.num_rows, detail::kAnyExtent});
+  detail::require_device_tensor(impl.device, kCombineOp, "x", args.x, {DType::kBFloat16}, {state.num_rows, detail::kAnyExtent});
   const int hidden = static_cast<int>(args.x.shape[1]);
   const int64_t row_bytes = static_cast<int64_t>(hidden) * static_cast<int64_t>(dtype_size(DType::kBFloat16));
   if (hidden == 0 || row_bytes % static_cast<int64_t>(kVectorBytes) != 0) {
@@ -367,13 +367,13 @@ CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, con
   }
   int num_topk = 0;
   if (given(args.topk_weights)) {
-    detail::require_device_tensor(kCombineOp, "topk_weights", args.topk_weights, {DType::kFloat32},
+    detail::require_device_tensor(impl.device, kCombineOp, "topk_weights", args.topk_weights, {DType::kFloat32},
                                   {state.num_rows, detail::kAnyExtent});
     num_topk = static_cast<int>(args.topk_weights.shape[1]);
     detail::require_in_range(kCombineOp, "num_topk (topk_weights.shape[1])", num_topk, 1, kMaxTopk);
   }
-  if (given(args.bias0)) detail::require_device_tensor(kCombineOp, "bias0", args.bias0, {DType::kBFloat16}, {state.num_tokens, hidden});
-  if (given(args.bias1)) detail::require_device_tensor(kCombineOp, "bias1", args.bias1, {DType::kBFloat16}, {state.num_tokens, hidden});
+  if (given(args.bias0)) detail::require_device_tensor(impl.device, kCombineOp, "bias0", args.bias0, {DType::kBFloat16}, {state.num_tokens, hidden});
+  if (given(args.bias1)) detail::require_device_tensor(impl.device, kCombineOp, "bias1", args.bias1, {DType::kBFloat16}, {state.num_tokens, hidden});
   args.config.validate();
   if (args.config.num_channels() != state.num_channels) {
     fail(ErrorCode::kInvalidArgument, kCombineOp, ": config.num_sms=", args.config.num_sms,

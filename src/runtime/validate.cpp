@@ -22,18 +22,20 @@ std::string expected_description(std::initializer_list<DType> dtypes, std::initi
   return out.str();
 }
 
-bool is_device_accessible(const void* pointer) {
+// The device whose memory `pointer` points into; -1 when it is not device or managed memory.
+int device_of(const void* pointer) {
   cudaPointerAttributes attributes{};
   if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
     (void)cudaGetLastError();  // an unknown pointer is not a sticky error; clear it
-    return false;
+    return -1;
   }
-  return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+  const bool on_device = attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+  return on_device ? attributes.device : -1;
 }
 
 }  // namespace
 
-void require_device_tensor(const char* op, const char* name, const TensorView& tensor,
+void require_device_tensor(int device, const char* op, const char* name, const TensorView& tensor,
                            std::initializer_list<DType> dtypes, std::initializer_list<int64_t> shape, Strides strides) {
   bool dtype_ok = false;
   for (DType dtype : dtypes) dtype_ok = dtype_ok || tensor.dtype == dtype;
@@ -59,9 +61,14 @@ void require_device_tensor(const char* op, const char* name, const TensorView& t
   if (tensor.data == nullptr) {
     fail(ErrorCode::kInvalidArgument, op, ": ", name, " (", tensor.describe(), ") has a null data pointer");
   }
-  if (!is_device_accessible(tensor.data)) {
+  const int found = device_of(tensor.data);
+  if (found < 0) {
     fail(ErrorCode::kInvalidArgument, op, ": ", name, " (", tensor.describe(), ") at ", tensor.data,
          " is not device memory");
+  }
+  if (found != device) {
+    fail(ErrorCode::kInvalidArgument, op, ": ", name, " (", tensor.describe(), ") is on cuda:", found,
+         ", but this Buffer's device is cuda:", device);
   }
 }
 

@@ -15,9 +15,9 @@ inline constexpr int64_t kAnyExtent = -1;
 enum class Strides { kContiguous, kAny };
 
 // Checks dtype (one of `dtypes`), rank and extents (kAnyExtent matches any), contiguity (unless
-// `strides` is kAny: then non-negative strides), and that non-empty data lives in
-// device-accessible memory.
-void require_device_tensor(const char* op, const char* name, const TensorView& tensor,
+// `strides` is kAny: then non-negative strides), and that non-empty data lives in device memory
+// of `device` (the Buffer's; the pointer query this takes is the one the memory check needs).
+void require_device_tensor(int device, const char* op, const char* name, const TensorView& tensor,
                            std::initializer_list<DType> dtypes, std::initializer_list<int64_t> shape,
                            Strides strides = Strides::kContiguous);
 

@@ -61,7 +61,7 @@ TEST(Validate, MessagesNameTheArgumentAndTheValue) {
   int64_t storage[8];
   const TensorView floats = TensorView::contiguous(storage, DType::kFloat32, {2, 4});
   try {
-    detail::require_device_tensor("get_dispatch_layout", "topk_idx", floats, {DType::kInt64, DType::kInt32},
+    detail::require_device_tensor(0, "get_dispatch_layout", "topk_idx", floats, {DType::kInt64, DType::kInt32},
                                   {detail::kAnyExtent, detail::kAnyExtent});
     FAIL() << "expected an error";
   } catch (const Error& error) {
@@ -80,17 +80,17 @@ TEST(Validate, MessagesNameTheArgumentAndTheValue) {
 TEST(Validate, ShapeMismatchAndHostMemoryAreRejected) {
   int64_t storage[8] = {};
   const TensorView ids = TensorView::contiguous(storage, DType::kInt64, {2, 4});
-  EXPECT_THROW(detail::require_device_tensor("op", "ids", ids, {DType::kInt64}, {2, 5}), Error);
+  EXPECT_THROW(detail::require_device_tensor(0, "op", "ids", ids, {DType::kInt64}, {2, 5}), Error);
   // Stack memory is not device memory (with or without a GPU present).
   try {
-    detail::require_device_tensor("op", "ids", ids, {DType::kInt64}, {2, 4});
+    detail::require_device_tensor(0, "op", "ids", ids, {DType::kInt64}, {2, 4});
     FAIL() << "expected an error";
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("is not device memory"), std::string::npos) << error.what();
   }
   // Empty tensors need no memory at all.
   const TensorView empty = TensorView::contiguous(static_cast<void*>(nullptr), DType::kInt64, {0, 4});
-  EXPECT_NO_THROW(detail::require_device_tensor("op", "ids", empty, {DType::kInt64}, {0, 4}));
+  EXPECT_NO_THROW(detail::require_device_tensor(0, "op", "ids", empty, {DType::kInt64}, {0, 4}));
 }
 
 // Host memory stands in for the device: allocate_together only does address arithmetic.

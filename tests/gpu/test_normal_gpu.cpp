@@ -584,6 +584,25 @@ void check_argument_errors(Context& ctx) {
     harness.expect_error(ErrorCode::kInvalidArgument, fragment, [&] { (void)buffer.dispatch(args, *allocator); }, what);
   };
 
+  // A tensor on another GPU (when this process sees two) is refused, naming both devices.
+  int device_count = 0, device = 0;
+  EPCOMM_CUDA_CHECK(cudaGetDeviceCount(&device_count));
+  EPCOMM_CUDA_CHECK(cudaGetDevice(&device));
+  if (device_count > 1) {
+    const int other = (device + 1) % device_count;
+    EPCOMM_CUDA_CHECK(cudaSetDevice(other));
+    DeviceBytes elsewhere(static_cast<size_t>(tokens) * s.hidden * sizeof(uint16_t));
+    EPCOMM_CUDA_CHECK(cudaSetDevice(device));
+    DispatchArgs on_other = good;
+    on_other.x = TensorView::contiguous(elsewhere.get(), DType::kBFloat16, {tokens, s.hidden});
+    expect_dispatch_error("x (bfloat16[" + std::to_string(tokens) + ", " + std::to_string(s.hidden) + "]) is on cuda:" +
+                              std::to_string(other) + ", but this Buffer's device is cuda:" + std::to_string(device),
+                          on_other, "x on another GPU");
+    EPCOMM_CUDA_CHECK(cudaSetDevice(other));
+    { DeviceBytes release(std::move(elsewhere)); }  // freed on its own device
+    EPCOMM_CUDA_CHECK(cudaSetDevice(device));
+  }
+
   DispatchArgs args = good;  // inputs.x holds 8 x 512 bytes: room for any FP8 view below
   args.x = TensorView::contiguous(inputs.x.get(), DType::kFloat8E4M3, {tokens, 96});
   expect_dispatch_error("hidden=96 must be a multiple of 128", args, "FP8 hidden 96");
