@@ -20,6 +20,21 @@ int64_t parse_integer(const std::string& option, const std::string& text, int64_
   return value;
 }
 
+// A comma-separated list of integers in [lo, hi], each checked like a single value.
+std::vector<int> parse_list(const char* option, const std::string& value, int64_t lo, int64_t hi) {
+  std::vector<int> items;
+  std::stringstream list(value);
+  for (std::string item; std::getline(list, item, ',');) items.push_back(static_cast<int>(parse_integer(option, item, lo, hi)));
+  if (items.empty()) parse_integer(option, value, lo, hi);  // "" fails like a bad single value
+  return items;
+}
+
+std::string join_list(const std::vector<int>& items) {
+  std::string list;
+  for (const int item : items) list += (list.empty() ? "" : ",") + std::to_string(item);
+  return list;
+}
+
 }  // namespace
 
 const char* bench_usage() {
@@ -39,6 +54,7 @@ const char* bench_usage() {
          "  --setup NAME      label for the records (default: detected)\n"
          "  --sweep           also time a grid of normal-mode configs (SMs, chunk and ring sizes)\n"
          "  --sms A,B,...     time the default normal-mode config at each of these SM counts\n"
+         "  --token-sweep A,B,...  also time normal mode (default config) at these tokens per rank\n"
          "  --skip-normal     skip normal-mode dispatch and combine\n"
          "  --cold            cold start: --trials trials in fresh processes, with and without\n"
          "                    preinitialize; init time by phase, first / second / steady call of each op\n"
@@ -79,13 +95,8 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
        }},
       {"--cold-pause-ms", [&](const std::string& v) { options.cold_pause_ms = static_cast<int>(parse_integer("--cold-pause-ms", v, 0, 10000)); }},
       {"--out", [&](const std::string& v) { options.out_path = v; }},
-      {"--sms", [&](const std::string& v) {
-         options.sms_list.clear();
-         std::stringstream list(v);
-         for (std::string item; std::getline(list, item, ',');) {
-           options.sms_list.push_back(static_cast<int>(parse_integer("--sms", item, 2, kMaxChannels)));
-         }
-       }},
+      {"--sms", [&](const std::string& v) { options.sms_list = parse_list("--sms", v, 2, kMaxChannels); }},
+      {"--token-sweep", [&](const std::string& v) { options.token_sweep = parse_list("--token-sweep", v, 1, 1 << 20); }},
   };
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--help" || args[i] == "-h") {
@@ -133,11 +144,8 @@ std::vector<std::string> to_arguments(const BenchOptions& options) {
   if (!options.setup.empty()) args.insert(args.end(), {"--setup", options.setup});
   if (!options.out_path.empty()) args.insert(args.end(), {"--out", options.out_path});
   if (options.sweep) args.push_back("--sweep");
-  if (!options.sms_list.empty()) {
-    std::string list;
-    for (const int sms : options.sms_list) list += (list.empty() ? "" : ",") + std::to_string(sms);
-    args.insert(args.end(), {"--sms", list});
-  }
+  if (!options.sms_list.empty()) args.insert(args.end(), {"--sms", join_list(options.sms_list)});
+  if (!options.token_sweep.empty()) args.insert(args.end(), {"--token-sweep", join_list(options.token_sweep)});
   if (options.skip_normal) args.push_back("--skip-normal");
   if (options.cold_trial >= 0) {
     args.insert(args.end(), {"--cold-trial", std::to_string(options.cold_trial), "--cold-preinitialize",

@@ -114,6 +114,11 @@ int run_rank(const BenchOptions& options) {
     if (options.skip_normal) break;
     bench_normal(context, copy_gbps, config);  // every config checked against the reference
   }
+  for (const int tokens : options.skip_normal ? std::vector<int>{} : options.token_sweep) {
+    context.options.num_tokens = tokens;  // the records say which
+    bench_normal(context, copy_gbps, bench_configs(context).front());
+  }
+  context.options.num_tokens = options.num_tokens;
   bench_low_latency(context, copy_gbps);
 
   buffer.synchronize(context.stream);
