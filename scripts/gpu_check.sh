@@ -11,11 +11,14 @@
 #   sweep   epcomm-bench --ranks 8 --sweep (config grid)
 #   cold    epcomm-bench --cold --trials 2 at 1 and 8 ranks, the calls in rounds and back-to-back,
 #           then in rounds after 20 ms host pauses
+#   sanitize  compute-sanitizer memcheck, racecheck and synccheck on GPU test cases at 2 ranks
+#           (MPS stopped: the sanitizer does not run under it); EPCOMM_SANITIZE_CASES picks the
+#           cases (default: layout peer lifecycle normal low_latency low_latency_emulated)
 # MPS is started when ranks must share GPUs, and stopped at the end. Knobs: EPCOMM_TEST_EXCLUDE (a
 # ctest regex to skip), EPCOMM_TEST_TIMEOUT, EPCOMM_BENCH_RANKS, EPCOMM_BENCH_ARGS (more
 # epcomm-bench options); EPCOMM_SWEEP=0, EPCOMM_COLD=0 and EPCOMM_PYTHON=0 drop those stages.
 # Leaves in RESULTS_DIR: machine.txt (with epcomm-check-env), build.log, tests.log, bench.jsonl,
-# bench.log, report.md (scripts/bench_report.py's tables), summary.txt. Exits non-zero if the
+# bench.log, report.md (scripts/bench_report.py's tables), sanitize.log, summary.txt. Exits non-zero if the
 # build, a test or a benchmark failed.
 # The records name the commit: on a copy of the tree whose .git may be older than its files (a lent
 # machine), pass the checkout's own, e.g. EPCOMM_GIT_REVISION=$(git rev-parse --short=12 HEAD)
@@ -29,7 +32,7 @@ summary="$results/summary.txt"
 : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }
 
-stages=" ${EPCOMM_STAGES:-build tests python bench sweep cold} "
+stages=" ${EPCOMM_STAGES:-build tests python bench sweep cold sanitize} "
 [ "${EPCOMM_SWEEP:-1}" = 1 ] || stages=${stages/ sweep / }
 [ "${EPCOMM_COLD:-1}" = 1 ] || stages=${stages/ cold / }
 [ "${EPCOMM_PYTHON:-1}" = 1 ] || stages=${stages/ python / }
@@ -48,7 +51,7 @@ export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAS
 } >"$results/machine.txt" 2>&1
 
 export EPCOMM_BUILD_DIR=${EPCOMM_BUILD_DIR:-build-gpu}
-if wants build || wants tests || wants bench || wants sweep || wants cold; then
+if wants build || wants tests || wants bench || wants sweep || wants cold || wants sanitize; then
   cmake_args=()
   [ -d .deps/googletest ] && cmake_args+=(-DEPCOMM_GTEST_SOURCE_DIR="$PWD/.deps/googletest")
   if ! scripts/build.sh "${cmake_args[@]}" >"$results/build.log" 2>&1; then
@@ -117,6 +120,22 @@ fi
 note "bench: $(wc -l <"$results/bench.jsonl") records in bench.jsonl"
 if [ -s "$results/bench.jsonl" ]; then
   "${PYTHON:-python3}" scripts/bench_report.py "$results/bench.jsonl" >"$results/report.md" 2>&1 || true
+fi
+if wants sanitize; then
+  stop_mps
+  : >"$results/sanitize.log"
+  for tool in memcheck racecheck synccheck; do
+    for case in ${EPCOMM_SANITIZE_CASES:-layout peer lifecycle normal low_latency low_latency_emulated}; do
+      # Each rank under the tool; --error-exitcode makes a finding fail the run.
+      if timeout 900 compute-sanitizer --tool "$tool" --target-processes all --error-exitcode 9 \
+          "$EPCOMM_BUILD_DIR"/tools/epcomm-launch -n 2 --timeout 880 -- "$EPCOMM_BUILD_DIR"/tests/gpu/epcomm_gpu_tests "$case" \
+          >>"$results/sanitize.log" 2>&1; then
+        note "sanitize $tool $case: clean"
+      else
+        status=1; note "sanitize $tool $case: FINDINGS or failure (see sanitize.log)"
+      fi
+    done
+  done
 fi
 stop_mps
 exit $status
