@@ -1,5 +1,10 @@
 // Buffers come and go without leaking: 100 create/destroy cycles (IPC export, peer mapping,
-// preinitialize, explicit destroy or destructor) leave device memory where it started.
+// preinitialize, explicit destroy or destructor) leave device memory, open file descriptors and
+// memory mappings where they started.
+#include <dirent.h>
+
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "support/device_bytes.hpp"
@@ -21,6 +26,28 @@ size_t free_device_bytes() {
   EPCOMM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   return free_bytes;
 }
+
+// Open file descriptors of this process (CUDA IPC, sockets, the driver's own).
+int open_descriptors() {
+  int count = 0;
+  if (DIR* directory = opendir("/proc/self/fd")) {
+    while (const dirent* entry = readdir(directory)) count += entry->d_name[0] != '.';
+    closedir(directory);
+  }
+  return count;
+}
+
+// Memory mappings of this process (each peer buffer opened by CUDA IPC adds some).
+int memory_mappings() {
+  std::ifstream maps("/proc/self/maps");
+  int count = 0;
+  for (std::string line; std::getline(maps, line);) ++count;
+  return count;
+}
+
+// Descriptors and mappings may drift by a few (the driver's pools), never by one per cycle.
+constexpr int kAllowedDescriptorDrift = 8;
+constexpr int kAllowedMappingDrift = 32;
 
 // Events are reused once released (see event.cpp). A stream made to wait on an event keeps
 // waiting for the recording it saw, even after the event is released and recorded again on an
@@ -103,6 +130,8 @@ void run_lifecycle_case(RankHarness& harness) {
   }
   harness.bootstrap()->barrier();
   const size_t before = free_device_bytes();
+  const int descriptors_before = open_descriptors();
+  const int mappings_before = memory_mappings();
 
   for (int cycle = 0; cycle < kCycles; ++cycle) {
     options.preinitialize = cycle % 2 == 0;
@@ -117,6 +146,14 @@ void run_lifecycle_case(RankHarness& harness) {
   }
   harness.bootstrap()->barrier();
   const size_t after = free_device_bytes();
+  const int descriptors_after = open_descriptors();
+  const int mappings_after = memory_mappings();
+  harness.check(descriptors_after <= descriptors_before + kAllowedDescriptorDrift,
+                "open file descriptors after " + std::to_string(kCycles) + " cycles: " +
+                    std::to_string(descriptors_before) + " before, " + std::to_string(descriptors_after) + " after");
+  harness.check(mappings_after <= mappings_before + kAllowedMappingDrift,
+                "memory mappings after " + std::to_string(kCycles) + " cycles: " + std::to_string(mappings_before) +
+                    " before, " + std::to_string(mappings_after) + " after");
 
   // A caller's communication stream is used, and left alive (record_stream users free memory
   // that remembers it after the Buffer is gone).
