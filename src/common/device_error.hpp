@@ -19,6 +19,21 @@ enum class DeviceErrorKind : int32_t {
   kInvalidExpertId = 1,  // index0 = token, index1 = top-k slot, observed = the id
   kWaitTimeout = 2,      // peer / channel / expected / observed describe the wait
   kTooManyRows = 3,      // observed = rows received, limit = rows allocated (num_worst_tokens)
+  kCallMismatch = 4,     // peer called with another value: index0 = CallField, expected = mine, observed = peer's
+};
+
+// What every rank of one collective call must agree on (a rank lays out its rows in its peers'
+// rings by its own values), in the order a mismatch is reported.
+enum class CallField : int32_t {
+  kRowBytes = 0,     // hidden x element size
+  kNumScales,        // FP8 scales per row (0: BF16)
+  kNumTopk,
+  kNumExperts,
+  kNumChannels,      // config.num_sms
+  kRingCapacity,     // config.num_max_nvl_chunked_recv_tokens
+  kHasTopkIdx,
+  kHasTopkWeights,
+  kCount,
 };
 
 // Which operation a kernel was running.
@@ -60,6 +75,7 @@ struct DeviceErrorRecord {
 };
 
 const char* device_op_name(DeviceOp op);
+const char* call_field_name(CallField field);
 const char* wait_target_name(WaitTarget target);
 
 }  // namespace epcomm

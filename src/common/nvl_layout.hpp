@@ -19,12 +19,19 @@
 #include <cstdint>
 
 #include "common/constants.hpp"
+#include "common/device_error.hpp"
 #include "common/host_device.hpp"
 
 namespace epcomm {
 
+// One rank's values of what every rank of a dispatch must agree on, indexed by CallField.
+struct CallSignature {
+  int32_t values[static_cast<int>(CallField::kCount)];
+};
+
 // What each source rank tells each destination before a dispatch.
 struct NotifySlot {
+  CallSignature signature;                   // the source's call, checked against the destination's
   int32_t tokens_per_rank[kMaxNvlPeers];     // tokens the source sends to each rank (deep_ep's rank_prefix_matrix)
   int32_t channel_counts[kMaxChannels];      // ... per channel
   int32_t expert_counts[kMaxLocalExperts];   // (token, k) pairs for each of my local experts

@@ -23,6 +23,21 @@ const char* device_op_name(DeviceOp op) {
   return "(unknown operation)";
 }
 
+const char* call_field_name(CallField field) {
+  switch (field) {
+    case CallField::kRowBytes: return "row bytes (hidden x element size)";
+    case CallField::kNumScales: return "FP8 scales per row (0: BF16 x)";
+    case CallField::kNumTopk: return "num_topk";
+    case CallField::kNumExperts: return "num_experts";
+    case CallField::kNumChannels: return "config.num_sms";
+    case CallField::kRingCapacity: return "config.num_max_nvl_chunked_recv_tokens";
+    case CallField::kHasTopkIdx: return "topk_idx given";
+    case CallField::kHasTopkWeights: return "topk_weights given";
+    case CallField::kCount: break;
+  }
+  return "(unknown field)";
+}
+
 const char* wait_target_name(WaitTarget target) {
   switch (target) {
     case WaitTarget::kNone: return "nothing";
@@ -64,6 +79,11 @@ std::string DeviceErrorLog::describe(const DeviceErrorRecord& record) {
                     record.limit, " fit",
                     op == DeviceOp::kLowLatencyDispatch ? " (a token names one expert twice?)" : "",
                     "; the rows past it were dropped");
+    case DeviceErrorKind::kCallMismatch:
+      return join_message("rank ", record.rank, ": ", device_op_name(op), ": rank ", record.peer, " called with ",
+                          call_field_name(static_cast<CallField>(record.index0)), " = ", record.observed, ", rank ",
+                          record.rank, " with ", record.expected,
+                          ": every rank must make the same call (nothing was sent)");
     case DeviceErrorKind::kNone:
       break;
   }
@@ -85,7 +105,8 @@ void DeviceErrorLog::raise_if_recorded() {
   switch (static_cast<DeviceErrorKind>(kind)) {
     case DeviceErrorKind::kWaitTimeout: code = ErrorCode::kTimeout; break;
     case DeviceErrorKind::kInvalidExpertId:
-    case DeviceErrorKind::kTooManyRows: code = ErrorCode::kInvalidArgument; break;
+    case DeviceErrorKind::kTooManyRows:
+    case DeviceErrorKind::kCallMismatch: code = ErrorCode::kInvalidArgument; break;
     case DeviceErrorKind::kNone: break;
   }
   const std::string message = describe(record);

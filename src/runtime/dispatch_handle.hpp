@@ -20,6 +20,7 @@ struct DispatchHandleState {
   // alive: a handle (or a result's copy of a tensor) may outlive the Buffer.
   Tensor recv_channel_prefix;   // int32 [R, C + 1]
   Tensor rank_prefix_matrix;    // int32 [R, R]
+  Tensor verdict;               // int32 [1]: nonzero when the ranks disagreed about the call
   Tensor is_token_in_rank;      // bool [T, R], a copy of the layout's
   Tensor send_position;         // int32 [T, R]
   Tensor recv_src_idx;          // int32 [num_rows]

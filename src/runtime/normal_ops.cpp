@@ -203,6 +203,21 @@ DispatchShape validate_dispatch(const Buffer::Impl& impl, const DispatchArgs& ar
   return shape;
 }
 
+// What every rank of this dispatch must agree on; the notify step compares it across ranks.
+CallSignature call_signature(const DispatchArgs& args, const DispatchShape& shape) {
+  CallSignature signature{};
+  auto set = [&](CallField field, int64_t value) { signature.values[static_cast<int>(field)] = static_cast<int32_t>(value); };
+  set(CallField::kRowBytes, shape.row_bytes);
+  set(CallField::kNumScales, shape.num_scales);
+  set(CallField::kNumTopk, shape.num_topk);
+  set(CallField::kNumExperts, shape.num_experts);
+  set(CallField::kNumChannels, args.config.num_channels());
+  set(CallField::kRingCapacity, args.config.num_max_nvl_chunked_recv_tokens);
+  set(CallField::kHasTopkIdx, given(args.topk_idx));
+  set(CallField::kHasTopkWeights, given(args.topk_weights));
+  return signature;
+}
+
 // Step 1 of a dispatch: the routing of this call in the handle. A new routing runs the notify step
 // (counts exchanged between ranks; unless the outputs are worst-case sized, the host waits for the
 // received counts); a cached one only needs every rank past its previous call (a barrier).
@@ -222,13 +237,14 @@ void notify(Buffer::Impl& impl, const DispatchArgs& args, const DispatchShape& s
       allocator,
       {detail::piece(DType::kInt32, {ranks, channels + 1}), detail::piece(DType::kBool, {shape.num_tokens, ranks}),
        detail::piece(DType::kInt32, {shape.num_tokens, ranks}), detail::piece(DType::kInt32, {shape.num_experts / ranks}),
-       detail::piece(DType::kInt32, {ranks, ranks})},
+       detail::piece(DType::kInt32, {ranks, ranks}), detail::piece(DType::kInt32, {1})},
       comm, impl.comm_stream_lifetime);
   state.recv_channel_prefix = std::move(routing[0]);
   state.is_token_in_rank = std::move(routing[1]);
   state.send_position = std::move(routing[2]);
   state.num_recv_tokens_per_expert_device = std::move(routing[3]);
   state.rank_prefix_matrix = std::move(routing[4]);
+  state.verdict = std::move(routing[5]);
   kernels::NotifyDispatchArgs notify;
   notify.is_token_in_rank = args.is_token_in_rank.ptr<bool>();
   notify.kept_is_token_in_rank = state.is_token_in_rank.view.ptr<bool>();
@@ -240,6 +256,8 @@ void notify(Buffer::Impl& impl, const DispatchArgs& args, const DispatchShape& s
   notify.expert_alignment = args.expert_alignment;
   notify.recv_channel_prefix = state.recv_channel_prefix.view.ptr<int32_t>();
   notify.rank_prefix_matrix = state.rank_prefix_matrix.view.ptr<int32_t>();
+  notify.signature = call_signature(args, shape);
+  notify.verdict = state.verdict.view.ptr<int32_t>();
   notify.num_recv_tokens_per_expert = state.num_recv_tokens_per_expert_device.view.ptr<int32_t>();
   if (host_waits) {
     notify.host_results = static_cast<NotifyResults*>(impl.notify_results.device());
@@ -248,6 +266,8 @@ void notify(Buffer::Impl& impl, const DispatchArgs& args, const DispatchShape& s
   kernels::launch_notify_dispatch(impl.window(), notify, context, comm);
   if (host_waits) {
     wait_for_notify(impl, notify.sequence);
+    // Ranks that disagreed about the call fail here, every one of them, before anything is sent.
+    impl.errors.raise_if_recorded();
     const auto* results = static_cast<const NotifyResults*>(impl.notify_results.host());
     state.num_recv_tokens = results->num_recv_tokens;
     state.num_rows = results->num_recv_tokens;
@@ -299,6 +319,7 @@ void launch(const Buffer::Impl& impl, const DispatchArgs& args, const DispatchSh
   // A cached dispatch replays known routing: the source indices and positions are already there.
   kernel.recv_src_idx = cached ? nullptr : state.recv_src_idx.view.ptr<int32_t>();
   kernel.send_position = cached ? nullptr : state.send_position.view.ptr<int32_t>();
+  kernel.verdict = state.verdict.view.ptr<int32_t>();
   kernel.ring = ring_args(args.config);
   kernels::launch_dispatch(impl.window(), kernel, impl.context(), comm);
 }

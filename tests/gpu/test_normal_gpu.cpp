@@ -621,6 +621,22 @@ void check_argument_errors(Context& ctx) {
   args.is_token_in_rank = TensorView::contiguous(inputs.in_rank.get(), DType::kBool, {tokens - 1, ranks});
   expect_dispatch_error("is_token_in_rank must be bool[" + std::to_string(tokens), args, "is_token_in_rank shape");
 
+  // Ranks that disagree about a call: every rank fails, naming a rank and the value, and nothing is
+  // sent (the good call after them is exact: see "after errors" in run_normal_case).
+  if (ranks > 1) {
+    args = good;
+    if (harness.rank() == 0) args.x = TensorView::contiguous(inputs.x.get(), DType::kBFloat16, {tokens, s.hidden / 2});
+    expect_dispatch_error("every rank must make the same call", args, "ranks disagreeing on hidden");
+    args = good;
+    if (harness.rank() == ranks - 1) {
+      args.config.num_sms = ctx.default_config.num_sms > 2 ? ctx.default_config.num_sms - 2 : 4;
+    }
+    expect_dispatch_error("config.num_sms", args, "ranks disagreeing on num_sms");
+    args = good;
+    if (harness.rank() == 0) args.topk_weights = TensorView{};
+    expect_dispatch_error("topk_weights given", args, "ranks disagreeing on topk_weights");
+  }
+
   // Combine errors need a real handle.
   const DispatchResult result = buffer.dispatch(good, *allocator);
   buffer.synchronize(buffer.comm_stream());

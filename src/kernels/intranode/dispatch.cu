@@ -250,6 +250,8 @@ __device__ void mark_unused_rows(const DispatchKernelArgs& args, const HalfPlan&
 __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
     dispatch_kernel(const __grid_constant__ PeerWindow peers, const __grid_constant__ DispatchKernelArgs args,
                     KernelContext context) {
+  // Ranks that disagreed about this call (found and reported by the notify step) send nothing.
+  if (*args.verdict != 0) return;
   const device::Window window(peers);
   RingLayout ring;
   ring.slot = SlotLayout::dispatch(args.row_bytes, args.num_scales, args.num_topk);

@@ -9,6 +9,7 @@
 
 #include "common/kernel_context.hpp"
 #include "common/notify_results.hpp"
+#include "common/nvl_layout.hpp"
 #include "transport/window.hpp"
 
 namespace epcomm::kernels {
@@ -27,6 +28,8 @@ struct NotifyDispatchArgs {
   int32_t* num_recv_tokens_per_expert = nullptr;  // out: [num_experts / R], padded
   NotifyResults* host_results = nullptr;          // out (mapped), or null when the host does not wait
   uint64_t sequence = 0;                          // published last into host_results
+  CallSignature signature{};                      // this rank's call, compared with every peer's
+  int32_t* verdict = nullptr;                     // out: 0 when every rank made the same call, else 1
 };
 void launch_notify_dispatch(const PeerWindow& window, const NotifyDispatchArgs& args, const KernelContext& context,
                             cudaStream_t stream);
@@ -59,6 +62,7 @@ struct DispatchKernelArgs {
   float* recv_topk_weights = nullptr;   // out, or null
   int32_t* recv_src_idx = nullptr;      // out, or null (cached dispatch: already known)
   int32_t* send_position = nullptr;     // out: [num_tokens, R], or null (cached dispatch)
+  const int32_t* verdict = nullptr;     // the notify step's: nonzero means the ranks disagreed, send nothing
   RingArgs ring;
 };
 void launch_dispatch(const PeerWindow& window, const DispatchKernelArgs& args, const KernelContext& context,

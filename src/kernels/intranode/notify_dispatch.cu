@@ -5,11 +5,12 @@
 // Counts go into peers' slots by direct stores (ptr): normal mode inside a node needs every rank
 // direct, which the runtime checks. One block. Roles in order: (1) write my counts into every peer's notify slot; (2) cross-rank
 // barrier; (3) read the slots addressed to me: per-(source, channel) row prefix for the
-// receivers, the rank prefix matrix and per-expert counts for the caller, and (if the host
-// waits) publish them to it.
+// receivers, the rank prefix matrix and per-expert counts for the caller, whether every source
+// made the same call (a verdict the dispatch kernel reads), and (if the host waits) publish them.
 #include "common/cuda_check.hpp"
 #include "common/notify_results.hpp"
 #include "kernels/common/block_barrier.cuh"
+#include "device/device_report.cuh"
 #include "device/warp_ops.cuh"
 #include "kernels/intranode/intranode_launchers.hpp"
 
@@ -68,6 +69,12 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
     window.ptr<NotifySlot>(destination, NvlLayout::notify_slot(parity, context.rank))->tokens_per_rank[rank] =
         args.num_tokens_per_rank[rank];
   }
+  // My call's signature, for every destination to compare with its own.
+  constexpr int kFields = static_cast<int>(CallField::kCount);
+  for (int i = threadIdx.x; i < num_ranks * kFields; i += blockDim.x) {
+    window.ptr<NotifySlot>(i / kFields, NvlLayout::notify_slot(parity, context.rank))->signature.values[i % kFields] =
+        args.signature.values[i % kFields];
+  }
 
   // (2) After the barrier every source's counts for me are in my slots. If it timed out (the error
   // is recorded), go on as if every source sent nothing: the outputs stay well-formed (zero rows)
@@ -114,8 +121,28 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
     args.num_recv_tokens_per_expert[expert] = padded;
     if (args.host_results != nullptr) device::st_relaxed_sys(&args.host_results->num_recv_tokens_per_expert[expert], padded);
   }
-  __syncthreads();
+  // (3d) Every source made the same call as this rank? Each rank checks every source, so if any two
+  // ranks disagree, every rank finds a difference and none sends (the dispatch kernel reads the
+  // verdict); the first difference a rank finds is its error.
+  bool differs = false;
+  if (threadIdx.x < num_ranks && arrived) {
+    const CallSignature& theirs = window.own<NotifySlot>(NvlLayout::notify_slot(parity, threadIdx.x))->signature;
+    for (int field = 0; field < kFields && !differs; ++field) {
+      if (theirs.values[field] == args.signature.values[field]) continue;
+      differs = true;
+      device::ErrorDetails details;
+      details.kind = DeviceErrorKind::kCallMismatch;
+      details.op = DeviceOp::kDispatch;
+      details.peer = static_cast<int>(threadIdx.x);
+      details.index0 = field;
+      details.expected = args.signature.values[field];
+      details.observed = theirs.values[field];
+      device::report_error(context, details);
+    }
+  }
+  const int disagreed = __syncthreads_or(differs);
   if (threadIdx.x == 0) {
+    *args.verdict = disagreed;
     // The next notify writes the other slots, so a slow reader of these is never overwritten.
     *own_parity = parity ^ 1u;
     if (args.host_results != nullptr) {
