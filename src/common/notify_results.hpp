@@ -12,7 +12,7 @@ namespace epcomm {
 struct NotifyResults {
   uint64_t sequence;
   int32_t num_recv_tokens;
-  int32_t reserved;
+  int32_t disagreed;  // nonzero: some rank made another call (the notify kernel's verdict)
   int32_t num_recv_tokens_per_expert[kMaxLocalExperts];
 };
 

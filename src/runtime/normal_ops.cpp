@@ -266,9 +266,12 @@ void notify(Buffer::Impl& impl, const DispatchArgs& args, const DispatchShape& s
   kernels::launch_notify_dispatch(impl.window(), notify, context, comm);
   if (host_waits) {
     wait_for_notify(impl, notify.sequence);
-    // Ranks that disagreed about the call fail here, every one of them, before anything is sent.
-    impl.errors.raise_if_recorded();
     const auto* results = static_cast<const NotifyResults*>(impl.notify_results.host());
+    if (results->disagreed != 0) {
+      // Ranks that disagreed about the call fail here, every one of them, before anything is sent.
+      impl.errors.raise_if_recorded();
+      fail(ErrorCode::kInvalidArgument, kDispatchOp, ": the ranks made different calls (the other ranks' errors say how)");
+    }
     state.num_recv_tokens = results->num_recv_tokens;
     state.num_rows = results->num_recv_tokens;
     state.num_recv_tokens_per_expert.assign(results->num_recv_tokens_per_expert,

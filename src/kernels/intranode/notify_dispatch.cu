@@ -143,6 +143,7 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
   const int disagreed = __syncthreads_or(differs);
   if (threadIdx.x == 0) {
     *args.verdict = disagreed;
+    if (args.host_results != nullptr) device::st_relaxed_sys(&args.host_results->disagreed, disagreed);
     // The next notify writes the other slots, so a slow reader of these is never overwritten.
     *own_parity = parity ^ 1u;
     if (args.host_results != nullptr) {
