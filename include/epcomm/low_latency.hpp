@@ -77,7 +77,9 @@ struct LowLatencyCombineArgs {
   TensorView topk_idx;      // in: int64 [T, K], as given to the dispatch
   TensorView topk_weights;  // in: float32 [T, K]
   const LowLatencyHandle* handle = nullptr;
-  // x is the buffer get_next_low_latency_combine_buffer() returned, already filled in place.
+  // The expert outputs were written in place into the buffer get_next_low_latency_combine_buffer()
+  // returned; they are read from there, and x (that buffer or any tensor of its shape, as deep_ep
+  // allows) gives only the shape.
   bool zero_copy = false;
   TensorView out;           // optional out: bfloat16 [T, hidden]; allocated when absent
   bool return_recv_hook = false;

@@ -113,8 +113,8 @@ class Buffer:
     # ---- configuration (deep_ep's static helpers) ----
     @staticmethod
     def is_sm90_compiled() -> bool:
-        """Whether the kernels were built for sm_90 (Hopper): CMAKE_CUDA_ARCHITECTURES names 90."""
-        return any(arch.split("-")[0] == "90" for arch in _C.cuda_architectures().split(";"))
+        """Whether the kernels were built for sm_90 (Hopper): CMAKE_CUDA_ARCHITECTURES names 90 or 90a."""
+        return any(arch.split("-")[0] in ("90", "90a") for arch in _C.cuda_architectures().split(";"))
 
     @staticmethod
     def set_num_sms(new_num_sms: int) -> None:

@@ -192,10 +192,17 @@ void Buffer::destroy() {
   impl_->watchdog.reset();  // peers may exit once they are past their own destroy()
   detail::ScopedDevice scoped(impl_->device);
   // No kernel of this rank may still touch a peer, and no peer one of ours, once memory is freed.
+  // (Waits give up once a peer is known dead, so this returns then too.)
   EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
-  impl_->bootstrap->barrier();
-  impl_->transport->release_collectively(*impl_->bootstrap);
-  impl_->transport.reset();
+  if (impl_->errors.peer_died()) {
+    // A dead rank can meet no barrier (a process-group barrier would wait out its own timeout):
+    // release what is local; the survivors each do the same.
+    impl_->transport.reset();
+  } else {
+    impl_->bootstrap->barrier();
+    impl_->transport->release_collectively(*impl_->bootstrap);
+    impl_->transport.reset();
+  }
   impl_->layout_workspace = detail::DeviceAllocation();
 }
 

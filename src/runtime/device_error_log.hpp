@@ -29,6 +29,7 @@ class DeviceErrorLog {
   // The process of `rank` died. Safe from any thread (the watchdog's): every GPU wait of this rank
   // gives up at its next check, and every later call raises ErrorCode::kPeerFailed naming it.
   void mark_peer_dead(int rank, int64_t pid);
+  bool peer_died() const { return dead_peer_.load() >= 0; }
 
   static std::string describe(const DeviceErrorRecord& record);
 

@@ -231,10 +231,9 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
   const LowLatencyLayout layout = make_layout(ranks, state.num_experts, state.max_tokens, state.hidden);
   require_low_latency_region(kCombineOp, impl, layout);
   const int set_index = static_cast<int>(impl.low_latency_calls % LowLatencyLayout::kNumSets);
-  if (args.zero_copy && args.x.data != get_next_low_latency_combine_buffer(*args.handle).data) {
-    fail(ErrorCode::kInvalidArgument, kCombineOp, ": zero_copy is set but x (", args.x.data,
-         ") is not the buffer get_next_low_latency_combine_buffer() returned for this call");
-  }
+  // deep_ep's zero_copy: the expert outputs are already in the buffer that
+  // get_next_low_latency_combine_buffer() returned (written in place); x gives only the shape.
+  const void* expert_rows = args.zero_copy ? get_next_low_latency_combine_buffer(*args.handle).data : args.x.data;
 
   detail::ScopedDevice scoped(impl.device);
   if (!call.previous_event.empty()) call.previous_event.wait(call.stream);
@@ -249,7 +248,7 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
   kernel.common = common_args(impl, set_index, state.num_experts, state.max_tokens, state.hidden, state.num_tokens,
                               state.num_topk, args.topk_idx.ptr<int64_t>());
   kernel.common.num_blocks = low_latency_blocks(impl, std::max<int64_t>(1, (experts_per_rank * rows) / kLowLatencyWarpsPerBlock));
-  kernel.x = args.x.data;
+  kernel.x = expert_rows;
   kernel.topk_weights = args.topk_weights.ptr<float>();
   kernel.recv_count_from = state.recv_count_from.view.ptr<int32_t>();
   kernel.recv_src_info = state.recv_src_info.view.ptr<int32_t>();

@@ -181,7 +181,7 @@ DispatchShape validate_dispatch(const Buffer::Impl& impl, const DispatchArgs& ar
     }
     if (cached->num_channels != args.config.num_channels()) {
       fail(ErrorCode::kInvalidArgument, kDispatchOp, ": config.num_sms=", args.config.num_sms,
-           " differs from the cached handle's ", 2 * cached->num_channels);
+           " differs from the cached handle's ", cached->num_channels, " (one channel per SM)");
     }
     shape.num_experts = cached->num_experts;
   } else {
@@ -401,7 +401,7 @@ CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, con
   args.config.validate();
   if (args.config.num_channels() != state.num_channels) {
     fail(ErrorCode::kInvalidArgument, kCombineOp, ": config.num_sms=", args.config.num_sms,
-         " must equal the dispatch's (", 2 * state.num_channels, "): combine runs on the dispatch's channels");
+         " must equal the dispatch's (", state.num_channels, "): combine runs on the dispatch's channels");
   }
   RingLayout rings;
   rings.slot = SlotLayout::combine(static_cast<size_t>(row_bytes), num_topk);

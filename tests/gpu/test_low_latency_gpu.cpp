@@ -407,6 +407,20 @@ void run_scenario(Context& ctx, const Scenario& s, uint64_t seed) {
       const LowLatencyCombineResult combined = buffer.low_latency_combine(combine_args, allocator, call);
       buffer.synchronize(ctx.stream);
       check_combined(harness, name + " zero-copy combine", s, combined.combined_x.view, round);
+
+      // As deep_ep's test does: x is another tensor of the shape (poisoned here), the rows come
+      // from the buffer they were written into.
+      const LowLatencyDispatchResult again = dispatch(dispatch_args, name + " zero-copy dispatch (x elsewhere)");
+      const TensorView next = buffer.get_next_low_latency_combine_buffer(again.handle);
+      EPCOMM_CUDA_CHECK(cudaMemcpy(next.data, tensors.y.get(), tensors.y.size(), cudaMemcpyDeviceToDevice));
+      DeviceBytes elsewhere(tensors.y.size());
+      elsewhere.poison(kPoisonByte);
+      LowLatencyCombineArgs elsewhere_args = tensors.combine_args(s, ranks, again.handle);
+      elsewhere_args.x.data = elsewhere.get();
+      elsewhere_args.zero_copy = true;
+      const LowLatencyCombineResult from_buffer = buffer.low_latency_combine(elsewhere_args, allocator, call);
+      buffer.synchronize(ctx.stream);
+      check_combined(harness, name + " zero-copy combine (x elsewhere)", s, from_buffer.combined_x.view, round);
     }
   }
 

@@ -72,7 +72,13 @@ void run_peer_death_case(RankHarness& harness) {
                     std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()) + " ms)");
   harness.expect_error(ErrorCode::kPeerFailed, "rank " + std::to_string(dying), [&] { buffer.barrier(nullptr); },
                        "every later call fails too");
-  // The Buffer's destructor cannot meet the dead rank: it warns and releases what is local.
+  // destroy() cannot meet the dead rank: it releases what is local, without waiting on the bootstrap.
+  const auto destroy_start = std::chrono::steady_clock::now();
+  buffer.destroy();
+  const auto destroy_took = std::chrono::steady_clock::now() - destroy_start;
+  harness.check(!buffer.is_available() && destroy_took < std::chrono::seconds(5),
+                "destroy() with a dead rank is local (took " +
+                    std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(destroy_took).count()) + " ms)");
 }
 
 }  // namespace epcomm::testing

@@ -210,10 +210,15 @@ __device__ void receive_channel(const device::Window& window, const CombineKerne
   if (thread < num_ranks) *window.own<uint64_t>(NvlLayout::ring_consumed(channel, thread)) = consumed;
 }
 
+}  // namespace
+
+// Named for profiler traces: "epcomm::kernels::intranode::combine<R>" says which op ran.
+namespace intranode {
+
 template <int kRankBound>
 __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
-    combine_kernel(const __grid_constant__ PeerWindow peers, const __grid_constant__ CombineKernelArgs args,
-                   KernelContext context) {
+    combine(const __grid_constant__ PeerWindow peers, const __grid_constant__ CombineKernelArgs args,
+            KernelContext context) {
   const device::Window window(peers);
   RingLayout ring;
   ring.slot = SlotLayout::combine(static_cast<size_t>(args.hidden) * sizeof(__nv_bfloat16), args.num_topk);
@@ -229,12 +234,12 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
   }
 }
 
-}  // namespace
+}  // namespace intranode
 
 void launch_combine(const PeerWindow& window, const CombineKernelArgs& args, const KernelContext& context,
                     cudaStream_t stream) {
   with_rank_bound(context.num_ranks, [&](auto bound) {
-    combine_kernel<bound.value><<<channel_blocks(kCombineChannelLayout, args.ring.num_channels), kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
+    intranode::combine<bound.value><<<channel_blocks(kCombineChannelLayout, args.ring.num_channels), kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
   });
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }
@@ -243,7 +248,7 @@ int combine_blocks_per_sm() {
   int fewest = kNormalThreadsPerBlock;
   for_each_rank_bound([&](auto bound) {
     int blocks = 0;
-    EPCOMM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, combine_kernel<bound.value>,
+    EPCOMM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, intranode::combine<bound.value>,
                                                                     kNormalThreadsPerBlock, 0));
     fewest = std::min(fewest, blocks);
   });
@@ -253,7 +258,7 @@ int combine_blocks_per_sm() {
 void load_combine_kernel_module() {
   for_each_rank_bound([](auto bound) {
     cudaFuncAttributes attributes;
-    EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, combine_kernel<bound.value>));
+    EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, intranode::combine<bound.value>));
   });
 }
 

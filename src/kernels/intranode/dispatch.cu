@@ -247,9 +247,14 @@ __device__ void mark_unused_rows(const DispatchKernelArgs& args, const HalfPlan&
   }
 }
 
+}  // namespace
+
+// Named for profiler traces: "epcomm::kernels::intranode::dispatch" says which op ran.
+namespace intranode {
+
 __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
-    dispatch_kernel(const __grid_constant__ PeerWindow peers, const __grid_constant__ DispatchKernelArgs args,
-                    KernelContext context) {
+    dispatch(const __grid_constant__ PeerWindow peers, const __grid_constant__ DispatchKernelArgs args,
+             KernelContext context) {
   // Ranks that disagreed about this call (found and reported by the notify step) send nothing.
   if (*args.verdict != 0) return;
   const device::Window window(peers);
@@ -268,11 +273,11 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
   }
 }
 
-}  // namespace
+}  // namespace intranode
 
 void launch_dispatch(const PeerWindow& window, const DispatchKernelArgs& args, const KernelContext& context,
                      cudaStream_t stream) {
-  dispatch_kernel<<<channel_blocks(kDispatchChannelLayout, args.ring.num_channels), kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
+  intranode::dispatch<<<channel_blocks(kDispatchChannelLayout, args.ring.num_channels), kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -280,13 +285,13 @@ int combine_blocks_per_sm();
 
 int normal_kernel_blocks_per_sm() {
   int blocks = 0;
-  EPCOMM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, dispatch_kernel, kNormalThreadsPerBlock, 0));
+  EPCOMM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, intranode::dispatch, kNormalThreadsPerBlock, 0));
   return std::min(blocks, combine_blocks_per_sm());
 }
 
 void load_dispatch_kernel_module() {
   cudaFuncAttributes attributes;
-  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, dispatch_kernel));
+  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, intranode::dispatch));
 }
 
 }  // namespace epcomm::kernels

@@ -47,8 +47,13 @@ __device__ void send_channel_counts(const device::Window& window, const bool* is
   }
 }
 
+}  // namespace
+
+// Named for profiler traces: "epcomm::kernels::intranode::notify_dispatch".
+namespace intranode {
+
 __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
-    notify_dispatch_kernel(const __grid_constant__ PeerWindow peers, NotifyDispatchArgs args, KernelContext context) {
+    notify_dispatch(const __grid_constant__ PeerWindow peers, NotifyDispatchArgs args, KernelContext context) {
   const device::Window window(peers);
   uint64_t* own_parity = window.own<uint64_t>(NvlLayout::notify_parity());
   const uint64_t parity = *own_parity;
@@ -154,17 +159,17 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
   }
 }
 
-}  // namespace
+}  // namespace intranode
 
 void launch_notify_dispatch(const PeerWindow& window, const NotifyDispatchArgs& args, const KernelContext& context,
                             cudaStream_t stream) {
-  notify_dispatch_kernel<<<1, kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
+  intranode::notify_dispatch<<<1, kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }
 
 void load_notify_dispatch_kernel_module() {
   cudaFuncAttributes attributes;
-  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, notify_dispatch_kernel));
+  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, intranode::notify_dispatch));
 }
 
 }  // namespace epcomm::kernels

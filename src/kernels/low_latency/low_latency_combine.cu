@@ -82,10 +82,14 @@ __device__ void reduce_chunk(const device::Window& window, const LowLatencyCombi
   static_cast<int4*>(args.out)[static_cast<int64_t>(token) * vectors + v] = packed;
 }
 
+}  // namespace
+
+// Named for profiler traces: "epcomm::kernels::low_latency::combine".
+namespace low_latency {
+
 __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
-    low_latency_combine_kernel(const __grid_constant__ PeerWindow peers,
-                               const __grid_constant__ LowLatencyCombineKernelArgs args, unsigned phases,
-                               KernelContext context) {
+    combine(const __grid_constant__ PeerWindow peers, const __grid_constant__ LowLatencyCombineKernelArgs args,
+            unsigned phases, KernelContext context) {
   const device::Window window(peers);
   const LowLatencyCommon& common = args.common;
   const device::LowLatencyLaunch launch = device::begin_low_latency_launch(window, common, context);
@@ -123,18 +127,17 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
   }
 }
 
-}  // namespace
+}  // namespace low_latency
 
 void launch_low_latency_combine(const PeerWindow& window, const LowLatencyCombineKernelArgs& args, unsigned phases,
                                 const KernelContext& context, cudaStream_t stream) {
-  low_latency_combine_kernel<<<args.common.num_blocks, kLowLatencyThreadsPerBlock, 0, stream>>>(window, args, phases,
-                                                                                              context);
+  low_latency::combine<<<args.common.num_blocks, kLowLatencyThreadsPerBlock, 0, stream>>>(window, args, phases, context);
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }
 
 void load_low_latency_combine_kernel_module() {
   cudaFuncAttributes attributes;
-  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, low_latency_combine_kernel));
+  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, low_latency::combine));
 }
 
 }  // namespace epcomm::kernels

@@ -286,10 +286,15 @@ __device__ void receive_expert(const device::Window& window, const LowLatencyDis
   __syncthreads();  // source_rows is this block's again for its next expert
 }
 
+}  // namespace
+
+// Named for profiler traces: "epcomm::kernels::low_latency::dispatch" says which op ran (deep_ep's
+// benchmark tools find kernels by "::dispatch" / "::combine").
+namespace low_latency {
+
 __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
-    low_latency_dispatch_kernel(const __grid_constant__ PeerWindow peers,
-                                const __grid_constant__ LowLatencyDispatchKernelArgs args, unsigned phases,
-                                KernelContext context) {
+    dispatch(const __grid_constant__ PeerWindow peers, const __grid_constant__ LowLatencyDispatchKernelArgs args,
+             unsigned phases, KernelContext context) {
   extern __shared__ int32_t plan[];  // expert_count [num_experts], then pair_slot [T * K]
   const device::Window window(peers);
   const LowLatencyCommon& common = args.common;
@@ -325,7 +330,7 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
   }
 }
 
-}  // namespace
+}  // namespace low_latency
 
 void launch_low_latency_dispatch(const PeerWindow& window, const LowLatencyDispatchKernelArgs& args, unsigned phases,
                                  const KernelContext& context, cudaStream_t stream) {
@@ -333,14 +338,14 @@ void launch_low_latency_dispatch(const PeerWindow& window, const LowLatencyDispa
                                 ? sizeof(int32_t) * (static_cast<size_t>(args.common.num_experts) +
                                                      static_cast<size_t>(args.common.num_tokens) * args.common.num_topk)
                                 : 0;
-  low_latency_dispatch_kernel<<<args.common.num_blocks, kLowLatencyThreadsPerBlock, plan_bytes, stream>>>(window, args, phases,
-                                                                                                      context);
+  low_latency::dispatch<<<args.common.num_blocks, kLowLatencyThreadsPerBlock, plan_bytes, stream>>>(window, args, phases,
+                                                                                                context);
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }
 
 void load_low_latency_dispatch_kernel_module() {
   constexpr size_t kMaxPlanBytes = sizeof(int32_t) * (kMaxLowLatencyExperts + kMaxLowLatencyPairs);
-  EPCOMM_CUDA_CHECK(cudaFuncSetAttribute(low_latency_dispatch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  EPCOMM_CUDA_CHECK(cudaFuncSetAttribute(low_latency::dispatch, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(kMaxPlanBytes)));
 }
 
