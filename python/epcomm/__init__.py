@@ -26,12 +26,14 @@ def install_as_deep_ep() -> None:
     deep_ep by name (Megatron-LM's ``from deep_ep import Buffer``). Call it before they import it.
 
     Raises ImportError if a real deep_ep is imported already: mixing the two in one process would
-    hand one library's handles to the other. Calling it twice is harmless.
+    hand one library's handles to the other. Calling it twice is harmless. For processes you do not
+    start yourself (deep_ep's tests spawn theirs), install python/deep_ep_shim instead.
     """
     import sys
 
     current = sys.modules.get("deep_ep")
-    if current is not None and current is not sys.modules[__name__]:
+    shim = getattr(current, "__epcomm_shim__", False)  # python/deep_ep_shim, which calls this
+    if current is not None and current is not sys.modules[__name__] and not shim:
         raise ImportError(f"epcomm.install_as_deep_ep(): a real deep_ep is imported already "
                           f"({getattr(current, '__file__', current)!r}); call it before anything imports deep_ep")
     sys.modules["deep_ep"] = sys.modules[__name__]

@@ -187,6 +187,20 @@ def test_install_as_deep_ep_refuses_when_a_real_deep_ep_is_loaded(monkeypatch):
     assert sys.modules["deep_ep"] is real
 
 
+def test_the_shim_package_answers_import_deep_ep_in_a_fresh_process():
+    """python/deep_ep_shim, on the path of a new interpreter (as deep_ep's spawned ranks are)."""
+    import os
+    import subprocess
+    import sys
+
+    shim = os.path.join(os.path.dirname(__file__), "..", "deep_ep_shim")
+    code = ("import deep_ep, epcomm; from deep_ep import Buffer; from deep_ep.utils import EventOverlap; "
+            "assert deep_ep is epcomm and Buffer is epcomm.Buffer and EventOverlap is epcomm.EventOverlap; print('ok')")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [shim, os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
 def test_buffer_offers_check_errors():
     assert callable(getattr(epcomm.Buffer, "check_errors", None))
     assert hasattr(_C.Buffer, "check_device_errors")
