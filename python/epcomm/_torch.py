@@ -93,7 +93,9 @@ def gathered_bytes(group: Any, data: bytes) -> bytes:
     import torch.distributed as dist
 
     size = dist.get_world_size(group)
-    local = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+    # On the CPU for gloo whatever torch's default device is (deep_ep's tests make it 'cuda').
+    local = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if data
+             else torch.empty(0, dtype=torch.uint8, device="cpu"))
     if dist.get_backend(group) == "nccl":
         local = local.cuda()
     parts = [torch.empty_like(local) for _ in range(size)]
