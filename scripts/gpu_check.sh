@@ -14,6 +14,8 @@
 #   sanitize  compute-sanitizer memcheck, racecheck and synccheck on GPU test cases at 2 ranks
 #           (MPS stopped: the sanitizer does not run under it); EPCOMM_SANITIZE_CASES picks the
 #           cases (default: layout peer lifecycle normal low_latency low_latency_emulated)
+#   soak    (only when named) gpu.soak.ranks8: 10,000 mixed calls of random sizes, each checked,
+#           then device memory, file descriptors and mappings compared (EPCOMM_SOAK_CALLS)
 # MPS is started when ranks must share GPUs, and stopped at the end. Knobs: EPCOMM_TEST_EXCLUDE (a
 # ctest regex to skip), EPCOMM_TEST_TIMEOUT, EPCOMM_BENCH_RANKS, EPCOMM_BENCH_ARGS (more
 # epcomm-bench options); EPCOMM_SWEEP=0, EPCOMM_COLD=0 and EPCOMM_PYTHON=0 drop those stages.
@@ -51,7 +53,7 @@ export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAS
 } >"$results/machine.txt" 2>&1
 
 export EPCOMM_BUILD_DIR=${EPCOMM_BUILD_DIR:-build-gpu}
-if wants build || wants tests || wants bench || wants sweep || wants cold || wants sanitize; then
+if wants build || wants tests || wants bench || wants sweep || wants cold || wants sanitize || wants soak; then
   cmake_args=()
   [ -d .deps/googletest ] && cmake_args+=(-DEPCOMM_GTEST_SOURCE_DIR="$PWD/.deps/googletest")
   if ! scripts/build.sh "${cmake_args[@]}" >"$results/build.log" 2>&1; then
@@ -120,6 +122,13 @@ fi
 note "bench: $(wc -l <"$results/bench.jsonl") records in bench.jsonl"
 if [ -s "$results/bench.jsonl" ]; then
   "${PYTHON:-python3}" scripts/bench_report.py "$results/bench.jsonl" >"$results/report.md" 2>&1 || true
+fi
+if wants soak; then
+  if ctest --test-dir "$EPCOMM_BUILD_DIR" -L soak --output-on-failure >>"$results/tests.log" 2>&1; then
+    note "soak: passed"
+  else
+    status=1; note "soak: FAILED (see tests.log)"
+  fi
 fi
 if wants sanitize; then
   stop_mps

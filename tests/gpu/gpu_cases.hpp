@@ -15,5 +15,6 @@ void run_cold_start_case(RankHarness& harness);
 void run_normal_case(RankHarness& harness);
 void run_low_latency_case(RankHarness& harness);
 void run_low_latency_emulated_case(RankHarness& harness);
+void run_soak_case(RankHarness& harness);
 
 }  // namespace epcomm::testing

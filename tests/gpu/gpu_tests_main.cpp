@@ -22,6 +22,7 @@ constexpr Case kCases[] = {
     {"normal", epcomm::testing::run_normal_case},
     {"low_latency", epcomm::testing::run_low_latency_case},
     {"low_latency_emulated", epcomm::testing::run_low_latency_emulated_case},
+    {"soak", epcomm::testing::run_soak_case},
 };
 
 int usage() {

@@ -1,12 +1,10 @@
 // Buffers come and go without leaking: 100 create/destroy cycles (IPC export, peer mapping,
 // preinitialize, explicit destroy or destructor) leave device memory, open file descriptors and
 // memory mappings where they started.
-#include <dirent.h>
-
-#include <fstream>
 #include <string>
 #include <vector>
 
+#include "common/process_resources.hpp"
 #include "support/device_bytes.hpp"
 #include "epcomm/buffer.hpp"
 #include "epcomm/event.hpp"
@@ -17,38 +15,6 @@ namespace {
 
 constexpr int kCycles = 100;
 constexpr int64_t kBufferBytes = 32 << 20;
-// Free memory is device-wide, and the allocator keeps some slack; a leak of one buffer per cycle
-// would be kCycles * kBufferBytes (3.2 GB), far above this.
-constexpr size_t kAllowedDriftBytes = 256 << 20;
-
-size_t free_device_bytes() {
-  size_t free_bytes = 0, total_bytes = 0;
-  EPCOMM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  return free_bytes;
-}
-
-// Open file descriptors of this process (CUDA IPC, sockets, the driver's own).
-int open_descriptors() {
-  int count = 0;
-  if (DIR* directory = opendir("/proc/self/fd")) {
-    while (const dirent* entry = readdir(directory)) count += entry->d_name[0] != '.';
-    closedir(directory);
-  }
-  return count;
-}
-
-// Memory mappings of this process (each peer buffer opened by CUDA IPC adds some).
-int memory_mappings() {
-  std::ifstream maps("/proc/self/maps");
-  int count = 0;
-  for (std::string line; std::getline(maps, line);) ++count;
-  return count;
-}
-
-// Descriptors and mappings may drift by a few (the driver's pools), never by one per cycle.
-constexpr int kAllowedDescriptorDrift = 8;
-constexpr int kAllowedMappingDrift = 32;
-
 // Events are reused once released (see event.cpp). A stream made to wait on an event keeps
 // waiting for the recording it saw, even after the event is released and recorded again on an
 // idle stream. `slow` runs a large memset; if `waiter` finishes before it, the wait moved.
@@ -169,7 +135,7 @@ void run_lifecycle_case(RankHarness& harness) {
   }
   harness.check(cudaStreamQuery(own_stream) == cudaSuccess, "the caller's stream outlives the Buffer");
   EPCOMM_CUDA_CHECK(cudaStreamDestroy(own_stream));
-  harness.check(after + kAllowedDriftBytes >= before,
+  harness.check(after + kAllowedDeviceDriftBytes >= before,
                 "device memory after " + std::to_string(kCycles) + " cycles: " + std::to_string(before >> 20) +
                     " MiB free before, " + std::to_string(after >> 20) + " MiB after");
 
