@@ -44,6 +44,7 @@ enum Flag : unsigned {
   kAlign128 = 1u << 7,     // expert_alignment 128
   kColumnScales = 1u << 8, // FP8 x_scales stored scale-major (strides 1, tokens), as deep_ep's tests pass them
   kWideConfig = 1u << 9,   // as many SMs (channels) as fit, up to kMaxChannels: more channels than a warp's lanes
+  kNonFinite = 1u << 10,   // NaN, +-Inf and -0 among the rows and expert outputs: copied bit for bit, summed as IEEE
 };
 
 struct Scenario {
@@ -72,6 +73,8 @@ std::vector<Scenario> scenarios() {
       {"small-config fp8 h2048 uneven hot bias", true, 2048, -1, 8, Routing::kHot, kSmallConfig | kWorst | kBias},
       {"small-config bf16 h2048 T1 top1 sparse", false, 2048, 1, 1, Routing::kSparse, kSmallConfig | kPoison},
       {"wide-config fp8 h7168 uneven top8 sparse", true, 7168, -1, 8, Routing::kSparse, kWideConfig | kPoison | kCached | kWorst},
+      {"bf16 h2048 T512 top8 non-finite", false, 2048, 512, 8, Routing::kPlain, kNonFinite | kPoison},
+      {"fp8 h2048 uneven top4 sparse non-finite", true, 2048, -1, 4, Routing::kSparse, kNonFinite},
   };
 }
 
@@ -136,6 +139,15 @@ reference::NormalDispatchShape shape_of(const Scenario& s) {
 }
 
 // Every rank's dispatch inputs. The routing depends on the seed only; the rows also on x_stream.
+// Non-finite values (kNonFinite): every 97th element becomes NaN, +Inf, -Inf or -0 in turn.
+constexpr size_t kNonFiniteStride = 97;
+constexpr uint16_t kBf16Specials[] = {0x7FC0, 0x7F80, 0xFF80, 0x8000};  // NaN, +Inf, -Inf, -0
+constexpr uint8_t kE4m3Nan = 0x7F;                                      // e4m3 has no Inf
+
+void put_bf16_specials(std::vector<uint16_t>& bits) {
+  for (size_t i = 0, n = 0; i < bits.size(); i += kNonFiniteStride, ++n) bits[i] = kBf16Specials[n % 4];
+}
+
 std::vector<reference::NormalRankInput> make_world(const Scenario& s, uint64_t seed, int ranks, int x_stream,
                                                    int scales_stream) {
   std::vector<reference::NormalRankInput> world(ranks);
@@ -148,10 +160,14 @@ std::vector<reference::NormalRankInput> make_world(const Scenario& s, uint64_t s
     in.topk_weights = reference::random_topk_weights(reference::derive_seed(seed, r, kWeightsStream), in.num_tokens, s.topk);
     if (s.fp8) {
       in.x = reference::random_e4m3(reference::derive_seed(seed, r, x_stream), elements);
+      if (s.has(kNonFinite)) {
+        for (size_t i = 0; i < in.x.size(); i += kNonFiniteStride) in.x[i] = kE4m3Nan;
+      }
       in.x_scales = reference::random_scales(reference::derive_seed(seed, r, scales_stream),
                                              static_cast<size_t>(in.num_tokens) * num_scales(s));
     } else {
-      const std::vector<uint16_t> bits = reference::random_bf16(reference::derive_seed(seed, r, x_stream), elements);
+      std::vector<uint16_t> bits = reference::random_bf16(reference::derive_seed(seed, r, x_stream), elements);
+      if (s.has(kNonFinite)) put_bf16_specials(bits);
       in.x.resize(elements * sizeof(uint16_t));
       if (!bits.empty()) std::memcpy(in.x.data(), bits.data(), in.x.size());
     }
@@ -312,6 +328,7 @@ std::vector<reference::NormalCombineRankInput> make_combine_inputs(std::vector<r
     const size_t elements = static_cast<size_t>(dispatched[d].num_recv_tokens) * s.hidden;
     if (s.fp8) {
       inputs[d].x = reference::random_bf16(reference::derive_seed(seed, static_cast<int>(d), kYStream), elements);
+      if (s.has(kNonFinite)) put_bf16_specials(inputs[d].x);
     } else {
       inputs[d].x.resize(elements);
       if (elements) std::memcpy(inputs[d].x.data(), dispatched[d].recv_x.data(), elements * sizeof(uint16_t));
