@@ -14,6 +14,9 @@ class DeviceAllocation {
   DeviceAllocation(DeviceAllocation&& other) noexcept;
   DeviceAllocation& operator=(DeviceAllocation&& other) noexcept;
   void* get() const { return pointer_; }
+  // Forgets the memory without freeing it: for memory other processes may still map (it is
+  // released when this process exits).
+  void leak() { pointer_ = nullptr; }
 
  private:
   void* pointer_ = nullptr;

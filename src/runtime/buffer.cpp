@@ -196,7 +196,9 @@ void Buffer::destroy() {
   EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
   if (impl_->errors.peer_died()) {
     // A dead rank can meet no barrier (a process-group barrier would wait out its own timeout):
-    // release what is local; the survivors each do the same.
+    // close this rank's mappings; its own memory (survivors may still map it) is left to the
+    // process's exit. The survivors each do the same.
+    impl_->transport->abandon();
     impl_->transport.reset();
   } else {
     impl_->bootstrap->barrier();

@@ -45,6 +45,10 @@ class Transport {
   // Collective teardown: no rank frees memory a peer still reaches. The destructor alone (e.g.
   // while an exception unwinds) releases without waiting for peers.
   virtual void release_collectively(Bootstrap& bootstrap) = 0;
+  // Local teardown for when the ranks cannot meet (a peer died): closes this rank's mappings of
+  // its peers. Its own memory, which surviving peers may still map, stays allocated until the
+  // process exits: freeing exported memory before every importer closed it is undefined.
+  virtual void abandon() = 0;
 
  protected:
   PeerWindow window_;

@@ -117,6 +117,12 @@ void IpcTransport::release_collectively(Bootstrap& bootstrap) {
   local_ = DeviceAllocation();
 }
 
+void IpcTransport::abandon() {
+  mappings_.clear();
+  window_ = PeerWindow{};
+  local_.leak();
+}
+
 std::unique_ptr<Transport> make_transport(Bootstrap& bootstrap, const TransportOptions& options) {
   return std::make_unique<IpcTransport>(bootstrap, options);
 }

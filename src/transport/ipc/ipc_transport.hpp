@@ -29,6 +29,7 @@ class IpcTransport final : public Transport {
   // Collective. The buffer is zeroed before any peer can see it, so signals start at 0.
   IpcTransport(Bootstrap& bootstrap, const TransportOptions& options);
   void release_collectively(Bootstrap& bootstrap) override;
+  void abandon() override;
 
  private:
   DeviceAllocation local_;
