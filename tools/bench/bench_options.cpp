@@ -54,6 +54,8 @@ const char* bench_usage() {
          "  --setup NAME      label for the records (default: detected)\n"
          "  --sweep           also time a grid of normal-mode configs (SMs, chunk and ring sizes)\n"
          "  --sms A,B,...     time the default normal-mode config at each of these SM counts\n"
+         "  --rings A,B,...   ... at each of these ring sizes (num_max_nvl_chunked_recv_tokens);\n"
+         "                    with --sms, every (SMs, ring) pair\n"
          "  --token-sweep A,B,...  also time normal mode (default config) at these tokens per rank\n"
          "  --skip-normal     skip normal-mode dispatch and combine\n"
          "  --cold            cold start: --trials trials in fresh processes, with and without\n"
@@ -96,6 +98,7 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       {"--cold-pause-ms", [&](const std::string& v) { options.cold_pause_ms = static_cast<int>(parse_integer("--cold-pause-ms", v, 0, 10000)); }},
       {"--out", [&](const std::string& v) { options.out_path = v; }},
       {"--sms", [&](const std::string& v) { options.sms_list = parse_list("--sms", v, 2, kMaxChannels); }},
+      {"--rings", [&](const std::string& v) { options.ring_list = parse_list("--rings", v, kMinRingTokens, 1 << 16); }},
       {"--token-sweep", [&](const std::string& v) { options.token_sweep = parse_list("--token-sweep", v, 1, 1 << 20); }},
   };
   for (size_t i = 0; i < args.size(); ++i) {
@@ -145,6 +148,7 @@ std::vector<std::string> to_arguments(const BenchOptions& options) {
   if (!options.out_path.empty()) args.insert(args.end(), {"--out", options.out_path});
   if (options.sweep) args.push_back("--sweep");
   if (!options.sms_list.empty()) args.insert(args.end(), {"--sms", join_list(options.sms_list)});
+  if (!options.ring_list.empty()) args.insert(args.end(), {"--rings", join_list(options.ring_list)});
   if (!options.token_sweep.empty()) args.insert(args.end(), {"--token-sweep", join_list(options.token_sweep)});
   if (options.skip_normal) args.push_back("--skip-normal");
   if (options.cold_trial >= 0) {

@@ -23,6 +23,7 @@ struct BenchOptions {
   std::string setup;     // empty: detect (single | mps | timeslice | nvlink)
   bool sweep = false;    // also time a grid of normal-mode configs
   std::vector<int> sms_list;  // --sms: time the default config at each of these SM counts instead
+  std::vector<int> ring_list;  // --rings: ... and at each of these ring sizes (tokens), a grid with --sms
   std::vector<int> token_sweep;  // --token-sweep: also time normal mode at these tokens per rank
   bool skip_normal = false;  // time only layout, copy and low-latency mode
   // --cold: trials of fresh processes, each timing init and the first / second / steady call of

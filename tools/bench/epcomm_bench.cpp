@@ -138,12 +138,21 @@ std::vector<Config> bench_configs(const BenchContext& context) {
     return config;
   };
   std::vector<Config> configs;
-  for (const int sms : options.sms_list) {
-    Config config = default_dispatch_config(options.num_ranks);
-    config.num_sms = sms;
-    configs.push_back(capped(config));
+  const Config defaults = default_dispatch_config(options.num_ranks);
+  const std::vector<int> sms_list = options.sms_list.empty() ? std::vector<int>{defaults.num_sms} : options.sms_list;
+  const std::vector<int> rings = options.ring_list.empty() ? std::vector<int>{defaults.num_max_nvl_chunked_recv_tokens}
+                                                           : options.ring_list;
+  if (!options.sms_list.empty() || !options.ring_list.empty()) {
+    for (const int sms : sms_list) {
+      for (const int ring : rings) {
+        Config config = defaults;
+        config.num_sms = sms;
+        config.num_max_nvl_chunked_recv_tokens = ring;
+        configs.push_back(capped(config));
+      }
+    }
+    return configs;
   }
-  if (!configs.empty()) return configs;
   configs.push_back(capped(default_dispatch_config(options.num_ranks)));
   if (!options.sweep) return configs;
   // More than 24 SMs only where a rank has its GPU to itself (the cap keeps shared GPUs at their share).
