@@ -124,7 +124,8 @@ if [ -s "$results/bench.jsonl" ]; then
   "${PYTHON:-python3}" scripts/bench_report.py "$results/bench.jsonl" >"$results/report.md" 2>&1 || true
 fi
 if wants soak; then
-  if ctest --test-dir "$EPCOMM_BUILD_DIR" -L soak --output-on-failure >>"$results/tests.log" 2>&1; then
+  if EPCOMM_SOAK_CALLS=${EPCOMM_SOAK_CALLS:-10000} ctest --test-dir "$EPCOMM_BUILD_DIR" -L soak --output-on-failure \
+      >>"$results/tests.log" 2>&1; then
     note "soak: passed"
   else
     status=1; note "soak: FAILED (see tests.log)"

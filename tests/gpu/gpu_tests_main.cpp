@@ -1,6 +1,7 @@
 // epcomm_gpu_tests CASE: one GPU test case, run by every rank that epcomm-launch starts.
 //   epcomm-launch -n 4 -- epcomm_gpu_tests layout
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "gpu/gpu_cases.hpp"
@@ -10,6 +11,7 @@ namespace {
 struct Case {
   const char* name;
   void (*run)(epcomm::testing::RankHarness&);
+  const char* on_request_only = nullptr;  // an environment variable that must be set for it to run
 };
 
 constexpr Case kCases[] = {
@@ -22,7 +24,7 @@ constexpr Case kCases[] = {
     {"normal", epcomm::testing::run_normal_case},
     {"low_latency", epcomm::testing::run_low_latency_case},
     {"low_latency_emulated", epcomm::testing::run_low_latency_emulated_case},
-    {"soak", epcomm::testing::run_soak_case},
+    {"soak", epcomm::testing::run_soak_case, "EPCOMM_SOAK_CALLS"},
 };
 
 int usage() {
@@ -45,6 +47,10 @@ int main(int argc, char** argv) {
   const std::string reason = epcomm::testing::gpu_unavailable_reason();
   if (!reason.empty()) {
     std::printf("SKIPPED: GPU test '%s' needs a CUDA GPU: %s\n", selected->name, reason.c_str());
+    return epcomm::testing::kExitSkipped;
+  }
+  if (selected->on_request_only != nullptr && std::getenv(selected->on_request_only) == nullptr) {
+    std::printf("SKIPPED: GPU test '%s' runs only on request: set %s\n", selected->name, selected->on_request_only);
     return epcomm::testing::kExitSkipped;
   }
   try {

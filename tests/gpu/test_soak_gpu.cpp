@@ -1,4 +1,5 @@
-// A soak: many mixed calls of random sizes on one Buffer (EPCOMM_SOAK_CALLS, default 10,000):
+// A soak: many mixed calls of random sizes on one Buffer (EPCOMM_SOAK_CALLS of them; it runs only
+// when that is set, e.g. EPCOMM_SOAK_CALLS=10000):
 // normal dispatch and combine (new and cached routing, BF16), low-latency dispatch and combine
 // (with and without the hook), 0 to M tokens per rank, hidden 256 to 2048, top-1 to top-8. Every
 // round is checked exactly by its round trip, and after the calls device memory, open file
@@ -196,7 +197,7 @@ class Soak {
 
 void run_soak_case(RankHarness& harness) {
   const char* calls_text = std::getenv("EPCOMM_SOAK_CALLS");
-  const int calls = calls_text != nullptr ? std::max(1, std::atoi(calls_text)) : kDefaultCalls;
+  const int calls = calls_text != nullptr && std::atoi(calls_text) > 0 ? std::atoi(calls_text) : kDefaultCalls;
   const int ranks = harness.num_ranks();
   const int num_experts = kExpertsPerRank * ranks;
   BufferOptions options;
