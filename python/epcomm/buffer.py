@@ -268,14 +268,16 @@ class Buffer:
                              cumulative_local_expert_recv_stats=None, dispatch_wait_recv_cost_stats=None,
                              use_fp8: bool = True, round_scale: bool = False, use_ue8m0: bool = False,
                              async_finish: bool = False, return_recv_hook: bool = False):
-        """-> (recv_x (a (data, scales) tuple with use_fp8), recv_count, handle, event, hook)."""
-        if dispatch_wait_recv_cost_stats is not None:
-            raise ValueError("epcomm: dispatch_wait_recv_cost_stats is not supported")
+        """-> (recv_x (a (data, scales) tuple with use_fp8), recv_count, handle, event, hook).
+
+        ``dispatch_wait_recv_cost_stats`` (int64 [num_ranks]) accumulates the SM clock cycles the
+        receive waited for each source rank, as deep_ep's."""
         args = _fill(_C.LowLatencyDispatchArgs(), x=_torch.view(x, "x"), topk_idx=_torch.view(topk_idx, "topk_idx"),
                      num_max_dispatch_tokens_per_rank=num_max_dispatch_tokens_per_rank, num_experts=num_experts,
                      use_fp8=use_fp8, round_scale=round_scale, use_ue8m0=use_ue8m0,
                      cumulative_local_expert_recv_stats=_torch.view(cumulative_local_expert_recv_stats,
                                                                     "cumulative_local_expert_recv_stats"),
+                     wait_recv_cost_stats=_torch.view(dispatch_wait_recv_cost_stats, "dispatch_wait_recv_cost_stats"),
                      return_recv_hook=return_recv_hook)
         recv_x, scales, count, handle, done, hook = self.runtime.low_latency_dispatch(
             args, self.allocator, _call(_C.Event(), async_finish, False))
@@ -288,13 +290,15 @@ class Buffer:
     def low_latency_combine(self, x, topk_idx, topk_weights, handle: Any, use_logfmt: bool = False,
                             zero_copy: bool = False, async_finish: bool = False, return_recv_hook: bool = False,
                             out=None, combine_wait_recv_cost_stats=None):
-        """-> (combined_x, event, hook)."""
-        if use_logfmt or combine_wait_recv_cost_stats is not None:
-            raise ValueError("epcomm: use_logfmt and combine_wait_recv_cost_stats are not supported")
+        """-> (combined_x, event, hook). ``combine_wait_recv_cost_stats`` (int64 [num_ranks])
+        accumulates the cycles the receive waited for each rank, as deep_ep's."""
+        if use_logfmt:
+            raise ValueError("epcomm: use_logfmt is not supported yet (combine sends BF16 rows)")
         args = _fill(_C.LowLatencyCombineArgs(), x=_torch.view(x, "x"), topk_idx=_torch.view(topk_idx, "topk_idx"),
                      topk_weights=_torch.view(topk_weights, "topk_weights"),
                      handle=runtime_handle(handle, LowLatencyHandle, "low_latency_dispatch", "handle"), zero_copy=zero_copy,
-                     out=_torch.view(out, "out"), return_recv_hook=return_recv_hook)
+                     out=_torch.view(out, "out"), return_recv_hook=return_recv_hook,
+                     wait_recv_cost_stats=_torch.view(combine_wait_recv_cost_stats, "combine_wait_recv_cost_stats"))
         combined, done, hook = self.runtime.low_latency_combine(args, self.allocator,
                                                                 _call(_C.Event(), async_finish, False))
         overlap = EventOverlap(done, (x, topk_idx, topk_weights)) if async_finish else EventOverlap()

@@ -119,6 +119,7 @@ void bind_call_args(nb::module_& m) {
       .def_rw("round_scale", &LowLatencyDispatchArgs::round_scale)
       .def_rw("use_ue8m0", &LowLatencyDispatchArgs::use_ue8m0)
       .def_rw("cumulative_local_expert_recv_stats", &LowLatencyDispatchArgs::cumulative_local_expert_recv_stats)
+      .def_rw("wait_recv_cost_stats", &LowLatencyDispatchArgs::wait_recv_cost_stats)
       .def_rw("return_recv_hook", &LowLatencyDispatchArgs::return_recv_hook);
   nb::class_<LowLatencyCombineArgs>(m, "LowLatencyCombineArgs")
       .def(nb::init<>())
@@ -130,6 +131,7 @@ void bind_call_args(nb::module_& m) {
                    nb::for_setter(nb::arg("handle").none()), nb::rv_policy::reference)
       .def_rw("zero_copy", &LowLatencyCombineArgs::zero_copy)
       .def_rw("out", &LowLatencyCombineArgs::out)
+      .def_rw("wait_recv_cost_stats", &LowLatencyCombineArgs::wait_recv_cost_stats)
       .def_rw("return_recv_hook", &LowLatencyCombineArgs::return_recv_hook);
 }
 

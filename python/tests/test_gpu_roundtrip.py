@@ -157,11 +157,15 @@ def _check_low_latency_handle(handle, count, topk_idx, group, rank: int, num_ran
 
 def _check_fp8_low_latency(buffer, x, topk_idx, group, rank: int, num_ranks: int, tokens: int, experts: int) -> None:
     """FP8 low-latency dispatch: scales in deep_ep's layout ([E_local, R*M, hidden/128], stride 1
-    along the rows), and rows that dequantise back to the sources' tokens."""
+    along the rows), rows that dequantise back to the sources' tokens, and the cycles waited per
+    source counted (dispatch_wait_recv_cost_stats)."""
     import torch
 
-    (recv_x, scales), count, handle, _, _ = buffer.low_latency_dispatch(x, topk_idx, tokens, experts, use_fp8=True)
+    waited = torch.zeros(num_ranks, dtype=torch.int64, device=x.device)
+    (recv_x, scales), count, handle, _, _ = buffer.low_latency_dispatch(x, topk_idx, tokens, experts, use_fp8=True,
+                                                                        dispatch_wait_recv_cost_stats=waited)
     torch.cuda.synchronize()
+    assert bool((waited > 0).all()), f"rank {rank}: dispatch_wait_recv_cost_stats {waited.tolist()}"
     local_experts, rows, hidden = recv_x.shape
     assert scales.shape == (local_experts, rows, hidden // 128) and scales.stride() == (hidden // 128 * rows, 1, rows)
     everyone = _gathered(x, group, num_ranks).float()  # [source, token, hidden]

@@ -118,6 +118,10 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
          " with use_ue8m0 (four scales per int32)");
   }
   const int experts_per_rank = args.num_experts / ranks;
+  if (given(args.wait_recv_cost_stats)) {
+    detail::require_device_tensor(impl.device, kDispatchOp, "wait_recv_cost_stats", args.wait_recv_cost_stats,
+                                  {DType::kInt64}, {ranks});
+  }
   if (given(args.cumulative_local_expert_recv_stats)) {
     detail::require_device_tensor(impl.device, kDispatchOp, "cumulative_local_expert_recv_stats", args.cumulative_local_expert_recv_stats,
                                   {DType::kInt32}, {experts_per_rank});
@@ -178,6 +182,7 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
   kernel.recv_count_from = state->recv_count_from.view.ptr<int32_t>();
   kernel.recv_src_info = state->recv_src_info.view.ptr<int32_t>();
   kernel.recv_src_k = state->recv_src_k.view.ptr<int32_t>();
+  kernel.wait_cost_stats = given(args.wait_recv_cost_stats) ? args.wait_recv_cost_stats.ptr<int64_t>() : nullptr;
   kernel.cumulative_stats = given(args.cumulative_local_expert_recv_stats)
                                 ? args.cumulative_local_expert_recv_stats.ptr<int32_t>()
                                 : nullptr;
@@ -222,6 +227,10 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
   if (given(args.out)) {
     detail::require_device_tensor(impl.device, kCombineOp, "out", args.out, {DType::kBFloat16}, {state.num_tokens, state.hidden});
   }
+  if (given(args.wait_recv_cost_stats)) {
+    detail::require_device_tensor(impl.device, kCombineOp, "wait_recv_cost_stats", args.wait_recv_cost_stats,
+                                  {DType::kInt64}, {ranks});
+  }
   for (const TensorView* tensor : {&args.x, &args.out}) {
     if (given(*tensor) && reinterpret_cast<uintptr_t>(tensor->data) % kVectorBytes != 0) {
       fail(ErrorCode::kInvalidArgument, kCombineOp, ": ", tensor == &args.x ? "x" : "out", " at ", tensor->data,
@@ -254,6 +263,7 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
   kernel.recv_src_info = state.recv_src_info.view.ptr<int32_t>();
   kernel.recv_src_k = state.recv_src_k.view.ptr<int32_t>();
   kernel.out = result.combined_x.view.data;
+  kernel.wait_cost_stats = given(args.wait_recv_cost_stats) ? args.wait_recv_cost_stats.ptr<int64_t>() : nullptr;
   const PeerWindow window = impl.window();
   const KernelContext context = impl.context();
   const unsigned phases = args.return_recv_hook ? kernels::kSendPhase : (kernels::kSendPhase | kernels::kReceivePhase);

@@ -430,26 +430,51 @@ void run_scenario(Context& ctx, const Scenario& s, uint64_t seed) {
     out.poison(kPoisonByte);
     LowLatencyCombineArgs combine_args = tensors.combine_args(s, ranks, dispatched.handle);
     combine_args.out = TensorView::contiguous(out.get(), DType::kBFloat16, {tensors.tokens, s.hidden});
+    DeviceBytes wait_costs(static_cast<size_t>(ranks) * sizeof(int64_t));
+    wait_costs.poison(0);
+    combine_args.wait_recv_cost_stats = TensorView::contiguous(wait_costs.get(), DType::kInt64, {ranks});
     const LowLatencyCombineResult combined = buffer.low_latency_combine(combine_args, allocator, call);
     buffer.synchronize(ctx.stream);
     harness.check(combined.combined_x.view.data == out.get(), name + " out= combine: combined_x is not args.out");
     check_combined(harness, name + " out= combine", s, combine_args.out, round);
+    const std::vector<int64_t> costs = wait_costs.download<int64_t>(ranks);
+    for (int r = 0; r < ranks; ++r) {
+      harness.check(costs[r] > 0, name + " combine wait_recv_cost_stats[" + std::to_string(r) + "] = " +
+                                      std::to_string(costs[r]) + " cycles, expected > 0");
+    }
   }
 
   if (s.has(kStats)) {
     constexpr int kCalls = 3;
     DeviceBytes stats(static_cast<size_t>(s.experts_per_rank) * sizeof(int32_t));
     stats.poison(0);
+    DeviceBytes wait_costs(static_cast<size_t>(ranks) * sizeof(int64_t));
+    wait_costs.poison(0);
     LowLatencyDispatchArgs args = dispatch_args;
     args.cumulative_local_expert_recv_stats = TensorView::contiguous(stats.get(), DType::kInt32, {s.experts_per_rank});
+    args.wait_recv_cost_stats = TensorView::contiguous(wait_costs.get(), DType::kInt64, {ranks});
     std::vector<LowLatencyDispatchResult> results;
-    for (int i = 0; i < kCalls; ++i) results.push_back(buffer.low_latency_dispatch(args, allocator, call));
+    std::vector<int64_t> costs_before;
+    for (int i = 0; i < kCalls; ++i) {
+      results.push_back(buffer.low_latency_dispatch(args, allocator, call));
+      if (i == kCalls - 2) {
+        buffer.synchronize(ctx.stream);
+        costs_before = wait_costs.download<int64_t>(ranks);
+      }
+    }
     buffer.synchronize(ctx.stream);
     std::vector<int32_t> want = round.dispatched.recv_count;
     for (int32_t& count : want) count *= kCalls;
     expect_equal(harness, name + " cumulative_local_expert_recv_stats after 3 dispatches", stats.download<int32_t>(want.size()),
                  want);
     check_dispatch(harness, name + " third stats dispatch", s, ranks, results.back(), round.dispatched);
+    // Every source's wait adds its cycles: each entry grew with the last call.
+    const std::vector<int64_t> costs = wait_costs.download<int64_t>(ranks);
+    for (int r = 0; r < ranks; ++r) {
+      harness.check(costs[r] > costs_before[r] && costs_before[r] > 0,
+                    name + " dispatch wait_recv_cost_stats[" + std::to_string(r) + "] grows with every call (" +
+                        std::to_string(costs_before[r]) + " then " + std::to_string(costs[r]) + " cycles)");
+    }
   }
 
   if (s.has(kBackToBack)) {

@@ -114,7 +114,8 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
     if (threadIdx.x < context.num_ranks) {
       const int owner = threadIdx.x;
       const device::WaitSite site{DeviceOp::kLowLatencyCombine, WaitTarget::kLowLatencyFlag, owner, -1};
-      window.wait(layout.combine_flag(common.set_index, owner), epoch << 32, context, site);
+      device::wait_for_peer(window, layout.combine_flag(common.set_index, owner), epoch << 32, context, site,
+                            args.wait_cost_stats);
     }
     __syncthreads();  // the acquires above order every warp's reads of the returned rows
     const int warps = gridDim.x * kLowLatencyWarpsPerBlock;

@@ -1,4 +1,5 @@
-// Pieces both low-latency kernels share: the epoch of a call and the end of a receive phase.
+// Pieces both low-latency kernels share: the epoch of a call, the receive's waits and the end of a
+// receive phase.
 // Peers are reached only through put and signal of the transport window (transport/window.cuh),
 // never by loads or stores into their memory, so the same kernels run between ranks that no
 // NVLink joins (emulated nodes today, NVSHMEM across nodes later).
@@ -33,6 +34,17 @@ __device__ __forceinline__ LowLatencyLaunch begin_low_latency_launch(const Windo
   const LowLatencyLayout layout =
       LowLatencyLayout::of(common.region_offset, context.num_ranks, common.num_experts, common.max_tokens, common.hidden);
   return LowLatencyLaunch{layout, *window.own<uint64_t>(layout.epoch(common.set_index)) + 1};
+}
+
+// window.wait for a peer's flag, adding the SM clock cycles it took to cost_stats[site.peer] when
+// the caller asked for them (deep_ep's wait_recv_cost_stats; clock64 as deep_ep counts).
+__device__ __forceinline__ void wait_for_peer(const Window& window, size_t own_offset, uint64_t expected,
+                                              const KernelContext& context, const WaitSite& site, int64_t* cost_stats) {
+  const long long start = clock64();
+  window.wait(own_offset, expected, context, site);
+  if (cost_stats != nullptr) {
+    atomicAdd(reinterpret_cast<unsigned long long*>(cost_stats + site.peer), static_cast<unsigned long long>(clock64() - start));
+  }
 }
 
 }  // namespace epcomm::device

@@ -40,6 +40,7 @@ struct LowLatencyDispatchKernelArgs {
   int32_t* recv_src_info = nullptr;      // out: [E_local, R*M]
   int32_t* recv_src_k = nullptr;         // out: [E_local, R*M]
   int32_t* cumulative_stats = nullptr;   // in/out, or null
+  int64_t* wait_cost_stats = nullptr;    // in/out [R]: cycles waited per source, or null
 };
 void launch_low_latency_dispatch(const PeerWindow& window, const LowLatencyDispatchKernelArgs& args, unsigned phases,
                                  const KernelContext& context, cudaStream_t stream);
@@ -52,6 +53,7 @@ struct LowLatencyCombineKernelArgs {
   const int32_t* recv_src_info = nullptr;    // [E_local, R*M]
   const int32_t* recv_src_k = nullptr;       // [E_local, R*M]
   void* out = nullptr;                    // out: bf16 [T, hidden]
+  int64_t* wait_cost_stats = nullptr;     // in/out [R]: cycles waited per rank, or null
 };
 void launch_low_latency_combine(const PeerWindow& window, const LowLatencyCombineKernelArgs& args, unsigned phases,
                                 const KernelContext& context, cudaStream_t stream);
