@@ -654,6 +654,26 @@ void check_argument_errors(Context& ctx) {
     expect_dispatch_error("topk_weights given", args, "ranks disagreeing on topk_weights");
   }
 
+  // Worst-case sizing with too few rows: the rows past num_worst_tokens are dropped and the rank
+  // that needed them is told how many (at its next check); nothing else is lost.
+  {
+    const int received = reference_dispatch(make_world(s, kSeed ^ 0xe7707u, ranks, kXStream, kScalesStream), s)
+                             [harness.rank()].num_recv_tokens;
+    DispatchArgs too_few = good;
+    too_few.num_worst_tokens = 1;
+    const DispatchResult dropped = buffer.dispatch(too_few, *allocator);
+    const auto check = [&] { buffer.synchronize(nullptr); };
+    if (received > 1) {
+      harness.expect_error(ErrorCode::kInvalidArgument,
+                           "needed " + std::to_string(received) + " rows where num_worst_tokens=1 fit", check,
+                           "worst-case dispatch with too few rows");
+    } else {
+      check();
+      harness.check(true, "worst-case dispatch with rows enough for this rank");
+    }
+    harness.bootstrap()->barrier();  // every rank has seen its own error before the next call
+  }
+
   // Combine errors need a real handle.
   const DispatchResult result = buffer.dispatch(good, *allocator);
   buffer.synchronize(buffer.comm_stream());
