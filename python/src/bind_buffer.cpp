@@ -41,7 +41,7 @@ nb::dlpack::dtype dlpack_dtype(DType dtype) {
 // (the Python object holding that memory, e.g. a handle) alive for as long as the tensor lives.
 // An empty view gives None.
 nb::object device_tensor(nb::handle owner, const TensorView& view) {
-  if (view.data == nullptr && view.numel() > 0) return nb::none();
+  if (view.ndim == 0 || (view.data == nullptr && view.numel() > 0)) return nb::none();  // absent
   cudaPointerAttributes attributes{};
   int device = 0;
   if (view.data != nullptr && cudaPointerGetAttributes(&attributes, view.data) == cudaSuccess) {

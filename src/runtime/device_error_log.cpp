@@ -90,6 +90,15 @@ std::string DeviceErrorLog::describe(const DeviceErrorRecord& record) {
   return join_message("rank ", record.rank, ": ", device_op_name(op), ": unknown device error kind ", record.kind);
 }
 
+void DeviceErrorLog::raise_if_out_of_step() {
+  raise_if_unusable();
+  if (host_record() == nullptr) return;
+  // Pairs with the kernel's release store of `kind`.
+  if (__atomic_load_n(&host_record()->kind, __ATOMIC_ACQUIRE) == static_cast<int32_t>(DeviceErrorKind::kWaitTimeout)) {
+    raise_if_recorded();
+  }
+}
+
 void DeviceErrorLog::raise_if_recorded() {
   raise_if_unusable();
   if (host_record() == nullptr) return;  // not allocated yet: no kernel can have written

@@ -23,6 +23,10 @@ class DeviceErrorLog {
   // If a kernel recorded a failure: clears the record and throws it as an epcomm::Error. A
   // timeout is sticky: every later call throws too (the ranks' shared state is out of step).
   void raise_if_recorded();
+  // raise_if_recorded() only for what leaves every rank out of step (a wait that timed out, a dead
+  // peer); other recorded errors (bad input on this rank) wait for the next call's start, so that a
+  // rank never stops alone inside a collective step its peers go on with.
+  void raise_if_out_of_step();
   void raise_if_unusable() const;
   // A failure the host found itself (a host-side wait timed out) that leaves the ranks out of step.
   void mark_unusable(const std::string& message) { sticky_failure_ = message; }

@@ -111,7 +111,7 @@ void wait_for_notify(Buffer::Impl& impl, uint64_t sequence) {
   const auto deadline = std::chrono::steady_clock::now() + impl.options.wait_timeout;
   // Pairs with the notify kernel's release store of `sequence`.
   while (__atomic_load_n(&results->sequence, __ATOMIC_ACQUIRE) != sequence) {
-    impl.errors.raise_if_recorded();  // e.g. the notify's barrier timed out on a missing peer
+    impl.errors.raise_if_out_of_step();  // e.g. an earlier kernel timed out on a missing peer
     if (std::chrono::steady_clock::now() > deadline) {
       const std::string message =
           join_message("rank ", impl.bootstrap->rank(), ": dispatch waited ", impl.options.wait_timeout.count(),
@@ -434,6 +434,7 @@ CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, con
   kernel.bias1 = given(args.bias1) ? args.bias1.data : nullptr;
   kernel.recv_channel_prefix = state.recv_channel_prefix.view.ptr<int32_t>();
   kernel.send_position = state.send_position.view.ptr<int32_t>();
+  kernel.verdict = state.verdict.view.ptr<int32_t>();
   kernel.num_tokens = state.num_tokens;
   kernel.num_rows = state.num_rows;
   kernel.combined_x = result.combined_x.view.data;

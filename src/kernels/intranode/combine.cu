@@ -219,6 +219,8 @@ template <int kRankBound>
 __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
     combine(const __grid_constant__ PeerWindow peers, const __grid_constant__ CombineKernelArgs args,
             KernelContext context) {
+  // The dispatch behind this handle sent nothing (its ranks disagreed): neither does its combine.
+  if (*args.verdict != 0) return;
   const device::Window window(peers);
   RingLayout ring;
   ring.slot = SlotLayout::combine(static_cast<size_t>(args.hidden) * sizeof(__nv_bfloat16), args.num_topk);

@@ -81,6 +81,7 @@ struct CombineKernelArgs {
   int num_rows = 0;                      // rows of x (rows past it were dropped by the dispatch)
   void* combined_x = nullptr;            // out: bf16 [num_tokens, hidden]
   float* combined_topk_weights = nullptr;  // out: [num_tokens, num_topk], or null
+  const int32_t* verdict = nullptr;      // the dispatch's notify verdict: nonzero, the ranks disagreed
   RingArgs ring;
 };
 void launch_combine(const PeerWindow& window, const CombineKernelArgs& args, const KernelContext& context,

@@ -114,8 +114,9 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
     if (threadIdx.x < context.num_ranks) {
       const int owner = threadIdx.x;
       const device::WaitSite site{DeviceOp::kLowLatencyCombine, WaitTarget::kLowLatencyFlag, owner, -1};
+      // Every block waits; the first counts the cost, once per rank.
       device::wait_for_peer(window, layout.combine_flag(common.set_index, owner), epoch << 32, context, site,
-                            args.wait_cost_stats);
+                            blockIdx.x == 0 ? args.wait_cost_stats : nullptr);
     }
     __syncthreads();  // the acquires above order every warp's reads of the returned rows
     const int warps = gridDim.x * kLowLatencyWarpsPerBlock;

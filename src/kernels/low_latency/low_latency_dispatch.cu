@@ -230,7 +230,8 @@ __device__ void receive_expert(const device::Window& window, const LowLatencyDis
     if (lane == 0) {
       const size_t address = layout.dispatch_flag(common.set_index, local_expert, source);
       const device::WaitSite site{DeviceOp::kLowLatencyDispatch, WaitTarget::kLowLatencyFlag, source, local_expert};
-      device::wait_for_peer(window, address, epoch << 32, context, site, args.wait_cost_stats);
+      // Every warp of the team waits; the first counts the cost, once per (expert, source) as deep_ep.
+      device::wait_for_peer(window, address, epoch << 32, context, site, warp_in_team == 0 ? args.wait_cost_stats : nullptr);
       // Every copying warp acquires for its own reads (pairs with the source's signal).
       flag = device::ld_acquire_sys(window.own<uint64_t>(address));
     }
