@@ -50,7 +50,7 @@ class DispatchHandle(Sequence):
 
     def __getattr__(self, name: str) -> Any:
         # epcomm's extras (num_tokens, num_recv_tokens, num_rows, num_channels) from the runtime's.
-        if name.startswith("_"):
+        if name.startswith("_") or name in self.__slots__:  # unset slots must not recurse
             raise AttributeError(name)
         return getattr(self.runtime, name)
 
