@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds and installs the Python package (pip install ., no torch needed to build) and runs its
-# tests. Tests that need torch or a GPU skip, saying why. Without network access, have
+# tests. Tests that need torch or a GPU skip, saying why. When scripts/build.sh has built into
+# EPCOMM_BUILD_DIR (default build), pip builds the extension there, reusing the compiled kernels. Without network access, have
 # scikit-build-core, nanobind and pytest installed already (EPCOMM_PIP_OFFLINE=1 skips fetching).
 # PYTHON picks the interpreter (default python3). A Python that refuses pip installs (Debian's
 # system Python: "externally-managed-environment", PEP 668) gets a virtual environment of its own
@@ -34,9 +35,21 @@ if [ "${EPCOMM_PIP_OFFLINE:-0}" != 1 ]; then
     { grep -v "Running pip as" || true; }
 fi
 log=$(mktemp)
-echo "Python tests: building the extension (pip install .; about a minute on 2 cores)"
+# Where scripts/build.sh built the C++ library, pip builds in that folder too (with the options it
+# was configured with), so the kernels are compiled once; otherwise in a wheel folder of its own.
+pip_settings=()
+if [ -f "$build_dir/CMakeCache.txt" ]; then
+  cached() { sed -n "s/^$1:[A-Z]*=//p" "$build_dir/CMakeCache.txt"; }
+  pip_settings=(-C "build-dir=$(cd "$build_dir" && pwd)" -C cmake.define.EPCOMM_PIP_BUILD=OFF
+                -C "cmake.define.EPCOMM_BUILD_TESTS=$(cached EPCOMM_BUILD_TESTS)"
+                -C "cmake.define.EPCOMM_BUILD_TOOLS=$(cached EPCOMM_BUILD_TOOLS)"
+                -C "cmake.build-type=$(cached CMAKE_BUILD_TYPE)")
+  echo "Python tests: building the extension in $build_dir (pip install .; the kernels are built there already)"
+else
+  echo "Python tests: building the extension (pip install .; about a minute on 2 cores)"
+fi
 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
-  "$python" -m pip install --disable-pip-version-check --no-build-isolation . >"$log" 2>&1 &
+  "$python" -m pip install --disable-pip-version-check --no-build-isolation "${pip_settings[@]}" . >"$log" 2>&1 &
 pip_pid=$!
 started=$SECONDS
 while kill -0 "$pip_pid" 2>/dev/null; do
@@ -50,6 +63,7 @@ if ! wait "$pip_pid"; then
   exit 1
 fi
 echo "Python tests: installed in $((SECONDS - started)) s"
+grep -c "Building CUDA object" "$log" | sed "s/^/Python tests: CUDA files compiled by pip: /" || true
 rm -f "$log"
 repo=$PWD
 # Run from elsewhere so `import epcomm` finds the installed package, not the source folder.
