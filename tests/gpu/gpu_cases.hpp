@@ -11,6 +11,8 @@ void run_peer_case(RankHarness& harness);
 void run_lifecycle_case(RankHarness& harness);
 void run_timeout_case(RankHarness& harness);
 void run_peer_death_case(RankHarness& harness);
+void run_peer_death_in_dispatch_case(RankHarness& harness);
+void run_peer_death_in_low_latency_case(RankHarness& harness);
 void run_cold_start_case(RankHarness& harness);
 void run_normal_case(RankHarness& harness);
 void run_low_latency_case(RankHarness& harness);

@@ -20,6 +20,8 @@ constexpr Case kCases[] = {
     {"lifecycle", epcomm::testing::run_lifecycle_case},
     {"timeout", epcomm::testing::run_timeout_case},
     {"peer_death", epcomm::testing::run_peer_death_case},
+    {"peer_death_in_dispatch", epcomm::testing::run_peer_death_in_dispatch_case},
+    {"peer_death_in_low_latency", epcomm::testing::run_peer_death_in_low_latency_case},
     {"cold_start", epcomm::testing::run_cold_start_case},
     {"normal", epcomm::testing::run_normal_case},
     {"low_latency", epcomm::testing::run_low_latency_case},

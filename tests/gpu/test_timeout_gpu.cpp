@@ -2,11 +2,17 @@
 // which rank waited for which peer and for what.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
 
+#include "common/cuda_check.hpp"
 #include "epcomm/buffer.hpp"
 #include "gpu/gpu_cases.hpp"
+#include "support/device_bytes.hpp"
 
 namespace epcomm::testing {
 
@@ -80,5 +86,92 @@ void run_peer_death_case(RankHarness& harness) {
                 "destroy() with a dead rank is local (took " +
                     std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(destroy_took).count()) + " ms)");
 }
+
+}  // namespace epcomm::testing
+
+namespace epcomm::testing {
+namespace {
+
+// The last rank exits (as if killed) once every rank holds a working Buffer; the others then make
+// `call`, which must fail with the dead rank named within 5 s (the wait bound is a minute).
+void expect_death_noticed(RankHarness& harness, Buffer& buffer, const std::string& what,
+                          const std::function<void()>& call) {
+  const int dying = harness.num_ranks() - 1;
+  buffer.synchronize(nullptr);
+  harness.bootstrap()->barrier();  // every rank holds a working Buffer
+  if (harness.rank() == dying) {
+    std::fflush(stdout);
+    _exit(0);  // no destroy(), no goodbye
+  }
+  const auto start = std::chrono::steady_clock::now();
+  harness.expect_error(ErrorCode::kPeerFailed, "the process of rank " + std::to_string(dying), call, what);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  harness.check(waited < std::chrono::seconds(5),
+                what + ": the dead rank was reported within 5 s (took " +
+                    std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()) + " ms)");
+}
+
+// A rank dies while the others are inside a normal dispatch (its notify step waits for the dead
+// rank), or inside a low-latency dispatch (its receive waits for the dead rank's flags).
+void run_death_in_call(RankHarness& harness, bool in_low_latency) {
+  const int ranks = harness.num_ranks();
+  if (ranks < 2) {
+    harness.check(true, "a single rank has no peer to lose");
+    return;
+  }
+  constexpr int kTokens = 16, kHidden = 256, kTopk = 2;
+  const int experts = 2 * ranks;
+  BufferOptions options;
+  options.wait_timeout = std::chrono::seconds(60);
+  options.num_nvl_bytes = default_dispatch_config(ranks).nvl_buffer_size_hint(kHidden * 2, ranks);
+  options.low_latency_mode = true;
+  options.num_rdma_bytes = Buffer::low_latency_buffer_size_hint(kTokens, kHidden, ranks, experts);
+  Buffer buffer(harness.bootstrap(), options);
+
+  DeviceBytes x(kTokens * kHidden * sizeof(uint16_t)), topk_idx(kTokens * kTopk * sizeof(int64_t));
+  x.upload(std::vector<uint16_t>(kTokens * kHidden, 0x3F80));  // 1.0
+  std::vector<int64_t> ids(kTokens * kTopk);
+  for (int t = 0; t < kTokens; ++t) {
+    for (int k = 0; k < kTopk; ++k) ids[t * kTopk + k] = (t + k * ranks + harness.rank()) % experts;
+  }
+  topk_idx.upload(ids);
+  const auto allocator = make_stream_ordered_allocator();
+  if (in_low_latency) {
+    LowLatencyDispatchArgs args;
+    args.x = TensorView::contiguous(x.get(), DType::kBFloat16, {kTokens, kHidden});
+    args.topk_idx = TensorView::contiguous(topk_idx.get(), DType::kInt64, {kTokens, kTopk});
+    args.num_max_dispatch_tokens_per_rank = kTokens;
+    args.num_experts = experts;
+    args.use_fp8 = false;
+    expect_death_noticed(harness, buffer, "a low-latency dispatch waiting for a dead rank", [&] {
+      (void)buffer.low_latency_dispatch(args, *allocator);
+      buffer.synchronize(nullptr);
+    });
+  } else {
+    DeviceBytes per_rank(ranks * sizeof(int32_t)), per_expert(experts * sizeof(int32_t)), in_rank(kTokens * ranks);
+    DispatchArgs args;
+    args.x = TensorView::contiguous(x.get(), DType::kBFloat16, {kTokens, kHidden});
+    args.topk_idx = TensorView::contiguous(topk_idx.get(), DType::kInt64, {kTokens, kTopk});
+    args.num_tokens_per_rank = TensorView::contiguous(per_rank.get(), DType::kInt32, {ranks});
+    args.num_tokens_per_expert = TensorView::contiguous(per_expert.get(), DType::kInt32, {experts});
+    args.is_token_in_rank = TensorView::contiguous(in_rank.get(), DType::kBool, {kTokens, ranks});
+    args.config = default_dispatch_config(ranks);
+    int device = 0, sms = 0;
+    EPCOMM_CUDA_CHECK(cudaGetDevice(&device));
+    EPCOMM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    args.config.num_sms = std::min(args.config.num_sms, std::max(2, sms / ranks / 2 * 2));
+    buffer.get_dispatch_layout(args.topk_idx, experts,
+                               {args.num_tokens_per_rank, args.num_tokens_per_expert, args.is_token_in_rank}, nullptr);
+    expect_death_noticed(harness, buffer, "a dispatch waiting for a dead rank", [&] {
+      (void)buffer.dispatch(args, *allocator);
+      buffer.synchronize(nullptr);
+    });
+  }
+}
+
+}  // namespace
+
+void run_peer_death_in_dispatch_case(RankHarness& harness) { run_death_in_call(harness, false); }
+void run_peer_death_in_low_latency_case(RankHarness& harness) { run_death_in_call(harness, true); }
 
 }  // namespace epcomm::testing
