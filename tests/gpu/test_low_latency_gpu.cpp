@@ -612,6 +612,23 @@ void check_errors(Context& ctx) {
   constexpr Scenario same_shape{"after a bad id: fp8 h2048 T4 top2 M8", Cast::kFp8, 2048, 4, 2, 8, 8, kSparse};
   run_scenario(ctx, same_shape, kSeed + 15485863u);
 
+  // Tokens naming one expert twice: 5 tokens x top-2, all expert 0, need 10 of its M=8 slots from
+  // this rank. The pairs past M are dropped and reported, naming M; the Buffer works on.
+  constexpr int kDuplicatingTokens = 5;
+  args = good;
+  args.x = TensorView::contiguous(x.get(), DType::kBFloat16, {kDuplicatingTokens, s.hidden});
+  args.topk_idx = TensorView::contiguous(ids.get(), DType::kInt64, {kDuplicatingTokens, s.topk});
+  expect_error_with(harness, ErrorCode::kInvalidArgument,
+                    {"num_max_dispatch_tokens_per_rank=" + std::to_string(s.max_tokens) + " fit", "one expert twice"},
+                    [&] {
+                      (void)buffer.low_latency_dispatch(args, *allocator, call);
+                      buffer.synchronize(ctx.stream);
+                    },
+                    "more pairs for one expert than M");
+  EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
+  constexpr Scenario after_overflow{"after too many rows: fp8 h2048 T4 top2 M8", Cast::kFp8, 2048, 4, 2, 8, 8, kSparse};
+  run_scenario(ctx, after_overflow, kSeed + 32452843u);
+
   // Buffers without a (large enough) low-latency region: construction and destruction are collective.
   {
     BufferOptions options;
