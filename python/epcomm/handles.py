@@ -19,7 +19,29 @@ from typing import Any, Optional, Tuple
 from . import _C
 
 
-class DispatchHandle(Sequence):
+class _Handle(Sequence):
+    """A runtime handle read as a tuple of `names`: its entries are built once, on first access."""
+
+    __slots__ = ("runtime", "_entries")
+    names: Tuple[str, ...] = ()
+
+    def __init__(self, runtime: Any) -> None:
+        self.runtime = runtime  # what the runtime's combine / cached dispatch take back
+        self._entries: Optional[Tuple[Any, ...]] = None
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __getitem__(self, index):
+        if self._entries is None:
+            self._entries = self._build(self.runtime)
+        return self._entries[index]
+
+    def _build(self, runtime: Any) -> Tuple[Any, ...]:
+        raise NotImplementedError
+
+
+class DispatchHandle(_Handle):
     """deep_ep's normal-mode handle: ``(rank_prefix_matrix, channel_prefix_matrix,
     recv_channel_prefix_matrix, recv_src_idx, is_token_in_rank, send_head)``.
 
@@ -34,23 +56,13 @@ class DispatchHandle(Sequence):
       not sent there.
     """
 
-    __slots__ = ("runtime", "_entries")
+    __slots__ = ()
     names = ("rank_prefix_matrix", "channel_prefix_matrix", "recv_channel_prefix_matrix", "recv_src_idx",
              "is_token_in_rank", "send_head")
 
-    def __init__(self, runtime: Any) -> None:
-        self.runtime = runtime  # the _C.DispatchHandle combine and cached dispatch use
-        self._entries: Optional[Tuple[Any, ...]] = None
-
-    def __len__(self) -> int:
-        return len(self.names)
-
-    def __getitem__(self, index):
-        return self._tuple()[index]
-
     def __getattr__(self, name: str) -> Any:
         # epcomm's extras (num_tokens, num_recv_tokens, num_rows, num_channels) from the runtime's.
-        if name.startswith("_") or name in self.__slots__:  # unset slots must not recurse
+        if name.startswith("_") or name == "runtime":  # unset slots must not recurse
             raise AttributeError(name)
         return getattr(self.runtime, name)
 
@@ -58,18 +70,14 @@ class DispatchHandle(Sequence):
         return (f"epcomm.DispatchHandle(tokens={self.runtime.num_tokens}, rows={self.runtime.num_rows}, "
                 f"channels={self.runtime.num_channels})")
 
-    def _tuple(self) -> Tuple[Any, ...]:
-        if self._entries is None:
-            runtime = self.runtime
-            channels = runtime.num_channels
-            in_rank = runtime.is_token_in_rank
-            self._entries = (runtime.rank_prefix_matrix, channel_prefix_matrix(in_rank, channels),
-                             runtime.recv_channel_prefix[:, :channels], runtime.recv_src_idx, in_rank,
-                             runtime.send_position)
-        return self._entries
+    def _build(self, runtime: Any) -> Tuple[Any, ...]:
+        channels = runtime.num_channels
+        in_rank = runtime.is_token_in_rank
+        return (runtime.rank_prefix_matrix, channel_prefix_matrix(in_rank, channels),
+                runtime.recv_channel_prefix[:, :channels], runtime.recv_src_idx, in_rank, runtime.send_position)
 
 
-class LowLatencyHandle(Sequence):
+class LowLatencyHandle(_Handle):
     """deep_ep's low-latency handle: ``(recv_src_info, recv_layout_range, num_max_dispatch_tokens_per_rank,
     hidden, num_experts)``.
 
@@ -78,29 +86,16 @@ class LowLatencyHandle(Sequence):
       from each source rank are ``recv_x[e][begin:begin + count]`` (packed in source-rank order).
     """
 
-    __slots__ = ("runtime", "_entries")
+    __slots__ = ()
     names = ("recv_src_info", "recv_layout_range", "num_max_dispatch_tokens_per_rank", "hidden", "num_experts")
-
-    def __init__(self, runtime: Any) -> None:
-        self.runtime = runtime  # the _C.LowLatencyHandle low_latency_combine uses
-        self._entries: Optional[Tuple[Any, ...]] = None
-
-    def __len__(self) -> int:
-        return len(self.names)
-
-    def __getitem__(self, index):
-        return self._tuple()[index]
 
     def __repr__(self) -> str:
         return (f"epcomm.LowLatencyHandle(max_tokens={self.runtime.num_max_dispatch_tokens_per_rank}, "
                 f"hidden={self.runtime.hidden}, experts={self.runtime.num_experts})")
 
-    def _tuple(self) -> Tuple[Any, ...]:
-        if self._entries is None:
-            runtime = self.runtime
-            self._entries = (runtime.recv_src_info, layout_range(runtime.recv_count_from),
-                             runtime.num_max_dispatch_tokens_per_rank, runtime.hidden, runtime.num_experts)
-        return self._entries
+    def _build(self, runtime: Any) -> Tuple[Any, ...]:
+        return (runtime.recv_src_info, layout_range(runtime.recv_count_from), runtime.num_max_dispatch_tokens_per_rank,
+                runtime.hidden, runtime.num_experts)
 
 
 def channel_prefix_matrix(is_token_in_rank: Any, num_channels: int) -> Any:
