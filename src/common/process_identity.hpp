@@ -17,6 +17,12 @@ struct ProcessIdentity {
   uint64_t pid_namespace = 0;
 };
 
+// A rank whose process was found dead, and the pid it had.
+struct DeadProcess {
+  int rank = -1;
+  int64_t pid = 0;
+};
+
 // This process.
 ProcessIdentity current_process();
 // Whether `process` still runs: false once it exited, is a zombie, or its pid names another

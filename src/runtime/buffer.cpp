@@ -114,8 +114,8 @@ void Buffer::Impl::initialize(int caller_device, bool background) {
   transport = detail::make_transport(*bootstrap, transport_options);
   if (bootstrap->num_ranks() > 1) {
     watchdog = std::make_unique<detail::PeerWatchdog>(
-        transport->local_processes(), [this](int rank, int64_t pid) { errors.mark_peer_dead(rank, pid); },
-        kPeerWatchInterval);
+        transport->local_processes(),
+        [this](const std::vector<detail::DeadProcess>& dead) { errors.mark_peers_dead(dead); }, kPeerWatchInterval);
   }
   // After the agreement: every rank has the same options now, so every rank fails here alike.
   detail::check_warmup_fits(options, bootstrap->num_ranks());

@@ -126,18 +126,24 @@ void DeviceErrorLog::raise_if_recorded() {
   throw Error(code, message);
 }
 
-void DeviceErrorLog::mark_peer_dead(int rank, int64_t pid) {
-  dead_pid_.store(pid);
-  int none = -1;
-  if (!dead_peer_.compare_exchange_strong(none, rank)) return;  // the first death is the one reported
+void DeviceErrorLog::mark_peers_dead(const std::vector<DeadProcess>& dead) {
+  if (dead.empty() || death_reported_.exchange(true)) return;  // the first report is the one kept
+  std::string names;
+  for (size_t i = 0; i < dead.size(); ++i) {
+    const char* separator = i == 0 ? "" : (i + 1 == dead.size() ? " and " : ", ");
+    names += join_message(separator, "rank ", dead[i].rank, " (pid ", dead[i].pid, ")");
+  }
+  dead_peers_ = std::move(names);
+  peer_died_.store(true, std::memory_order_release);  // publishes dead_peers_ to raise_if_unusable()
   // Pairs with the relaxed polls of every bounded wait (device/bounded_wait.cuh).
-  if (host_record() != nullptr) __atomic_store_n(&host_record()->failed_peer, rank + 1, __ATOMIC_RELEASE);
+  if (host_record() != nullptr) __atomic_store_n(&host_record()->failed_peer, dead.front().rank + 1, __ATOMIC_RELEASE);
 }
 
 void DeviceErrorLog::raise_if_unusable() const {
-  if (const int dead = dead_peer_.load(); dead >= 0) {
-    fail(ErrorCode::kPeerFailed, "the process of rank ", dead, " (pid ", dead_pid_.load(),
-         ") ended while this Buffer was in use (killed, crashed, or exited without destroying it); every call on "
+  if (peer_died()) {
+    const bool several = dead_peers_.find(" and ") != std::string::npos;
+    fail(ErrorCode::kPeerFailed, several ? "the processes of " : "the process of ", dead_peers_,
+         " ended while this Buffer was in use (killed, crashed, or exited without destroying it); every call on "
          "this Buffer fails now: destroy it where possible and restart the job");
   }
   if (!sticky_failure_.empty()) {

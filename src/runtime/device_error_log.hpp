@@ -5,9 +5,11 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/device_error.hpp"
 #include "common/device_allocation.hpp"
+#include "common/process_identity.hpp"
 
 namespace epcomm::detail {
 
@@ -30,10 +32,11 @@ class DeviceErrorLog {
   void raise_if_unusable() const;
   // A failure the host found itself (a host-side wait timed out) that leaves the ranks out of step.
   void mark_unusable(const std::string& message) { sticky_failure_ = message; }
-  // The process of `rank` died. Safe from any thread (the watchdog's): every GPU wait of this rank
-  // gives up at its next check, and every later call raises ErrorCode::kPeerFailed naming it.
-  void mark_peer_dead(int rank, int64_t pid);
-  bool peer_died() const { return dead_peer_.load() >= 0; }
+  // The processes of `dead` died (at least one). Safe from any thread (the watchdog's): every GPU
+  // wait of this rank gives up at its next check, and every later call raises
+  // ErrorCode::kPeerFailed naming them. Only the first report counts.
+  void mark_peers_dead(const std::vector<DeadProcess>& dead);
+  bool peer_died() const { return peer_died_.load(std::memory_order_acquire); }
 
   static std::string describe(const DeviceErrorRecord& record);
 
@@ -42,8 +45,9 @@ class DeviceErrorLog {
   MappedHostMemory memory_;
   DeviceAllocation claim_;  // int32: the last ticket a kernel claimed (see device_error.hpp)
   std::string sticky_failure_;
-  std::atomic<int> dead_peer_{-1};  // the first rank whose process died, -1 while all live
-  std::atomic<int64_t> dead_pid_{0};
+  std::atomic<bool> death_reported_{false};  // claimed by the first mark_peers_dead()
+  std::string dead_peers_;                  // "rank 5 (pid 123)", written before peer_died_ is set
+  std::atomic<bool> peer_died_{false};
 };
 
 }  // namespace epcomm::detail

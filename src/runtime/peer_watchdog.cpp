@@ -19,9 +19,12 @@ PeerWatchdog::~PeerWatchdog() {
 void PeerWatchdog::watch() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!wake_.wait_for(lock, interval_, [this] { return stopping_; })) {
+    std::vector<DeadProcess> dead;
     for (size_t rank = 0; rank < peers_.size(); ++rank) {
-      if (process_alive(peers_[rank])) continue;
-      on_death_(static_cast<int>(rank), peers_[rank].pid);
+      if (!process_alive(peers_[rank])) dead.push_back({static_cast<int>(rank), peers_[rank].pid});
+    }
+    if (!dead.empty()) {
+      on_death_(dead);
       return;
     }
   }

@@ -17,9 +17,10 @@ namespace epcomm::detail {
 
 class PeerWatchdog {
  public:
-  using OnDeath = std::function<void(int rank, int64_t pid)>;
+  using OnDeath = std::function<void(const std::vector<DeadProcess>& dead)>;
   // Watches `peers` (indexed by rank) every `interval` on a thread of its own; calls `on_death`
-  // once, from that thread, for the first rank found dead, then stops watching.
+  // once, from that thread, with every rank found dead in the first check that finds any (ranks
+  // that die within one interval of each other cannot be ordered), then stops watching.
   PeerWatchdog(std::vector<ProcessIdentity> peers, OnDeath on_death, std::chrono::milliseconds interval);
   ~PeerWatchdog();  // stops the thread and joins it
   PeerWatchdog(const PeerWatchdog&) = delete;

@@ -55,16 +55,15 @@ TEST(ProcessIdentity, TellsLiveDeadAndReusedProcessesApart) {
 TEST(PeerWatchdog, ReportsAKilledPeerOnceAndPromptly) {
   const pid_t child = start_sleeping_child();
   ASSERT_GT(child, 0);
-  std::atomic<int> reports{0}, dead_rank{-1};
-  std::atomic<int64_t> dead_pid{0};
+  std::atomic<int> reports{0};
+  std::vector<DeadProcess> dead;
   const auto start = std::chrono::steady_clock::now();
   std::chrono::steady_clock::duration noticed{};
   {
     PeerWatchdog watchdog({ProcessIdentity{}, current_process(), ProcessIdentity{child, 0}},
-                          [&](int rank, int64_t pid) {
+                          [&](const std::vector<DeadProcess>& found) {
                             noticed = std::chrono::steady_clock::now() - start;
-                            dead_rank = rank;
-                            dead_pid = pid;
+                            dead = found;
                             ++reports;
                           },
                           20ms);
@@ -76,24 +75,41 @@ TEST(PeerWatchdog, ReportsAKilledPeerOnceAndPromptly) {
   }
   waitpid(child, nullptr, 0);
   EXPECT_EQ(reports.load(), 1);
-  EXPECT_EQ(dead_rank.load(), 2);
-  EXPECT_EQ(dead_pid.load(), static_cast<int64_t>(child));
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].rank, 2);
+  EXPECT_EQ(dead[0].pid, static_cast<int64_t>(child));
   EXPECT_LT(noticed, 500ms);
 }
 
 TEST(DeviceErrorLog, ADeadPeerStopsWaitsAndFailsEveryLaterCall) {
   DeviceErrorLog log;  // not allocated: the host-side half alone
   log.raise_if_recorded();  // nothing yet
-  log.mark_peer_dead(3, 4242);
-  log.mark_peer_dead(5, 77);  // only the first death is reported
+  log.mark_peers_dead({{3, 4242}});
+  log.mark_peers_dead({{5, 77}});  // only the first report counts
   for (int call = 0; call < 2; ++call) {
     try {
       log.raise_if_recorded();
       FAIL() << "a dead peer was not raised";
     } catch (const Error& error) {
       EXPECT_EQ(error.code(), ErrorCode::kPeerFailed);
-      EXPECT_NE(std::string(error.what()).find("the process of rank 3"), std::string::npos) << error.what();
+      EXPECT_NE(std::string(error.what()).find("the process of rank 3 (pid 4242) ended"), std::string::npos)
+          << error.what();
+      EXPECT_EQ(std::string(error.what()).find("rank 5"), std::string::npos) << error.what();
     }
+  }
+}
+
+// Ranks that die within one watchdog interval cannot be ordered: the report names them all.
+TEST(DeviceErrorLog, RanksFoundDeadTogetherAreAllNamed) {
+  DeviceErrorLog log;
+  log.mark_peers_dead({{1, 10}, {5, 50}, {7, 70}});
+  try {
+    log.raise_if_recorded();
+    FAIL() << "dead peers were not raised";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::kPeerFailed);
+    const std::string expected = "the processes of rank 1 (pid 10), rank 5 (pid 50) and rank 7 (pid 70) ended";
+    EXPECT_NE(std::string(error.what()).find(expected), std::string::npos) << error.what();
   }
 }
 
