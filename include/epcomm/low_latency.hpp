@@ -1,7 +1,8 @@
 // Low-latency mode, for decoding: a few hundred tokens per rank, no host synchronisation, CUDA
-// graph capturable. Every (token, expert) pair is written straight into the owner rank's buffer
-// for that expert; combine returns each expert output to its token and sums them weighted by the
-// top-k weights. Two buffer sets alternate call by call, so back-to-back calls do not race; at
+// graph capturable. Each token is written once into the buffer of every rank that owns one of its
+// experts, which fans it out to its experts' rows; combine sums, on each such rank, the outputs
+// of its experts weighted by the top-k weights and returns that one row to the token's rank,
+// which adds them. Two buffer sets alternate call by call, so back-to-back calls do not race; at
 // most two low-latency calls may be in flight (sent but not received) at once.
 #pragma once
 

@@ -3,19 +3,26 @@
 // kernels use this one description; every offset it returns is from the start of a rank's buffer,
 // the form the transport window takes. Two sets alternate call by call; each set holds:
 //
-//   messages  [E_local][R][M] x message_stride   one dispatched (token, k) each: row (bf16, or e4m3
-//                                                in its first `hidden` bytes), scales, (token, k);
-//                                                its start is also the zero-copy combine input
-//                                                [E_local][R*M][hidden] bf16 of a combine on this set
-//   staging   [M] x message_stride               this rank's tokens as sent: each token is cast
-//                                                here once, then put to every destination slot
-//   returned  [M][kMaxLowLatencyTopk] x row_stride   combine: the expert output for (token, k)
+//   tokens    [R][M] x message_stride      dispatch: the tokens source s sent here, each at its
+//                                          token index: row (bf16, or e4m3 in its first `hidden`
+//                                          bytes), then scales. A token travels once per rank.
+//   routing   [R][M * kMaxLowLatencyTopk]  dispatch: source s's top-k ids as int32 ([T][K]
+//                                          packed, -1 for none): the receiver fans tokens out to
+//                                          its experts from them
+//   weights   [R][M * kMaxLowLatencyTopk]  combine: source s's top-k weights (float, [T][K])
+//   staging   [M] x message_stride         dispatch: this rank's tokens, cast once, put from here
+//   ids       [M * kMaxLowLatencyTopk]     dispatch: this rank's top-k ids as int32, put from here
+//   partials  [R][M] x row_stride          combine: this rank's weighted sum, over its experts, for
+//                                          each token of source s, put from here
+//   returned  [R][M] x row_stride          combine: owner r's weighted sum for this rank's tokens
+//   combine_input [E_local][R*M] x row_stride   the zero-copy combine input, dense bf16
 //
 // Before the sets, a control block at fixed offsets (independent of the call's shapes): per set,
 // the epoch (owner only), the counters that elect the last block of a send and of a receive
-// phase, and the flags:
-//   dispatch_flags [set][local expert][source] u64   (epoch << 32) | rows, signalled by each source
-//   combine_flags  [set][expert owner] u64           (epoch << 32) | rows, signalled by each owner
+// phase, and the flags, each (epoch << 32) | count, signalled by the rank named:
+//   dispatch_flags [set][source] u64   source's tokens, routing and T are here
+//   weights_flags  [set][source] u64   source's combine weights and T are here
+//   combine_flags  [set][owner] u64    owner's weighted sums for this rank's tokens are here
 // Flags carry the epoch of the call that wrote them, so a flag from the set's previous use is never
 // mistaken for a new one, and since flags never move, calls may change shapes without cleaning.
 #pragma once
@@ -33,14 +40,12 @@ struct LowLatencyLayout {
   static constexpr size_t kEpochOffset = 0;                                        // u64 [kNumSets]
   static constexpr size_t kSendBlocksDoneOffset = kNumSets * sizeof(uint64_t);     // u32 [kNumSets]
   static constexpr size_t kRecvBlocksDoneOffset = kSendBlocksDoneOffset + kNumSets * sizeof(uint32_t);
+  static constexpr size_t kFlagsBytes = sizeof(uint64_t) * kNumSets * kMaxNvlPeers;  // one kind of flag
   static constexpr size_t kDispatchFlagsOffset = kRegionAlignment;
-  static constexpr size_t kDispatchFlagsBytes = sizeof(uint64_t) * kNumSets * kMaxLowLatencyExperts * kMaxNvlPeers;
-  static constexpr size_t kCombineFlagsOffset = kDispatchFlagsOffset + kDispatchFlagsBytes;
-  static constexpr size_t kCombineFlagsBytes = sizeof(uint64_t) * kNumSets * kMaxNvlPeers;
+  static constexpr size_t kWeightsFlagsOffset = kDispatchFlagsOffset + kFlagsBytes;
+  static constexpr size_t kCombineFlagsOffset = kWeightsFlagsOffset + kFlagsBytes;
   static constexpr size_t kControlBytes =
-      (kCombineFlagsOffset + kCombineFlagsBytes + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
-  // A message's (token, k) field: an int2, in a 16-byte field so that messages stay 16-byte aligned.
-  static constexpr size_t kMetaBytes = kVectorBytes;
+      (kCombineFlagsOffset + kFlagsBytes + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
 
   size_t base = 0;  // the region's offset in a rank's buffer (BufferLayout::low_latency_offset)
   int num_ranks = 0;
@@ -69,21 +74,33 @@ struct LowLatencyLayout {
   EPCOMM_HOST_DEVICE size_t scale_bytes() const {
     return align_vector(static_cast<size_t>(hidden / kFp8ChannelsPerScale) * sizeof(float));
   }
-  // Within a message: the row at 0, then the scales, then (token, k).
+  // Within a message: the row at 0, then the scales.
   EPCOMM_HOST_DEVICE size_t message_scales() const { return row_stride(); }
-  EPCOMM_HOST_DEVICE size_t message_meta() const { return row_stride() + scale_bytes(); }
-  EPCOMM_HOST_DEVICE size_t message_stride() const { return message_meta() + kMetaBytes; }
-  EPCOMM_HOST_DEVICE size_t slots() const { return static_cast<size_t>(experts_per_rank) * num_ranks * max_tokens; }
+  EPCOMM_HOST_DEVICE size_t message_stride() const { return row_stride() + scale_bytes(); }
+  // One rank's top-k ids or weights (4-byte entries, [T][K] packed in room for M x kMaxLowLatencyTopk).
+  EPCOMM_HOST_DEVICE size_t routing_bytes() const {
+    return align(static_cast<size_t>(max_tokens) * kMaxLowLatencyTopk * sizeof(int32_t));
+  }
+  EPCOMM_HOST_DEVICE size_t combine_rows() const { return static_cast<size_t>(experts_per_rank) * num_ranks * max_tokens; }
 
-  // Offsets inside one set.
-  EPCOMM_HOST_DEVICE size_t messages_in_set() const { return 0; }
-  EPCOMM_HOST_DEVICE size_t staging_in_set() const { return align(messages_in_set() + slots() * message_stride()); }
-  EPCOMM_HOST_DEVICE size_t returned_in_set() const {
+  // Offsets inside one set, in the order of the comment above.
+  EPCOMM_HOST_DEVICE size_t tokens_in_set() const { return 0; }
+  EPCOMM_HOST_DEVICE size_t routing_in_set() const {
+    return align(tokens_in_set() + static_cast<size_t>(num_ranks) * max_tokens * message_stride());
+  }
+  EPCOMM_HOST_DEVICE size_t weights_in_set() const { return routing_in_set() + num_ranks * routing_bytes(); }
+  EPCOMM_HOST_DEVICE size_t staging_in_set() const { return weights_in_set() + num_ranks * routing_bytes(); }
+  EPCOMM_HOST_DEVICE size_t ids_in_set() const {
     return align(staging_in_set() + static_cast<size_t>(max_tokens) * message_stride());
   }
-  EPCOMM_HOST_DEVICE size_t set_bytes() const {
-    return align(returned_in_set() + static_cast<size_t>(max_tokens) * kMaxLowLatencyTopk * row_stride());
+  EPCOMM_HOST_DEVICE size_t partials_in_set() const { return ids_in_set() + routing_bytes(); }
+  EPCOMM_HOST_DEVICE size_t returned_in_set() const {
+    return align(partials_in_set() + static_cast<size_t>(num_ranks) * max_tokens * row_stride());
   }
+  EPCOMM_HOST_DEVICE size_t combine_input_in_set() const {
+    return align(returned_in_set() + static_cast<size_t>(num_ranks) * max_tokens * row_stride());
+  }
+  EPCOMM_HOST_DEVICE size_t set_bytes() const { return align(combine_input_in_set() + combine_rows() * row_stride()); }
   EPCOMM_HOST_DEVICE size_t total_bytes() const { return kControlBytes + kNumSets * set_bytes(); }
 
   // Offsets from a rank's buffer base.
@@ -96,24 +113,33 @@ struct LowLatencyLayout {
   EPCOMM_HOST_DEVICE size_t recv_blocks_done(int set_index) const {
     return base + kRecvBlocksDoneOffset + set_index * sizeof(uint32_t);
   }
-  EPCOMM_HOST_DEVICE size_t slot(int local_expert, int source, int index) const {
-    return (static_cast<size_t>(local_expert) * num_ranks + source) * max_tokens + index;
+  // Dispatch: token `token` of `source`, as received (on the receiver).
+  EPCOMM_HOST_DEVICE size_t token(int set_index, int source, int token_index) const {
+    return set(set_index) + tokens_in_set() + (static_cast<size_t>(source) * max_tokens + token_index) * message_stride();
   }
-  EPCOMM_HOST_DEVICE size_t message(int set_index, size_t slot_index) const {
-    return set(set_index) + messages_in_set() + slot_index * message_stride();
+  EPCOMM_HOST_DEVICE size_t routing(int set_index, int source) const {
+    return set(set_index) + routing_in_set() + source * routing_bytes();
   }
-  EPCOMM_HOST_DEVICE size_t staging(int set_index, int token) const {
-    return set(set_index) + staging_in_set() + static_cast<size_t>(token) * message_stride();
+  EPCOMM_HOST_DEVICE size_t weights(int set_index, int source) const {
+    return set(set_index) + weights_in_set() + source * routing_bytes();
   }
-  // The zero-copy combine input of a combine on this set: dense bf16 [E_local][R*M][hidden] over
-  // the messages (which its dispatch has already copied out).
-  EPCOMM_HOST_DEVICE size_t combine_input(int set_index) const { return set(set_index) + messages_in_set(); }
-  EPCOMM_HOST_DEVICE size_t returned(int set_index, int token, int k) const {
-    return set(set_index) + returned_in_set() + (static_cast<size_t>(token) * kMaxLowLatencyTopk + k) * row_stride();
+  EPCOMM_HOST_DEVICE size_t staging(int set_index, int token_index) const {
+    return set(set_index) + staging_in_set() + static_cast<size_t>(token_index) * message_stride();
   }
-  EPCOMM_HOST_DEVICE size_t dispatch_flag(int set_index, int local_expert, int source) const {
-    return base + kDispatchFlagsOffset +
-           ((static_cast<size_t>(set_index) * kMaxLowLatencyExperts + local_expert) * kMaxNvlPeers + source) * sizeof(uint64_t);
+  EPCOMM_HOST_DEVICE size_t ids(int set_index) const { return set(set_index) + ids_in_set(); }
+  EPCOMM_HOST_DEVICE size_t partial(int set_index, int source, int token_index) const {
+    return set(set_index) + partials_in_set() + (static_cast<size_t>(source) * max_tokens + token_index) * row_stride();
+  }
+  EPCOMM_HOST_DEVICE size_t returned(int set_index, int owner, int token_index) const {
+    return set(set_index) + returned_in_set() + (static_cast<size_t>(owner) * max_tokens + token_index) * row_stride();
+  }
+  // The zero-copy combine input of a combine on this set: dense bf16 [E_local][R*M][hidden].
+  EPCOMM_HOST_DEVICE size_t combine_input(int set_index) const { return set(set_index) + combine_input_in_set(); }
+  EPCOMM_HOST_DEVICE size_t dispatch_flag(int set_index, int source) const {
+    return base + kDispatchFlagsOffset + (static_cast<size_t>(set_index) * kMaxNvlPeers + source) * sizeof(uint64_t);
+  }
+  EPCOMM_HOST_DEVICE size_t weights_flag(int set_index, int source) const {
+    return base + kWeightsFlagsOffset + (static_cast<size_t>(set_index) * kMaxNvlPeers + source) * sizeof(uint64_t);
   }
   EPCOMM_HOST_DEVICE size_t combine_flag(int set_index, int expert_owner) const {
     return base + kCombineFlagsOffset + (static_cast<size_t>(set_index) * kMaxNvlPeers + expert_owner) * sizeof(uint64_t);

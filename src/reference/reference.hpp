@@ -132,10 +132,11 @@ std::vector<LowLatencyRankDispatched> low_latency_dispatch(const std::vector<Low
                                                            const ExpertPartition& partition,
                                                            const LowLatencyShape& shape);
 
-// Combine: rank d holds y_d [E_local, S, hidden] BF16 (expert outputs in dispatch slots). On source
-// rank s: out[t] = bf16( sum over k ascending with e_k >= 0 of topk_weights[t, k] * float(y) ),
-// float accumulation from +0.0f, each product rounded before it is added (no FMA), where y is the
-// row at the (t, k) pair's dispatch slot.
+// Combine: rank d holds y_d [E_local, S, hidden] BF16 (expert outputs in dispatch slots). For
+// token t of source rank s, each rank d holding some of its experts sums its own pairs:
+// p_d = bf16( sum over k ascending with e_k >= 0 on d of topk_weights[t, k] * float(y) ), and
+// out[t] = bf16( sum over d ascending of float(p_d) ); float accumulation from +0.0f, each product
+// rounded before it is added (no FMA), where y is the row at the (t, k) pair's dispatch slot.
 std::vector<std::vector<uint16_t>> low_latency_combine(const std::vector<LowLatencyRankInput>& inputs,
                                                        const std::vector<std::vector<uint16_t>>& expert_outputs,
                                                        const ExpertPartition& partition,

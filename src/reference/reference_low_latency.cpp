@@ -192,21 +192,31 @@ std::vector<std::vector<uint16_t>> low_latency_combine(const std::vector<LowLate
   const std::vector<std::vector<int>> slots = assign_slots(kOp, inputs, partition, shape);
 
   std::vector<std::vector<uint16_t>> combined(num_ranks);
-  std::vector<float> sum(hidden);
+  std::vector<float> sum(hidden), partial(hidden);
   for (int source = 0; source < num_ranks; ++source) {
     const LowLatencyRankInput& in = inputs[source];
     combined[source].resize(product(in.num_tokens, hidden));
     for (int t = 0; t < in.num_tokens; ++t) {
       std::fill(sum.begin(), sum.end(), 0.0f);
-      for (int k = 0; k < num_topk; ++k) {
-        const size_t pair = product(t, num_topk) + k;
-        if (slots[source][pair] == kNoSlot) continue;
-        const int64_t expert = in.topk_idx[pair];
-        const size_t row = product(partition.local_id(expert), slots_per_expert) + slots[source][pair];
-        const uint16_t* y = &expert_outputs[partition.owner(expert)][row * hidden];
-        const float weight = in.topk_weights[pair];
-        // Multiply, round, then add: the build keeps the compiler from fusing these (no FMA).
-        for (int c = 0; c < hidden; ++c) sum[c] += weight * bf16_to_float(y[c]);
+      // Each rank holding some of the token's experts sums their weighted rows (k order) and
+      // rounds that to BF16; the source adds those sums in rank order.
+      for (int owner = 0; owner < num_ranks; ++owner) {
+        bool holds = false;
+        std::fill(partial.begin(), partial.end(), 0.0f);
+        for (int k = 0; k < num_topk; ++k) {
+          const size_t pair = product(t, num_topk) + k;
+          if (slots[source][pair] == kNoSlot) continue;
+          const int64_t expert = in.topk_idx[pair];
+          if (partition.owner(expert) != owner) continue;
+          holds = true;
+          const size_t row = product(partition.local_id(expert), slots_per_expert) + slots[source][pair];
+          const uint16_t* y = &expert_outputs[owner][row * hidden];
+          const float weight = in.topk_weights[pair];
+          // Multiply, round, then add: the build keeps the compiler from fusing these (no FMA).
+          for (int c = 0; c < hidden; ++c) partial[c] += weight * bf16_to_float(y[c]);
+        }
+        if (!holds) continue;
+        for (int c = 0; c < hidden; ++c) sum[c] += bf16_to_float(float_to_bf16(partial[c]));
       }
       for (int c = 0; c < hidden; ++c) combined[source][product(t, hidden) + c] = float_to_bf16(sum[c]);
     }

@@ -69,6 +69,14 @@ kernels::LowLatencyCommon common_args(const Buffer::Impl& impl, int set_index, i
   return common;
 }
 
+kernels::Routing routing_of(const detail::LowLatencyHandleState& state) {
+  kernels::Routing routing;
+  routing.tokens_from = state.tokens_from.view.ptr<int32_t>();
+  routing.topk = state.topk_from.view.ptr<int32_t>();
+  routing.pair_row = state.pair_row.view.ptr<int32_t>();
+  return routing;
+}
+
 void require_alive(const std::atomic<bool>& alive) {
   if (!alive.load()) fail(ErrorCode::kInvalidArgument, "RecvHook: the Buffer that made it was destroyed");
 }
@@ -159,11 +167,14 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
   std::vector<Tensor> origins = detail::allocate_together(
       allocator,
       {detail::piece(DType::kInt32, {experts_per_rank, ranks}), detail::piece(DType::kInt32, {experts_per_rank, rows}),
-       detail::piece(DType::kInt32, {experts_per_rank, rows})},
+       detail::piece(DType::kInt32, {ranks}), detail::piece(DType::kInt32, {ranks, max_tokens, num_topk}),
+       detail::piece(DType::kInt32, {ranks, max_tokens, num_topk})},
       call.stream);
   state->recv_count_from = std::move(origins[0]);
   state->recv_src_info = std::move(origins[1]);
-  state->recv_src_k = std::move(origins[2]);
+  state->tokens_from = std::move(origins[2]);
+  state->topk_from = std::move(origins[3]);
+  state->pair_row = std::move(origins[4]);
 
   kernels::LowLatencyDispatchKernelArgs kernel;
   kernel.common = common_args(impl, set_index, args.num_experts, max_tokens, hidden, num_tokens, num_topk,
@@ -181,7 +192,7 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
   kernel.recv_count = result.recv_count.view.ptr<int32_t>();
   kernel.recv_count_from = state->recv_count_from.view.ptr<int32_t>();
   kernel.recv_src_info = state->recv_src_info.view.ptr<int32_t>();
-  kernel.recv_src_k = state->recv_src_k.view.ptr<int32_t>();
+  kernel.routing = routing_of(*state);
   kernel.wait_cost_stats = given(args.wait_recv_cost_stats) ? args.wait_recv_cost_stats.ptr<int64_t>() : nullptr;
   kernel.cumulative_stats = given(args.cumulative_local_expert_recv_stats)
                                 ? args.cumulative_local_expert_recv_stats.ptr<int32_t>()
@@ -256,12 +267,13 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
   kernels::LowLatencyCombineKernelArgs kernel;
   kernel.common = common_args(impl, set_index, state.num_experts, state.max_tokens, state.hidden, state.num_tokens,
                               state.num_topk, args.topk_idx.ptr<int64_t>());
-  kernel.common.num_blocks = low_latency_blocks(impl, std::max<int64_t>(1, (experts_per_rank * rows) / kLowLatencyWarpsPerBlock));
+  // Work: a warp per (source token, 256-channel chunk) to send, per (token, chunk) to receive.
+  const int64_t chunks = (state.hidden / 8 + kWarpSize - 1) / kWarpSize;
+  kernel.common.num_blocks =
+      low_latency_blocks(impl, static_cast<int>(std::max<int64_t>(1, rows * chunks / kLowLatencyWarpsPerBlock)));
   kernel.x = expert_rows;
   kernel.topk_weights = args.topk_weights.ptr<float>();
-  kernel.recv_count_from = state.recv_count_from.view.ptr<int32_t>();
-  kernel.recv_src_info = state.recv_src_info.view.ptr<int32_t>();
-  kernel.recv_src_k = state.recv_src_k.view.ptr<int32_t>();
+  kernel.routing = routing_of(state);
   kernel.out = result.combined_x.view.data;
   kernel.wait_cost_stats = given(args.wait_recv_cost_stats) ? args.wait_recv_cost_stats.ptr<int64_t>() : nullptr;
   const PeerWindow window = impl.window();
@@ -295,7 +307,7 @@ TensorView Buffer::get_next_low_latency_combine_buffer(const LowLatencyHandle& h
   require_low_latency_region("get_next_low_latency_combine_buffer", *impl_, layout);
   const int set_index = static_cast<int>(impl_->low_latency_calls % LowLatencyLayout::kNumSets);
   const int64_t rows = static_cast<int64_t>(num_ranks()) * state.max_tokens;
-  // The combine input of the set that combine will use: dense bf16 rows over its messages.
+  // The combine input of the set that combine will use: dense bf16 rows.
   return TensorView::contiguous(impl_->local_base() + layout.combine_input(set_index), DType::kBFloat16,
                                 {layout.experts_per_rank, rows, state.hidden});
 }

@@ -252,6 +252,26 @@ TEST(LowLatencyCombine, RoundsEachProductBeforeAdding) {
   EXPECT_EQ(out[0], bf16_of({1.0f}));
 }
 
+// Each rank's sum is rounded to BF16 before it travels: rank 0's 1 + 2^-8 ties to 1.0, and adding
+// rank 1's 2^-8 ties to 1.0 again. One float sum over all three would reach 1 + 2^-7 (1.0078125).
+TEST(LowLatencyCombine, RoundsEachRanksSumBeforeAddingTheRanks) {
+  LowLatencyRankInput in;
+  in.num_tokens = 1;
+  in.topk_idx = {0, 1, 2};  // experts 0 and 1 on rank 0, 2 on rank 1
+  in.topk_weights = {1.0f, 1.0f, 1.0f};
+  LowLatencyRankInput idle;  // rank 1 sends nothing
+  idle.topk_idx.clear();
+  LowLatencyShape shape;
+  shape.hidden = 1;
+  shape.num_topk = 3;
+  shape.max_tokens_per_rank = 1;
+  // y per rank: [E_local = 2][R * M = 2][hidden = 1]; source 0's rows are slot 0 of each expert.
+  const std::vector<std::vector<uint16_t>> y = {bf16_of({1.0f, 0, 0x1p-8f, 0}), bf16_of({0x1p-8f, 0, 0, 0})};
+  const auto out = low_latency_combine({in, idle}, y, ExpertPartition(4, 2), shape);
+  EXPECT_EQ(out[0], bf16_of({1.0f}));
+  EXPECT_TRUE(out[1].empty());
+}
+
 TEST(LowLatencyCombine, RejectsBadArguments) {
   const ExpertPartition partition(4, kRanks);
   std::vector<std::vector<uint16_t>> y(kRanks, std::vector<uint16_t>(2 * kSlots * kHidden, 0));

@@ -71,14 +71,16 @@ void bench_low_latency(BenchContext& context, double copy_gbps) {
     const std::vector<float> recv_scales = download<float>(dispatched.recv_x_scales.view);
     const std::vector<int32_t> src = download<int32_t>(dispatched.handle.recv_src_info());
     for (int le = 0; le < experts_per_rank && ok; ++le) {
+      size_t first = static_cast<size_t>(le) * slots;  // source s's rows follow those of sources before it
       for (int s = 0; s < ranks && ok; ++s) {
         const int count = expected[rank].recv_count_from[static_cast<size_t>(le) * ranks + s];
         for (int j = 0; j < count && ok; ++j) {
-          const size_t row = static_cast<size_t>(le) * slots + static_cast<size_t>(s) * tokens + j;
+          const size_t row = first + j;
           ok = src[row] == expected[rank].recv_src_token[row] &&
                std::memcmp(&recv_x[row * options.hidden], &expected[rank].recv_x_fp8[row * options.hidden], options.hidden) == 0 &&
                std::memcmp(&recv_scales[row * groups], &expected[rank].recv_x_scales[row * groups], groups * sizeof(float)) == 0;
         }
+        first += count;
       }
     }
     return ok;

@@ -1,14 +1,14 @@
-// Low-latency dispatch: every (token, k) pair with an expert is put into the owner rank's slot for
-// that expert as one message (row, scales, (token, k)), cast to FP8 on the way if asked.
+// Low-latency dispatch: each token travels once to every rank that holds one of its experts, and
+// the receiver fans it out to its experts' rows, cast to FP8 on the way if asked.
 //
-// Send phase (all blocks): each block first plans the slots of every pair (deterministic: a pair's
-// slot is the number of earlier pairs, by token then k, naming the same expert), then each warp
-// takes a chunk of a token's row: reads it once, casts it into this rank's staging message of the
-// token, and puts the staged chunk into every destination slot. The last block to finish signals,
-// per expert, (epoch, count) to the expert's owner.
-// Receive phase: one block per local expert (strided), a team of warps per source rank waits for
-// that source's flag; once the block knows every source's count, each team copies its rows into
-// the outputs, packed in source order.
+// Send phase (all blocks): each warp takes a chunk of a token's row: reads it once, casts it into
+// this rank's staging message of the token, and puts the staged chunk into the token's slot on
+// every rank that owns one of its experts. Block 0 first puts this rank's top-k ids to every rank
+// (the receiver's routing) and counts pairs per expert. The last block to finish signals every
+// rank (epoch, T).
+// Receive phase: one block per local expert (strided), a team of warps per source rank. The team
+// waits for its source's flag, finds the source's pairs that name the expert (in (token, k) order,
+// from the routing), and copies those tokens into the expert's rows, packed in source order.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -36,49 +36,46 @@ __device__ __forceinline__ float group_scale(float amax, bool round_scale) {
   return __uint_as_float((bits & ~kFloatMantissaMask) + (1u << kFloatMantissaBits));
 }
 
-// Slot of every pair, and the count of every expert, of this rank's tokens (shared memory).
-__device__ void plan_slots(const LowLatencyCommon& common, const KernelContext& context, int32_t* expert_count,
-                           int32_t* pair_slot) {
-  for (int e = threadIdx.x; e < common.num_experts; e += blockDim.x) expert_count[e] = 0;
+// Block 0 of the send phase: this rank's top-k ids as int32 (an invalid id is reported and sent
+// as -1) into the ids staging, put to every rank's routing slot for this rank. Counting pairs per
+// expert on the way: only a token naming one expert twice can make more than M of them, which the
+// receiver would drop; this rank, which made the call, reports it.
+__device__ void send_routing(const device::Window& window, const LowLatencyCommon& common, const KernelContext& context,
+                             const LowLatencyLayout& layout) {
+  __shared__ int32_t pairs_per_expert[kMaxLowLatencyExperts];
+  for (int e = threadIdx.x; e < common.num_experts; e += blockDim.x) pairs_per_expert[e] = 0;
+  __syncthreads();
   const int num_pairs = common.num_tokens * common.num_topk;
-  const int lane = device::lane_id();
-  const uint32_t lanes_below = (1u << lane) - 1u;
-  for (int base = 0; base < num_pairs; base += blockDim.x) {
-    const int pair = base + threadIdx.x;
-    int64_t expert = pair < num_pairs ? common.topk_idx[pair] : -1;
+  int32_t* ids = window.own<int32_t>(layout.ids(common.set_index));
+  for (int pair = threadIdx.x; pair < num_pairs; pair += blockDim.x) {
+    int64_t expert = common.topk_idx[pair];
     if (expert < -1 || expert >= common.num_experts) {
-      if (blockIdx.x == 0) {
-        device::report_invalid_expert(context, DeviceOp::kLowLatencyDispatch, pair / common.num_topk,
-                                      pair % common.num_topk, expert, common.num_experts);
-      }
+      device::report_invalid_expert(context, DeviceOp::kLowLatencyDispatch, pair / common.num_topk,
+                                    pair % common.num_topk, expert, common.num_experts);
       expert = -1;
     }
-    const uint32_t peers = __match_any_sync(0xffffffffu, static_cast<int>(expert));
-    const int leader = __ffs(peers) - 1;
-    // Warps take turns so that earlier pairs always get lower slots.
-    for (int turn = 0; turn < kLowLatencyWarpsPerBlock; ++turn) {
-      __syncthreads();
-      if (device::warp_id() != turn) continue;
-      int first = 0;
-      if (expert >= 0 && lane == leader) {
-        first = expert_count[expert];
-        expert_count[expert] = first + __popc(peers);
-      }
-      first = __shfl_sync(0xffffffffu, first, leader);
-      if (expert >= 0 && pair < num_pairs) pair_slot[pair] = first + __popc(peers & lanes_below);
-    }
+    ids[pair] = static_cast<int32_t>(expert);
+    if (expert >= 0) atomicAdd(&pairs_per_expert[expert], 1);
   }
   __syncthreads();
+  for (int e = threadIdx.x; e < common.num_experts; e += blockDim.x) {
+    if (pairs_per_expert[e] <= common.max_tokens) continue;
+    device::ErrorDetails details;
+    details.kind = DeviceErrorKind::kTooManyRows;
+    details.op = DeviceOp::kLowLatencyDispatch;
+    details.observed = pairs_per_expert[e];
+    details.limit = common.max_tokens;
+    device::report_error(context, details);
+  }
+  const size_t bytes = static_cast<size_t>(num_pairs) * sizeof(int32_t);
+  for (int rank = device::warp_id(); rank < context.num_ranks && bytes > 0; rank += kLowLatencyWarpsPerBlock) {
+    window.put(rank, layout.routing(common.set_index, context.rank), ids, bytes);
+  }
 }
 
 // A warp sends one chunk of one token's row (kLowLatencyChunkVectors), so the rows of a few hundred
 // tokens still spread over every warp of the grid.
 constexpr int kChunkVectors = kLowLatencyChunkVectors;
-
-struct Destinations {  // where one token's message goes, for each k (kMaxLowLatencyTopk at most)
-  int owner[kMaxLowLatencyTopk];
-  size_t message[kMaxLowLatencyTopk];  // the destination slot's message (an offset, see the layout)
-};
 
 // Casts this chunk of `row` to FP8 into the staged message: e4m3 bytes at the row, float scales
 // (or, with UE8M0, one int32 of four exponents per chunk) at the scales.
@@ -136,43 +133,16 @@ __device__ void stage_fp8_chunk(const LowLatencyDispatchKernelArgs& args, const 
 }
 
 __device__ void send_chunk(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
-                           const KernelContext& context, const LowLatencyLayout& layout, const int32_t* pair_slot,
-                           int token, int chunk) {
+                           const KernelContext& context, const LowLatencyLayout& layout, int token, int chunk) {
   const LowLatencyCommon& common = args.common;
   const int lane = device::lane_id();
-  const int experts_per_rank = layout.experts_per_rank;
   int64_t my_expert = -1;
-  if (lane < common.num_topk) {
-    my_expert = common.topk_idx[static_cast<int64_t>(token) * common.num_topk + lane];
-    if (my_expert < -1 || my_expert >= common.num_experts) my_expert = -1;  // reported by the plan
-  }
-  uint32_t sending = 0;  // bit k: pair k has an expert
-  Destinations to;
-  for (int k = 0; k < common.num_topk; ++k) {
-    const int64_t expert = __shfl_sync(0xffffffffu, my_expert, k);
-    if (expert < 0) continue;
-    const int owner = static_cast<int>(expert / experts_per_rank);
-    const int local = static_cast<int>(expert % experts_per_rank);
-    const int index = pair_slot[token * common.num_topk + k];
-    if (index >= common.max_tokens) {
-      // Only a token naming one expert twice can need more than M slots of it: never write into
-      // another source's slots; report it (once, from the chunk that writes metadata).
-      if (lane == 0 && chunk == 0) {
-        device::ErrorDetails details;
-        details.kind = DeviceErrorKind::kTooManyRows;
-        details.op = DeviceOp::kLowLatencyDispatch;
-        details.observed = index + 1;
-        details.limit = common.max_tokens;
-        device::report_error(context, details);
-      }
-      continue;
-    }
-    to.owner[k] = owner;
-    to.message[k] = layout.message(common.set_index, layout.slot(local, context.rank, index));
-    if (lane == 0 && chunk == 0) window.put_value(owner, to.message[k] + layout.message_meta(), make_int2(token, k));
-    sending |= 1u << k;
-  }
-  if (sending == 0) return;
+  if (lane < common.num_topk) my_expert = common.topk_idx[static_cast<int64_t>(token) * common.num_topk + lane];
+  const bool valid = my_expert >= 0 && my_expert < common.num_experts;  // a bad id is block 0's to report
+  // Bit r: rank r owns one of the token's experts.
+  const uint32_t ranks =
+      __reduce_or_sync(0xffffffffu, valid ? 1u << static_cast<int>(my_expert / layout.experts_per_rank) : 0u);
+  if (ranks == 0) return;
 
   const int4* row = static_cast<const int4*>(args.x) + static_cast<int64_t>(token) * (common.hidden / kBf16PerVector);
   const int vectors = common.hidden / kBf16PerVector;
@@ -201,44 +171,95 @@ __device__ void send_chunk(const device::Window& window, const LowLatencyDispatc
     }
   }
   __syncwarp();  // the staged chunk is complete before any lane reads it back
-  for (int k = 0; k < common.num_topk; ++k) {
-    if (!(sending & (1u << k))) continue;
-    window.put(to.owner[k], to.message[k] + row_begin, staged_row + row_begin, row_bytes);
+  const size_t message = layout.token(common.set_index, context.rank, token);
+  for (uint32_t left = ranks; left != 0; left &= left - 1) {
+    const int rank = __ffs(left) - 1;
+    window.put(rank, message + row_begin, staged_row + row_begin, row_bytes);
     if (scales_bytes > 0) {
-      window.put(to.owner[k], to.message[k] + layout.message_scales() + scales_begin, staged_scales + scales_begin,
-                 scales_bytes);
+      window.put(rank, message + layout.message_scales() + scales_begin, staged_scales + scales_begin, scales_bytes);
     }
   }
 }
 
-// The outputs keep deep_ep's packed layout, deterministically: an expert's rows from source s
-// follow those of sources 0..s-1, so each team needs the counts of the sources before its own.
+// A receiving team walks its source's tokens in windows of one token per lane.
+constexpr int kMaxTokenWindows = (kMaxLowLatencyPairs + kWarpSize - 1) / kWarpSize;
+
+// Bit k: pair k of `token` names `expert` (the source's routing, as its flag published it).
+__device__ __forceinline__ uint32_t pairs_naming(const int32_t* routing, int token, int num_topk, int expert) {
+  uint32_t pairs = 0;
+  for (int k = 0; k < num_topk; ++k) pairs |= (__ldcg(routing + token * num_topk + k) == expert ? 1u : 0u) << k;
+  return pairs;
+}
+
+// Copies one received token into row `row` of the outputs: the row, its scales (scale-major per
+// expert, deep_ep's layout), its origin.
+__device__ void copy_received_row(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
+                                  const LowLatencyLayout& layout, int local_expert, int source, int token, size_t row) {
+  const LowLatencyCommon& common = args.common;
+  const size_t row_bytes = static_cast<size_t>(common.hidden) * (args.use_fp8 ? 1 : 2);
+  const char* message = window.own(layout.token(common.set_index, source, token));
+  device::warp_copy<true>(static_cast<char*>(args.recv_x) + row * row_bytes, message, row_bytes);
+  if (args.use_fp8) {
+    // Word w of row r of expert e at [e][w][r].
+    const int scale_words = args.use_ue8m0 ? common.hidden / (kFp8ChannelsPerScale * kUe8m0GroupsPerInt)
+                                           : common.hidden / kFp8ChannelsPerScale;
+    const size_t expert_rows = layout.combine_rows() / layout.experts_per_rank;
+    const uint32_t* from = reinterpret_cast<const uint32_t*>(message + layout.message_scales());
+    uint32_t* to = static_cast<uint32_t*>(args.recv_x_scales) + static_cast<size_t>(local_expert) * scale_words * expert_rows +
+                   (row - static_cast<size_t>(local_expert) * expert_rows);
+    for (int w = device::lane_id(); w < scale_words; w += kWarpSize) to[w * expert_rows] = __ldcg(from + w);
+  }
+  if (device::lane_id() == 0) args.recv_src_info[row] = token;
+}
+
+// The rows of one local expert, in deep_ep's packed layout made deterministic: source s's pairs
+// naming the expert, in (token, k) order, follow those of sources 0..s-1. A team of warps per
+// source: wait for its flag, count matches per window of 32 tokens (pass 1), then copy each match
+// to its row (pass 2).
 __device__ void receive_expert(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
                                const KernelContext& context, const LowLatencyLayout& layout, int local_expert,
                                uint64_t epoch) {
-  __shared__ int32_t source_rows[kLowLatencyWarpsPerBlock];  // a team per source, a warp at least each
+  __shared__ int32_t source_tokens[kMaxNvlPeers];
+  __shared__ int32_t source_rows[kMaxNvlPeers];
+  __shared__ int32_t window_first[kMaxNvlPeers][kMaxTokenWindows];  // matches before each window
   const LowLatencyCommon& common = args.common;
   const int num_ranks = context.num_ranks;
+  const int num_topk = common.num_topk;
   const int warps_per_source = kLowLatencyWarpsPerBlock / num_ranks;
   const int source = device::warp_id() / warps_per_source;
   const int warp_in_team = device::warp_id() % warps_per_source;
   const int lane = device::lane_id();
+  const bool in_team = source < num_ranks;  // warps past R * warps_per_source idle
+  const int expert = context.rank * layout.experts_per_rank + local_expert;
+  const int32_t* routing = in_team ? window.own<int32_t>(layout.routing(common.set_index, source)) : nullptr;
 
-  int rows = 0;
-  if (source < num_ranks) {
-    uint64_t flag = 0;
-    if (lane == 0) {
-      const size_t address = layout.dispatch_flag(common.set_index, local_expert, source);
-      const device::WaitSite site{DeviceOp::kLowLatencyDispatch, WaitTarget::kLowLatencyFlag, source, local_expert};
-      // Every warp of the team waits; the first counts the cost, once per (expert, source) as deep_ep.
-      device::wait_for_peer(window, address, epoch << 32, context, site, warp_in_team == 0 ? args.wait_cost_stats : nullptr);
-      // Every copying warp acquires for its own reads (pairs with the source's signal).
-      flag = device::ld_acquire_sys(window.own<uint64_t>(address));
+  if (in_team && warp_in_team == 0 && lane == 0) {
+    const size_t address = layout.dispatch_flag(common.set_index, source);
+    const device::WaitSite site{DeviceOp::kLowLatencyDispatch, WaitTarget::kLowLatencyFlag, source, local_expert};
+    // The cost counts once per (expert, source), as deep_ep's.
+    device::wait_for_peer(window, address, epoch << 32, context, site, args.wait_cost_stats);
+    // Pairs with the source's signal; the __syncthreads below orders the team's reads after it.
+    const uint64_t flag = device::ld_acquire_sys(window.own<uint64_t>(address));
+    // A timed-out wait leaves an old epoch: take no tokens (the error is already recorded).
+    source_tokens[source] = (flag >> 32) == epoch ? min(static_cast<int>(flag & 0xffffffffu), common.max_tokens) : 0;
+  }
+  __syncthreads();
+  const int tokens = in_team ? source_tokens[source] : 0;
+  for (int w = warp_in_team; w * kWarpSize < tokens; w += warps_per_source) {  // pass 1
+    const int token = w * kWarpSize + lane;
+    const int matches = token < tokens ? __popc(pairs_naming(routing, token, num_topk, expert)) : 0;
+    const int window_matches = __reduce_add_sync(0xffffffffu, matches);
+    if (lane == 0) window_first[source][w] = window_matches;
+  }
+  __syncthreads();
+  if (in_team && warp_in_team == 0 && lane == 0) {
+    int rows = 0;
+    for (int w = 0; w * kWarpSize < tokens; ++w) {
+      const int matches = window_first[source][w];
+      window_first[source][w] = rows;
+      rows += matches;
     }
-    flag = __shfl_sync(0xffffffffu, flag, 0);
-    // A timed-out wait leaves an old epoch: take no rows (the error is already recorded).
-    rows = (flag >> 32) == epoch ? min(static_cast<int>(flag & 0xffffffffu), common.max_tokens) : 0;
-    if (warp_in_team == 0 && lane == 0) source_rows[source] = rows;
+    source_rows[source] = min(rows, common.max_tokens);  // past M: dropped (the source reported it)
   }
   __syncthreads();
   int first_row = 0;  // this source's first row within the expert's
@@ -247,44 +268,47 @@ __device__ void receive_expert(const device::Window& window, const LowLatencyDis
     if (earlier < source) first_row += source_rows[earlier];
     total += source_rows[earlier];
   }
-  const size_t expert_rows = static_cast<size_t>(local_expert) * num_ranks * common.max_tokens;
-  if (source < num_ranks) {
-    // The team's count is its first warp's: a warp whose wait ended differently (a timeout, already
-    // recorded) must not write into the next source's rows.
-    rows = min(rows, source_rows[source]);
-    const size_t row_bytes = static_cast<size_t>(common.hidden) * (args.use_fp8 ? 1 : 2);
-    const int scale_words = args.use_ue8m0 ? common.hidden / (kFp8ChannelsPerScale * kUe8m0GroupsPerInt)
-                                            : common.hidden / kFp8ChannelsPerScale;
-    for (int j = warp_in_team; j < rows; j += warps_per_source) {
-      const size_t out = expert_rows + first_row + j;
-      const char* message = window.own(layout.message(common.set_index, layout.slot(local_expert, source, j)));
-      device::warp_copy<true>(static_cast<char*>(args.recv_x) + out * row_bytes, message, row_bytes);
-      if (args.use_fp8) {
-        // Scale-major per expert (deep_ep's layout): word w of row r at [expert][w][r].
-        const uint32_t* from = reinterpret_cast<const uint32_t*>(message + layout.message_scales());
-        const size_t expert_rows_total = static_cast<size_t>(num_ranks) * common.max_tokens;
-        uint32_t* to = static_cast<uint32_t*>(args.recv_x_scales) + static_cast<size_t>(local_expert) * scale_words * expert_rows_total +
-                       (out - expert_rows);
-        for (int w = lane; w < scale_words; w += kWarpSize) to[w * expert_rows_total] = __ldcg(from + w);
-      }
-      if (lane == 0) {
-        const int2 meta = __ldcg(reinterpret_cast<const int2*>(message + layout.message_meta()));
-        args.recv_src_info[out] = meta.x;
-        args.recv_src_k[out] = meta.y;
+  const size_t expert_rows = layout.combine_rows() / layout.experts_per_rank;
+  const size_t expert_first = static_cast<size_t>(local_expert) * expert_rows;
+  const size_t pairs_of_source = static_cast<size_t>(source) * common.max_tokens * num_topk;
+  for (int w = warp_in_team; w * kWarpSize < tokens; w += warps_per_source) {  // pass 2
+    const int token = w * kWarpSize + lane;
+    const uint32_t pairs = token < tokens ? pairs_naming(routing, token, num_topk, expert) : 0u;
+    const int matches = __popc(pairs);
+    const int my_first = window_first[source][w] + device::warp_inclusive_scan(matches) - matches;
+    for (uint32_t lanes = __ballot_sync(0xffffffffu, matches > 0); lanes != 0; lanes &= lanes - 1) {
+      const int from = __ffs(lanes) - 1;
+      const int from_token = w * kWarpSize + from;
+      int row = __shfl_sync(0xffffffffu, my_first, from);
+      for (uint32_t left = __shfl_sync(0xffffffffu, pairs, from); left != 0; left &= left - 1, ++row) {
+        const int k = __ffs(left) - 1;
+        const bool kept = row < common.max_tokens;
+        if (kept) copy_received_row(window, args, layout, local_expert, source, from_token, expert_first + first_row + row);
+        if (lane == 0) {
+          args.routing.pair_row[pairs_of_source + static_cast<size_t>(from_token) * num_topk + k] = kept ? first_row + row : -1;
+        }
       }
     }
-    if (warp_in_team == 0 && lane == 0) args.recv_count_from[static_cast<size_t>(local_expert) * num_ranks + source] = rows;
+  }
+  if (in_team && warp_in_team == 0 && lane == 0) {
+    args.recv_count_from[static_cast<size_t>(local_expert) * num_ranks + source] = source_rows[source];
+  }
+  if (in_team && local_expert == 0) {
+    // The first expert's block keeps each source's routing for the combine (the set is reused).
+    const int32_t* ids = routing;
+    int32_t* kept = args.routing.topk + pairs_of_source;
+    for (int i = warp_in_team * kWarpSize + lane; i < tokens * num_topk; i += warps_per_source * kWarpSize) kept[i] = __ldcg(ids + i);
+    if (warp_in_team == 0 && lane == 0) args.routing.tokens_from[source] = tokens;
   }
   // The rows past the expert's count come from no source.
-  for (int row = total + static_cast<int>(threadIdx.x); row < num_ranks * common.max_tokens; row += blockDim.x) {
-    args.recv_src_info[expert_rows + row] = -1;
-    args.recv_src_k[expert_rows + row] = -1;
+  for (int row = total + static_cast<int>(threadIdx.x); row < static_cast<int>(expert_rows); row += blockDim.x) {
+    args.recv_src_info[expert_first + row] = -1;
   }
   if (threadIdx.x == 0) {
     args.recv_count[local_expert] = total;
     if (args.cumulative_stats != nullptr) atomicAdd(&args.cumulative_stats[local_expert], total);
   }
-  __syncthreads();  // source_rows is this block's again for its next expert
+  __syncthreads();  // the shared arrays are this block's again for its next expert
 }
 
 }  // namespace
@@ -296,7 +320,6 @@ namespace low_latency {
 __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
     dispatch(const __grid_constant__ PeerWindow peers, const __grid_constant__ LowLatencyDispatchKernelArgs args,
              unsigned phases, KernelContext context) {
-  extern __shared__ int32_t plan[];  // expert_count [num_experts], then pair_slot [T * K]
   const device::Window window(peers);
   const LowLatencyCommon& common = args.common;
   const device::LowLatencyLaunch launch = device::begin_low_latency_launch(window, common, context);
@@ -304,23 +327,19 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
   const uint64_t epoch = launch.epoch;
 
   if (phases & kSendPhase) {
-    int32_t* expert_count = plan;
-    int32_t* pair_slot = plan + common.num_experts;
-    plan_slots(common, context, expert_count, pair_slot);
+    if (blockIdx.x == 0) send_routing(window, common, context, layout);
     const int warps = gridDim.x * kLowLatencyWarpsPerBlock;
     const int chunks = (common.hidden / kBf16PerVector + kChunkVectors - 1) / kChunkVectors;
     for (int item = blockIdx.x * kLowLatencyWarpsPerBlock + device::warp_id(); item < common.num_tokens * chunks;
          item += warps) {
-      send_chunk(window, args, context, layout, pair_slot, item / chunks, item % chunks);
+      send_chunk(window, args, context, layout, item / chunks, item % chunks);
     }
     window.quiet();  // the publish rule: puts complete, the election's barrier, then one signal
-    if (device::last_block_to_arrive(window.own<uint32_t>(layout.send_blocks_done(common.set_index)))) {
-      for (int expert = threadIdx.x; expert < common.num_experts; expert += blockDim.x) {
-        const int owner = expert / layout.experts_per_rank;
-        // Pairs with the owner's wait on this flag before it reads the messages.
-        window.signal(owner, layout.dispatch_flag(common.set_index, expert % layout.experts_per_rank, context.rank),
-                      pack_flag(epoch, static_cast<uint32_t>(expert_count[expert])));
-      }
+    if (device::last_block_to_arrive(window.own<uint32_t>(layout.send_blocks_done(common.set_index))) &&
+        threadIdx.x < context.num_ranks) {
+      // Pairs with each rank's wait on this flag before it reads the tokens and routing.
+      window.signal(threadIdx.x, layout.dispatch_flag(common.set_index, context.rank),
+                    pack_flag(epoch, static_cast<uint32_t>(common.num_tokens)));
     }
   }
   if (phases & kReceivePhase) {
@@ -335,19 +354,13 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
 
 void launch_low_latency_dispatch(const PeerWindow& window, const LowLatencyDispatchKernelArgs& args, unsigned phases,
                                  const KernelContext& context, cudaStream_t stream) {
-  const size_t plan_bytes = (phases & kSendPhase)
-                                ? sizeof(int32_t) * (static_cast<size_t>(args.common.num_experts) +
-                                                     static_cast<size_t>(args.common.num_tokens) * args.common.num_topk)
-                                : 0;
-  low_latency::dispatch<<<args.common.num_blocks, kLowLatencyThreadsPerBlock, plan_bytes, stream>>>(window, args, phases,
-                                                                                                context);
+  low_latency::dispatch<<<args.common.num_blocks, kLowLatencyThreadsPerBlock, 0, stream>>>(window, args, phases, context);
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }
 
 void load_low_latency_dispatch_kernel_module() {
-  constexpr size_t kMaxPlanBytes = sizeof(int32_t) * (kMaxLowLatencyExperts + kMaxLowLatencyPairs);
-  EPCOMM_CUDA_CHECK(cudaFuncSetAttribute(low_latency::dispatch, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(kMaxPlanBytes)));
+  cudaFuncAttributes attributes;
+  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, low_latency::dispatch));
 }
 
 }  // namespace epcomm::kernels

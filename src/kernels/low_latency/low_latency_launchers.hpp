@@ -27,6 +27,14 @@ struct LowLatencyCommon {
   int num_blocks = 0;
 };
 
+// What a dispatch's receive leaves for its combine (kept in the handle): which tokens each source
+// sent and where each of their (token, k) pairs landed here.
+struct Routing {
+  int32_t* tokens_from = nullptr;  // [R]: T of each source
+  int32_t* topk = nullptr;         // [R, M, K]: each source's top-k ids (int32, -1 for none)
+  int32_t* pair_row = nullptr;     // [R, M, K]: the pair's row among its expert's R*M, where the expert is here
+};
+
 struct LowLatencyDispatchKernelArgs {
   LowLatencyCommon common;
   const void* x = nullptr;  // bf16 [T, hidden]
@@ -38,7 +46,7 @@ struct LowLatencyDispatchKernelArgs {
   int32_t* recv_count = nullptr;         // out: [E_local]
   int32_t* recv_count_from = nullptr;    // out: [E_local, R]
   int32_t* recv_src_info = nullptr;      // out: [E_local, R*M]
-  int32_t* recv_src_k = nullptr;         // out: [E_local, R*M]
+  Routing routing;                       // out: for the combine
   int32_t* cumulative_stats = nullptr;   // in/out, or null
   int64_t* wait_cost_stats = nullptr;    // in/out [R]: cycles waited per source, or null
 };
@@ -49,9 +57,7 @@ struct LowLatencyCombineKernelArgs {
   LowLatencyCommon common;
   const void* x = nullptr;                // bf16 [E_local, R*M, hidden]
   const float* topk_weights = nullptr;    // [T, K]
-  const int32_t* recv_count_from = nullptr;  // [E_local, R] (the dispatch's)
-  const int32_t* recv_src_info = nullptr;    // [E_local, R*M]
-  const int32_t* recv_src_k = nullptr;       // [E_local, R*M]
+  Routing routing;                        // the dispatch's
   void* out = nullptr;                    // out: bf16 [T, hidden]
   int64_t* wait_cost_stats = nullptr;     // in/out [R]: cycles waited per rank, or null
 };
