@@ -10,6 +10,7 @@ import os
 import socket
 
 import pytest
+from low_latency_reference import low_latency_combined
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 pytestmark = pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
@@ -82,18 +83,8 @@ def _rank_main(rank: int, num_ranks: int, port: int) -> None:
                                                           return_recv_hook=hook_mode)
         if hook_mode:
             combine_hook()
-        # Each rank holding some of a token's experts sums them (k order) and rounds to BF16; the
-        # sums are added in rank order (docs/SEMANTICS.md).
-        accumulated = torch.zeros(tokens, hidden, dtype=torch.float32, device=x.device)
-        owners = torch.where(topk_idx >= 0, topk_idx // experts_per_rank, -1)
-        for owner in range(num_ranks):
-            partial = torch.zeros_like(accumulated)
-            for k in range(topk):
-                product = weights[:, k:k + 1] * x.float()
-                partial = torch.where(owners[:, k:k + 1] == owner, partial + product, partial)
-            holds = (owners == owner).any(dim=1, keepdim=True)
-            accumulated = torch.where(holds, accumulated + partial.to(torch.bfloat16).float(), accumulated)
-        assert torch.equal(out, accumulated.to(torch.bfloat16)), f"rank {rank}: low-latency round trip differs"
+        expected = low_latency_combined(torch, x, weights, topk_idx, experts_per_rank, num_ranks)
+        assert torch.equal(out, expected), f"rank {rank}: low-latency round trip differs"
     _check_fp8_low_latency(buffer, x, topk_idx, group, rank, num_ranks, tokens, experts)
     torch.cuda.synchronize()
 
