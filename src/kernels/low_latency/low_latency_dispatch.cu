@@ -373,11 +373,15 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
   const uint64_t epoch = launch.epoch;
 
   if (phases & kSendPhase) {
+    // Block 0 sends the routing; the rows go through the other blocks (all of them when alone),
+    // so that no row waits behind the routing.
     if (blockIdx.x == 0) send_routing(window, common, context, layout);
-    const int warps = gridDim.x * kLowLatencyWarpsPerBlock;
+    const int row_blocks = gridDim.x > 1 ? gridDim.x - 1 : 1;
+    const int row_block = gridDim.x > 1 ? static_cast<int>(blockIdx.x) - 1 : 0;
+    const int warps = row_blocks * kLowLatencyWarpsPerBlock;
     const int chunks = (common.hidden / kBf16PerVector + kChunkVectors - 1) / kChunkVectors;
-    for (int item = blockIdx.x * kLowLatencyWarpsPerBlock + device::warp_id(); item < common.num_tokens * chunks;
-         item += warps) {
+    for (int item = row_block * kLowLatencyWarpsPerBlock + device::warp_id();
+         row_block >= 0 && item < common.num_tokens * chunks; item += warps) {
       send_chunk(window, args, context, layout, item / chunks, item % chunks);
     }
     window.quiet();  // the publish rule: puts complete, the election's barrier, then one signal
