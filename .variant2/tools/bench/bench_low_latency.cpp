@@ -1,7 +1,9 @@
 // Low-latency dispatch (FP8) and combine (BF16): correctness against the CPU reference, then
 // median / p99 latency of each, and of the hook mode's send and receive halves. The copy ratio
 // compares with the time the peer-copy roofline of this run needs for the same bytes.
+#include <array>
 #include <cstring>
+#include <functional>
 
 #include "bench/bench_context.hpp"
 #include "bench/stream_filler.hpp"
@@ -115,64 +117,65 @@ void bench_low_latency(BenchContext& context, double copy_gbps) {
   const bool all_dispatch_ok = all_ranks_agree(*context.bootstrap, dispatch_ok);
   const bool all_combine_ok = all_ranks_agree(*context.bootstrap, combine_ok);
 
-  // Timings. Every combine needs a dispatch before it, so time them in pairs, each half with its
-  // own events; hook mode the same, send and receive separately. The last pair of each run is
-  // checked against the reference too (true when both halves match, on every rank).
+  // Timings. Every combine needs a dispatch before it, so time them in pairs, each launch between
+  // its own two events (for a whole call, the receive's pair is empty); hook mode the same, send
+  // and receive separately. With kKernel, the stream is kept busy while the host enqueues each
+  // launch (stream_filler.hpp), so the marks bracket the GPU's work only. The last pair of each run
+  // is checked against the reference too (true when both halves match, on every rank).
   auto align = [&] { context.align(); };
-  // With kKernel, the stream is kept busy while the host enqueues each call (stream_filler.hpp), so
-  // the marks bracket the GPU's work only.
-  auto run_pairs = [&](bool hook, std::vector<double>& send_dispatch, std::vector<double>& receive_dispatch,
-                       std::vector<double>& send_combine, std::vector<double>& receive_combine,
+  constexpr int kPhases = 4;  // dispatch send, dispatch receive, combine send, combine receive
+  auto run_pairs = [&](bool hook, std::array<std::vector<double>, kPhases>& phase_us,
                        TimingMode mode = TimingMode::kEndToEnd) -> bool {
     const bool kernel_time = mode == TimingMode::kKernel;
     args.return_recv_hook = hook;
     combine_args.return_recv_hook = hook;
-    cudaEvent_t marks[5];
+    std::array<cudaEvent_t, 2 * kPhases> marks;
     for (cudaEvent_t& mark : marks) EPCOMM_CUDA_CHECK(cudaEventCreate(&mark));
+    auto timed = [&](int phase, const std::function<void()>& launch) {
+      if (kernel_time) keep_stream_busy(context.stream, kKernelTimingLead);
+      EPCOMM_CUDA_CHECK(cudaEventRecord(marks[2 * phase], context.stream));
+      launch();
+      EPCOMM_CUDA_CHECK(cudaEventRecord(marks[2 * phase + 1], context.stream));
+    };
     bool last_ok = false;
     for (int i = 0; i < options.warmup_iters + options.timed_iters; ++i) {
       align();
-      if (kernel_time) keep_stream_busy(context.stream, kKernelTimingLead);
-      EPCOMM_CUDA_CHECK(cudaEventRecord(marks[0], context.stream));
-      LowLatencyDispatchResult d = context.buffer->low_latency_dispatch(args, *allocator, call);
-      EPCOMM_CUDA_CHECK(cudaEventRecord(marks[1], context.stream));
-      if (hook) d.hook();
-      if (kernel_time) keep_stream_busy(context.stream, kKernelTimingLead);
-      EPCOMM_CUDA_CHECK(cudaEventRecord(marks[2], context.stream));
+      LowLatencyDispatchResult d;
+      LowLatencyCombineResult c;
+      timed(0, [&] { d = context.buffer->low_latency_dispatch(args, *allocator, call); });
+      timed(1, [&] {
+        if (hook) d.hook();
+      });
       combine_args.handle = &d.handle;
-      LowLatencyCombineResult c = context.buffer->low_latency_combine(combine_args, *allocator, call);
-      EPCOMM_CUDA_CHECK(cudaEventRecord(marks[3], context.stream));
-      if (hook) c.hook();
-      EPCOMM_CUDA_CHECK(cudaEventRecord(marks[4], context.stream));
-      EPCOMM_CUDA_CHECK(cudaEventSynchronize(marks[4]));
+      timed(2, [&] { c = context.buffer->low_latency_combine(combine_args, *allocator, call); });
+      timed(3, [&] {
+        if (hook) c.hook();
+      });
+      EPCOMM_CUDA_CHECK(cudaEventSynchronize(marks.back()));
       if (i + 1 == options.warmup_iters + options.timed_iters) last_ok = dispatch_matches(d) && combine_matches(c);
       if (i < options.warmup_iters) continue;
-      float ms[4];
-      for (int m = 0; m < 4; ++m) EPCOMM_CUDA_CHECK(cudaEventElapsedTime(&ms[m], marks[m], marks[m + 1]));
-      send_dispatch.push_back(ms[0] * 1000.0);
-      receive_dispatch.push_back(ms[1] * 1000.0);
-      send_combine.push_back(ms[2] * 1000.0);
-      receive_combine.push_back(ms[3] * 1000.0);
+      for (int phase = 0; phase < kPhases; ++phase) {
+        float ms = 0;
+        EPCOMM_CUDA_CHECK(cudaEventElapsedTime(&ms, marks[2 * phase], marks[2 * phase + 1]));
+        phase_us[phase].push_back(ms * 1000.0);
+      }
     }
     for (cudaEvent_t mark : marks) EPCOMM_CUDA_WARN(cudaEventDestroy(mark));
     return all_ranks_agree(*context.bootstrap, last_ok);
   };
-  std::vector<double> dispatch_us, unused_a, combine_us, unused_b;
-  const bool pairs_ok = run_pairs(false, dispatch_us, unused_a, combine_us, unused_b);
-  std::vector<double> hook_send_dispatch, hook_recv_dispatch, hook_send_combine, hook_recv_combine;
-  const bool hook_ok = run_pairs(true, hook_send_dispatch, hook_recv_dispatch, hook_send_combine, hook_recv_combine);
-  std::vector<double> dispatch_kernel_us, unused_c, combine_kernel_us, unused_d;
-  const bool kernel_ok =
-      run_pairs(false, dispatch_kernel_us, unused_c, combine_kernel_us, unused_d, TimingMode::kKernel);
+  std::array<std::vector<double>, kPhases> whole, hooked, whole_kernel, hooked_kernel;
+  const bool pairs_ok = run_pairs(false, whole);
+  const bool hook_ok = run_pairs(true, hooked);
+  const bool kernel_ok = run_pairs(false, whole_kernel, TimingMode::kKernel);
+  const bool hook_kernel_ok = run_pairs(true, hooked_kernel, TimingMode::kKernel);
   context.buffer->check_device_errors();
-  const Timing dispatch_timing = summarize_across_ranks(*context.bootstrap, dispatch_us);
-  const Timing combine_timing = summarize_across_ranks(*context.bootstrap, combine_us);
-  const Timing send_d = summarize_across_ranks(*context.bootstrap, hook_send_dispatch);
-  const Timing recv_d = summarize_across_ranks(*context.bootstrap, hook_recv_dispatch);
-  const Timing send_c = summarize_across_ranks(*context.bootstrap, hook_send_combine);
-  const Timing recv_c = summarize_across_ranks(*context.bootstrap, hook_recv_combine);
-  const Timing dispatch_kernel = summarize_across_ranks(*context.bootstrap, dispatch_kernel_us);
-  const Timing combine_kernel = summarize_across_ranks(*context.bootstrap, combine_kernel_us);
+  auto summary = [&](const std::vector<double>& us) { return summarize_across_ranks(*context.bootstrap, us); };
+  const Timing dispatch_timing = summary(whole[0]), combine_timing = summary(whole[2]);
+  const Timing send_d = summary(hooked[0]), recv_d = summary(hooked[1]);
+  const Timing send_c = summary(hooked[2]), recv_c = summary(hooked[3]);
+  const Timing dispatch_kernel = summary(whole_kernel[0]), combine_kernel = summary(whole_kernel[2]);
+  const Timing send_d_kernel = summary(hooked_kernel[0]), recv_d_kernel = summary(hooked_kernel[1]);
+  const Timing send_c_kernel = summary(hooked_kernel[2]), recv_c_kernel = summary(hooked_kernel[3]);
   if (!context.is_reporting_rank()) return;
 
   // Bytes: every (token, k) pair with an expert, FP8 row + scales out, BF16 row back.
@@ -207,6 +210,10 @@ void bench_low_latency(BenchContext& context, double copy_gbps) {
   write("ll_combine", "bf16", "hook_receive", recv_c, combine_bytes, hook_ok);
   write("ll_dispatch", "fp8", "full", dispatch_kernel, dispatch_bytes, kernel_ok, TimingMode::kKernel);
   write("ll_combine", "bf16", "full", combine_kernel, combine_bytes, kernel_ok, TimingMode::kKernel);
+  write("ll_dispatch", "fp8", "hook_send", send_d_kernel, dispatch_bytes, hook_kernel_ok, TimingMode::kKernel);
+  write("ll_dispatch", "fp8", "hook_receive", recv_d_kernel, dispatch_bytes, hook_kernel_ok, TimingMode::kKernel);
+  write("ll_combine", "bf16", "hook_send", send_c_kernel, combine_bytes, hook_kernel_ok, TimingMode::kKernel);
+  write("ll_combine", "bf16", "hook_receive", recv_c_kernel, combine_bytes, hook_kernel_ok, TimingMode::kKernel);
 }
 
 }  // namespace epcomm::bench

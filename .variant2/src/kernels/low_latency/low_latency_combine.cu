@@ -3,10 +3,11 @@
 // A token's row crosses the link once per rank that holds one of its experts, not once per expert.
 //
 // Send phase: block 0 first puts this rank's top-k weights to every rank and signals them (the
-// owners weight with them). Then one warp per (source, token, chunk of the row), wherever the
-// token has experts here: waits once for that source's weights, sums its local pairs' rows
-// weighted (in k order), rounds to BF16 into the partials staging and puts the chunk into the
-// source's slot for this rank. The last block to finish signals every source.
+// owners weight with them). Then one warp per (source, token, 1024 channels of the row), wherever
+// the token has experts here: waits once for that source's weights, sums its local pairs' rows
+// weighted (in k order), rounds to BF16 and stores that into the source's slot for this rank
+// (directly, or a put from the partials staging where the peer is not direct). The last block to
+// finish signals every source.
 // Receive phase: every block waits for every rank's flag, then warps add, per token chunk, the
 // partial sums of the ranks that hold its experts, in rank order (docs/SEMANTICS.md).
 #include <cuda_bf16.h>

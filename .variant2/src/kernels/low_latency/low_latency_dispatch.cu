@@ -209,12 +209,24 @@ __device__ void send_chunk(const device::Window& window, const LowLatencyDispatc
 // A receiving team walks its source's tokens in windows of one token per lane.
 constexpr int kMaxTokenWindows = (kMaxLowLatencyPairs + kWarpSize - 1) / kWarpSize;
 // A received FP8 row of 7168 channels is 14 vectors per lane: all of them in flight at once.
-constexpr int kReceiveLoadsInFlight = 16;
+constexpr int kReceiveLoadsInFlight = 8;
 
 // Bit k: pair k of `token` names `expert` (the source's routing, as its flag published it).
+// Up to top-8 (the usual), all K loads are issued before the first compare: a rolled loop would
+// wait for each in turn. Wider top-k takes the rolled loop (registers are short here).
+constexpr int kUnrolledTopk = 8;
 __device__ __forceinline__ uint32_t pairs_naming(const int32_t* routing, int token, int num_topk, int expert) {
+  const int32_t* ids = routing + token * num_topk;
   uint32_t pairs = 0;
-  for (int k = 0; k < num_topk; ++k) pairs |= (__ldcg(routing + token * num_topk + k) == expert ? 1u : 0u) << k;
+  if (num_topk <= kUnrolledTopk) {
+    int32_t loaded[kUnrolledTopk];
+#pragma unroll
+    for (int k = 0; k < kUnrolledTopk; ++k) loaded[k] = k < num_topk ? __ldcg(ids + k) : -1;
+#pragma unroll
+    for (int k = 0; k < kUnrolledTopk; ++k) pairs |= (loaded[k] == expert ? 1u : 0u) << k;
+    return pairs;
+  }
+  for (int k = 0; k < num_topk; ++k) pairs |= (__ldcg(ids + k) == expert ? 1u : 0u) << k;
   return pairs;
 }
 
@@ -341,8 +353,18 @@ __device__ void receive_expert(const device::Window& window, const LowLatencyDis
   if (in_team && local_expert == 0) {
     // The first expert's block keeps each source's routing for the combine (the set is reused).
     int32_t* kept = args.routing.topk + pairs_of_source;
-    for (int i = warp_in_team * kWarpSize + lane; i < tokens * num_topk; i += warps_per_source * kWarpSize) {
-      kept[i] = __ldcg(routing + i);
+    constexpr int kIdsInFlight = 8;
+    const int stride = warps_per_source * kWarpSize;
+    for (int first = warp_in_team * kWarpSize + lane; first < tokens * num_topk; first += kIdsInFlight * stride) {
+      int32_t ids[kIdsInFlight];
+#pragma unroll
+      for (int i = 0; i < kIdsInFlight; ++i) {
+        if (first + i * stride < tokens * num_topk) ids[i] = __ldcg(routing + first + i * stride);
+      }
+#pragma unroll
+      for (int i = 0; i < kIdsInFlight; ++i) {
+        if (first + i * stride < tokens * num_topk) kept[first + i * stride] = ids[i];
+      }
     }
     if (warp_in_team == 0 && lane == 0) args.routing.tokens_from[source] = tokens;
   }
@@ -373,11 +395,15 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
   const uint64_t epoch = launch.epoch;
 
   if (phases & kSendPhase) {
+    // Block 0 sends the routing; the rows go through the other blocks (all of them when alone),
+    // so that no row waits behind the routing.
     if (blockIdx.x == 0) send_routing(window, common, context, layout);
-    const int warps = gridDim.x * kLowLatencyWarpsPerBlock;
+    const int row_blocks = gridDim.x > 1 ? gridDim.x - 1 : 1;
+    const int row_block = gridDim.x > 1 ? static_cast<int>(blockIdx.x) - 1 : 0;
+    const int warps = row_blocks * kLowLatencyWarpsPerBlock;
     const int chunks = (common.hidden / kBf16PerVector + kChunkVectors - 1) / kChunkVectors;
-    for (int item = blockIdx.x * kLowLatencyWarpsPerBlock + device::warp_id(); item < common.num_tokens * chunks;
-         item += warps) {
+    for (int item = row_block * kLowLatencyWarpsPerBlock + device::warp_id();
+         row_block >= 0 && item < common.num_tokens * chunks; item += warps) {
       send_chunk(window, args, context, layout, item / chunks, item % chunks);
     }
     window.quiet();  // the publish rule: puts complete, the election's barrier, then one signal

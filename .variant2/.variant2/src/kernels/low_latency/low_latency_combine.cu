@@ -20,6 +20,7 @@ namespace {
 
 constexpr int kBf16PerVector = 8;
 constexpr int kChunkVectors = kWarpSize;  // one 16-byte vector per lane
+constexpr int kChunksPerItem = 4;         // a sending warp's share of a row: 1024 channels
 
 // Block 0: this rank's weights [T][K] to every rank, each put followed by its own signal.
 __device__ void send_weights(const device::Window& window, const LowLatencyCombineKernelArgs& args,
@@ -38,11 +39,12 @@ __device__ void send_weights(const device::Window& window, const LowLatencyCombi
   }
 }
 
-// One chunk of the weighted sum, over this rank's experts, of token `token` of `source`; put into
-// the source's slot for this rank. `weights_seen` (bit s) spares the warp a second wait.
-__device__ void send_partial_chunk(const device::Window& window, const LowLatencyCombineKernelArgs& args,
-                                   const KernelContext& context, const LowLatencyLayout& layout, uint64_t epoch,
-                                   int source, int token, int chunk, uint32_t& weights_seen) {
+// The weighted sum, over this rank's experts, of token `token` of `source`, for chunks
+// [first_chunk, first_chunk + kChunksPerItem) of the row, into the source's slot for this rank.
+// `weights_seen` (bit s) spares the warp a second wait for source s's weights.
+__device__ void send_partial(const device::Window& window, const LowLatencyCombineKernelArgs& args,
+                             const KernelContext& context, const LowLatencyLayout& layout, uint64_t epoch, int source,
+                             int token, int first_chunk, uint32_t& weights_seen) {
   const LowLatencyCommon& common = args.common;
   const int lane = device::lane_id();
   const int num_topk = common.num_topk;
@@ -69,44 +71,49 @@ __device__ void send_partial_chunk(const device::Window& window, const LowLatenc
   }
   const float my_weight =
       here ? __ldcg(window.own<const float>(layout.weights(common.set_index, source)) + token * num_topk + lane) : 0.0f;
-
-  const int vectors = common.hidden / kBf16PerVector;
-  const int v = chunk * kChunkVectors + lane;
   const size_t expert_rows = layout.combine_rows() / layout.experts_per_rank;
+  const int vectors = common.hidden / kBf16PerVector;
+  // Each local pair's first vector in x (lane k holds pair k's).
+  const size_t my_row = here ? (static_cast<size_t>(expert - first_expert) * expert_rows + row) * vectors : 0;
   const int4* x = static_cast<const int4*>(args.x);
-  int4 raw[kMaxLowLatencyTopk];
-#pragma unroll
-  for (int k = 0; k < kMaxLowLatencyTopk; ++k) {
-    if (k >= num_topk) break;  // uniform
-    const int local = __shfl_sync(0xffffffffu, expert, k) - first_expert;
-    const int pair_row = __shfl_sync(0xffffffffu, row, k);
-    if (!(local_pairs & (1u << k))) continue;
-    if (v < vectors) raw[k] = x[(static_cast<size_t>(local) * expert_rows + pair_row) * vectors + v];
-  }
-  // Each product rounded, added in k order (the reference's).
-  float sum[kBf16PerVector] = {};
-#pragma unroll
-  for (int k = 0; k < kMaxLowLatencyTopk; ++k) {
-    if (k >= num_topk) break;
-    const float weight = __shfl_sync(0xffffffffu, my_weight, k);
-    if (!(local_pairs & (1u << k))) continue;
-    const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&raw[k]);
-#pragma unroll
-    for (int j = 0; j < kBf16PerVector; ++j) sum[j] = __fadd_rn(sum[j], __fmul_rn(weight, __bfloat162float(values[j])));
-  }
+  const size_t slot = layout.returned(common.set_index, context.rank, token);
+  int4* direct = window.ptr<int4>(source, slot);
   int4* staged = window.own<int4>(layout.partial(common.set_index, source, token));
-  if (v < vectors) {
+  const int last_chunk = min(first_chunk + kChunksPerItem, (vectors + kChunkVectors - 1) / kChunkVectors);
+  for (int chunk = first_chunk; chunk < last_chunk; ++chunk) {
+    const int v = chunk * kChunkVectors + lane;
+    int4 raw[kMaxLowLatencyTopk];
+#pragma unroll
+    for (int k = 0; k < kMaxLowLatencyTopk; ++k) {
+      if (k >= num_topk) break;  // uniform
+      const size_t from = __shfl_sync(0xffffffffu, my_row, k);
+      if ((local_pairs & (1u << k)) && v < vectors) raw[k] = __ldg(x + from + v);
+    }
+    // Each product rounded, added in k order (the reference's).
+    float sum[kBf16PerVector] = {};
+#pragma unroll
+    for (int k = 0; k < kMaxLowLatencyTopk; ++k) {
+      if (k >= num_topk) break;
+      const float weight = __shfl_sync(0xffffffffu, my_weight, k);
+      if (!(local_pairs & (1u << k))) continue;
+      const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&raw[k]);
+#pragma unroll
+      for (int j = 0; j < kBf16PerVector; ++j) sum[j] = __fadd_rn(sum[j], __fmul_rn(weight, __bfloat162float(values[j])));
+    }
     int4 packed;
     __nv_bfloat16* result = reinterpret_cast<__nv_bfloat16*>(&packed);
 #pragma unroll
     for (int j = 0; j < kBf16PerVector; ++j) result[j] = __float2bfloat16_rn(sum[j]);
-    staged[v] = packed;
+    if (direct != nullptr) {  // a direct peer takes the sum from registers
+      if (v < vectors) direct[v] = packed;
+      continue;
+    }
+    if (v < vectors) staged[v] = packed;
+    __syncwarp();  // the staged chunk is complete before any lane reads it back
+    const int first = chunk * kChunkVectors;
+    const size_t bytes = static_cast<size_t>(min(kChunkVectors, vectors - first)) * sizeof(int4);
+    window.put(source, slot + first * sizeof(int4), staged + first, bytes);
   }
-  __syncwarp();  // the staged chunk is complete before any lane reads it back
-  const int first = chunk * kChunkVectors;
-  const size_t bytes = static_cast<size_t>(min(kChunkVectors, vectors - first)) * sizeof(int4);
-  window.put(source, layout.returned(common.set_index, context.rank, token) + first * sizeof(int4), staged + first,
-             bytes);
 }
 
 __device__ void send_partials(const device::Window& window, const LowLatencyCombineKernelArgs& args,
@@ -116,15 +123,16 @@ __device__ void send_partials(const device::Window& window, const LowLatencyComb
   __syncthreads();
   const LowLatencyCommon& common = args.common;
   const int chunks = (common.hidden / kBf16PerVector + kChunkVectors - 1) / kChunkVectors;
-  const int items = common.max_tokens * context.num_ranks * chunks;  // (token, source, chunk)
+  const int groups = (chunks + kChunksPerItem - 1) / kChunksPerItem;
+  const int items = common.max_tokens * context.num_ranks * groups;  // (token, source, group of chunks)
   const int warps = gridDim.x * kLowLatencyWarpsPerBlock;
   uint32_t weights_seen = 0;
   for (int item = blockIdx.x * kLowLatencyWarpsPerBlock + device::warp_id(); item < items; item += warps) {
-    const int chunk = item % chunks;
-    const int source = (item / chunks) % context.num_ranks;
-    const int token = item / chunks / context.num_ranks;
+    const int group = item % groups;
+    const int source = (item / groups) % context.num_ranks;
+    const int token = item / groups / context.num_ranks;
     if (token >= tokens_from[source]) continue;
-    send_partial_chunk(window, args, context, layout, epoch, source, token, chunk, weights_seen);
+    send_partial(window, args, context, layout, epoch, source, token, group * kChunksPerItem, weights_seen);
   }
 }
 

@@ -77,29 +77,26 @@ __device__ void send_routing(const device::Window& window, const LowLatencyCommo
 // tokens still spread over every warp of the grid.
 constexpr int kChunkVectors = kLowLatencyChunkVectors;
 
-// Casts this chunk of `row` to FP8 into the staged message: e4m3 bytes at the row, float scales
-// (or, with UE8M0, one int32 of four exponents per chunk) at the scales.
-__device__ void stage_fp8_chunk(const LowLatencyDispatchKernelArgs& args, const int4* row, char* staged_row,
-                                char* staged_scales, int chunk, int chunk_begin, int chunk_end) {
+constexpr int kSteps = kChunkVectors / kWarpSize;  // 16-byte vectors per lane in a chunk
+
+// One chunk of a token as it travels, per lane: the BF16 vectors as read, or their e4m3 bytes and
+// group scale (a warp covers two 128-channel groups per step, 16 lanes of 8 channels each).
+struct Chunk {
+  int begin = 0, end = 0;  // vectors [begin, end) of the row
+  int4 bf16[kSteps];
+  uint2 fp8[kSteps];
+  float scale[kSteps];
+  uint32_t exponents = 0;  // UE8M0: this chunk's four exponent bytes (lane 0)
+};
+
+__device__ void cast_chunk(const LowLatencyDispatchKernelArgs& args, Chunk& chunk) {
   const int lane = device::lane_id();
-  // A warp covers two scale groups per step, 16 lanes (8 channels each) per group. Both steps'
-  // loads are issued before either is used.
-  constexpr int kSteps = kChunkVectors / kWarpSize;
-  int4 raw[kSteps];
 #pragma unroll
   for (int step = 0; step < kSteps; ++step) {
-    const int v = chunk_begin + step * kWarpSize + lane;
-    raw[step] = v < chunk_end ? row[v] : make_int4(0, 0, 0, 0);
-  }
-  uint32_t packed_exponents = 0;  // UE8M0 bytes of this chunk's four groups (lane 0)
-#pragma unroll
-  for (int step = 0; step < kSteps; ++step) {
-    const int first = chunk_begin + step * kWarpSize;
-    if (first >= chunk_end) break;  // uniform across the warp
-    const int v = first + lane;
-    const bool active = v < chunk_end;
+    const int first = chunk.begin + step * kWarpSize;
+    if (first >= chunk.end) break;  // uniform across the warp
     float values[kBf16PerVector];
-    const __nv_bfloat16* halves = reinterpret_cast<const __nv_bfloat16*>(&raw[step]);
+    const __nv_bfloat16* halves = reinterpret_cast<const __nv_bfloat16*>(&chunk.bf16[step]);
 #pragma unroll
     for (int j = 0; j < kBf16PerVector; ++j) values[j] = __bfloat162float(halves[j]);
     float amax = 0.0f;
@@ -111,31 +108,61 @@ __device__ void stage_fp8_chunk(const LowLatencyDispatchKernelArgs& args, const 
     }
     const float scale = group_scale(amax, args.round_scale || args.use_ue8m0);
     const float inverse = 1.0f / scale;
-    uint2 quantized;
-    uint8_t* bytes = reinterpret_cast<uint8_t*>(&quantized);
+    uint8_t* bytes = reinterpret_cast<uint8_t*>(&chunk.fp8[step]);
 #pragma unroll
     for (int j = 0; j < kBf16PerVector; ++j) {
       bytes[j] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(values[j] * inverse, __NV_SATFINITE, __NV_E4M3));
     }
-    if (active) reinterpret_cast<uint2*>(staged_row)[v] = quantized;
-    if (active && lane % kLanesPerScaleGroup == 0 && !args.use_ue8m0) {
-      reinterpret_cast<float*>(staged_scales)[v / kLanesPerScaleGroup] = scale;
-    }
+    chunk.scale[step] = scale;
     if (args.use_ue8m0) {
       // Lane 0 gathers this step's two exponent bytes (UE8M0 needs hidden % 512 == 0, so a chunk
       // is always four whole groups).
       const uint32_t exponent = __float_as_uint(scale) >> kFloatMantissaBits;
       const uint32_t upper = __shfl_sync(0xffffffffu, exponent, kLanesPerScaleGroup);
-      if (lane == 0) packed_exponents |= (exponent | (upper << 8)) << (16 * step);
+      if (lane == 0) chunk.exponents |= (exponent | (upper << 8)) << (16 * step);
     }
   }
-  if (args.use_ue8m0 && lane == 0) reinterpret_cast<uint32_t*>(staged_scales)[chunk] = packed_exponents;
+}
+
+// Stores the chunk into a message (this rank's staging, or a peer's slot through a direct
+// pointer): the row at `message`, the scales (float per group, or the UE8M0 word of chunk
+// `chunk_index`) at `message + scales_offset`.
+__device__ void write_chunk(const LowLatencyDispatchKernelArgs& args, const Chunk& chunk, int chunk_index, char* message,
+                            size_t scales_offset) {
+  const int lane = device::lane_id();
+#pragma unroll
+  for (int step = 0; step < kSteps; ++step) {
+    const int v = chunk.begin + step * kWarpSize + lane;
+    if (v >= chunk.end) continue;
+    if (!args.use_fp8) {
+      reinterpret_cast<int4*>(message)[v] = chunk.bf16[step];
+      continue;
+    }
+    reinterpret_cast<uint2*>(message)[v] = chunk.fp8[step];
+    if (lane % kLanesPerScaleGroup == 0 && !args.use_ue8m0) {
+      reinterpret_cast<float*>(message + scales_offset)[v / kLanesPerScaleGroup] = chunk.scale[step];
+    }
+  }
+  if (args.use_fp8 && args.use_ue8m0 && lane == 0) {
+    reinterpret_cast<uint32_t*>(message + scales_offset)[chunk_index] = chunk.exponents;
+  }
 }
 
 __device__ void send_chunk(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
-                           const KernelContext& context, const LowLatencyLayout& layout, int token, int chunk) {
+                           const KernelContext& context, const LowLatencyLayout& layout, int token, int chunk_index) {
   const LowLatencyCommon& common = args.common;
   const int lane = device::lane_id();
+  const int vectors = common.hidden / kBf16PerVector;
+  Chunk chunk;
+  chunk.begin = chunk_index * kChunkVectors;
+  chunk.end = min(chunk.begin + kChunkVectors, vectors);
+  // The row's loads go out before the top-k ids', so that both round trips overlap.
+  const int4* row = static_cast<const int4*>(args.x) + static_cast<int64_t>(token) * vectors;
+#pragma unroll
+  for (int step = 0; step < kSteps; ++step) {
+    const int v = chunk.begin + step * kWarpSize + lane;
+    chunk.bf16[step] = v < chunk.end ? row[v] : make_int4(0, 0, 0, 0);
+  }
   int64_t my_expert = -1;
   if (lane < common.num_topk) my_expert = common.topk_idx[static_cast<int64_t>(token) * common.num_topk + lane];
   const bool valid = my_expert >= 0 && my_expert < common.num_experts;  // a bad id is block 0's to report
@@ -143,46 +170,46 @@ __device__ void send_chunk(const device::Window& window, const LowLatencyDispatc
   const uint32_t ranks =
       __reduce_or_sync(0xffffffffu, valid ? 1u << static_cast<int>(my_expert / layout.experts_per_rank) : 0u);
   if (ranks == 0) return;
+  if (args.use_fp8) cast_chunk(args, chunk);
 
-  const int4* row = static_cast<const int4*>(args.x) + static_cast<int64_t>(token) * (common.hidden / kBf16PerVector);
-  const int vectors = common.hidden / kBf16PerVector;
-  const int chunk_begin = chunk * kChunkVectors;
-  const int chunk_end = min(chunk_begin + kChunkVectors, vectors);
-  const size_t staged = layout.staging(common.set_index, token);
-  char* staged_row = window.own(staged);
-  char* staged_scales = window.own(staged + layout.message_scales());
-
-  // (1) This chunk, cast, into the staged message; (2) the staged chunk to every destination.
-  size_t row_begin = 0, row_bytes = 0, scales_begin = 0, scales_bytes = 0;
-  if (!args.use_fp8) {
-    for (int v = chunk_begin + lane; v < chunk_end; v += kWarpSize) reinterpret_cast<int4*>(staged_row)[v] = row[v];
-    row_begin = static_cast<size_t>(chunk_begin) * sizeof(int4);
-    row_bytes = static_cast<size_t>(chunk_end - chunk_begin) * sizeof(int4);
-  } else {
-    stage_fp8_chunk(args, row, staged_row, staged_scales, chunk, chunk_begin, chunk_end);
-    row_begin = static_cast<size_t>(chunk_begin) * sizeof(uint2);
-    row_bytes = static_cast<size_t>(chunk_end - chunk_begin) * sizeof(uint2);
-    if (args.use_ue8m0) {
-      scales_begin = static_cast<size_t>(chunk) * sizeof(uint32_t);
-      scales_bytes = sizeof(uint32_t);
-    } else {
-      scales_begin = static_cast<size_t>(chunk_begin / kLanesPerScaleGroup) * sizeof(float);
-      scales_bytes = static_cast<size_t>((chunk_end - chunk_begin) / kLanesPerScaleGroup) * sizeof(float);
-    }
-  }
-  __syncwarp();  // the staged chunk is complete before any lane reads it back
+  // Direct peers take the chunk straight from registers; the others a put from this rank's
+  // staging message of the token, written once.
   const size_t message = layout.token(common.set_index, context.rank, token);
+  bool all_direct = true;
+  for (uint32_t left = ranks; left != 0; left &= left - 1) all_direct &= window.is_direct(__ffs(left) - 1);
+  char* staged = window.own(layout.staging(common.set_index, token));
+  if (!all_direct) {
+    write_chunk(args, chunk, chunk_index, staged, layout.message_scales());
+    __syncwarp();  // the staged chunk is complete before any lane reads it back
+  }
+  const size_t element = args.use_fp8 ? sizeof(uint2) : sizeof(int4);  // bytes of one vector's channels
+  const size_t row_begin = chunk.begin * element, row_bytes = (chunk.end - chunk.begin) * element;
+  size_t scales_begin = 0, scales_bytes = 0;
+  if (args.use_fp8 && args.use_ue8m0) {
+    scales_begin = chunk_index * sizeof(uint32_t);
+    scales_bytes = sizeof(uint32_t);
+  } else if (args.use_fp8) {
+    scales_begin = (chunk.begin / kLanesPerScaleGroup) * sizeof(float);
+    scales_bytes = ((chunk.end - chunk.begin) / kLanesPerScaleGroup) * sizeof(float);
+  }
   for (uint32_t left = ranks; left != 0; left &= left - 1) {
     const int rank = __ffs(left) - 1;
-    window.put(rank, message + row_begin, staged_row + row_begin, row_bytes);
+    if (char* direct = window.ptr(rank, message)) {
+      write_chunk(args, chunk, chunk_index, direct, layout.message_scales());
+      continue;
+    }
+    window.put(rank, message + row_begin, staged + row_begin, row_bytes);
     if (scales_bytes > 0) {
-      window.put(rank, message + layout.message_scales() + scales_begin, staged_scales + scales_begin, scales_bytes);
+      window.put(rank, message + layout.message_scales() + scales_begin, staged + layout.message_scales() + scales_begin,
+                 scales_bytes);
     }
   }
 }
 
 // A receiving team walks its source's tokens in windows of one token per lane.
 constexpr int kMaxTokenWindows = (kMaxLowLatencyPairs + kWarpSize - 1) / kWarpSize;
+// A received FP8 row of 7168 channels is 14 vectors per lane: all of them in flight at once.
+constexpr int kReceiveLoadsInFlight = 16;
 
 // Bit k: pair k of `token` names `expert` (the source's routing, as its flag published it).
 __device__ __forceinline__ uint32_t pairs_naming(const int32_t* routing, int token, int num_topk, int expert) {
@@ -192,36 +219,51 @@ __device__ __forceinline__ uint32_t pairs_naming(const int32_t* routing, int tok
 }
 
 // Copies one received token into row `row` of the outputs: the row, its scales (scale-major per
-// expert, deep_ep's layout), its origin.
+// expert, deep_ep's layout), its origin. Every load is issued before the first store.
 __device__ void copy_received_row(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
                                   const LowLatencyLayout& layout, int local_expert, int source, int token, size_t row) {
   const LowLatencyCommon& common = args.common;
+  const int lane = device::lane_id();
   const size_t row_bytes = static_cast<size_t>(common.hidden) * (args.use_fp8 ? 1 : 2);
   const char* message = window.own(layout.token(common.set_index, source, token));
-  device::warp_copy<true>(static_cast<char*>(args.recv_x) + row * row_bytes, message, row_bytes);
+  const int scale_words = !args.use_fp8     ? 0
+                          : args.use_ue8m0 ? common.hidden / (kFp8ChannelsPerScale * kUe8m0GroupsPerInt)
+                                           : common.hidden / kFp8ChannelsPerScale;
+  constexpr int kScaleWordsPerLane = 2;  // loaded with the row: hidden <= 8192 (64 float scales)
+  uint32_t scales[kScaleWordsPerLane];
+  const uint32_t* from = reinterpret_cast<const uint32_t*>(message + layout.message_scales());
+#pragma unroll
+  for (int i = 0; i < kScaleWordsPerLane; ++i) {
+    const int w = lane + i * kWarpSize;
+    if (w < scale_words) scales[i] = __ldcg(from + w);
+  }
+  device::warp_copy<true, kReceiveLoadsInFlight>(static_cast<char*>(args.recv_x) + row * row_bytes, message, row_bytes);
   if (args.use_fp8) {
     // Word w of row r of expert e at [e][w][r].
-    const int scale_words = args.use_ue8m0 ? common.hidden / (kFp8ChannelsPerScale * kUe8m0GroupsPerInt)
-                                           : common.hidden / kFp8ChannelsPerScale;
     const size_t expert_rows = layout.combine_rows() / layout.experts_per_rank;
-    const uint32_t* from = reinterpret_cast<const uint32_t*>(message + layout.message_scales());
     uint32_t* to = static_cast<uint32_t*>(args.recv_x_scales) + static_cast<size_t>(local_expert) * scale_words * expert_rows +
                    (row - static_cast<size_t>(local_expert) * expert_rows);
-    for (int w = device::lane_id(); w < scale_words; w += kWarpSize) to[w * expert_rows] = __ldcg(from + w);
+#pragma unroll
+    for (int i = 0; i < kScaleWordsPerLane; ++i) {
+      const int w = lane + i * kWarpSize;
+      if (w < scale_words) to[w * expert_rows] = scales[i];
+    }
+    for (int w = lane + kScaleWordsPerLane * kWarpSize; w < scale_words; w += kWarpSize) {
+      to[w * expert_rows] = __ldcg(from + w);  // wider rows
+    }
   }
-  if (device::lane_id() == 0) args.recv_src_info[row] = token;
+  if (lane == 0) args.recv_src_info[row] = token;
 }
 
 // The rows of one local expert, in deep_ep's packed layout made deterministic: source s's pairs
 // naming the expert, in (token, k) order, follow those of sources 0..s-1. A team of warps per
-// source: wait for its flag, count matches per window of 32 tokens (pass 1), then copy each match
-// to its row (pass 2).
+// source waits for its flag and counts the matches in each window of 32 tokens; after one block
+// barrier, each warp knows where its windows' rows start and copies each match to its row.
 __device__ void receive_expert(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
                                const KernelContext& context, const LowLatencyLayout& layout, int local_expert,
                                uint64_t epoch) {
   __shared__ int32_t source_tokens[kMaxNvlPeers];
-  __shared__ int32_t source_rows[kMaxNvlPeers];
-  __shared__ int32_t window_first[kMaxNvlPeers][kMaxTokenWindows];  // matches before each window
+  __shared__ int32_t window_matches[kMaxNvlPeers][kMaxTokenWindows];
   const LowLatencyCommon& common = args.common;
   const int num_ranks = context.num_ranks;
   const int num_topk = common.num_topk;
@@ -245,37 +287,40 @@ __device__ void receive_expert(const device::Window& window, const LowLatencyDis
   }
   __syncthreads();
   const int tokens = in_team ? source_tokens[source] : 0;
-  for (int w = warp_in_team; w * kWarpSize < tokens; w += warps_per_source) {  // pass 1
+  const int windows = (tokens + kWarpSize - 1) / kWarpSize;
+  uint32_t first_pairs = 0;  // this warp's first window's matches, kept for the copy
+  for (int w = warp_in_team; w < windows; w += warps_per_source) {
     const int token = w * kWarpSize + lane;
-    const int matches = token < tokens ? __popc(pairs_naming(routing, token, num_topk, expert)) : 0;
-    const int window_matches = __reduce_add_sync(0xffffffffu, matches);
-    if (lane == 0) window_first[source][w] = window_matches;
+    const uint32_t pairs = token < tokens ? pairs_naming(routing, token, num_topk, expert) : 0u;
+    if (w == warp_in_team) first_pairs = pairs;
+    const int matches = __reduce_add_sync(0xffffffffu, __popc(pairs));
+    if (lane == 0) window_matches[source][w] = matches;
   }
   __syncthreads();
-  if (in_team && warp_in_team == 0 && lane == 0) {
-    int rows = 0;
-    for (int w = 0; w * kWarpSize < tokens; ++w) {
-      const int matches = window_first[source][w];
-      window_first[source][w] = rows;
-      rows += matches;
-    }
-    source_rows[source] = min(rows, common.max_tokens);  // past M: dropped (the source reported it)
-  }
-  __syncthreads();
-  int first_row = 0;  // this source's first row within the expert's
-  int total = 0;
+  // Rows before this source (earlier sources' matches, at most M each) and before each window.
+  int first_row = 0, total = 0;
   for (int earlier = 0; earlier < num_ranks; ++earlier) {
-    if (earlier < source) first_row += source_rows[earlier];
-    total += source_rows[earlier];
+    const int earlier_windows = (source_tokens[earlier] + kWarpSize - 1) / kWarpSize;
+    int rows = 0;
+    for (int w = lane; w < earlier_windows; w += kWarpSize) rows += window_matches[earlier][w];
+    rows = min(__reduce_add_sync(0xffffffffu, rows), common.max_tokens);  // past M: dropped (the source reported it)
+    if (earlier < source) first_row += rows;
+    if (earlier == source && warp_in_team == 0 && lane == 0) {
+      args.recv_count_from[static_cast<size_t>(local_expert) * num_ranks + source] = rows;
+    }
+    total += rows;
   }
   const size_t expert_rows = layout.combine_rows() / layout.experts_per_rank;
   const size_t expert_first = static_cast<size_t>(local_expert) * expert_rows;
   const size_t pairs_of_source = static_cast<size_t>(source) * common.max_tokens * num_topk;
-  for (int w = warp_in_team; w * kWarpSize < tokens; w += warps_per_source) {  // pass 2
+  int window_row = 0;  // matches of this source before window w
+  for (int w = 0; w < warp_in_team && w < windows; ++w) window_row += window_matches[source][w];
+  for (int w = warp_in_team; w < windows; w += warps_per_source) {
     const int token = w * kWarpSize + lane;
-    const uint32_t pairs = token < tokens ? pairs_naming(routing, token, num_topk, expert) : 0u;
+    const uint32_t pairs =
+        w == warp_in_team ? first_pairs : (token < tokens ? pairs_naming(routing, token, num_topk, expert) : 0u);
     const int matches = __popc(pairs);
-    const int my_first = window_first[source][w] + device::warp_inclusive_scan(matches) - matches;
+    const int my_first = window_row + device::warp_inclusive_scan(matches) - matches;
     for (uint32_t lanes = __ballot_sync(0xffffffffu, matches > 0); lanes != 0; lanes &= lanes - 1) {
       const int from = __ffs(lanes) - 1;
       const int from_token = w * kWarpSize + from;
@@ -289,15 +334,16 @@ __device__ void receive_expert(const device::Window& window, const LowLatencyDis
         }
       }
     }
-  }
-  if (in_team && warp_in_team == 0 && lane == 0) {
-    args.recv_count_from[static_cast<size_t>(local_expert) * num_ranks + source] = source_rows[source];
+    for (int skipped = w; skipped < w + warps_per_source && skipped < windows; ++skipped) {
+      window_row += window_matches[source][skipped];
+    }
   }
   if (in_team && local_expert == 0) {
     // The first expert's block keeps each source's routing for the combine (the set is reused).
-    const int32_t* ids = routing;
     int32_t* kept = args.routing.topk + pairs_of_source;
-    for (int i = warp_in_team * kWarpSize + lane; i < tokens * num_topk; i += warps_per_source * kWarpSize) kept[i] = __ldcg(ids + i);
+    for (int i = warp_in_team * kWarpSize + lane; i < tokens * num_topk; i += warps_per_source * kWarpSize) {
+      kept[i] = __ldcg(routing + i);
+    }
     if (warp_in_team == 0 && lane == 0) args.routing.tokens_from[source] = tokens;
   }
   // The rows past the expert's count come from no source.
