@@ -1,0 +1,108 @@
+// Options of a Buffer and tuning of the normal-mode kernels. Every field has a documented default;
+// validate() reports the first bad field by name and value.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include <cuda_runtime_api.h>
+
+#include "epcomm/types.hpp"
+
+namespace epcomm {
+
+// The largest calls a caller will make (BufferOptions::warmup_shape). Zero token counts: none.
+struct WarmupShape {
+  int num_tokens = 0;              // tokens per rank of a normal-mode dispatch
+  int num_low_latency_tokens = 0;  // num_max_dispatch_tokens_per_rank of low-latency calls
+  int hidden = 0;
+  int num_topk = 0;
+  int num_experts = 0;
+
+  bool empty() const { return num_tokens == 0 && num_low_latency_tokens == 0; }
+};
+
+struct BufferOptions {
+  // Bytes of the NVLink buffer each rank allocates and shares with its peers over CUDA IPC.
+  int64_t num_nvl_bytes = 0;
+  // Bytes of the low-latency region (deep_ep's RDMA buffer; Buffer::low_latency_buffer_size_hint).
+  // Inside one node it is shared over CUDA IPC like the NVLink buffer. Without low_latency_mode it
+  // would be the NVSHMEM buffer of normal mode across nodes, which this build does not include yet.
+  int64_t num_rdma_bytes = 0;
+  // Prepare the low-latency mode's double-buffered per-expert receive buffers.
+  bool low_latency_mode = false;
+  // RDMA queue pairs per peer rank (NVSHMEM transport; recorded for it).
+  int num_qps_per_rank = 24;
+  // Let low-latency traffic between ranks of one node use NVLink rather than RDMA.
+  bool allow_nvlink_for_low_latency_mode = true;
+  // Test the path across nodes on one machine: split the ranks into this many equal groups
+  // ("nodes") that reach each other only through the transport's put and signal, never by loads
+  // or stores into each other's memory, as ranks of different nodes do. 1: off. Low-latency mode
+  // only (num_nvl_bytes must be 0); every rank passes the same value.
+  int emulated_nodes = 1;
+  // CUDA device of this rank; -1 uses the device current at construction.
+  int device = -1;
+  // Do every one-time cost (module loading, peer mapping first touch, a dummy round of each mode)
+  // inside the constructor, so the first call costs what later calls do. On by default: without
+  // it the first dispatch costs 30-40x a steady one (tens of ms); with it the constructor takes
+  // about 50-140 ms longer on 2 GPUs (docs/PERF.md). false defers those costs to the first calls.
+  bool preinitialize = true;
+  // Run the initialisation (allocation, peer mapping, preinitialize) on a background thread: the
+  // constructor returns at once and the first call waits for it; its errors surface at that call
+  // (and every later one). The bootstrap belongs to that thread until then: make no other use of
+  // it (another Buffer on it, a barrier) and capture no CUDA graph in global mode meanwhile.
+  bool initialize_in_background = false;
+  // Bound on every GPU spin-wait. On expiry the kernel records which rank waited on which peer
+  // for what, and the call fails with an epcomm::Error instead of hanging.
+  std::chrono::milliseconds wait_timeout{100 * 1000};
+
+  // What warmup (and preinitialize) prepares beyond the fixed costs. Output memory grows with the
+  // data: with a warmup_shape, the dummy rounds run at that size, twice, with routing that reaches
+  // as many ranks as top-k allows and each round's results kept alive as a caller keeps the
+  // previous call's, so the output allocator holds what steady state needs before the first real
+  // call. Without one they move a single token.
+  WarmupShape warmup_shape;
+  // The allocator the dummy rounds take outputs from: pass the one your calls will pass, so that
+  // it is the one that grows. Null: the Buffer's own (Buffer::output_allocator()).
+  std::shared_ptr<Allocator> output_allocator;
+  // The stream preinitialize runs the dummy rounds on: the one your calls will use (a stream's
+  // first launch, and a caching allocator's per-stream free lists, are first-call costs too).
+  // Unset: the Buffer's communication stream. With initialize_in_background the warmup runs on it
+  // from another thread while the caller goes on: give a stream that carries no work of the
+  // caller's (its kernels wait for other ranks) until the Buffer is ready, or leave it unset.
+  std::optional<cudaStream_t> warmup_stream;
+  // A stream of the caller's for the Buffer's communication work, instead of one it creates and
+  // destroys with itself. Results made on it (dispatch handles; outputs with
+  // allocate_on_comm_stream) are freed in its order: with the Buffer's own stream they must go
+  // before the Buffer; to keep them longer (or for memory that remembers the streams that used it,
+  // like PyTorch's record_stream), give a stream that lives as long as they do. On `device`.
+  std::optional<cudaStream_t> comm_stream;
+
+  // Throws InvalidArgument / Unsupported naming the field and value. `num_ranks` is the
+  // bootstrap's world size.
+  void validate(int num_ranks) const;
+};
+
+// Tuning of the normal-mode kernels, deep_ep.Config's fields. The defaults are those of
+// default_dispatch_config().
+struct Config {
+  int num_sms = 24;                             // SMs the kernels use (one channel each)
+  int num_max_nvl_chunked_send_tokens = 8;      // a sender publishes its progress every this many tokens
+  int num_max_nvl_chunked_recv_tokens = 128;    // capacity of each NVLink ring, in tokens
+  int num_max_rdma_chunked_send_tokens = 6;     // same over RDMA (internode)
+  int num_max_rdma_chunked_recv_tokens = 256;
+
+  void validate() const;  // throws InvalidArgument naming the field and value
+  int num_channels() const { return num_sms; }
+  // NVLink buffer bytes normal-mode dispatch and combine need with this config, for tokens of
+  // `hidden_bytes` (hidden x element size) among `num_ranks` ranks (deep_ep's hint).
+  int64_t nvl_buffer_size_hint(int64_t hidden_bytes, int num_ranks) const;
+};
+
+// Configs tuned for each rank count (deep_ep's get_dispatch_config / get_combine_config).
+Config default_dispatch_config(int num_ranks);
+Config default_combine_config(int num_ranks);
+
+}  // namespace epcomm

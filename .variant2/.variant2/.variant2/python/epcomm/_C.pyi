@@ -1,0 +1,332 @@
+"""
+epcomm's C++ runtime (no torch inside; see the epcomm package for the PyTorch API)
+"""
+
+from collections.abc import Sequence
+import enum
+from typing import Annotated, overload
+
+import torch
+
+
+def version() -> str:
+    """Library version and the git revision it was built from."""
+
+def cuda_architectures() -> str:
+    """The CUDA architectures the kernels were built for (CMake's list)."""
+
+class DType(enum.IntEnum):
+    bfloat16 = 0
+
+    float8_e4m3fn = 1
+
+    float32 = 2
+
+    int32 = 3
+
+    int64 = 4
+
+    bool = 5
+
+    uint8 = 6
+
+class TensorView:
+    """
+    A view of device memory: data pointer, dtype, shape, strides (elements).
+    """
+
+    def __init__(self) -> None: ...
+
+    @staticmethod
+    def make(data: int, dtype: int, shape: Sequence[int], strides: Sequence[int]) -> TensorView: ...
+
+    @property
+    def data(self) -> int: ...
+
+    @property
+    def shape(self) -> list[int]: ...
+
+    @property
+    def dtype(self) -> int: ...
+
+    def __repr__(self) -> str: ...
+
+class Event:
+    def __init__(self) -> None: ...
+
+    @staticmethod
+    def record(arg: int, /) -> Event: ...
+
+    def wait(self, arg: int, /) -> None: ...
+
+    def synchronize(self) -> None: ...
+
+    def query(self) -> bool: ...
+
+    @property
+    def empty(self) -> bool: ...
+
+class Config:
+    def __init__(self, num_sms: int = 24, num_max_nvl_chunked_send_tokens: int = 8, num_max_nvl_chunked_recv_tokens: int = 128, num_max_rdma_chunked_send_tokens: int = 6, num_max_rdma_chunked_recv_tokens: int = 256) -> None: ...
+
+    @property
+    def num_sms(self) -> int: ...
+
+    @num_sms.setter
+    def num_sms(self, arg: int, /) -> None: ...
+
+    @property
+    def num_max_nvl_chunked_send_tokens(self) -> int: ...
+
+    @num_max_nvl_chunked_send_tokens.setter
+    def num_max_nvl_chunked_send_tokens(self, arg: int, /) -> None: ...
+
+    @property
+    def num_max_nvl_chunked_recv_tokens(self) -> int: ...
+
+    @num_max_nvl_chunked_recv_tokens.setter
+    def num_max_nvl_chunked_recv_tokens(self, arg: int, /) -> None: ...
+
+    @property
+    def num_max_rdma_chunked_send_tokens(self) -> int: ...
+
+    @num_max_rdma_chunked_send_tokens.setter
+    def num_max_rdma_chunked_send_tokens(self, arg: int, /) -> None: ...
+
+    @property
+    def num_max_rdma_chunked_recv_tokens(self) -> int: ...
+
+    @num_max_rdma_chunked_recv_tokens.setter
+    def num_max_rdma_chunked_recv_tokens(self, arg: int, /) -> None: ...
+
+    def validate(self) -> None: ...
+
+    def get_nvl_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int: ...
+
+    def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
+        """0: normal mode across nodes is not in this build"""
+
+def cuda_device_count() -> int:
+    """CUDA devices visible to this process (0 without a usable driver)."""
+
+def default_dispatch_config(num_ranks: int) -> Config: ...
+
+def default_combine_config(num_ranks: int) -> Config: ...
+
+class CallOptions:
+    def __init__(self) -> None: ...
+    stream: int
+    previous_event: Event
+    async_finish: bool
+    allocate_on_comm_stream: bool
+
+class DispatchArgs:
+    def __init__(self) -> None: ...
+    x: TensorView
+    x_scales: TensorView
+    topk_idx: TensorView
+    topk_weights: TensorView
+    num_tokens_per_rank: TensorView
+    num_tokens_per_expert: TensorView
+    is_token_in_rank: TensorView
+    handle: DispatchHandle | None
+    expert_alignment: int
+    num_worst_tokens: int
+    config: Config
+
+class CombineArgs:
+    def __init__(self) -> None: ...
+    x: TensorView
+    topk_weights: TensorView
+    bias0: TensorView
+    bias1: TensorView
+    handle: DispatchHandle | None
+    config: Config
+
+class LowLatencyDispatchArgs:
+    def __init__(self) -> None: ...
+    x: TensorView
+    topk_idx: TensorView
+    num_max_dispatch_tokens_per_rank: int
+    num_experts: int
+    use_fp8: bool
+    round_scale: bool
+    use_ue8m0: bool
+    cumulative_local_expert_recv_stats: TensorView
+    return_recv_hook: bool
+
+class LowLatencyCombineArgs:
+    def __init__(self) -> None: ...
+    x: TensorView
+    topk_idx: TensorView
+    topk_weights: TensorView
+    handle: LowLatencyHandle | None
+    zero_copy: bool
+    out: TensorView
+    return_recv_hook: bool
+
+BUFFER_DEFAULTS: dict[str, int | bool]
+def low_latency_buffer_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int) -> int: ...
+
+class Bootstrap:
+    """Rank-to-rank byte exchange through Python callables."""
+
+    def __init__(self, rank: int, num_ranks: int, allgather: object, barrier: object) -> None: ...
+
+class WarmupShape:
+    """
+    The largest calls to expect: preinitialize / warmup() grow output memory to fit them.
+    """
+
+    @overload
+    def __init__(self) -> None: ...
+
+    @overload
+    def __init__(self, *, num_tokens: int = 0, num_low_latency_tokens: int = 0, hidden: int, num_topk: int, num_experts: int) -> None: ...
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @num_tokens.setter
+    def num_tokens(self, arg: int, /) -> None: ...
+
+    @property
+    def num_low_latency_tokens(self) -> int: ...
+
+    @num_low_latency_tokens.setter
+    def num_low_latency_tokens(self, arg: int, /) -> None: ...
+
+    @property
+    def hidden(self) -> int: ...
+
+    @hidden.setter
+    def hidden(self, arg: int, /) -> None: ...
+
+    @property
+    def num_topk(self) -> int: ...
+
+    @num_topk.setter
+    def num_topk(self, arg: int, /) -> None: ...
+
+    @property
+    def num_experts(self) -> int: ...
+
+    @num_experts.setter
+    def num_experts(self, arg: int, /) -> None: ...
+
+class Allocator:
+    """
+    Output memory from a Python callable: (dtype, shape, stream) -> (ptr, owner).
+    """
+
+    def __init__(self, allocate: object) -> None: ...
+
+class RecvHook:
+    @overload
+    def __call__(self) -> None: ...
+
+    @overload
+    def __call__(self, arg: int, /) -> None: ...
+
+    @property
+    def empty(self) -> bool: ...
+
+class DispatchHandle:
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def num_recv_tokens(self) -> int: ...
+
+    @property
+    def num_rows(self) -> int: ...
+
+    @property
+    def num_channels(self) -> int: ...
+
+    # The routing, as torch tensors over the handle's device memory (they keep the handle alive).
+    @property
+    def recv_src_idx(self) -> torch.Tensor: ...
+
+    @property
+    def recv_channel_prefix(self) -> torch.Tensor: ...
+
+    @property
+    def send_position(self) -> torch.Tensor: ...
+
+    @property
+    def is_token_in_rank(self) -> torch.Tensor: ...
+
+    @property
+    def rank_prefix_matrix(self) -> torch.Tensor: ...
+
+class LowLatencyHandle:
+    @property
+    def recv_src_info(self) -> torch.Tensor: ...
+
+    @property
+    def recv_count_from(self) -> torch.Tensor: ...
+
+    @property
+    def num_max_dispatch_tokens_per_rank(self) -> int: ...
+
+    @property
+    def hidden(self) -> int: ...
+
+    @property
+    def num_experts(self) -> int: ...
+
+class Buffer:
+    def __init__(self, bootstrap: Bootstrap, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0, low_latency_mode: bool = False, num_qps_per_rank: int = 24, allow_nvlink_for_low_latency_mode: bool = True, device: int = -1, preinitialize: bool = False, initialize_in_background: bool = False, wait_timeout_ms: int = 100000, emulated_nodes: int = 1, warmup_shape: WarmupShape = ..., output_allocator: Allocator | None = None, warmup_stream: int | None = None, comm_stream: int | None = None) -> None: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def num_ranks(self) -> int: ...
+
+    @property
+    def device(self) -> int: ...
+
+    def get_num_rdma_ranks(self) -> int: ...
+
+    def get_rdma_rank(self) -> int: ...
+
+    def get_root_rdma_rank(self, global: bool) -> int: ...
+
+    def get_local_device_id(self) -> int: ...
+
+    def is_available(self) -> bool: ...
+
+    def comm_stream(self) -> int: ...
+
+    def warmup(self, arg: int, /) -> None: ...
+
+    def destroy(self) -> None: ...
+
+    def barrier(self, arg: int, /) -> None: ...
+
+    def synchronize(self, arg: int, /) -> None: ...
+
+    def check_device_errors(self) -> None: ...
+
+    def initialization_phases(self) -> list[tuple[str, float]]: ...
+
+    def get_dispatch_layout(self, arg0: TensorView, arg1: int, arg2: TensorView, arg3: TensorView, arg4: TensorView, arg5: int, /) -> None: ...
+
+    def dispatch(self, args: DispatchArgs, allocator: Allocator, call: CallOptions) -> tuple: ...
+
+    def combine(self, args: CombineArgs, allocator: Allocator, call: CallOptions) -> tuple: ...
+
+    def low_latency_dispatch(self, args: LowLatencyDispatchArgs, allocator: Allocator, call: CallOptions) -> tuple: ...
+
+    def low_latency_combine(self, args: LowLatencyCombineArgs, allocator: Allocator, call: CallOptions) -> tuple: ...
+
+    def get_next_low_latency_combine_buffer(self, handle: LowLatencyHandle) -> Annotated[torch.Tensor, dict(device='cuda')]: ...
+
+    def local_buffer_bytes(self, use_rdma_buffer: bool) -> Annotated[torch.Tensor, dict(device='cuda')]:
+        """
+        This rank's raw NVLink buffer (or low-latency region) as uint8, over the Buffer's memory.
+        """
+
+    def clean_low_latency_buffer(self, arg0: int, arg1: int, arg2: int, arg3: int, /) -> None: ...

@@ -1,0 +1,315 @@
+"""deep_ep-compatible Buffer over epcomm's C++ runtime (inside one node, over NVLink)."""
+
+import functools
+from typing import Any, Callable, Optional, Tuple, Union
+
+from . import _C
+from . import _torch
+from .event import EventOverlap, runtime_event
+from .handles import DispatchHandle, LowLatencyHandle, runtime_handle
+
+Config = _C.Config
+WarmupShape = _C.WarmupShape
+
+
+def _fill(args: Any, **fields: Any) -> Any:
+    """Sets the fields of one of the runtime's argument structs (_C.DispatchArgs, ...) by name."""
+    for name, value in fields.items():
+        setattr(args, name, value)
+    return args
+
+
+def _call(previous_event: Any, async_finish: bool, allocate_on_comm_stream: bool) -> Any:
+    """The runtime's CallOptions of a call made on the current torch stream."""
+    return _fill(_C.CallOptions(), stream=_torch.current_stream(), previous_event=previous_event,
+                 async_finish=async_finish, allocate_on_comm_stream=allocate_on_comm_stream)
+
+
+class Buffer:
+    """Communication buffers of one rank, with deep_ep's methods and return tuples.
+
+    ``group`` is a torch.distributed ProcessGroup (gloo or nccl) used only to exchange a few bytes
+    at construction. Differences from deep_ep, all deliberate:
+      - everything runs inside one node (NVLink); num_rdma_bytes is the low-latency region, shared
+        over CUDA IPC like the NVLink buffer (across nodes needs NVSHMEM, not in this build);
+      - handles are sequences with deep_ep's tuple entries (index, unpack, len; see
+        epcomm.handles), but pass back the object itself: a tuple rebuilt from its entries
+        cannot carry epcomm's routing; the channel entries count epcomm's channels (one per SM);
+      - ``Config()``'s defaults and the recommended configs are epcomm's own (24 SMs, chunks of 8,
+        rings of 128 tokens), as is ``Buffer.num_sms`` (24);
+      - low-latency ``recv_x`` rows are packed like deep_ep's (``[e, 0 : recv_count[e]]``), but
+        in source-rank order rather than arrival order, so the layout is deterministic;
+      - ``preinitialize`` (on by default) / ``initialize_in_background`` / ``warmup()`` pay every
+        one-time cost before the first call (``preinitialize=False`` defers them); with ``warmup_shape`` (an ``epcomm.WarmupShape``
+        of the largest calls) they also grow torch's caching allocator, on the stream current at
+        construction (the Buffer's own with ``initialize_in_background``), to what those calls'
+        outputs need;
+      - tear down with ``destroy()`` (collective) before destroying the process group: the
+        teardown exchanges on ``group``.
+    """
+
+    num_sms: int = _C.Config().num_sms  # the C++ default (include/epcomm/config.hpp)
+
+    # Defaults come from C++ (BufferOptions), through _C.BUFFER_DEFAULTS.
+    def __init__(self, group: Any, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0, low_latency_mode: bool = False,
+                 num_qps_per_rank: int = _C.BUFFER_DEFAULTS["num_qps_per_rank"],
+                 allow_nvlink_for_low_latency_mode: bool = _C.BUFFER_DEFAULTS["allow_nvlink_for_low_latency_mode"],
+                 allow_mnnvl: bool = False, use_fabric: bool = False, explicitly_destroy: bool = False,
+                 enable_shrink: bool = False, comm: Any = None,
+                 preinitialize: bool = _C.BUFFER_DEFAULTS["preinitialize"],
+                 initialize_in_background: bool = _C.BUFFER_DEFAULTS["initialize_in_background"],
+                 wait_timeout_ms: int = _C.BUFFER_DEFAULTS["wait_timeout_ms"],
+                 warmup_shape: Optional[WarmupShape] = None) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if allow_mnnvl or use_fabric or enable_shrink or comm is not None:
+            raise ValueError("epcomm: allow_mnnvl, use_fabric, enable_shrink and comm are not supported in this build")
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.group_size = dist.get_world_size(group)
+        self.num_nvl_bytes = num_nvl_bytes
+        self.num_rdma_bytes = num_rdma_bytes
+        self.low_latency_mode = low_latency_mode
+        self.explicitly_destroy = explicitly_destroy
+        self.device = torch.cuda.current_device()
+        # A background initialisation exchanges on its own thread: give it a private gloo group, so
+        # its collectives never interleave with the caller's on `group`.
+        exchange_group = group
+        if initialize_in_background:
+            exchange_group = dist.new_group(dist.get_process_group_ranks(group), backend="gloo")
+        bootstrap = _C.Bootstrap(self.rank, self.group_size,
+                                 functools.partial(_torch.gathered_bytes, exchange_group),
+                                 functools.partial(dist.barrier, exchange_group))
+        # Outputs come from torch's caching allocator; the warmup grows it on the caller's stream.
+        self.allocator = _torch.make_allocator(self.device)
+        # Communication runs on one of torch's pooled streams, which live for the process: tensors
+        # that record_stream() it may be freed after this Buffer is gone (a stream the runtime
+        # created and destroyed would then break torch's allocator). High priority, like deep_ep's,
+        # so it is not one of the caller's side streams from the low-priority pool.
+        self.comm_stream = torch.cuda.Stream(device=self.device, priority=-1)
+        self.runtime = _C.Buffer(bootstrap, num_nvl_bytes=num_nvl_bytes, num_rdma_bytes=num_rdma_bytes,
+                                 low_latency_mode=low_latency_mode, num_qps_per_rank=num_qps_per_rank,
+                                 allow_nvlink_for_low_latency_mode=allow_nvlink_for_low_latency_mode,
+                                 device=self.device, preinitialize=preinitialize,
+                                 initialize_in_background=initialize_in_background, wait_timeout_ms=wait_timeout_ms,
+                                 warmup_shape=warmup_shape if warmup_shape is not None else WarmupShape(),
+                                 # A background warmup must not interleave with the caller's work on
+                                 # its stream: it then uses the Buffer's own.
+                                 output_allocator=self.allocator,
+                                 warmup_stream=None if initialize_in_background else _torch.current_stream(),
+                                 comm_stream=self.comm_stream.cuda_stream)
+
+    def __del__(self) -> None:
+        # Wait (without the GIL) for a background initialisation before the runtime is torn down:
+        # it may be inside a Python callback that needs the GIL.
+        runtime = getattr(self, "runtime", None)
+        if runtime is not None:
+            try:
+                runtime.is_available()
+            except Exception:  # the initialisation's error was raised at a call already, or will be
+                pass
+
+    # ---- configuration (deep_ep's static helpers) ----
+    @staticmethod
+    def is_sm90_compiled() -> bool:
+        """Whether the kernels were built for sm_90 (Hopper): CMAKE_CUDA_ARCHITECTURES names 90 or 90a."""
+        return any(arch.split("-")[0] in ("90", "90a") for arch in _C.cuda_architectures().split(";"))
+
+    @staticmethod
+    def set_num_sms(new_num_sms: int) -> None:
+        if new_num_sms % 2 != 0 or new_num_sms < 2:
+            raise ValueError(f"epcomm: num_sms={new_num_sms} must be an even number >= 2")
+        Buffer.num_sms = new_num_sms
+
+    @staticmethod
+    def get_dispatch_config(num_ranks: int) -> Config:
+        config = _C.default_dispatch_config(num_ranks)
+        config.num_sms = Buffer.num_sms
+        return config
+
+    @staticmethod
+    def get_combine_config(num_ranks: int) -> Config:
+        config = _C.default_combine_config(num_ranks)
+        config.num_sms = Buffer.num_sms
+        return config
+
+    @staticmethod
+    def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int,
+                                       num_experts: int) -> int:
+        return _C.low_latency_buffer_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)
+
+    # ---- lifetime ----
+    def destroy(self) -> None:
+        """Collective teardown (deep_ep's explicitly_destroy); the object is unusable afterwards."""
+        self.runtime.destroy()
+
+    def check_errors(self) -> None:
+        """Raises what the GPU recorded for this Buffer since the last check, without waiting for
+        the GPU: a bad expert id (ValueError), a wait that timed out (TimeoutError), or a peer rank
+        whose process died (RuntimeError naming it; every later call raises it too). Calls check
+        on their own at their start; this is for asking in between, e.g. after an async call."""
+        self.runtime.check_device_errors()
+
+    def warmup(self) -> None:
+        """Pay every one-time cost now (collective); see the C++ Buffer::warmup."""
+        self.runtime.warmup(_torch.current_stream())
+
+    def get_local_buffer_tensor(self, dtype, size=None, offset: int = 0, use_rdma_buffer: bool = False):
+        """This rank's raw NVLink buffer (or, with use_rdma_buffer, the low-latency region) from byte
+        `offset` on, as a tensor of `dtype` (shaped `size` if given), over the Buffer's memory: the
+        same memory the calls use, so write to it only between them, knowing the layout."""
+        import torch
+
+        raw = self.runtime.local_buffer_bytes(use_rdma_buffer)
+        if offset < 0 or offset > raw.numel():
+            raise ValueError(f"epcomm: offset={offset} is outside the buffer's {raw.numel()} bytes")
+        element = torch.empty((), dtype=dtype).element_size()
+        available = (raw.numel() - offset) // element
+        tensor = raw[offset:offset + available * element].view(dtype)
+        if size is None:
+            return tensor
+        count = torch.Size(size).numel()
+        if count > available:
+            raise ValueError(f"epcomm: size={tuple(size)} needs {count} elements, the buffer has {available} from offset={offset}")
+        return tensor[:count].view(size)
+
+    def get_comm_stream(self):
+        return self.comm_stream
+
+    @staticmethod
+    def capture() -> EventOverlap:
+        """An EventOverlap of the work queued on the current stream so far."""
+        return EventOverlap(_C.Event.record(_torch.current_stream()))
+
+    def _config(self, config: Optional[Config], default: Callable[[int], Config]) -> Config:
+        return config if config is not None else default(self.group_size)
+
+    def _after_call(self, outputs, inputs, async_finish: bool, allocate_on_comm_stream: bool) -> None:
+        """Stream bookkeeping of torch's caching allocator, as deep_ep does it."""
+        import torch
+
+        if allocate_on_comm_stream:  # made on the comm stream, used on the caller's
+            _torch.record_streams(outputs, torch.cuda.current_stream())
+        if async_finish:  # read (and written) on the comm stream after this call returns
+            comm = self.get_comm_stream()
+            _torch.record_streams(tuple(inputs) + tuple(outputs), comm)
+
+    # ---- normal mode ----
+    def get_dispatch_layout(self, topk_idx, num_experts: int, previous_event: Optional[EventOverlap] = None,
+                            async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        """-> (num_tokens_per_rank, num_tokens_per_rdma_rank (None inside a node), num_tokens_per_expert,
+        is_token_in_rank, event)"""
+        import torch
+
+        stream = _torch.current_stream()
+        num_tokens = topk_idx.size(0)
+        device = topk_idx.device
+        if device.type != "cuda" or device.index != self.device:
+            raise ValueError(f"epcomm: get_dispatch_layout: topk_idx is on {device}, but this Buffer's device is "
+                             f"cuda:{self.device}")
+        if previous_event is not None:
+            previous_event.current_stream_wait()
+        per_rank = torch.empty((self.group_size,), dtype=torch.int32, device=device)
+        per_expert = torch.empty((num_experts,), dtype=torch.int32, device=device)
+        in_rank = torch.empty((num_tokens, self.group_size), dtype=torch.bool, device=device)
+        self.runtime.get_dispatch_layout(_torch.view(topk_idx, "topk_idx"), num_experts, _torch.view(per_rank, "per_rank"),
+                                         _torch.view(per_expert, "per_expert"), _torch.view(in_rank, "in_rank"), stream)
+        event = EventOverlap(_C.Event.record(stream), (topk_idx,)) if async_finish else EventOverlap()
+        return per_rank, None, per_expert, in_rank, event
+
+    def dispatch(self, x: Union[Any, Tuple[Any, Any]], handle: Optional[Any] = None, num_tokens_per_rank=None,
+                 num_tokens_per_rdma_rank=None, is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None,
+                 topk_weights=None, expert_alignment: int = 1, num_worst_tokens: int = 0,
+                 config: Optional[Config] = None, previous_event: Optional[EventOverlap] = None,
+                 async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        """-> (recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle, event).
+
+        ``x`` is a BF16 tensor or an (FP8 tensor, float32 scales) tuple; recv_x has the same form.
+        With ``handle`` (cached dispatch) the layout arguments are not needed.
+        """
+        x_data, x_scales = x if isinstance(x, tuple) else (x, None)
+        event = runtime_event(previous_event.event if previous_event is not None else None)
+        args = _fill(_C.DispatchArgs(), x=_torch.view(x_data, "x"), x_scales=_torch.view(x_scales, "x_scales"),
+                     topk_idx=_torch.view(topk_idx, "topk_idx"), topk_weights=_torch.view(topk_weights, "topk_weights"),
+                     num_tokens_per_rank=_torch.view(num_tokens_per_rank, "num_tokens_per_rank"),
+                     num_tokens_per_expert=_torch.view(num_tokens_per_expert, "num_tokens_per_expert"),
+                     is_token_in_rank=_torch.view(is_token_in_rank, "is_token_in_rank"),
+                     handle=runtime_handle(handle, DispatchHandle, "dispatch", "handle"),
+                     expert_alignment=expert_alignment, num_worst_tokens=num_worst_tokens,
+                     config=self._config(config, Buffer.get_dispatch_config))
+        recv_x, recv_scales, recv_idx, recv_weights, per_expert, new_handle, done = self.runtime.dispatch(
+            args, self.allocator, _call(event, async_finish, allocate_on_comm_stream))
+        self._after_call((recv_x, recv_scales, recv_idx, recv_weights),
+                         (x_data, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_expert,
+                          is_token_in_rank), async_finish, allocate_on_comm_stream)
+        received = (recv_x, recv_scales) if x_scales is not None else recv_x
+        overlap = EventOverlap(done, (x_data, x_scales, topk_idx, topk_weights)) if async_finish else EventOverlap()
+        return received, recv_idx, recv_weights, list(per_expert), DispatchHandle(new_handle), overlap
+
+    def combine(self, x, handle: Any, topk_weights=None, bias: Union[Any, Tuple[Any, Any], None] = None,
+                config: Optional[Config] = None, previous_event: Optional[EventOverlap] = None,
+                async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        """-> (combined_x, combined_topk_weights, event). ``bias`` is a tensor or a pair of tensors."""
+        bias0, bias1 = bias if isinstance(bias, tuple) else (bias, None)
+        event = runtime_event(previous_event.event if previous_event is not None else None)
+        args = _fill(_C.CombineArgs(), x=_torch.view(x, "x"), topk_weights=_torch.view(topk_weights, "topk_weights"),
+                     bias0=_torch.view(bias0, "bias[0]"), bias1=_torch.view(bias1, "bias[1]"),
+                     handle=runtime_handle(handle, DispatchHandle, "dispatch", "handle"),
+                     config=self._config(config, Buffer.get_combine_config))
+        combined, weights, done = self.runtime.combine(args, self.allocator,
+                                                       _call(event, async_finish, allocate_on_comm_stream))
+        self._after_call((combined, weights), (x, topk_weights, bias0, bias1), async_finish, allocate_on_comm_stream)
+        overlap = EventOverlap(done, (x, topk_weights)) if async_finish else EventOverlap()
+        return combined, weights, overlap
+
+    # ---- low-latency mode ----
+    def low_latency_dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank: int, num_experts: int,
+                             cumulative_local_expert_recv_stats=None, dispatch_wait_recv_cost_stats=None,
+                             use_fp8: bool = True, round_scale: bool = False, use_ue8m0: bool = False,
+                             async_finish: bool = False, return_recv_hook: bool = False):
+        """-> (recv_x (a (data, scales) tuple with use_fp8), recv_count, handle, event, hook).
+
+        ``dispatch_wait_recv_cost_stats`` (int64 [num_ranks]) accumulates the SM clock cycles the
+        receive waited for each source rank, as deep_ep's."""
+        args = _fill(_C.LowLatencyDispatchArgs(), x=_torch.view(x, "x"), topk_idx=_torch.view(topk_idx, "topk_idx"),
+                     num_max_dispatch_tokens_per_rank=num_max_dispatch_tokens_per_rank, num_experts=num_experts,
+                     use_fp8=use_fp8, round_scale=round_scale, use_ue8m0=use_ue8m0,
+                     cumulative_local_expert_recv_stats=_torch.view(cumulative_local_expert_recv_stats,
+                                                                    "cumulative_local_expert_recv_stats"),
+                     wait_recv_cost_stats=_torch.view(dispatch_wait_recv_cost_stats, "dispatch_wait_recv_cost_stats"),
+                     return_recv_hook=return_recv_hook)
+        recv_x, scales, count, handle, done, hook = self.runtime.low_latency_dispatch(
+            args, self.allocator, _call(_C.Event(), async_finish, False))
+        # Scales come stored scale-major [E_local, words, R*M]; deep_ep returns them as this transposed
+        # view, [E_local, R*M, words] with the rows' stride 1 (the layout grouped FP8 GEMMs read).
+        received = (recv_x, scales.transpose(1, 2)) if use_fp8 else recv_x
+        overlap = EventOverlap(done, (x, topk_idx)) if async_finish else EventOverlap()
+        return received, count, LowLatencyHandle(handle), overlap, (hook if return_recv_hook else None)
+
+    def low_latency_combine(self, x, topk_idx, topk_weights, handle: Any, use_logfmt: bool = False,
+                            zero_copy: bool = False, async_finish: bool = False, return_recv_hook: bool = False,
+                            out=None, combine_wait_recv_cost_stats=None):
+        """-> (combined_x, event, hook). ``combine_wait_recv_cost_stats`` (int64 [num_ranks])
+        accumulates the cycles the receive waited for each rank, as deep_ep's."""
+        if use_logfmt:
+            raise ValueError("epcomm: use_logfmt is not supported yet (combine sends BF16 rows)")
+        args = _fill(_C.LowLatencyCombineArgs(), x=_torch.view(x, "x"), topk_idx=_torch.view(topk_idx, "topk_idx"),
+                     topk_weights=_torch.view(topk_weights, "topk_weights"),
+                     handle=runtime_handle(handle, LowLatencyHandle, "low_latency_dispatch", "handle"), zero_copy=zero_copy,
+                     out=_torch.view(out, "out"), return_recv_hook=return_recv_hook,
+                     wait_recv_cost_stats=_torch.view(combine_wait_recv_cost_stats, "combine_wait_recv_cost_stats"))
+        combined, done, hook = self.runtime.low_latency_combine(args, self.allocator,
+                                                                _call(_C.Event(), async_finish, False))
+        overlap = EventOverlap(done, (x, topk_idx, topk_weights)) if async_finish else EventOverlap()
+        return (out if out is not None else combined), overlap, (hook if return_recv_hook else None)
+
+    def get_next_low_latency_combine_buffer(self, handle: Any):
+        """The buffer the next zero-copy low_latency_combine reads: bf16 [E_local, R * M, hidden]. The
+        tensor keeps the runtime alive; it must not be used after destroy()."""
+        return self.runtime.get_next_low_latency_combine_buffer(
+            runtime_handle(handle, LowLatencyHandle, "low_latency_dispatch", "handle"))
+
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
+        self.runtime.clean_low_latency_buffer(num_max_dispatch_tokens_per_rank, hidden, num_experts,
+                                              _torch.current_stream())

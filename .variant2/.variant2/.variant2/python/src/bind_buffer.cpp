@@ -1,0 +1,437 @@
+// Bindings of Buffer and the types its calls take. Tensors cross as TensorView (a data pointer,
+// dtype, shape and strides the Python layer reads from torch tensors); outputs come from a
+// PythonAllocator and go back as the Python objects it returned. Every Buffer call releases the
+// GIL: calls wait on the GPU and on other ranks.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "epcomm/buffer.hpp"
+#include "epcomm/error.hpp"
+#include "python_allocator.hpp"
+#include "python_bootstrap.hpp"
+
+namespace nb = nanobind;
+
+namespace epcomm::python {
+namespace {
+
+cudaStream_t as_stream(uintptr_t handle) { return reinterpret_cast<cudaStream_t>(handle); }
+
+nb::dlpack::dtype dlpack_dtype(DType dtype) {
+  using Code = nb::dlpack::dtype_code;
+  switch (dtype) {
+    case DType::kBFloat16: return {static_cast<uint8_t>(Code::Bfloat), 16, 1};
+    case DType::kFloat8E4M3: return {static_cast<uint8_t>(Code::Float8_E4M3FN), 8, 1};
+    case DType::kFloat32: return nb::dtype<float>();
+    case DType::kInt32: return nb::dtype<int32_t>();
+    case DType::kInt64: return nb::dtype<int64_t>();
+    case DType::kBool: return nb::dtype<bool>();
+    case DType::kUInt8: return nb::dtype<uint8_t>();
+  }
+  fail(ErrorCode::kInternal, "no DLPack dtype for ", dtype_name(dtype));
+}
+
+// A torch tensor over device memory the runtime owns (through DLPack, no copy), keeping `owner`
+// (the Python object holding that memory, e.g. a handle) alive for as long as the tensor lives.
+// An empty view gives None.
+nb::object device_tensor(nb::handle owner, const TensorView& view) {
+  if (view.ndim == 0 || (view.data == nullptr && view.numel() > 0)) return nb::none();  // absent
+  cudaPointerAttributes attributes{};
+  int device = 0;
+  if (view.data != nullptr && cudaPointerGetAttributes(&attributes, view.data) == cudaSuccess) {
+    device = attributes.device;
+  } else {
+    (void)cudaGetLastError();
+    const cudaError_t status = cudaGetDevice(&device);
+    if (status != cudaSuccess) fail(ErrorCode::kCudaError, "cudaGetDevice: ", cudaGetErrorString(status));
+  }
+  size_t shape[TensorView::kMaxDims];
+  for (int d = 0; d < view.ndim; ++d) shape[d] = static_cast<size_t>(view.shape[d]);
+  return nb::cast(nb::ndarray<nb::pytorch, nb::device::cuda>(view.data, static_cast<size_t>(view.ndim), shape, owner,
+                                                            view.strides, dlpack_dtype(view.dtype),
+                                                            nb::device::cuda::value, device));
+}
+
+TensorView make_view(uintptr_t data, int dtype, const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
+  if (shape.size() != strides.size() || shape.size() > static_cast<size_t>(TensorView::kMaxDims)) {
+    fail(ErrorCode::kInvalidArgument, "TensorView: ", shape.size(), " extents and ", strides.size(),
+         " strides given; they must match and be at most ", TensorView::kMaxDims);
+  }
+  TensorView view;
+  view.data = reinterpret_cast<void*>(data);
+  view.dtype = static_cast<DType>(dtype);
+  view.ndim = static_cast<int>(shape.size());
+  for (size_t d = 0; d < shape.size(); ++d) {
+    view.shape[d] = shape[d];
+    view.strides[d] = strides[d];
+  }
+  return view;
+}
+
+// The argument structs of the four calls, field for field (include/epcomm/normal.hpp,
+// low_latency.hpp, event.hpp): the Python layer fills them by name, and the calls take them whole.
+void bind_call_args(nb::module_& m) {
+  nb::class_<CallOptions>(m, "CallOptions")
+      .def(nb::init<>())
+      .def_prop_rw("stream", [](const CallOptions& c) { return reinterpret_cast<uintptr_t>(c.stream); },
+                   [](CallOptions& c, uintptr_t stream) { c.stream = as_stream(stream); })
+      .def_rw("previous_event", &CallOptions::previous_event)
+      .def_rw("async_finish", &CallOptions::async_finish)
+      .def_rw("allocate_on_comm_stream", &CallOptions::allocate_on_comm_stream);
+  nb::class_<DispatchArgs>(m, "DispatchArgs")
+      .def(nb::init<>())
+      .def_rw("x", &DispatchArgs::x)
+      .def_rw("x_scales", &DispatchArgs::x_scales)
+      .def_rw("topk_idx", &DispatchArgs::topk_idx)
+      .def_rw("topk_weights", &DispatchArgs::topk_weights)
+      .def_rw("num_tokens_per_rank", &DispatchArgs::num_tokens_per_rank)
+      .def_rw("num_tokens_per_expert", &DispatchArgs::num_tokens_per_expert)
+      .def_rw("is_token_in_rank", &DispatchArgs::is_token_in_rank)
+      .def_prop_rw("handle", [](const DispatchArgs& a) { return a.handle; },
+                   [](DispatchArgs& a, const DispatchHandle* handle) { a.handle = handle; },
+                   nb::for_setter(nb::arg("handle").none()), nb::rv_policy::reference)
+      .def_rw("expert_alignment", &DispatchArgs::expert_alignment)
+      .def_rw("num_worst_tokens", &DispatchArgs::num_worst_tokens)
+      .def_rw("config", &DispatchArgs::config);
+  nb::class_<CombineArgs>(m, "CombineArgs")
+      .def(nb::init<>())
+      .def_rw("x", &CombineArgs::x)
+      .def_rw("topk_weights", &CombineArgs::topk_weights)
+      .def_rw("bias0", &CombineArgs::bias0)
+      .def_rw("bias1", &CombineArgs::bias1)
+      .def_prop_rw("handle", [](const CombineArgs& a) { return a.handle; },
+                   [](CombineArgs& a, const DispatchHandle* handle) { a.handle = handle; },
+                   nb::for_setter(nb::arg("handle").none()), nb::rv_policy::reference)
+      .def_rw("config", &CombineArgs::config);
+  nb::class_<LowLatencyDispatchArgs>(m, "LowLatencyDispatchArgs")
+      .def(nb::init<>())
+      .def_rw("x", &LowLatencyDispatchArgs::x)
+      .def_rw("topk_idx", &LowLatencyDispatchArgs::topk_idx)
+      .def_rw("num_max_dispatch_tokens_per_rank", &LowLatencyDispatchArgs::num_max_dispatch_tokens_per_rank)
+      .def_rw("num_experts", &LowLatencyDispatchArgs::num_experts)
+      .def_rw("use_fp8", &LowLatencyDispatchArgs::use_fp8)
+      .def_rw("round_scale", &LowLatencyDispatchArgs::round_scale)
+      .def_rw("use_ue8m0", &LowLatencyDispatchArgs::use_ue8m0)
+      .def_rw("cumulative_local_expert_recv_stats", &LowLatencyDispatchArgs::cumulative_local_expert_recv_stats)
+      .def_rw("wait_recv_cost_stats", &LowLatencyDispatchArgs::wait_recv_cost_stats)
+      .def_rw("return_recv_hook", &LowLatencyDispatchArgs::return_recv_hook);
+  nb::class_<LowLatencyCombineArgs>(m, "LowLatencyCombineArgs")
+      .def(nb::init<>())
+      .def_rw("x", &LowLatencyCombineArgs::x)
+      .def_rw("topk_idx", &LowLatencyCombineArgs::topk_idx)
+      .def_rw("topk_weights", &LowLatencyCombineArgs::topk_weights)
+      .def_prop_rw("handle", [](const LowLatencyCombineArgs& a) { return a.handle; },
+                   [](LowLatencyCombineArgs& a, const LowLatencyHandle* handle) { a.handle = handle; },
+                   nb::for_setter(nb::arg("handle").none()), nb::rv_policy::reference)
+      .def_rw("zero_copy", &LowLatencyCombineArgs::zero_copy)
+      .def_rw("out", &LowLatencyCombineArgs::out)
+      .def_rw("wait_recv_cost_stats", &LowLatencyCombineArgs::wait_recv_cost_stats)
+      .def_rw("return_recv_hook", &LowLatencyCombineArgs::return_recv_hook);
+}
+
+void bind_types(nb::module_& m) {
+  nb::enum_<DType>(m, "DType", nb::is_arithmetic())
+      .value("bfloat16", DType::kBFloat16)
+      .value("float8_e4m3fn", DType::kFloat8E4M3)
+      .value("float32", DType::kFloat32)
+      .value("int32", DType::kInt32)
+      .value("int64", DType::kInt64)
+      .value("bool", DType::kBool)
+      .value("uint8", DType::kUInt8);
+  nb::class_<TensorView>(m, "TensorView", "A view of device memory: data pointer, dtype, shape, strides (elements).")
+      .def(nb::init<>())
+      .def_static("make", &make_view, nb::arg("data"), nb::arg("dtype"), nb::arg("shape"), nb::arg("strides"))
+      .def_prop_ro("data", [](const TensorView& v) { return reinterpret_cast<uintptr_t>(v.data); })
+      .def_prop_ro("shape", [](const TensorView& v) { return std::vector<int64_t>(v.shape, v.shape + v.ndim); })
+      .def_prop_ro("dtype", [](const TensorView& v) { return static_cast<int>(v.dtype); })
+      .def("__repr__", &TensorView::describe);
+  nb::class_<Event>(m, "Event")
+      .def(nb::init<>())
+      .def_static("record", [](uintptr_t stream) { return Event::record(as_stream(stream)); })
+      .def("wait", [](const Event& e, uintptr_t stream) { e.wait(as_stream(stream)); })
+      .def("synchronize", &Event::synchronize, nb::call_guard<nb::gil_scoped_release>())
+      .def("query", &Event::query)
+      .def_prop_ro("empty", &Event::empty);
+  // Every argument optional, as deep_ep's; the defaults are epcomm's (default_dispatch_config).
+  const Config defaults;
+  nb::class_<Config>(m, "Config")
+      .def("__init__",
+           [](Config* self, int num_sms, int nvl_send, int nvl_recv, int rdma_send, int rdma_recv) {
+             new (self) Config();
+             self->num_sms = num_sms;
+             self->num_max_nvl_chunked_send_tokens = nvl_send;
+             self->num_max_nvl_chunked_recv_tokens = nvl_recv;
+             self->num_max_rdma_chunked_send_tokens = rdma_send;
+             self->num_max_rdma_chunked_recv_tokens = rdma_recv;
+           },
+           nb::arg("num_sms") = defaults.num_sms,
+           nb::arg("num_max_nvl_chunked_send_tokens") = defaults.num_max_nvl_chunked_send_tokens,
+           nb::arg("num_max_nvl_chunked_recv_tokens") = defaults.num_max_nvl_chunked_recv_tokens,
+           nb::arg("num_max_rdma_chunked_send_tokens") = defaults.num_max_rdma_chunked_send_tokens,
+           nb::arg("num_max_rdma_chunked_recv_tokens") = defaults.num_max_rdma_chunked_recv_tokens)
+      .def_rw("num_sms", &Config::num_sms)
+      .def_rw("num_max_nvl_chunked_send_tokens", &Config::num_max_nvl_chunked_send_tokens)
+      .def_rw("num_max_nvl_chunked_recv_tokens", &Config::num_max_nvl_chunked_recv_tokens)
+      .def_rw("num_max_rdma_chunked_send_tokens", &Config::num_max_rdma_chunked_send_tokens)
+      .def_rw("num_max_rdma_chunked_recv_tokens", &Config::num_max_rdma_chunked_recv_tokens)
+      .def("validate", &Config::validate)
+      .def("get_nvl_buffer_size_hint", &Config::nvl_buffer_size_hint, nb::arg("hidden_bytes"), nb::arg("num_ranks"))
+      .def("get_rdma_buffer_size_hint", [](const Config&, int64_t, int) { return int64_t{0}; },
+           nb::arg("hidden_bytes"), nb::arg("num_ranks"), "0: normal mode across nodes is not in this build");
+  m.def("cuda_device_count", [] {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return count;
+  }, "CUDA devices visible to this process (0 without a usable driver).");
+  m.def("default_dispatch_config", &default_dispatch_config, nb::arg("num_ranks"));
+  m.def("default_combine_config", &default_combine_config, nb::arg("num_ranks"));
+  m.def("low_latency_buffer_size_hint", &Buffer::low_latency_buffer_size_hint, nb::arg("num_max_dispatch_tokens_per_rank"),
+        nb::arg("hidden"), nb::arg("num_ranks"), nb::arg("num_experts"));
+  nb::class_<PythonBootstrap>(m, "Bootstrap", "Rank-to-rank byte exchange through Python callables.")
+      .def(nb::init<int, int, nb::object, nb::object>(), nb::arg("rank"), nb::arg("num_ranks"), nb::arg("allgather"),
+           nb::arg("barrier"));
+  nb::class_<WarmupShape>(m, "WarmupShape",
+                          "The largest calls to expect: preinitialize / warmup() grow output memory to fit them.")
+      .def(nb::init<>())
+      .def("__init__",
+           [](WarmupShape* self, int num_tokens, int num_low_latency_tokens, int hidden, int num_topk, int num_experts) {
+             new (self) WarmupShape{num_tokens, num_low_latency_tokens, hidden, num_topk, num_experts};
+           },
+           nb::kw_only(), nb::arg("num_tokens") = 0, nb::arg("num_low_latency_tokens") = 0, nb::arg("hidden"),
+           nb::arg("num_topk"), nb::arg("num_experts"))
+      .def_rw("num_tokens", &WarmupShape::num_tokens)
+      .def_rw("num_low_latency_tokens", &WarmupShape::num_low_latency_tokens)
+      .def_rw("hidden", &WarmupShape::hidden)
+      .def_rw("num_topk", &WarmupShape::num_topk)
+      .def_rw("num_experts", &WarmupShape::num_experts);
+  nb::class_<PythonAllocator>(m, "Allocator", "Output memory from a Python callable: (dtype, shape, stream) -> (ptr, owner).")
+      .def(nb::init<nb::object>(), nb::arg("allocate"));
+  nb::class_<RecvHook>(m, "RecvHook")
+      .def("__call__", [](const RecvHook& hook) { hook(); }, nb::call_guard<nb::gil_scoped_release>())
+      .def("__call__", [](const RecvHook& hook, uintptr_t stream) { hook(as_stream(stream)); },
+           nb::call_guard<nb::gil_scoped_release>())
+      .def_prop_ro("empty", &RecvHook::empty);
+  // The routing tensors of a handle, as torch tensors that keep the handle (and so its memory) alive.
+  auto routing = [](TensorView (DispatchHandle::*get)() const) {
+    return [get](nb::handle self) { return device_tensor(self, (nb::cast<const DispatchHandle&>(self).*get)()); };
+  };
+  nb::class_<DispatchHandle>(m, "DispatchHandle")
+      .def_prop_ro("num_tokens", &DispatchHandle::num_tokens)
+      .def_prop_ro("num_recv_tokens", &DispatchHandle::num_recv_tokens)
+      .def_prop_ro("num_rows", &DispatchHandle::num_rows)
+      .def_prop_ro("num_channels", &DispatchHandle::num_channels)
+      .def_prop_ro("recv_src_idx", routing(&DispatchHandle::recv_src_idx))
+      .def_prop_ro("recv_channel_prefix", routing(&DispatchHandle::recv_channel_prefix))
+      .def_prop_ro("send_position", routing(&DispatchHandle::send_position))
+      .def_prop_ro("is_token_in_rank", routing(&DispatchHandle::is_token_in_rank))
+      .def_prop_ro("rank_prefix_matrix", routing(&DispatchHandle::rank_prefix_matrix));
+  auto low_latency_routing = [](TensorView (LowLatencyHandle::*get)() const) {
+    return [get](nb::handle self) { return device_tensor(self, (nb::cast<const LowLatencyHandle&>(self).*get)()); };
+  };
+  nb::class_<LowLatencyHandle>(m, "LowLatencyHandle")
+      .def_prop_ro("recv_src_info", low_latency_routing(&LowLatencyHandle::recv_src_info))
+      .def_prop_ro("recv_count_from", low_latency_routing(&LowLatencyHandle::recv_count_from))
+      .def_prop_ro("num_max_dispatch_tokens_per_rank", &LowLatencyHandle::num_max_dispatch_tokens_per_rank)
+      .def_prop_ro("hidden", &LowLatencyHandle::hidden)
+      .def_prop_ro("num_experts", &LowLatencyHandle::num_experts);
+}
+
+}  // namespace
+
+namespace {
+
+BufferOptions make_options(int64_t num_nvl_bytes, int64_t num_rdma_bytes, bool low_latency_mode, int num_qps_per_rank,
+                           bool allow_nvlink_for_low_latency_mode, int device, bool preinitialize,
+                           bool initialize_in_background, int64_t wait_timeout_ms, int emulated_nodes,
+                           const WarmupShape& warmup_shape, std::shared_ptr<PythonAllocator> output_allocator,
+                           std::optional<uintptr_t> warmup_stream, std::optional<uintptr_t> comm_stream) {
+  BufferOptions options;
+  options.emulated_nodes = emulated_nodes;
+  options.num_nvl_bytes = num_nvl_bytes;
+  options.num_rdma_bytes = num_rdma_bytes;
+  options.low_latency_mode = low_latency_mode;
+  options.num_qps_per_rank = num_qps_per_rank;
+  options.allow_nvlink_for_low_latency_mode = allow_nvlink_for_low_latency_mode;
+  options.device = device;
+  options.preinitialize = preinitialize;
+  options.initialize_in_background = initialize_in_background;
+  options.wait_timeout = std::chrono::milliseconds(wait_timeout_ms);
+  options.warmup_shape = warmup_shape;
+  options.output_allocator = std::move(output_allocator);
+  if (warmup_stream) options.warmup_stream = as_stream(*warmup_stream);
+  if (comm_stream) options.comm_stream = as_stream(*comm_stream);
+  return options;
+}
+
+// BufferOptions' defaults, defined once in C++ (include/epcomm/config.hpp): the binding's keyword
+// defaults and _C.BUFFER_DEFAULTS, which the Python layer's own signatures read.
+nb::dict buffer_defaults(const BufferOptions& defaults) {
+  nb::dict values;
+  values["num_nvl_bytes"] = defaults.num_nvl_bytes;
+  values["num_rdma_bytes"] = defaults.num_rdma_bytes;
+  values["low_latency_mode"] = defaults.low_latency_mode;
+  values["num_qps_per_rank"] = defaults.num_qps_per_rank;
+  values["allow_nvlink_for_low_latency_mode"] = defaults.allow_nvlink_for_low_latency_mode;
+  values["preinitialize"] = defaults.preinitialize;
+  values["initialize_in_background"] = defaults.initialize_in_background;
+  values["wait_timeout_ms"] = static_cast<int64_t>(defaults.wait_timeout.count());
+  values["emulated_nodes"] = defaults.emulated_nodes;
+  return values;
+}
+
+}  // namespace
+
+void bind_buffer(nb::module_& m) {
+  bind_types(m);
+  bind_call_args(m);
+  const BufferOptions defaults;
+  m.attr("BUFFER_DEFAULTS") = buffer_defaults(defaults);
+  nb::class_<Buffer>(m, "Buffer")
+      .def("__init__",
+           [](Buffer* self, std::shared_ptr<PythonBootstrap> bootstrap, int64_t num_nvl_bytes, int64_t num_rdma_bytes,
+              bool low_latency_mode, int num_qps_per_rank, bool allow_nvlink, int device, bool preinitialize,
+              bool in_background, int64_t wait_timeout_ms, int emulated_nodes, const WarmupShape& warmup_shape,
+              std::shared_ptr<PythonAllocator> output_allocator, std::optional<uintptr_t> warmup_stream,
+              std::optional<uintptr_t> comm_stream) {
+             const BufferOptions options =
+                 make_options(num_nvl_bytes, num_rdma_bytes, low_latency_mode, num_qps_per_rank, allow_nvlink, device,
+                              preinitialize, in_background, wait_timeout_ms, emulated_nodes, warmup_shape,
+                              std::move(output_allocator), warmup_stream, comm_stream);
+             nb::gil_scoped_release release;  // the exchange calls back into Python from C++
+             new (self) Buffer(std::move(bootstrap), options);
+           },
+           nb::arg("bootstrap"), nb::arg("num_nvl_bytes") = defaults.num_nvl_bytes,
+           nb::arg("num_rdma_bytes") = defaults.num_rdma_bytes, nb::arg("low_latency_mode") = defaults.low_latency_mode,
+           nb::arg("num_qps_per_rank") = defaults.num_qps_per_rank,
+           nb::arg("allow_nvlink_for_low_latency_mode") = defaults.allow_nvlink_for_low_latency_mode,
+           nb::arg("device") = defaults.device, nb::arg("preinitialize") = defaults.preinitialize,
+           nb::arg("initialize_in_background") = defaults.initialize_in_background,
+           nb::arg("wait_timeout_ms") = static_cast<int64_t>(defaults.wait_timeout.count()),
+           nb::arg("emulated_nodes") = defaults.emulated_nodes,
+           nb::arg("warmup_shape") = WarmupShape{}, nb::arg("output_allocator").none() = nb::none(),
+           nb::arg("warmup_stream").none() = nb::none(), nb::arg("comm_stream").none() = nb::none())
+      .def_prop_ro("rank", &Buffer::rank)
+      .def_prop_ro("num_ranks", &Buffer::num_ranks)
+      .def_prop_ro("device", &Buffer::device, nb::call_guard<nb::gil_scoped_release>())
+      // deep_ep's runtime queries, for code that reaches into Buffer.runtime. One node: one RDMA
+      // rank (0), whose root is this rank's node-local peer of the same index, i.e. this rank.
+      .def("get_num_rdma_ranks", [](const Buffer&) { return 1; })
+      .def("get_rdma_rank", [](const Buffer&) { return 0; })
+      .def("get_root_rdma_rank", [](const Buffer& b, bool global) { return global ? b.rank() : 0; }, nb::arg("global"))
+      .def("get_local_device_id", &Buffer::device, nb::call_guard<nb::gil_scoped_release>())
+      .def("is_available", &Buffer::is_available, nb::call_guard<nb::gil_scoped_release>())
+      .def("comm_stream", [](const Buffer& b) { return reinterpret_cast<uintptr_t>(b.comm_stream()); },
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("warmup", [](Buffer& b, uintptr_t s) { b.warmup(as_stream(s)); }, nb::call_guard<nb::gil_scoped_release>())
+      .def("destroy", &Buffer::destroy, nb::call_guard<nb::gil_scoped_release>())
+      .def("barrier", [](Buffer& b, uintptr_t s) { b.barrier(as_stream(s)); }, nb::call_guard<nb::gil_scoped_release>())
+      .def("synchronize", [](Buffer& b, uintptr_t s) { b.synchronize(as_stream(s)); },
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("check_device_errors", &Buffer::check_device_errors, nb::call_guard<nb::gil_scoped_release>())
+      .def("initialization_phases",
+           [](const Buffer& b) {
+             std::vector<std::pair<std::string, double>> phases;
+             for (const InitPhase& phase : b.initialization_phases()) phases.emplace_back(phase.name, phase.milliseconds);
+             return phases;
+           },
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("get_dispatch_layout",
+           [](Buffer& b, const TensorView& topk_idx, int num_experts, const TensorView& per_rank, const TensorView& per_expert,
+              const TensorView& in_rank, uintptr_t stream) {
+             b.get_dispatch_layout(topk_idx, num_experts, DispatchLayoutOutputs{per_rank, per_expert, in_rank}, as_stream(stream));
+           },
+           nb::call_guard<nb::gil_scoped_release>())
+      // Each call releases the GIL while it runs and returns its outputs as the Python objects the
+      // allocator made (a tuple, in the order of the Result struct).
+      .def("dispatch",
+           [](Buffer& b, const DispatchArgs& args, PythonAllocator& allocator, const CallOptions& call) {
+             DispatchResult result;
+             {
+               nb::gil_scoped_release release;
+               result = b.dispatch(args, allocator, call);
+             }
+             return nb::make_tuple(owner_of(result.recv_x), owner_of(result.recv_x_scales), owner_of(result.recv_topk_idx),
+                                   owner_of(result.recv_topk_weights), result.num_recv_tokens_per_expert, result.handle,
+                                   result.event);
+           },
+           nb::arg("args"), nb::arg("allocator"), nb::arg("call"))
+      .def("combine",
+           [](Buffer& b, const CombineArgs& args, PythonAllocator& allocator, const CallOptions& call) {
+             CombineResult result;
+             {
+               nb::gil_scoped_release release;
+               result = b.combine(args, allocator, call);
+             }
+             return nb::make_tuple(owner_of(result.combined_x), owner_of(result.combined_topk_weights), result.event);
+           },
+           nb::arg("args"), nb::arg("allocator"), nb::arg("call"))
+      .def("low_latency_dispatch",
+           [](Buffer& b, const LowLatencyDispatchArgs& args, PythonAllocator& allocator, const CallOptions& call) {
+             LowLatencyDispatchResult result;
+             {
+               nb::gil_scoped_release release;
+               result = b.low_latency_dispatch(args, allocator, call);
+             }
+             return nb::make_tuple(owner_of(result.recv_x), owner_of(result.recv_x_scales), owner_of(result.recv_count),
+                                   result.handle, result.event, result.hook);
+           },
+           nb::arg("args"), nb::arg("allocator"), nb::arg("call"))
+      .def("low_latency_combine",
+           [](Buffer& b, const LowLatencyCombineArgs& args, PythonAllocator& allocator, const CallOptions& call) {
+             LowLatencyCombineResult result;
+             {
+               nb::gil_scoped_release release;
+               result = b.low_latency_combine(args, allocator, call);
+             }
+             return nb::make_tuple(owner_of(result.combined_x), result.event, result.hook);
+           },
+           nb::arg("args"), nb::arg("allocator"), nb::arg("call"))
+      .def("get_next_low_latency_combine_buffer",
+           [](nb::handle self, const LowLatencyHandle& handle) {
+             Buffer& buffer = nb::cast<Buffer&>(self);
+             TensorView view;
+             {
+               nb::gil_scoped_release release;  // may wait for a background initialisation
+               view = buffer.get_next_low_latency_combine_buffer(handle);
+             }
+             // A torch tensor (through DLPack; no numpy) over the Buffer's own memory, keeping the
+             // Buffer alive for as long as the tensor lives.
+             const size_t shape[3] = {static_cast<size_t>(view.shape[0]), static_cast<size_t>(view.shape[1]),
+                                      static_cast<size_t>(view.shape[2])};
+             const nb::dlpack::dtype bf16{static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
+             return nb::ndarray<nb::pytorch, nb::device::cuda>(view.data, 3, shape, self, nullptr, bf16,
+                                                               nb::device::cuda::value, buffer.device());
+           },
+           nb::arg("handle"))
+      .def("local_buffer_bytes",
+           [](nb::handle self, bool use_rdma_buffer) {
+             Buffer& buffer = nb::cast<Buffer&>(self);
+             char* data = nullptr;
+             {
+               nb::gil_scoped_release release;  // may wait for a background initialisation
+               data = static_cast<char*>(use_rdma_buffer ? buffer.local_low_latency_buffer() : buffer.local_nvl_buffer());
+             }
+             if (data == nullptr) fail(ErrorCode::kInvalidArgument, "local_buffer_bytes: the Buffer was destroyed");
+             const int64_t bytes = use_rdma_buffer ? buffer.options().num_rdma_bytes : buffer.options().num_nvl_bytes;
+             const size_t shape[1] = {static_cast<size_t>(bytes)};
+             return nb::ndarray<nb::pytorch, nb::device::cuda>(data, 1, shape, self, nullptr, nb::dtype<uint8_t>(),
+                                                               nb::device::cuda::value, buffer.device());
+           },
+           nb::arg("use_rdma_buffer"), "This rank's raw NVLink buffer (or low-latency region) as uint8, over the Buffer's memory.")
+      .def("clean_low_latency_buffer",
+           [](Buffer& b, int max_tokens, int hidden, int num_experts, uintptr_t stream) {
+             b.clean_low_latency_buffer(max_tokens, hidden, num_experts, as_stream(stream));
+           },
+           nb::call_guard<nb::gil_scoped_release>());
+}
+
+}  // namespace epcomm::python

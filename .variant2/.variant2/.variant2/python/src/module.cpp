@@ -1,0 +1,31 @@
+// epcomm._C: the C++ API for the Python layer. Errors become Python exceptions by kind:
+// InvalidArgument -> ValueError, Timeout -> TimeoutError, everything else -> RuntimeError.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include "epcomm/buffer.hpp"
+#include "epcomm/error.hpp"
+
+namespace nb = nanobind;
+
+namespace epcomm::python {
+void bind_buffer(nb::module_& module);
+}
+
+NB_MODULE(_C, module) {
+  module.doc() = "epcomm's C++ runtime (no torch inside; see the epcomm package for the PyTorch API)";
+  nb::register_exception_translator([](const std::exception_ptr& error, void*) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const epcomm::Error& failure) {
+      PyObject* kind = PyExc_RuntimeError;
+      if (failure.code() == epcomm::ErrorCode::kInvalidArgument) kind = PyExc_ValueError;
+      if (failure.code() == epcomm::ErrorCode::kTimeout) kind = PyExc_TimeoutError;
+      PyErr_SetString(kind, failure.what());
+    }
+  });
+  module.def("version", &epcomm::Buffer::version, "Library version and the git revision it was built from.");
+  module.def("cuda_architectures", &epcomm::Buffer::cuda_architectures,
+             "The CUDA architectures the kernels were built for (CMake's list).");
+  epcomm::python::bind_buffer(module);
+}

@@ -1,0 +1,25 @@
+// An Allocator backed by a Python callable (the Python layer allocates torch tensors), and the
+// way back from an epcomm::Tensor to the Python object that owns its memory.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include "epcomm/types.hpp"
+
+namespace epcomm::python {
+
+class PythonAllocator final : public Allocator {
+ public:
+  // allocate(dtype: int, shape: tuple[int, ...], stream: int) -> (data_ptr: int, owner: object)
+  explicit PythonAllocator(nanobind::object allocate);
+  ~PythonAllocator() override;
+  Tensor allocate(DType dtype, std::initializer_list<int64_t> shape, cudaStream_t stream) override;
+
+ private:
+  nanobind::object allocate_;
+};
+
+// The Python object that owns a Tensor's memory (what PythonAllocator was given), or None.
+nanobind::object owner_of(const Tensor& tensor);
+
+}  // namespace epcomm::python

@@ -1,0 +1,28 @@
+"""python -m epcomm.bench without a GPU: its options, and a clear exit where it cannot run."""
+
+import importlib.util
+
+import pytest
+
+from epcomm import bench
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+
+
+def test_defaults_are_the_issue_sizes():
+    args = bench.parse_args([])
+    assert args.token_counts == [512, 2048, 8192, 16384] and args.ranks == 2 and args.hidden == 7168
+
+
+@pytest.mark.parametrize("argv", [["--tokens", "512,x"], ["--tokens", "0"], ["--ranks", "9"], ["--experts", "255"],
+                                  ["--hidden", "100"]])
+def test_bad_options_exit_2_naming_the_option(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.parse_args(argv)
+    assert exit_info.value.code == 2 and argv[0] in capsys.readouterr().err
+
+
+@pytest.mark.skipif(HAS_TORCH, reason="torch is installed: the no-torch exit does not apply")
+def test_without_torch_it_says_so(capsys):
+    assert bench.main(["--ranks", "1"]) == 3
+    assert "needs torch" in capsys.readouterr().err

@@ -1,0 +1,196 @@
+"""epcomm from PyTorch on the GPU: N rank processes (torch.multiprocessing) on a gloo group, all on
+the visible GPUs (rank r on GPU r % count; several per GPU need MPS). Checked exactly:
+  normal:      combine(dispatch(x)) == bf16(k * x), k = ranks the token went to
+  low latency: combine(dispatch(x), weights) == bf16(sum_k w_k * x), each product rounded, k ascending
+plus async events, hook mode and the deep_ep tuple shapes.
+"""
+
+import importlib.util
+import os
+import socket
+
+import pytest
+from low_latency_reference import low_latency_combined
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+pytestmark = pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+
+
+def _gpu_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _rank_main(rank: int, num_ranks: int, port: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import epcomm
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=num_ranks)
+    group = dist.new_group(list(range(num_ranks)))
+    tokens, hidden, topk, experts_per_rank = 64, 2048, 4, 4
+    experts = experts_per_rank * num_ranks
+    config = epcomm.Buffer.get_dispatch_config(num_ranks)
+    config.num_sms = max(2, min(config.num_sms, torch.cuda.get_device_properties(0).multi_processor_count // num_ranks // 2 * 2))
+    buffer = epcomm.Buffer(group, num_nvl_bytes=config.get_nvl_buffer_size_hint(hidden * 2, num_ranks),
+                           num_rdma_bytes=epcomm.Buffer.get_low_latency_rdma_size_hint(tokens, hidden, num_ranks, experts),
+                           low_latency_mode=True, preinitialize=True,
+                           warmup_shape=epcomm.WarmupShape(num_tokens=tokens, num_low_latency_tokens=tokens, hidden=hidden,
+                                                           num_topk=topk, num_experts=experts))
+    generator = torch.Generator(device="cpu").manual_seed(1234 + rank)
+    x = torch.randn(tokens, hidden, generator=generator).to(torch.bfloat16).cuda()
+    scores = torch.rand(tokens, experts, generator=generator)
+    topk_idx = scores.topk(topk, dim=1).indices.to(torch.int64).cuda()
+    topk_idx[0] = -1  # a token with no expert
+    weights = torch.rand(tokens, topk, generator=generator).cuda()
+
+    # Normal mode, deep_ep's call sequence.
+    per_rank, per_rdma_rank, per_expert, in_rank, _ = buffer.get_dispatch_layout(topk_idx, experts)
+    assert per_rdma_rank is None
+    recv_x, recv_idx, recv_weights, counts, handle, event = buffer.dispatch(
+        x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+        topk_idx=topk_idx, topk_weights=weights, config=config, async_finish=True)
+    event.current_stream_wait()
+    assert recv_x.shape == (handle.num_rows, hidden) and len(counts) == experts_per_rank
+    _check_dispatch_handle(handle, per_rank, in_rank, group, rank, num_ranks)
+    cached_x, _, _, _, cached_handle, _ = buffer.dispatch(x, handle=handle, config=config)  # the handle passed back
+    assert torch.equal(cached_x, recv_x) and len(cached_handle) == 6
+    with pytest.raises(TypeError, match="pass the handle object itself"):
+        buffer.combine(recv_x, tuple(handle), config=config)
+    combined, combined_weights, _ = buffer.combine(recv_x, handle, config=config)
+    copies = in_rank.sum(dim=1, keepdim=True).float()
+    expected = (x.float() * copies).to(torch.bfloat16)
+    assert torch.equal(combined, expected), f"rank {rank}: normal round trip differs"
+
+    # Low-latency mode, BF16 (exact), with and without the hook.
+    for hook_mode in (False, True):
+        received, count, ll_handle, _, hook = buffer.low_latency_dispatch(
+            x, topk_idx, tokens, experts, use_fp8=False, return_recv_hook=hook_mode)
+        if hook_mode:
+            hook()
+        _check_low_latency_handle(ll_handle, count, topk_idx, group, rank, num_ranks, experts_per_rank, tokens, hidden,
+                                  experts)
+        out, _, combine_hook = buffer.low_latency_combine(received, topk_idx, weights, ll_handle,
+                                                          return_recv_hook=hook_mode)
+        if hook_mode:
+            combine_hook()
+        expected = low_latency_combined(torch, x, weights, topk_idx, experts_per_rank, num_ranks)
+        assert torch.equal(out, expected), f"rank {rank}: low-latency round trip differs"
+    _check_fp8_low_latency(buffer, x, topk_idx, group, rank, num_ranks, tokens, experts)
+    torch.cuda.synchronize()
+
+    # deep_ep's raw views of the buffers (read only here: the calls own that memory).
+    raw = buffer.get_local_buffer_tensor(torch.bfloat16, (16, 8), offset=256)
+    assert raw.shape == (16, 8) and raw.dtype == torch.bfloat16 and raw.is_cuda
+    region = buffer.get_local_buffer_tensor(torch.uint8, use_rdma_buffer=True)
+    assert region.numel() == buffer.num_rdma_bytes
+    assert buffer.runtime.get_num_rdma_ranks() == 1 and buffer.runtime.get_local_device_id() == x.device.index
+    buffer.destroy()
+    dist.destroy_process_group()
+
+
+def _gathered(tensor, group, num_ranks):
+    """Every rank's copy of `tensor`, stacked (gloo: through the CPU)."""
+    import torch
+    import torch.distributed as dist
+
+    parts = [torch.empty_like(tensor.cpu()) for _ in range(num_ranks)]
+    dist.all_gather(parts, tensor.cpu().contiguous(), group=group)
+    return torch.stack(parts)
+
+
+def _check_dispatch_handle(handle, per_rank, in_rank, group, rank: int, num_ranks: int) -> None:
+    """The handle reads as deep_ep's tuple, with its entries' meanings."""
+    import torch
+
+    assert len(handle) == 6
+    rank_prefix, channel_prefix, recv_channel_prefix, recv_src_idx, is_token_in_rank, send_head = handle
+    sent = _gathered(per_rank, group, num_ranks)  # [source, destination]
+    assert torch.equal(rank_prefix.cpu(), sent.cumsum(dim=0).to(torch.int32)), f"rank {rank}: rank_prefix_matrix"
+    assert torch.equal(handle[0], rank_prefix) and handle[-1] is send_head
+    # deep_ep's check_data: rows from source i are recv_x[prefix[i - 1][rank]:prefix[i][rank]].
+    starts = [0] + rank_prefix[:, rank].tolist()
+    channels = handle.num_channels
+    assert channel_prefix.shape == (num_ranks, channels) and recv_channel_prefix.shape == (num_ranks, channels)
+    assert torch.equal(channel_prefix[:, -1].cpu(), per_rank.cpu()), f"rank {rank}: channel_prefix_matrix totals"
+    assert recv_channel_prefix[:, 0].tolist() == starts[:-1], f"rank {rank}: recv_channel_prefix_matrix"
+    assert recv_src_idx.shape == (starts[-1],) and torch.equal(is_token_in_rank, in_rank)
+    assert torch.equal(send_head >= 0, in_rank), f"rank {rank}: send_head marks exactly the tokens sent"
+    for source in range(num_ranks):  # each source's rows arrive in its token order
+        rows = recv_src_idx[starts[source]:starts[source + 1]]
+        assert bool((rows[1:] > rows[:-1]).all()), f"rank {rank}: rows from {source} out of order"
+
+
+def _check_low_latency_handle(handle, count, topk_idx, group, rank: int, num_ranks: int, experts_per_rank: int,
+                              tokens: int, hidden: int, experts: int) -> None:
+    """deep_ep's low-latency handle: (src_info, layout_range, max_tokens, hidden, experts)."""
+    import torch
+
+    src_info, layout_range, max_tokens, handle_hidden, handle_experts = handle
+    assert (max_tokens, handle_hidden, handle_experts) == (tokens, hidden, experts) and len(handle) == 5
+    everyone = _gathered(topk_idx, group, num_ranks)  # [source, token, k]
+    mask = (1 << 32) - 1
+    for local in range(experts_per_rank):
+        expert = rank * experts_per_rank + local
+        ranges = layout_range[local].cpu()
+        assert int(count[local]) == int((ranges & mask).sum()), f"rank {rank}: expert {local} count"
+        begin = 0
+        for source in range(num_ranks):  # packed in source order: begin, count per source
+            rows = int(ranges[source] & mask)
+            assert int(ranges[source] >> 32) == begin and rows == int((everyone[source] == expert).any(dim=1).sum())
+            got = src_info[local, begin:begin + rows].cpu()
+            want = (everyone[source] == expert).any(dim=1).nonzero().flatten().to(torch.int32)
+            assert torch.equal(got, want), f"rank {rank}: expert {local}, source {source}: src_info"
+            begin += rows
+
+
+def _check_fp8_low_latency(buffer, x, topk_idx, group, rank: int, num_ranks: int, tokens: int, experts: int) -> None:
+    """FP8 low-latency dispatch: scales in deep_ep's layout ([E_local, R*M, hidden/128], stride 1
+    along the rows), rows that dequantise back to the sources' tokens, and the cycles waited per
+    source counted (dispatch_wait_recv_cost_stats)."""
+    import torch
+
+    waited = torch.zeros(num_ranks, dtype=torch.int64, device=x.device)
+    (recv_x, scales), count, handle, _, _ = buffer.low_latency_dispatch(x, topk_idx, tokens, experts, use_fp8=True,
+                                                                        dispatch_wait_recv_cost_stats=waited)
+    torch.cuda.synchronize()
+    assert bool((waited > 0).all()), f"rank {rank}: dispatch_wait_recv_cost_stats {waited.tolist()}"
+    local_experts, rows, hidden = recv_x.shape
+    assert scales.shape == (local_experts, rows, hidden // 128) and scales.stride() == (hidden // 128 * rows, 1, rows)
+    everyone = _gathered(x, group, num_ranks).float()  # [source, token, hidden]
+    src_info, layout_range = handle[0], handle[1]
+    for local in range(local_experts):
+        used = int(count[local])
+        dequantised = recv_x[local, :used].float().view(used, -1, 128) * scales[local, :used].unsqueeze(-1)
+        sources = torch.repeat_interleave(torch.arange(num_ranks), (layout_range[local].cpu() & ((1 << 32) - 1)))
+        original = everyone[sources, src_info[local, :used].cpu().long()]
+        error = (dequantised.view(used, hidden).cpu() - original).abs().max().item() if used else 0.0
+        assert error <= 0.07 * everyone.abs().max().item(), f"rank {rank}: expert {local}: FP8 rows off by {error}"
+
+
+def _mps_active() -> bool:
+    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
+    return os.path.exists(os.path.join(pipe, "control"))
+
+
+@pytest.mark.parametrize("num_ranks", [1, 2, 4])
+def test_round_trips(num_ranks: int) -> None:
+    if not _gpu_available():
+        pytest.skip("no CUDA GPU")
+    import torch
+
+    if num_ranks > torch.cuda.device_count() and not _mps_active():
+        pytest.skip(f"{num_ranks} ranks on {torch.cuda.device_count()} GPU(s) need MPS to run at the same time")
+    import torch.multiprocessing as mp
+
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    mp.spawn(_rank_main, args=(num_ranks, _free_port()), nprocs=num_ranks, join=True)

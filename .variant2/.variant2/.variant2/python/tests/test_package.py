@@ -1,0 +1,206 @@
+"""What the package does without a GPU (CI): import, configs, size hints, argument errors."""
+
+import importlib.util
+
+import pytest
+
+import epcomm
+from epcomm import _C
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+
+
+def gpu_usable() -> bool:
+    return _C.cuda_device_count() > 0
+
+
+def test_import_needs_no_torch_and_reports_a_version():
+    assert epcomm.version().startswith(epcomm.__version__)
+    for name in ("Buffer", "Config", "EventOverlap"):
+        assert hasattr(epcomm, name)
+
+
+def test_deep_ep_helpers_exist():
+    assert epcomm.Buffer.is_sm90_compiled()  # the default build: 90-real;90-virtual
+    assert "90" in _C.cuda_architectures()
+    config = epcomm.Config(20)  # every argument optional, as deep_ep's
+    assert config.num_sms == 20 and config.num_max_nvl_chunked_recv_tokens == epcomm.Config().num_max_nvl_chunked_recv_tokens
+    assert epcomm.Config(num_sms=22, num_max_nvl_chunked_send_tokens=6).num_max_nvl_chunked_send_tokens == 6
+    if HAS_TORCH:
+        import torch
+
+        assert epcomm.topk_idx_t == torch.int64
+    with pytest.raises(AttributeError):
+        epcomm.no_such_name  # noqa: B018
+    for name in ("get_num_rdma_ranks", "get_rdma_rank", "get_root_rdma_rank", "get_local_device_id"):
+        assert hasattr(_C.Buffer, name), name  # deep_ep's runtime queries, on Buffer.runtime
+
+
+def test_defaults_come_from_cpp():
+    import inspect
+
+    defaults = _C.BUFFER_DEFAULTS
+    assert defaults["num_qps_per_rank"] == 24 and defaults["wait_timeout_ms"] == 100_000
+    assert defaults["emulated_nodes"] == 1
+    signature = inspect.signature(epcomm.Buffer.__init__)
+    for name in ("num_qps_per_rank", "allow_nvlink_for_low_latency_mode", "preinitialize", "initialize_in_background",
+                 "wait_timeout_ms"):
+        assert signature.parameters[name].default == defaults[name], name
+
+
+def test_call_arguments_are_structs_filled_by_name():
+    args = _C.DispatchArgs()
+    assert args.handle is None and args.expert_alignment == 1 and args.num_worst_tokens == 0
+    args.handle = None
+    args.config = epcomm.Config(num_sms=20)
+    args.expert_alignment = 128
+    assert args.config.num_sms == 20 and args.expert_alignment == 128
+    assert _C.LowLatencyDispatchArgs().use_fp8  # the C++ default, as deep_ep's
+    call = _C.CallOptions()
+    call.stream = 0
+    call.async_finish = True
+    assert call.stream == 0 and call.async_finish and not call.allocate_on_comm_stream
+    assert _C.CombineArgs().handle is None and _C.LowLatencyCombineArgs().handle is None
+
+
+def test_dispatch_and_combine_configs_follow_deep_ep_names():
+    config = epcomm.Buffer.get_dispatch_config(8)
+    assert config.num_sms == 24
+    assert config.num_max_nvl_chunked_send_tokens == 8
+    assert config.num_max_nvl_chunked_recv_tokens == 128
+    assert epcomm.Buffer.get_combine_config(8).num_sms == 24
+    custom = epcomm.Config(20, 6, 256, 6, 128)
+    assert custom.num_sms == 20 and custom.num_max_nvl_chunked_recv_tokens == 256
+    assert custom.get_nvl_buffer_size_hint(7168 * 2, 8) > 10 * 8 * 256 * 7168 * 2 - 1
+    assert custom.get_rdma_buffer_size_hint(7168 * 2, 8) == 0
+
+
+def test_bad_values_raise_value_errors_naming_them():
+    config = epcomm.Config(7, 6, 256)
+    with pytest.raises(ValueError, match="num_sms=7"):
+        config.validate()
+    with pytest.raises(ValueError, match="num_sms=7"):
+        epcomm.Buffer.set_num_sms(7)
+    with pytest.raises(RuntimeError, match="num_ranks=16"):
+        epcomm.Buffer.get_dispatch_config(16)  # beyond one node: Unsupported
+
+
+def test_warmup_shape_takes_keywords():
+    shape = epcomm.WarmupShape(num_tokens=4096, num_low_latency_tokens=128, hidden=7168, num_topk=8, num_experts=256)
+    assert (shape.num_tokens, shape.num_low_latency_tokens, shape.hidden) == (4096, 128, 7168)
+    assert epcomm.WarmupShape().num_tokens == 0
+    with pytest.raises(TypeError):
+        epcomm.WarmupShape(4096, 128, 7168, 8, 256)  # keywords only: five ints are easy to misorder
+
+
+def test_low_latency_size_hint():
+    hint = epcomm.Buffer.get_low_latency_rdma_size_hint(128, 7168, 8, 256)
+    assert hint >= 2 * 32 * 8 * 128 * 7168 * 2
+    assert hint % 128 == 0
+    with pytest.raises(ValueError, match="num_experts=250"):
+        epcomm.Buffer.get_low_latency_rdma_size_hint(128, 7168, 8, 250)
+
+
+def test_dtype_codes_are_integers_both_ways():
+    assert int(_C.DType.bfloat16) == 0 and int(_C.DType.float8_e4m3fn) == 1
+    assert _C.DType(4) == _C.DType.int64
+
+
+def test_bootstrap_checks_its_rank():
+    with pytest.raises(ValueError, match="rank=2"):
+        _C.Bootstrap(2, 2, lambda data: data, lambda: None)
+
+
+def test_single_rank_exchange_round_trips_through_python():
+    calls = []
+
+    def allgather(data: bytes) -> bytes:
+        calls.append(len(data))
+        return data
+
+    bootstrap = _C.Bootstrap(0, 1, allgather, lambda: None)
+    if gpu_usable():
+        pytest.skip("the no-GPU error path needs a machine without a GPU")
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        _C.Buffer(bootstrap, num_nvl_bytes=1 << 20)
+
+
+def test_background_initialisation_raises_at_the_first_call():
+    if gpu_usable():
+        pytest.skip("the no-GPU error path needs a machine without a GPU")
+    bootstrap = _C.Bootstrap(0, 1, lambda data: data, lambda: None)
+    buffer = _C.Buffer(bootstrap, num_nvl_bytes=1 << 20, initialize_in_background=True)  # returns at once
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        buffer.barrier(0)
+    assert not buffer.is_available()
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed (epcomm uses it at run time only)")
+def test_tensor_arguments_are_checked_with_their_names():
+    import torch
+
+    from epcomm import _torch
+
+    with pytest.raises(ValueError, match="topk_idx must be on a CUDA device"):
+        _torch.view(torch.zeros(4, 2, dtype=torch.int64), "topk_idx")
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        _torch.view([1, 2, 3], "x")
+    assert _torch.view(None, "x").shape == []
+    assert _torch.to_torch_dtype(int(_C.DType.bfloat16)) is torch.bfloat16
+    assert _torch.to_torch_dtype(_C.DType.float8_e4m3fn) is torch.float8_e4m3fn
+
+
+def test_utils_has_deep_eps_names():
+    from epcomm import utils
+
+    for name in ("Config", "EventHandle", "EventOverlap", "check_nvlink_connections"):
+        assert hasattr(utils, name), name
+    assert utils.EventOverlap is epcomm.EventOverlap and utils.Config is epcomm.Config
+    overlap = utils.EventOverlap()  # deep_ep's default: nothing to wait for
+    assert overlap.event is None and overlap.extra_tensors is None
+
+
+def test_install_as_deep_ep_serves_imports_by_name(monkeypatch):
+    import sys
+
+    monkeypatch.delitem(sys.modules, "deep_ep", raising=False)
+    monkeypatch.delitem(sys.modules, "deep_ep.utils", raising=False)
+    epcomm.install_as_deep_ep()
+    epcomm.install_as_deep_ep()  # twice is harmless
+    import deep_ep
+    from deep_ep import Buffer
+    from deep_ep.utils import EventHandle, EventOverlap
+
+    assert deep_ep is epcomm and Buffer is epcomm.Buffer
+    assert EventOverlap is epcomm.EventOverlap and EventHandle is epcomm.EventHandle
+
+
+def test_install_as_deep_ep_refuses_when_a_real_deep_ep_is_loaded(monkeypatch):
+    import sys
+    import types
+
+    real = types.ModuleType("deep_ep")
+    real.__file__ = "/site-packages/deep_ep/__init__.py"
+    monkeypatch.setitem(sys.modules, "deep_ep", real)
+    with pytest.raises(ImportError, match="a real deep_ep is imported already"):
+        epcomm.install_as_deep_ep()
+    assert sys.modules["deep_ep"] is real
+
+
+def test_the_shim_package_answers_import_deep_ep_in_a_fresh_process():
+    """python/deep_ep_shim, on the path of a new interpreter (as deep_ep's spawned ranks are)."""
+    import os
+    import subprocess
+    import sys
+
+    shim = os.path.join(os.path.dirname(__file__), "..", "deep_ep_shim")
+    code = ("import deep_ep, epcomm; from deep_ep import Buffer; from deep_ep.utils import EventOverlap; "
+            "assert deep_ep is epcomm and Buffer is epcomm.Buffer and EventOverlap is epcomm.EventOverlap; print('ok')")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [shim, os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_buffer_offers_check_errors():
+    assert callable(getattr(epcomm.Buffer, "check_errors", None))
+    assert hasattr(_C.Buffer, "check_device_errors")

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Compares two versions side by side on this machine: builds OLD (a git revision) and this tree in
+# parallel, then runs epcomm-bench on each in turn, ROUNDS times, and prints the median of every
+# record per version. Both versions meet the same machine state, as a speed comparison needs.
+#   scripts/ab_bench.sh OLD_REV [ROUNDS] [-- epcomm-bench options]
+#   scripts/ab_bench.sh 7abc075 2 -- --ranks 2 --warmup 3 --iters 30
+# Results (one JSON file per version, every round) go to ${EPCOMM_AB_DIR:-ab-results}. The records
+# name each version's commit (EPCOMM_GIT_REVISION). Exits 3 when no GPU is usable (after building).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
+  sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+  exit 2
+fi
+old_rev=$1
+shift
+rounds=2
+if [ $# -gt 0 ] && [ "$1" != "--" ]; then
+  rounds=$1
+  shift
+fi
+[ $# -gt 0 ] && [ "$1" = "--" ] && shift
+case "$rounds" in '' | *[!0-9]*) echo "ab_bench.sh: ROUNDS '$rounds' must be a positive integer" >&2; exit 2 ;; esac
+old_commit=$(git rev-parse --short=12 "$old_rev^{commit}") || { echo "ab_bench.sh: no commit '$old_rev'" >&2; exit 2; }
+new_commit=$(git rev-parse --short=12 HEAD)
+[ -n "$(git status --porcelain --untracked-files=no)" ] && new_commit="$new_commit-dirty"
+
+out=${EPCOMM_AB_DIR:-ab-results}
+work=${EPCOMM_AB_WORK:-build-ab}
+mkdir -p "$out" "$work"
+rm -rf "$work/old-src"
+mkdir -p "$work/old-src"
+git archive "$old_commit" | tar -x -C "$work/old-src"
+
+jobs=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
+build() {  # build SOURCE_DIR BUILD_DIR REVISION
+  EPCOMM_GIT_REVISION=$3 cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEPCOMM_BUILD_TESTS=OFF \
+    >"$2.log" 2>&1 && cmake --build "$2" -j "$jobs" >>"$2.log" 2>&1
+}
+echo "ab_bench: building $old_commit (old) and $new_commit (this tree) with $jobs cores each"
+build "$work/old-src" "$work/old" "$old_commit" & old_pid=$!
+build . "$work/new" "$new_commit" & new_pid=$!
+wait "$old_pid" || { echo "ab_bench: the old build failed (see $work/old.log)" >&2; exit 1; }
+wait "$new_pid" || { echo "ab_bench: the new build failed (see $work/new.log)" >&2; exit 1; }
+
+# NVLink multicast stays off in every process we start.
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+status=0
+for round in $(seq 1 "$rounds"); do
+  for version in old new; do
+    set +e
+    "$work/$version/tools/epcomm-bench" "$@" --out "$out/$version.jsonl" >"$out/$version-$round.log" 2>&1
+    code=$?
+    set -e
+    if [ "$code" -eq 3 ]; then cat "$out/$version-$round.log"; exit 3; fi
+    [ "$code" -ne 0 ] && { status=1; echo "ab_bench: $version, round $round: epcomm-bench exited $code (see $out/$version-$round.log)"; }
+  done
+done
+"${PYTHON:-python3}" - "$out/old.jsonl" "$out/new.jsonl" <<'PY'
+import collections, json, statistics, sys
+
+def medians(path):
+    runs = collections.defaultdict(list)
+    for line in open(path):
+        r = json.loads(line)
+        key = (r["op"], r.get("timing", ""), r.get("dispatch_dtype") or r.get("dtype", ""),
+               "cached" if r.get("cached") else (r.get("phase") or r.get("path") or ""),
+               r.get("direction", "both" if r["op"] == "copy" and r.get("path") != "local" else ""),
+               r.get("sms"), r.get("ring_tokens"), r.get("tokens"))
+        runs[key].append((r["median_us"], r.get("correct")))
+    return runs
+
+old, new = medians(sys.argv[1]), medians(sys.argv[2])
+print(f"{'op':<12}{'timing':<11}{'dtype':<6}{'variant':<13}{'sms':>4}{'ring':>5}{'tokens':>7}{'old us':>10}{'new us':>10}{'new/old':>8}  correct")
+for key in new:
+    n = statistics.median(v for v, _ in new[key])
+    o = statistics.median(v for v, _ in old[key]) if key in old else None
+    ok = "yes" if all(c for _, c in new[key]) else ("-" if all(c is None for _, c in new[key]) else "NO")
+    op, timing, dtype, variant, direction, sms, ring, tokens = key
+    variant = f"{variant} {direction}".strip()
+    print(f"{op:<12}{timing[:10]:<11}{dtype:<6}{variant[:12]:<13}{sms if sms is not None else '':>4}"
+          f"{ring if ring is not None else '':>5}{tokens:>7}{(f'{o:.1f}' if o else '-'):>10}{n:>10.1f}"
+          f"{(f'{n / o:.3f}' if o else '-'):>8}  {ok}")
+PY
+exit $status

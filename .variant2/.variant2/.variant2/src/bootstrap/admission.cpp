@@ -1,0 +1,117 @@
+#include "bootstrap/admission.hpp"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+
+namespace epcomm::bootstrap_detail {
+
+Admission::Admission(Listener& listener, const JobKey& key, std::chrono::milliseconds handshake_budget,
+                     size_t max_candidates)
+    : listener_(listener), key_(key), handshake_budget_(handshake_budget), max_candidates_(max_candidates) {}
+
+void Admission::refuse(Candidate& candidate, const std::string& why) {
+  candidate.fd.reset();
+  ++refused_;
+  last_refusal_ = why;
+}
+
+void Admission::accept_new() {
+  while (candidates_.size() < max_candidates_) {
+    IoStatus status;
+    UniqueFd fd = listener_.accept(Deadline(std::chrono::milliseconds(0)), status);
+    if (!fd) return;  // nobody else is waiting (or accept failed; poll reports a broken listener)
+    candidates_.emplace_back(std::move(fd), handshake_budget_);
+  }
+}
+
+std::optional<Admitted> Admission::advance(Candidate& candidate) {
+  while (candidate.have < candidate.buffer.size()) {
+    const ssize_t got = recv(candidate.fd.get(), candidate.buffer.data() + candidate.have,
+                             candidate.buffer.size() - candidate.have, 0);
+    if (got > 0) {
+      candidate.have += static_cast<size_t>(got);
+      continue;
+    }
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return std::nullopt;
+    refuse(candidate, got == 0 ? "a connection closed before it finished the handshake"
+                               : "a connection failed during the handshake");
+    return std::nullopt;
+  }
+  if (!candidate.greeted) {
+    candidate.hello = Hello::decode(candidate.buffer.data());
+    if (candidate.hello.magic != kHelloMagic || candidate.hello.version != kProtocolVersion) {
+      refuse(candidate, "a connection sent an unknown greeting (another program, or another epcomm version)");
+      return std::nullopt;
+    }
+    if (!equal_in_constant_time(candidate.hello.job.data(), key_.id().data(), kJobIdBytes)) {
+      refuse(candidate, "a connection belonged to another job (job id " +
+                            to_hex(candidate.hello.job.data(), 6) + ", ours " + key_.id_text() + ")");
+      return std::nullopt;
+    }
+    Challenge challenge;
+    challenge.nonce = candidate.root_nonce = random_nonce();
+    challenge.proof = key_.proof(Side::kRoot, candidate.hello.nonce, candidate.hello.rank, candidate.hello.num_ranks);
+    const auto bytes = challenge.encode();
+    if (!write_all(candidate.fd.get(), bytes.data(), bytes.size(), candidate.deadline).ok()) {
+      refuse(candidate, "a connection did not take our challenge");
+      return std::nullopt;
+    }
+    candidate.greeted = true;
+    candidate.buffer.assign(kProofBytes, 0);
+    candidate.have = 0;
+    return advance(candidate);  // the proof may be there already
+  }
+  const Digest expected =
+      key_.proof(Side::kPeer, candidate.root_nonce, candidate.hello.rank, candidate.hello.num_ranks);
+  if (!equal_in_constant_time(candidate.buffer.data(), expected.data(), expected.size())) {
+    refuse(candidate, "a connection could not prove it knows the job's secret");
+    return std::nullopt;
+  }
+  Admitted admitted{std::move(candidate.fd), candidate.hello};
+  return admitted;
+}
+
+std::optional<Admitted> Admission::next(const Deadline& deadline, IoStatus& status) {
+  while (true) {
+    accept_new();
+    // Progress every candidate with data, drop the finished and the late.
+    std::optional<Admitted> admitted;
+    for (Candidate& candidate : candidates_) {
+      if (!admitted && candidate.fd) admitted = advance(candidate);
+      if (candidate.fd && candidate.deadline.expired()) refuse(candidate, "a connection stayed silent past its handshake deadline");
+    }
+    candidates_.erase(std::remove_if(candidates_.begin(), candidates_.end(),
+                                     [](const Candidate& candidate) { return !candidate.fd; }),
+                      candidates_.end());
+    if (admitted) {
+      status = {};
+      return admitted;
+    }
+    if (deadline.expired()) {
+      status = {IoStatus::kTimedOut, 0};
+      return std::nullopt;
+    }
+    // Wait for a newcomer, a candidate's bytes, or the nearest deadline.
+    std::vector<pollfd> watched;
+    if (candidates_.size() < max_candidates_) watched.push_back({listener_.fd(), POLLIN, 0});
+    int wait_ms = deadline.remaining_ms();
+    for (const Candidate& candidate : candidates_) {
+      watched.push_back({candidate.fd.get(), POLLIN, 0});
+      wait_ms = std::min(wait_ms, candidate.deadline.remaining_ms());
+    }
+    const int ready = poll(watched.data(), watched.size(), wait_ms);
+    if (ready < 0 && errno != EINTR) {
+      status = {IoStatus::kSystemError, errno};
+      return std::nullopt;
+    }
+    if (!watched.empty() && watched[0].fd == listener_.fd() && (watched[0].revents & (POLLERR | POLLNVAL))) {
+      status = {IoStatus::kSystemError, EBADF};
+      return std::nullopt;
+    }
+  }
+}
+
+}  // namespace epcomm::bootstrap_detail

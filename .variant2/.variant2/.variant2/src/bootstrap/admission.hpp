@@ -1,0 +1,65 @@
+// Rank 0's side of meeting the ranks: accepts connections and runs every newcomer's handshake
+// (bootstrap/handshake.hpp) at once, each against a short deadline of its own, so a silent or
+// hostile connection can neither hold up the ranks behind it nor fail the job. Whatever does not
+// prove it belongs to this job is closed without a word: it learns nothing about the job.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bootstrap/handshake.hpp"
+#include "bootstrap/socket_io.hpp"
+
+namespace epcomm::bootstrap_detail {
+
+// A connection that proved it knows the job's secret, and what it said about itself. Its rank and
+// num_ranks are not checked yet: that is the caller's (a real rank that disagrees fails the job).
+struct Admitted {
+  UniqueFd fd;
+  Hello hello;
+};
+
+class Admission {
+ public:
+  // At most `max_candidates` handshakes run at once; more connections wait in the listen backlog.
+  Admission(Listener& listener, const JobKey& key, std::chrono::milliseconds handshake_budget, size_t max_candidates);
+
+  // The next admitted connection, or nothing when `deadline` passes (status kTimedOut) or the
+  // listener fails (kSystemError).
+  std::optional<Admitted> next(const Deadline& deadline, IoStatus& status);
+
+  // Connections closed without admission, and why the last one was, for rank 0's messages.
+  int refused() const { return refused_; }
+  const std::string& last_refusal() const { return last_refusal_; }
+
+ private:
+  struct Candidate {
+    Candidate(UniqueFd connection, std::chrono::milliseconds budget)
+        : fd(std::move(connection)), deadline(budget), buffer(Hello::kBytes) {}
+    UniqueFd fd;
+    Deadline deadline;
+    bool greeted = false;  // the Hello is in; waiting for the Proof
+    Hello hello;
+    Nonce root_nonce{};
+    std::vector<uint8_t> buffer;
+    size_t have = 0;
+  };
+
+  void accept_new();
+  // Reads what is there; returns the admitted connection once its proof checks out.
+  std::optional<Admitted> advance(Candidate& candidate);
+  void refuse(Candidate& candidate, const std::string& why);
+
+  Listener& listener_;
+  const JobKey& key_;
+  std::chrono::milliseconds handshake_budget_;
+  size_t max_candidates_;
+  std::vector<Candidate> candidates_;
+  int refused_ = 0;
+  std::string last_refusal_;
+};
+
+}  // namespace epcomm::bootstrap_detail

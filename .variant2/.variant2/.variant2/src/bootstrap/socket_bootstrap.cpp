@@ -1,0 +1,495 @@
+// Socket rendezvous: rank 0 listens, every other rank connects to it once, and rank 0 relays each
+// exchange (a star). Bootstrap traffic is a few kilobytes per job, so simplicity and clear
+// diagnostics matter more than bandwidth.
+//
+// Wire protocol (integers big-endian):
+//   once, when a peer meets rank 0:   Hello, Challenge, Proof (bootstrap/handshake.hpp): both sides
+//                                     prove they know the job's secret; strangers are dropped
+//   peer -> rank 0, per exchange:     Request {op, bytes} (u32, u64); after Proceed, `bytes` data
+//   rank 0 -> peer:                   Frame {kind, length} (u32, u64) followed by `length` bytes
+// Each exchange runs in two phases: rank 0 first collects every request and checks that all ranks
+// called the same operation with the same size, answering Proceed (or Abort with the reason), and
+// only then moves data. A mismatch thus gives every rank the same clear error instead of a hang.
+// Whenever rank 0 fails it sends Abort with its message to every peer before closing, so the
+// ranks waiting on it report the root cause (for example which rank never showed up).
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "bootstrap/admission.hpp"
+#include "bootstrap/handshake.hpp"
+#include "bootstrap/socket_io.hpp"
+#include "epcomm/bootstrap.hpp"
+#include "epcomm/error.hpp"
+
+namespace epcomm {
+namespace {
+
+using namespace bootstrap_detail;
+using std::chrono::milliseconds;
+
+constexpr size_t kHeaderSize = 12;  // Request and Frame headers alike: u32 + u64
+constexpr size_t kMaxAbortText = 64 * 1024;
+constexpr int kMinListenBacklog = 128;
+constexpr size_t kMaxListedRanks = 8;
+// Connect retries back off from fast (rank 0 is usually a moment behind) to gentle.
+constexpr milliseconds kFirstRetryDelay{10};
+constexpr milliseconds kMaxRetryDelay{200};
+// How long a failing rank 0 spends telling its peers why; it is already on its way out.
+constexpr milliseconds kAbortSendBudget{1000};
+// How long a peer that lost rank 0 looks for an Abort message that may already have arrived.
+constexpr milliseconds kAbortReadBudget{100};
+// How long rank 0 gives one new connection to finish its handshake (a rank does it at once), and
+// how many handshakes it runs at the same time.
+constexpr milliseconds kHandshakeBudget{5000};
+constexpr size_t kMaxConcurrentHandshakes = 64;
+
+enum class Op : uint32_t { kAllgather = 1, kBarrier = 2 };
+enum class FrameKind : uint32_t { kWelcome = 1, kProceed = 2, kResult = 3, kAbort = 4 };
+
+const char* op_name(uint32_t op) {
+  switch (static_cast<Op>(op)) {
+    case Op::kAllgather:
+      return "allgather";
+    case Op::kBarrier:
+      return "barrier";
+  }
+  return "an unknown operation";
+}
+
+using Header = std::array<unsigned char, kHeaderSize>;
+Header make_header(uint32_t kind, uint64_t length) {
+  Header header{};
+  store_u32(header.data(), kind);
+  store_u64(header.data() + 4, length);
+  return header;
+}
+
+// "rank 3", "ranks 1, 4, 6", or "ranks 1, 2, ... (40 in all)".
+std::string describe_ranks(const std::vector<int>& ranks) {
+  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size() && i < kMaxListedRanks; ++i) {
+    text += (i ? ", " : "") + std::to_string(ranks[i]);
+  }
+  if (ranks.size() > kMaxListedRanks) text += join_message(", ... (", ranks.size(), " in all)");
+  return text;
+}
+
+// Error::what() is "<CodeName>: <message>"; relaying only the message avoids doubling the prefix.
+std::string message_of(const Error& error) {
+  const std::string text = error.what();
+  const std::string prefix = std::string(error_code_name(error.code())) + ": ";
+  return text.compare(0, prefix.size(), prefix) == 0 ? text.substr(prefix.size()) : text;
+}
+
+// Exchanges need no peers; skipping sockets lets single-process runs work anywhere.
+class LocalBootstrap final : public Bootstrap {
+ public:
+  int rank() const override { return 0; }
+  int num_ranks() const override { return 1; }
+  void allgather(const void* in, void* out, size_t bytes) override {
+    if (bytes > 0) std::memmove(out, in, bytes);
+  }
+  void barrier() override {}
+};
+
+// Not thread-safe: a rank runs its exchanges one at a time, like any collective.
+class SocketBootstrap final : public Bootstrap {
+ public:
+  SocketBootstrap(SocketAddress address, int rank, int num_ranks, milliseconds timeout, std::string job_secret)
+      : address_(std::move(address)), rank_(rank), num_ranks_(num_ranks), timeout_(timeout),
+        key_(std::move(job_secret)) {
+    guarded([&] { rank_ == 0 ? rendezvous_as_root() : rendezvous_as_peer(); });
+  }
+
+  int rank() const override { return rank_; }
+  int num_ranks() const override { return num_ranks_; }
+
+  void allgather(const void* in, void* out, size_t bytes) override {
+    if (bytes > 0 && (in == nullptr || out == nullptr)) {
+      fail(ErrorCode::kInvalidArgument, "allgather on rank ", rank_,
+           ": in and out must not be null when bytes=", bytes);
+    }
+    if (bytes > SIZE_MAX / static_cast<size_t>(num_ranks_)) {
+      fail(ErrorCode::kInvalidArgument, "allgather on rank ", rank_, ": bytes=", bytes, " times num_ranks=", num_ranks_,
+           " overflows size_t");
+    }
+    exchange(Op::kAllgather, in, out, bytes);
+  }
+
+  void barrier() override {
+    const unsigned char token = 0;
+    std::vector<unsigned char> ignored(static_cast<size_t>(num_ranks_));
+    exchange(Op::kBarrier, &token, ignored.data(), sizeof(token));
+  }
+
+ private:
+  // Runs one protocol step; on failure the connections are closed (rank 0 first tells every
+  // peer why) and later calls fail at once, since the ranks are no longer in step.
+  template <typename Step>
+  void guarded(Step&& step) {
+    if (!broken_.empty()) {
+      fail(ErrorCode::kBootstrapError, "rank ", rank_, " cannot use the bootstrap after an earlier failure: ", broken_);
+    }
+    try {
+      step();
+    } catch (const Error& error) {
+      broken_ = message_of(error);
+      shut_down();
+      throw;
+    } catch (...) {
+      broken_ = "an unexpected exception interrupted an exchange";
+      shut_down();
+      throw;
+    }
+  }
+
+  void shut_down() noexcept {
+    if (rank_ == 0) {
+      const std::string& reason = broken_;
+      const Header header = make_header(static_cast<uint32_t>(FrameKind::kAbort), reason.size());
+      const Deadline deadline(kAbortSendBudget);
+      // Best effort: a peer that cannot take the message will see the closed connection.
+      const auto tell = [&](const UniqueFd& peer) {
+        if (peer && write_all(peer.get(), header.data(), header.size(), deadline).ok()) {
+          write_all(peer.get(), reason.data(), reason.size(), deadline);
+        }
+      };
+      for (const UniqueFd& peer : peers_) tell(peer);
+      tell(pending_);
+    }
+    peers_.clear();
+    pending_.reset();
+  }
+
+  // Turns a failed wait on rank `peer` into an Error saying who waited for whom, for what.
+  [[noreturn]] void fail_io(const IoStatus& status, int peer, const std::string& what) const {
+    switch (status.kind) {
+      case IoStatus::kTimedOut:
+        fail(ErrorCode::kBootstrapError, "rank ", rank_, " waited ", timeout_.count(), " ms for rank ", peer, " to ",
+             what);
+      case IoStatus::kPeerClosed:
+        fail(ErrorCode::kBootstrapError, "rank ", rank_, " lost its connection to rank ", peer,
+             " while waiting for it to ", what, ": rank ", peer,
+             " closed the connection (it exited or failed; its own output says why)");
+      default:
+        fail(ErrorCode::kBootstrapError, "rank ", rank_, " failed while waiting for rank ", peer, " to ", what, ": ",
+             status.describe());
+    }
+  }
+
+  // ---- rank 0 ----
+
+  void rendezvous_as_root() {
+    Listener listener(address_, std::max(num_ranks_, kMinListenBacklog));
+    peers_.resize(static_cast<size_t>(num_ranks_));
+    const Deadline deadline(timeout_);
+    Admission admission(listener, key_, std::min(timeout_, kHandshakeBudget), kMaxConcurrentHandshakes);
+    int connected = 0;
+    while (connected < num_ranks_ - 1) {
+      IoStatus status;
+      std::optional<Admitted> admitted = admission.next(deadline, status);
+      if (!admitted) {
+        if (status.kind != IoStatus::kTimedOut) {
+          fail(ErrorCode::kBootstrapError, "rank 0 cannot accept connections on ", address_.text, ": ",
+               status.describe());
+        }
+        const std::string refusals =
+            admission.refused() == 0
+                ? std::string()
+                : join_message("; ", admission.refused(), " other connection(s) were refused, the last because ",
+                               admission.last_refusal());
+        fail(ErrorCode::kBootstrapError, "rank 0 waited ", timeout_.count(), " ms for ",
+             describe_ranks(missing_peers()), " to connect to ", address_.text, " (", connected, " of ", num_ranks_ - 1,
+             " peers connected, job ", key_.id_text(), refusals, ")");
+      }
+      pending_ = std::move(admitted->fd);  // a real rank of this job: it hears why if it is rejected
+      const int peer = admit(admitted->hello);
+      peers_[static_cast<size_t>(peer)] = std::move(pending_);
+      ++connected;
+    }
+    listener.close();  // everyone is here: stop accepting and remove the socket file right away
+
+    const Header welcome = make_header(static_cast<uint32_t>(FrameKind::kWelcome), 0);
+    for (int peer = 1; peer < num_ranks_; ++peer) {
+      const IoStatus status = write_all(fd_of(peer), welcome.data(), welcome.size(), deadline);
+      if (!status.ok()) fail_io(status, peer, "receive the rendezvous confirmation");
+    }
+  }
+
+  // Checks what an authenticated rank said about itself and returns its rank.
+  int admit(const Hello& hello) const {
+    const int peer = hello.rank;
+    if (hello.num_ranks != num_ranks_) {
+      fail(ErrorCode::kBootstrapError, "rank ", peer, " connected with num_ranks=", hello.num_ranks,
+           ", but rank 0 has num_ranks=", num_ranks_, "; every rank must be started with the same num_ranks");
+    }
+    if (peer < 1 || peer >= num_ranks_) {
+      fail(ErrorCode::kBootstrapError, "a process connected to ", address_.text, " as rank ", peer,
+           ", but peers must be ranks 1 to ", num_ranks_ - 1, " (num_ranks=", num_ranks_, ")");
+    }
+    if (peers_[static_cast<size_t>(peer)]) {
+      fail(ErrorCode::kBootstrapError, "two processes connected to ", address_.text, " as rank ", peer,
+           "; every rank must be unique");
+    }
+    return peer;
+  }
+
+  std::vector<int> missing_peers() const {
+    std::vector<int> missing;
+    for (int peer = 1; peer < num_ranks_; ++peer) {
+      if (!peers_[static_cast<size_t>(peer)]) missing.push_back(peer);
+    }
+    return missing;
+  }
+
+  void exchange_as_root(Op op, const void* in, void* out, size_t bytes) {
+    const Deadline deadline(timeout_);
+    const char* name = op_name(static_cast<uint32_t>(op));
+    for (int peer = 1; peer < num_ranks_; ++peer) {
+      Header request{};
+      const IoStatus status = read_all(fd_of(peer), request.data(), request.size(), deadline);
+      if (!status.ok()) fail_io(status, peer, join_message("enter ", name));
+      const uint32_t peer_op = load_u32(request.data());
+      const uint64_t peer_bytes = load_u64(request.data() + 4);
+      if (peer_op != static_cast<uint32_t>(op)) {
+        fail(ErrorCode::kBootstrapError, "rank ", peer, " called ", op_name(peer_op), " while rank 0 called ", name,
+             "; every rank must make the same sequence of bootstrap calls");
+      }
+      if (peer_bytes != bytes) {
+        fail(ErrorCode::kBootstrapError, name, " size mismatch: rank ", peer, " passed bytes=", peer_bytes,
+             " but rank 0 passed bytes=", bytes, "; every rank must pass the same size");
+      }
+    }
+    const Header proceed = make_header(static_cast<uint32_t>(FrameKind::kProceed), 0);
+    for (int peer = 1; peer < num_ranks_; ++peer) {
+      const IoStatus status = write_all(fd_of(peer), proceed.data(), proceed.size(), deadline);
+      if (!status.ok()) fail_io(status, peer, join_message("receive the go-ahead for ", name));
+    }
+
+    auto* result = static_cast<unsigned char*>(out);
+    if (bytes > 0) std::memmove(result, in, bytes);  // first: `in` may alias another rank's slot
+    for (int peer = 1; peer < num_ranks_; ++peer) {
+      const IoStatus status = read_all(fd_of(peer), result + peer * bytes, bytes, deadline);
+      if (!status.ok()) fail_io(status, peer, join_message("send its ", bytes, " bytes of ", name, " data"));
+    }
+    const size_t total = bytes * static_cast<size_t>(num_ranks_);
+    const Header frame = make_header(static_cast<uint32_t>(FrameKind::kResult), total);
+    for (int peer = 1; peer < num_ranks_; ++peer) {
+      IoStatus status = write_all(fd_of(peer), frame.data(), frame.size(), deadline);
+      if (status.ok()) status = write_all(fd_of(peer), result, total, deadline);
+      if (!status.ok()) fail_io(status, peer, join_message("receive the ", name, " result"));
+    }
+  }
+
+  // ---- ranks 1 .. num_ranks-1 ----
+
+  void rendezvous_as_peer() {
+    UniqueFd connection;
+    {
+      const Deadline deadline(timeout_);
+      std::string last_error;
+      milliseconds delay = kFirstRetryDelay;
+      // Rank 0 may start later than us, so refusals are expected until the deadline.
+      while (!(connection = try_connect(address_, deadline, last_error))) {
+        if (deadline.expired()) {
+          fail(ErrorCode::kBootstrapError, "rank ", rank_, " waited ", timeout_.count(), " ms to connect to rank 0 at ",
+               address_.text, " (last attempt: ", last_error, ")");
+        }
+        std::this_thread::sleep_for(std::min(delay, milliseconds(deadline.remaining_ms())));
+        delay = std::min(delay * 2, kMaxRetryDelay);
+      }
+    }
+    peers_.push_back(std::move(connection));
+
+    // A fresh deadline: rank 0 is up now and will itself report any rank that never connects.
+    const Deadline deadline(timeout_);
+    prove_membership(deadline);
+    expect_frame(FrameKind::kWelcome, 0, deadline,
+                 "confirm the rendezvous (rank 0 does so once every rank has connected)");
+  }
+
+  // The peer's half of the handshake: rank 0 must prove it knows the job's secret before this
+  // rank proves it does.
+  void prove_membership(const Deadline& deadline) {
+    Hello hello;
+    hello.rank = rank_;
+    hello.num_ranks = num_ranks_;
+    hello.job = key_.id();
+    hello.nonce = random_nonce();
+    const auto hello_bytes = hello.encode();
+    IoStatus status = write_all(fd_of(0), hello_bytes.data(), hello_bytes.size(), deadline);
+    if (!status.ok()) fail_from_root(status, "accept our greeting");
+    std::array<uint8_t, Challenge::kBytes> challenge_bytes{};
+    status = read_all(fd_of(0), challenge_bytes.data(), challenge_bytes.size(), Deadline(std::min(timeout_, kHandshakeBudget)));
+    if (!status.ok()) {
+      fail(ErrorCode::kBootstrapError, "rank ", rank_, ": the process listening at ", address_.text,
+           " did not answer our greeting (", status.describe(), "): it is not rank 0 of this job (job ", key_.id_text(),
+           "), but another job's (started with another secret), another program, or an older epcomm");
+    }
+    const Challenge challenge = Challenge::decode(challenge_bytes.data());
+    const Digest expected = key_.proof(Side::kRoot, hello.nonce, rank_, num_ranks_);
+    if (!equal_in_constant_time(challenge.proof.data(), expected.data(), expected.size())) {
+      fail(ErrorCode::kBootstrapError, "rank ", rank_, ": the process listening at ", address_.text,
+           " could not prove it knows this job's secret (", kEnvJobSecret, "); refusing to join it");
+    }
+    const Digest proof = key_.proof(Side::kPeer, challenge.nonce, rank_, num_ranks_);
+    status = write_all(fd_of(0), proof.data(), proof.size(), deadline);
+    if (!status.ok()) fail_from_root(status, "accept our proof of membership");
+  }
+
+  void exchange_as_peer(Op op, const void* in, void* out, size_t bytes) {
+    const Deadline deadline(timeout_);
+    const char* name = op_name(static_cast<uint32_t>(op));
+    const Header request = make_header(static_cast<uint32_t>(op), bytes);
+    IoStatus status = write_all(fd_of(0), request.data(), request.size(), deadline);
+    if (!status.ok()) fail_from_root(status, join_message("receive our ", name, " request"));
+    expect_frame(FrameKind::kProceed, 0, deadline,
+                 join_message("start ", name, " (it starts once every rank has entered ", name,
+                        "; a rank that never did is the likely cause and rank 0's error names it)"));
+    status = write_all(fd_of(0), in, bytes, deadline);
+    if (!status.ok()) fail_from_root(status, join_message("receive our ", name, " data"));
+    const size_t total = bytes * static_cast<size_t>(num_ranks_);
+    expect_frame(FrameKind::kResult, total, deadline, join_message("send the ", name, " result"));
+    status = read_all(fd_of(0), out, total, deadline);
+    if (!status.ok()) fail_from_root(status, join_message("send the ", name, " result"));
+  }
+
+  // Reads the next frame from rank 0; an Abort becomes an Error carrying rank 0's reason.
+  void expect_frame(FrameKind kind, uint64_t length, const Deadline& deadline, const std::string& what) {
+    Header header{};
+    const IoStatus status = read_all(fd_of(0), header.data(), header.size(), deadline);
+    if (!status.ok()) fail_from_root(status, what);
+    const uint32_t got_kind = load_u32(header.data());
+    const uint64_t got_length = load_u64(header.data() + 4);
+    if (got_kind == static_cast<uint32_t>(FrameKind::kAbort)) fail_with_abort(got_length, deadline);
+    if (got_kind != static_cast<uint32_t>(kind) || got_length != length) {
+      fail(ErrorCode::kBootstrapError, "rank ", rank_, " got an unexpected message from rank 0 (kind ", got_kind,
+           ", length ", got_length, ") while waiting for it to ", what,
+           "; are all ranks running the same epcomm version?");
+    }
+  }
+
+  // Rank 0 closes only after sending an Abort, so look for one before blaming the connection.
+  [[noreturn]] void fail_from_root(const IoStatus& status, const std::string& what) {
+    if (status.kind == IoStatus::kPeerClosed) {
+      Header header{};
+      const Deadline deadline(kAbortReadBudget);
+      if (read_all(fd_of(0), header.data(), header.size(), deadline).ok() &&
+          load_u32(header.data()) == static_cast<uint32_t>(FrameKind::kAbort)) {
+        fail_with_abort(load_u64(header.data() + 4), deadline);
+      }
+    }
+    fail_io(status, 0, what);
+  }
+
+  // Reads the reason that follows an Abort header and fails with it.
+  [[noreturn]] void fail_with_abort(uint64_t length, const Deadline& deadline) {
+    std::string reason(std::min<uint64_t>(length, kMaxAbortText), '\0');
+    if (!read_all(fd_of(0), reason.data(), reason.size(), deadline).ok()) {
+      reason = "rank 0 failed, but its reason was lost with the connection";
+    }
+    fail(ErrorCode::kBootstrapError, "rank ", rank_, " was stopped by rank 0, which reported: ", reason);
+  }
+
+  // ---- shared ----
+
+  void exchange(Op op, const void* in, void* out, size_t bytes) {
+    guarded([&] { rank_ == 0 ? exchange_as_root(op, in, out, bytes) : exchange_as_peer(op, in, out, bytes); });
+  }
+
+  int fd_of(int peer) const { return rank_ == 0 ? peers_[static_cast<size_t>(peer)].get() : peers_[0].get(); }
+
+  SocketAddress address_;
+  int rank_;
+  int num_ranks_;
+  milliseconds timeout_;
+  JobKey key_;
+  std::vector<UniqueFd> peers_;  // rank 0: indexed by rank (slot 0 unused); others: [0] is rank 0
+  UniqueFd pending_;             // rank 0: a connection whose greeting is being checked
+  std::string broken_;           // why the last failed step failed; empty while healthy
+};
+
+int parse_env_int(const char* name, const char* value, long min, long max) {
+  errno = 0;
+  char* end = nullptr;
+  const long parsed = std::strtol(value, &end, 10);
+  if (*value == '\0' || *end != '\0' || errno == ERANGE) {
+    fail(ErrorCode::kInvalidArgument, name, "='", value, "' is not an integer");
+  }
+  if (parsed < min || parsed > max) {
+    fail(ErrorCode::kInvalidArgument, name, "=", parsed, " must be between ", min, " and ", max);
+  }
+  return static_cast<int>(parsed);
+}
+
+const char* require_env(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr) {
+    fail(ErrorCode::kInvalidArgument, name,
+         " is not set; epcomm-launch sets it for every rank it starts (without it, set ", kEnvRank, ", ", kEnvNumRanks,
+         " and ", kEnvBootstrapAddress, " yourself)");
+  }
+  return value;
+}
+
+}  // namespace
+
+std::unique_ptr<Bootstrap> make_socket_bootstrap(const std::string& address, int rank, int num_ranks,
+                                                 milliseconds timeout) {
+  SocketBootstrapOptions options;
+  options.timeout = timeout;
+  return make_socket_bootstrap(address, rank, num_ranks, options);
+}
+
+std::unique_ptr<Bootstrap> make_socket_bootstrap(const std::string& address, int rank, int num_ranks,
+                                                 const SocketBootstrapOptions& options) {
+  const milliseconds timeout = options.timeout;
+  if (num_ranks < 1 || num_ranks > kMaxBootstrapRanks) {
+    fail(ErrorCode::kInvalidArgument, "make_socket_bootstrap: num_ranks=", num_ranks, " must be between 1 and ",
+         kMaxBootstrapRanks);
+  }
+  if (rank < 0 || rank >= num_ranks) {
+    fail(ErrorCode::kInvalidArgument, "make_socket_bootstrap: rank=", rank, " must be between 0 and ", num_ranks - 1,
+         " (num_ranks=", num_ranks, ")");
+  }
+  if (timeout.count() <= 0) {
+    fail(ErrorCode::kInvalidArgument, "make_socket_bootstrap: timeout=", timeout.count(), " ms must be positive");
+  }
+  // A single rank has nobody to talk to, so its address is neither parsed nor used.
+  if (num_ranks == 1) return std::make_unique<LocalBootstrap>();
+  return std::make_unique<SocketBootstrap>(parse_address(address), rank, num_ranks, timeout, options.job_secret);
+}
+
+std::unique_ptr<Bootstrap> make_bootstrap_from_env(milliseconds timeout) {
+  const int num_ranks = parse_env_int(kEnvNumRanks, require_env(kEnvNumRanks), 1, kMaxBootstrapRanks);
+  const int rank = parse_env_int(kEnvRank, require_env(kEnvRank), 0, kMaxBootstrapRanks - 1);
+  if (rank >= num_ranks) {
+    fail(ErrorCode::kInvalidArgument, kEnvRank, "=", rank, " must be less than ", kEnvNumRanks, "=", num_ranks);
+  }
+  const std::string address = num_ranks > 1 ? require_env(kEnvBootstrapAddress) : "";
+  if (num_ranks > 1 && address.empty()) {
+    fail(ErrorCode::kInvalidArgument, kEnvBootstrapAddress, " is empty; it must be unix:/path or HOST:PORT");
+  }
+  SocketBootstrapOptions options;
+  options.timeout = timeout;
+  const char* secret = std::getenv(kEnvJobSecret);
+  if (secret != nullptr) options.job_secret = secret;
+  if (num_ranks > 1 && options.job_secret.empty()) {
+    std::fprintf(stderr,
+                 "epcomm: warning: rank %d: %s is not set, so the rendezvous at %s is unauthenticated: any process "
+                 "that reaches it can join this job (epcomm-launch sets a secret per job)\n",
+                 rank, kEnvJobSecret, address.c_str());
+  }
+  return make_socket_bootstrap(address, rank, num_ranks, options);
+}
+
+}  // namespace epcomm

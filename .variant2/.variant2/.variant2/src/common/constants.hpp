@@ -1,0 +1,77 @@
+// Every limit and tuning constant shared by host code and kernels, defined once.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace epcomm {
+
+// Ranks reachable over NVLink from one GPU (one node), and so the size of every peer table.
+inline constexpr int kMaxNvlPeers = 8;
+
+inline constexpr int kWarpSize = 32;
+
+// Alignment of every buffer region: 16 bytes is the widest vector access; 128 keeps regions on
+// separate cache lines so one rank's flag writes never share a line with another's data.
+inline constexpr size_t kRegionAlignment = 128;
+inline constexpr size_t kVectorBytes = 16;
+
+// Dispatch layout kernel.
+inline constexpr int kLayoutThreadsPerBlock = 256;
+inline constexpr int kLayoutMaxExperts = 4096;  // per-block expert histogram lives in shared memory
+inline constexpr int kLayoutMaxTopk = 32;
+// Blocks of one layout launch; each leaves partial counts in the Buffer's layout workspace.
+inline constexpr int kLayoutMaxBlocks = 64;
+
+// Normal mode (intranode dispatch / combine). Each channel is one block on its own SM: half of its
+// warps send, half receive (kernels/intranode/channel_block.cuh); each half is split evenly among
+// the peer ranks.
+inline constexpr int kMaxChannels = 64;
+inline constexpr int kNormalThreadsPerBlock = 512;
+inline constexpr int kNormalWarpsPerBlock = kNormalThreadsPerBlock / 32;
+inline constexpr int kChannelRoleWarps = kNormalWarpsPerBlock / 2;
+// A sender scans this many candidate tokens per step (one per lane of a warp).
+inline constexpr int kSendWindowTokens = 32;
+// The combine receiver reduces one token per warp per step.
+inline constexpr int kCombineWindowTokens = kChannelRoleWarps;
+// Ring capacity must hold a send window plus a combine window, or the two sides can stall.
+inline constexpr int kMinRingTokens = 2 * kSendWindowTokens;
+// 16-byte loads each lane keeps in flight (its registers hold them): the combine receiver, and
+// the row copies of normal-mode dispatch.
+inline constexpr int kCombineLoadsInFlight = 16;
+inline constexpr int kRowCopyLoadsInFlight = 16;
+// The combine sender's row copy: it shares the kernel's 128 registers per thread with the
+// receiver's loads, and 16 spills there.
+inline constexpr int kCombineSendLoadsInFlight = 12;
+inline constexpr int kMaxTopk = 32;
+// The local experts of one rank whose counts the notify step exchanges.
+inline constexpr int kMaxLocalExperts = 4096;
+inline constexpr int kFp8ChannelsPerScale = 128;
+
+// Low-latency mode.
+inline constexpr int kLowLatencyThreadsPerBlock = 512;
+inline constexpr int kLowLatencyWarpsPerBlock = kLowLatencyThreadsPerBlock / 32;
+inline constexpr int kMaxLowLatencyTopk = 16;
+inline constexpr int kMaxLowLatencyExperts = 1024;
+// Every block plans the slots of all (token, k) pairs in shared memory.
+inline constexpr int kMaxLowLatencyPairs = 8192;
+inline constexpr int kUe8m0GroupsPerInt = 4;
+// A warp sends one chunk of a token's row at a time: this many 16-byte vectors (512 BF16
+// channels, four FP8 scale groups).
+inline constexpr int kLowLatencyChunkVectors = 64;
+
+// Peer copy (the bandwidth roofline): threads per block; SMs it uses when warming buffers up.
+inline constexpr int kCopyWarmupSms = 16;
+inline constexpr int kCopyThreadsPerBlock = 512;
+// The bulk-copy (TMA) roofline: one thread per SM keeps this many chunks of shared memory in
+// flight (kTmaCopyStages x kTmaCopyChunkBytes of dynamic shared memory per block).
+inline constexpr int kTmaCopyStages = 8;
+inline constexpr int kTmaCopyChunkBytes = 16 << 10;
+
+// Bounded waits: a spin-wait reads the global timer only every this many polls, to keep the
+// timer off the hot path, and gives up after the buffer's wait timeout.
+inline constexpr int kPollsPerTimerRead = 64;
+inline constexpr int kPollsPerErrorCheck = 64 * kPollsPerTimerRead;
+inline constexpr int64_t kDefaultWaitTimeoutMs = 100 * 1000;
+
+}  // namespace epcomm

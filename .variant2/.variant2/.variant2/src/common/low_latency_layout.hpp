@@ -1,0 +1,152 @@
+// Where the low-latency mode keeps things inside its region of each rank's buffer (the region
+// num_rdma_bytes reserves; common/buffer_layout.hpp places it). Host (sizing, zero-copy views) and
+// kernels use this one description; every offset it returns is from the start of a rank's buffer,
+// the form the transport window takes. Two sets alternate call by call; each set holds:
+//
+//   tokens    [R][M] x message_stride      dispatch: the tokens source s sent here, each at its
+//                                          token index: row (bf16, or e4m3 in its first `hidden`
+//                                          bytes), then scales. A token travels once per rank.
+//   routing   [R][M * kMaxLowLatencyTopk]  dispatch: source s's top-k ids as int32 ([T][K]
+//                                          packed, -1 for none): the receiver fans tokens out to
+//                                          its experts from them
+//   weights   [R][M * kMaxLowLatencyTopk]  combine: source s's top-k weights (float, [T][K])
+//   staging   [M] x message_stride         dispatch: this rank's tokens, cast once, put from here
+//   ids       [M * kMaxLowLatencyTopk]     dispatch: this rank's top-k ids as int32, put from here
+//   partials  [R][M] x row_stride          combine: this rank's weighted sum, over its experts, for
+//                                          each token of source s, put from here
+//   returned  [R][M] x row_stride          combine: owner r's weighted sum for this rank's tokens
+//   combine_input [E_local][R*M] x row_stride   the zero-copy combine input, dense bf16
+//
+// Before the sets, a control block at fixed offsets (independent of the call's shapes): per set,
+// the epoch (owner only), the counters that elect the last block of a send and of a receive
+// phase, and the flags, each (epoch << 32) | count, signalled by the rank named:
+//   dispatch_flags [set][source] u64   source's tokens, routing and T are here
+//   weights_flags  [set][source] u64   source's combine weights and T are here
+//   combine_flags  [set][owner] u64    owner's weighted sums for this rank's tokens are here
+// Flags carry the epoch of the call that wrote them, so a flag from the set's previous use is never
+// mistaken for a new one, and since flags never move, calls may change shapes without cleaning.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/constants.hpp"
+#include "common/host_device.hpp"
+
+namespace epcomm {
+
+struct LowLatencyLayout {
+  static constexpr int kNumSets = 2;
+  static constexpr size_t kEpochOffset = 0;                                        // u64 [kNumSets]
+  static constexpr size_t kSendBlocksDoneOffset = kNumSets * sizeof(uint64_t);     // u32 [kNumSets]
+  static constexpr size_t kRecvBlocksDoneOffset = kSendBlocksDoneOffset + kNumSets * sizeof(uint32_t);
+  static constexpr size_t kFlagsBytes = sizeof(uint64_t) * kNumSets * kMaxNvlPeers;  // one kind of flag
+  static constexpr size_t kDispatchFlagsOffset = kRegionAlignment;
+  static constexpr size_t kWeightsFlagsOffset = kDispatchFlagsOffset + kFlagsBytes;
+  static constexpr size_t kCombineFlagsOffset = kWeightsFlagsOffset + kFlagsBytes;
+  static constexpr size_t kControlBytes =
+      (kCombineFlagsOffset + kFlagsBytes + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
+
+  size_t base = 0;  // the region's offset in a rank's buffer (BufferLayout::low_latency_offset)
+  int num_ranks = 0;
+  int experts_per_rank = 0;
+  int max_tokens = 0;  // M
+  int hidden = 0;
+
+  EPCOMM_HOST_DEVICE static LowLatencyLayout of(size_t region_offset, int num_ranks, int num_experts, int max_tokens,
+                                                int hidden) {
+    LowLatencyLayout layout;
+    layout.base = region_offset;
+    layout.num_ranks = num_ranks;
+    layout.experts_per_rank = num_experts / num_ranks;
+    layout.max_tokens = max_tokens;
+    layout.hidden = hidden;
+    return layout;
+  }
+
+  EPCOMM_HOST_DEVICE static size_t align(size_t value) {
+    return (value + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
+  }
+  EPCOMM_HOST_DEVICE static size_t align_vector(size_t value) { return (value + kVectorBytes - 1) / kVectorBytes * kVectorBytes; }
+  // A BF16 row (an FP8 row uses its first `hidden` bytes).
+  EPCOMM_HOST_DEVICE size_t row_stride() const { return align_vector(static_cast<size_t>(hidden) * 2); }
+  // float32 scales, one per 128 channels (packed UE8M0 scales use the first quarter).
+  EPCOMM_HOST_DEVICE size_t scale_bytes() const {
+    return align_vector(static_cast<size_t>(hidden / kFp8ChannelsPerScale) * sizeof(float));
+  }
+  // Within a message: the row at 0, then the scales.
+  EPCOMM_HOST_DEVICE size_t message_scales() const { return row_stride(); }
+  EPCOMM_HOST_DEVICE size_t message_stride() const { return row_stride() + scale_bytes(); }
+  // One rank's top-k ids or weights (4-byte entries, [T][K] packed in room for M x kMaxLowLatencyTopk).
+  EPCOMM_HOST_DEVICE size_t routing_bytes() const {
+    return align(static_cast<size_t>(max_tokens) * kMaxLowLatencyTopk * sizeof(int32_t));
+  }
+  EPCOMM_HOST_DEVICE size_t combine_rows() const { return static_cast<size_t>(experts_per_rank) * num_ranks * max_tokens; }
+
+  // Offsets inside one set, in the order of the comment above.
+  EPCOMM_HOST_DEVICE size_t tokens_in_set() const { return 0; }
+  EPCOMM_HOST_DEVICE size_t routing_in_set() const {
+    return align(tokens_in_set() + static_cast<size_t>(num_ranks) * max_tokens * message_stride());
+  }
+  EPCOMM_HOST_DEVICE size_t weights_in_set() const { return routing_in_set() + num_ranks * routing_bytes(); }
+  EPCOMM_HOST_DEVICE size_t staging_in_set() const { return weights_in_set() + num_ranks * routing_bytes(); }
+  EPCOMM_HOST_DEVICE size_t ids_in_set() const {
+    return align(staging_in_set() + static_cast<size_t>(max_tokens) * message_stride());
+  }
+  EPCOMM_HOST_DEVICE size_t partials_in_set() const { return ids_in_set() + routing_bytes(); }
+  EPCOMM_HOST_DEVICE size_t returned_in_set() const {
+    return align(partials_in_set() + static_cast<size_t>(num_ranks) * max_tokens * row_stride());
+  }
+  EPCOMM_HOST_DEVICE size_t combine_input_in_set() const {
+    return align(returned_in_set() + static_cast<size_t>(num_ranks) * max_tokens * row_stride());
+  }
+  EPCOMM_HOST_DEVICE size_t set_bytes() const { return align(combine_input_in_set() + combine_rows() * row_stride()); }
+  EPCOMM_HOST_DEVICE size_t total_bytes() const { return kControlBytes + kNumSets * set_bytes(); }
+
+  // Offsets from a rank's buffer base.
+  EPCOMM_HOST_DEVICE size_t set(int set_index) const { return base + kControlBytes + set_index * set_bytes(); }
+  EPCOMM_HOST_DEVICE size_t epoch(int set_index) const { return base + kEpochOffset + set_index * sizeof(uint64_t); }
+  // Counters that elect the last block of a send phase and of a receive phase of one launch.
+  EPCOMM_HOST_DEVICE size_t send_blocks_done(int set_index) const {
+    return base + kSendBlocksDoneOffset + set_index * sizeof(uint32_t);
+  }
+  EPCOMM_HOST_DEVICE size_t recv_blocks_done(int set_index) const {
+    return base + kRecvBlocksDoneOffset + set_index * sizeof(uint32_t);
+  }
+  // Dispatch: token `token` of `source`, as received (on the receiver).
+  EPCOMM_HOST_DEVICE size_t token(int set_index, int source, int token_index) const {
+    return set(set_index) + tokens_in_set() + (static_cast<size_t>(source) * max_tokens + token_index) * message_stride();
+  }
+  EPCOMM_HOST_DEVICE size_t routing(int set_index, int source) const {
+    return set(set_index) + routing_in_set() + source * routing_bytes();
+  }
+  EPCOMM_HOST_DEVICE size_t weights(int set_index, int source) const {
+    return set(set_index) + weights_in_set() + source * routing_bytes();
+  }
+  EPCOMM_HOST_DEVICE size_t staging(int set_index, int token_index) const {
+    return set(set_index) + staging_in_set() + static_cast<size_t>(token_index) * message_stride();
+  }
+  EPCOMM_HOST_DEVICE size_t ids(int set_index) const { return set(set_index) + ids_in_set(); }
+  EPCOMM_HOST_DEVICE size_t partial(int set_index, int source, int token_index) const {
+    return set(set_index) + partials_in_set() + (static_cast<size_t>(source) * max_tokens + token_index) * row_stride();
+  }
+  EPCOMM_HOST_DEVICE size_t returned(int set_index, int owner, int token_index) const {
+    return set(set_index) + returned_in_set() + (static_cast<size_t>(owner) * max_tokens + token_index) * row_stride();
+  }
+  // The zero-copy combine input of a combine on this set: dense bf16 [E_local][R*M][hidden].
+  EPCOMM_HOST_DEVICE size_t combine_input(int set_index) const { return set(set_index) + combine_input_in_set(); }
+  EPCOMM_HOST_DEVICE size_t dispatch_flag(int set_index, int source) const {
+    return base + kDispatchFlagsOffset + (static_cast<size_t>(set_index) * kMaxNvlPeers + source) * sizeof(uint64_t);
+  }
+  EPCOMM_HOST_DEVICE size_t weights_flag(int set_index, int source) const {
+    return base + kWeightsFlagsOffset + (static_cast<size_t>(set_index) * kMaxNvlPeers + source) * sizeof(uint64_t);
+  }
+  EPCOMM_HOST_DEVICE size_t combine_flag(int set_index, int expert_owner) const {
+    return base + kCombineFlagsOffset + (static_cast<size_t>(set_index) * kMaxNvlPeers + expert_owner) * sizeof(uint64_t);
+  }
+};
+
+// A flag value: the call's epoch in the high half, a row count in the low half.
+EPCOMM_HOST_DEVICE inline uint64_t pack_flag(uint64_t epoch, uint32_t rows) { return (epoch << 32) | rows; }
+
+}  // namespace epcomm

@@ -1,0 +1,134 @@
+// Where normal mode keeps things inside each rank's buffer (common/buffer_layout.hpp places the
+// regions). Host code (allocation, sizing) and kernels (flag and slot offsets, handed to the
+// transport window) both use these structs, so an offset is never computed by hand twice.
+//
+//   [ control block                                                  ][ rings: num_nvl_bytes ]
+//     barrier_signal[kMaxNvlPeers]    written by peers at a barrier
+//     barrier_epoch, notify_parity    written by the owner only
+//     ring_tail[channel][writer]      positions a writer has filled in my ring (channel, writer)
+//     ring_head[channel][reader]      positions a reader has emptied of my writes to it
+//     ring_sent[channel][reader]      owner-only copy of what I have written to each reader
+//     ring_consumed[channel][writer]  owner-only copy of what I have read from each writer
+//     notify_slots[2][source]         counts each source sends in the notify step (double-buffered)
+//
+// Ring positions only ever grow, across every dispatch and combine: a ring (channel, writer) has
+// one writer and one reader, so both sides agree on positions without ever resetting them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/constants.hpp"
+#include "common/device_error.hpp"
+#include "common/host_device.hpp"
+
+namespace epcomm {
+
+// One rank's values of what every rank of a dispatch must agree on, indexed by CallField.
+struct CallSignature {
+  int32_t values[static_cast<int>(CallField::kCount)];
+};
+
+// What each source rank tells each destination before a dispatch.
+struct NotifySlot {
+  CallSignature signature;                   // the source's call, checked against the destination's
+  int32_t tokens_per_rank[kMaxNvlPeers];     // tokens the source sends to each rank (deep_ep's rank_prefix_matrix)
+  int32_t channel_counts[kMaxChannels];      // ... per channel
+  int32_t expert_counts[kMaxLocalExperts];   // (token, k) pairs for each of my local experts
+};
+
+struct NvlLayout {
+  using Counters = uint64_t[kMaxChannels][kMaxNvlPeers];
+
+  static constexpr size_t kBarrierSignalsOffset = 0;
+  static constexpr size_t kBarrierEpochOffset = kBarrierSignalsOffset + kMaxNvlPeers * sizeof(uint64_t);
+  static constexpr size_t kNotifyParityOffset = kBarrierEpochOffset + sizeof(uint64_t);
+  static constexpr size_t kRingTailOffset = kRegionAlignment;
+  static constexpr size_t kRingHeadOffset = kRingTailOffset + sizeof(Counters);
+  static constexpr size_t kRingSentOffset = kRingHeadOffset + sizeof(Counters);
+  static constexpr size_t kRingConsumedOffset = kRingSentOffset + sizeof(Counters);
+  static constexpr size_t kNotifySlotsOffset = kRingConsumedOffset + sizeof(Counters);
+  static constexpr size_t kNotifySlotBytes = (sizeof(NotifySlot) + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
+  static constexpr size_t kControlEnd = kNotifySlotsOffset + 2 * kMaxNvlPeers * kNotifySlotBytes;
+  static constexpr size_t kPageBytes = 4096;
+  static constexpr size_t kControlBytes = (kControlEnd + kPageBytes - 1) / kPageBytes * kPageBytes;
+  // The rings (normal-mode user data, num_nvl_bytes) start right after the control block.
+  static constexpr size_t kDataOffset = kControlBytes;
+
+  static_assert(kNotifyParityOffset + sizeof(uint64_t) <= kRingTailOffset, "control header overflow");
+
+  // Every function returns an offset from the start of a rank's buffer (the same on every rank).
+  EPCOMM_HOST_DEVICE static constexpr size_t barrier_signal(int source_rank) {
+    return kBarrierSignalsOffset + source_rank * sizeof(uint64_t);
+  }
+  EPCOMM_HOST_DEVICE static constexpr size_t barrier_epoch() { return kBarrierEpochOffset; }
+  EPCOMM_HOST_DEVICE static constexpr size_t notify_parity() { return kNotifyParityOffset; }
+  EPCOMM_HOST_DEVICE static constexpr size_t ring_tail(int channel, int writer) { return counter(kRingTailOffset, channel, writer); }
+  EPCOMM_HOST_DEVICE static constexpr size_t ring_head(int channel, int reader) { return counter(kRingHeadOffset, channel, reader); }
+  EPCOMM_HOST_DEVICE static constexpr size_t ring_sent(int channel, int reader) { return counter(kRingSentOffset, channel, reader); }
+  EPCOMM_HOST_DEVICE static constexpr size_t ring_consumed(int channel, int writer) {
+    return counter(kRingConsumedOffset, channel, writer);
+  }
+  EPCOMM_HOST_DEVICE static constexpr size_t notify_slot(uint64_t parity, int source_rank) {
+    return kNotifySlotsOffset + (parity * kMaxNvlPeers + source_rank) * kNotifySlotBytes;
+  }
+
+ private:
+  EPCOMM_HOST_DEVICE static constexpr size_t counter(size_t array, int channel, int rank) {
+    return array + (static_cast<size_t>(channel) * kMaxNvlPeers + rank) * sizeof(uint64_t);
+  }
+};
+
+// One token's slot in a ring: its row, then its metadata. Dispatch and combine lay out slots
+// differently; both sides of one call build the same SlotLayout from the call's shapes.
+struct SlotLayout {
+  size_t row_bytes = 0;       // hidden x element size
+  size_t scales_offset = 0;   // float32 [num_scales]
+  size_t topk_idx_offset = 0; // int64 [num_topk]
+  size_t weights_offset = 0;  // float32 [num_topk]
+  size_t source_offset = 0;   // int32 source token index
+  size_t bytes = 0;           // slot stride, a multiple of kVectorBytes
+
+  EPCOMM_HOST_DEVICE static size_t align(size_t value, size_t alignment) {
+    return (value + alignment - 1) / alignment * alignment;
+  }
+  // Dispatch: row, scales, top-k ids, weights, source index.
+  EPCOMM_HOST_DEVICE static SlotLayout dispatch(size_t row_bytes, int num_scales, int num_topk) {
+    SlotLayout slot;
+    slot.row_bytes = row_bytes;
+    slot.scales_offset = align(row_bytes, kVectorBytes);
+    slot.topk_idx_offset = align(slot.scales_offset + num_scales * sizeof(float), sizeof(int64_t));
+    slot.weights_offset = slot.topk_idx_offset + num_topk * sizeof(int64_t);
+    slot.source_offset = slot.weights_offset + num_topk * sizeof(float);
+    slot.bytes = align(slot.source_offset + sizeof(int32_t), kVectorBytes);
+    return slot;
+  }
+  // Combine: row, then weights.
+  EPCOMM_HOST_DEVICE static SlotLayout combine(size_t row_bytes, int num_topk) {
+    SlotLayout slot;
+    slot.row_bytes = row_bytes;
+    slot.weights_offset = align(row_bytes, kVectorBytes);
+    slot.scales_offset = slot.topk_idx_offset = slot.source_offset = slot.weights_offset;
+    slot.bytes = align(slot.weights_offset + num_topk * sizeof(float), kVectorBytes);
+    return slot;
+  }
+};
+
+// The rings of one call inside the user data: [channel][writer][capacity] slots.
+struct RingLayout {
+  SlotLayout slot;
+  int num_ranks = 0;
+  int capacity = 0;  // slots per ring
+
+  EPCOMM_HOST_DEVICE size_t total_bytes(int num_channels) const {
+    return static_cast<size_t>(num_channels) * num_ranks * capacity * slot.bytes;
+  }
+  // Offset from a rank's buffer base of slot `position` of ring (channel, writer).
+  EPCOMM_HOST_DEVICE size_t slot_at(int channel, int writer, uint64_t position) const {
+    const size_t ring = static_cast<size_t>(channel) * num_ranks + writer;
+    const size_t index = ring * capacity + static_cast<size_t>(position % static_cast<uint64_t>(capacity));
+    return NvlLayout::kDataOffset + index * slot.bytes;
+  }
+};
+
+}  // namespace epcomm

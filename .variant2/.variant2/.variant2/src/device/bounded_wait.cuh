@@ -1,0 +1,59 @@
+// The one spin-wait helper: every wait on a peer goes through it, so every wait is bounded and
+// every timeout says who waited on whom for what.
+#pragma once
+
+#include "common/constants.hpp"
+#include "device/device_report.cuh"
+#include "device/memory_ordering.cuh"
+
+namespace epcomm::device {
+
+// Where a wait happens, for the diagnostic.
+struct WaitSite {
+  DeviceOp op;
+  WaitTarget target;
+  int peer;
+  int channel;
+};
+
+// Spins until an acquire load of `*flag` reaches at least `expected` (flags only ever grow).
+// Returns false after the context's timeout, having reported rank, peer, channel, the value it
+// expected and the last value it saw. Once any wait of this rank has failed, every other wait
+// gives up at its next timer check without reporting, so a dead peer costs one timeout, not one
+// per wait; callers keep their control flow uniform and let the kernel run to its end.
+__device__ __forceinline__ bool wait_at_least(const uint64_t* flag, uint64_t expected, const KernelContext& context,
+                                              const WaitSite& site) {
+  uint64_t observed = ld_acquire_sys(flag);
+  if (observed >= expected) return true;
+  const uint64_t start_ns = global_timer_ns();
+  for (uint64_t polls = 1;; ++polls) {
+    // Poll with relaxed loads (an acquire per poll would order memory for nothing), then take
+    // one acquire of the value that satisfied us.
+    if (ld_relaxed_sys(flag) >= expected) return ld_acquire_sys(flag) >= expected;
+    if (polls % kPollsPerTimerRead != 0) continue;
+    if (global_timer_ns() - start_ns > context.wait_timeout_ns) break;
+    // Another wait of this rank already timed out, or the host saw a peer's process die: give
+    // up too (the record lives in host memory, so it is read only every kPollsPerErrorCheck
+    // polls). Other recorded errors (a bad id, too many rows) are not fatal to the call, so they
+    // must not cut waits short.
+    if (polls % kPollsPerErrorCheck == 0 &&
+        (ld_relaxed_sys(&context.errors->kind) == static_cast<int32_t>(DeviceErrorKind::kWaitTimeout) ||
+         ld_relaxed_sys(&context.errors->failed_peer) != 0)) {
+      return false;
+    }
+  }
+  observed = ld_acquire_sys(flag);
+  ErrorDetails details;
+  details.kind = DeviceErrorKind::kWaitTimeout;
+  details.op = site.op;
+  details.target = site.target;
+  details.peer = site.peer;
+  details.channel = site.channel;
+  details.expected = static_cast<int64_t>(expected);
+  details.observed = static_cast<int64_t>(observed);
+  details.limit = static_cast<int64_t>(context.wait_timeout_ns);
+  report_error(context, details);
+  return false;
+}
+
+}  // namespace epcomm::device

@@ -1,0 +1,28 @@
+// Electing the last block of a launch to arrive, so it can publish what every block produced.
+#pragma once
+
+#include "device/memory_ordering.cuh"
+
+namespace epcomm::device {
+
+// True in exactly one block of the launch: the last to arrive. Every block's earlier writes (to
+// peers too) are ordered before what the last block does next: each block fences at system scope
+// before its increment, and the last block fences again after seeing the final count. The last
+// block resets the counter, so it needs zeroing only once and CUDA graph replays stay correct.
+// Every thread of the block must call it.
+__device__ __forceinline__ bool last_block_to_arrive(uint32_t* counter) {
+  __shared__ bool last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    fence_acq_rel_sys();
+    last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    if (last) {
+      fence_acq_rel_sys();
+      *counter = 0;
+    }
+  }
+  __syncthreads();
+  return last;
+}
+
+}  // namespace epcomm::device

@@ -1,0 +1,106 @@
+// How the normal-mode kernels place channels and roles on blocks. There are num_sms channels and
+// num_sms blocks (one per SM); each block has two halves of kChannelRoleWarps warps, and each half
+// serves one channel in one role:
+//
+//   ChannelLayout::kColocated  block c: sender half and receiver half of channel c. Every SM
+//                              stores to the link (dispatch: its sender is bound by round trips
+//                              per token, and spreading it over every SM pays; docs/PERF.md).
+//   ChannelLayout::kSplit      block 2p: the senders of channels 2p and 2p+1; block 2p+1: their
+//                              receivers (combine: a receiver beside a sender waits behind the
+//                              sender's stores to peers in the SM's memory pipeline).
+//
+// Inside a half the warps are split evenly among the peer ranks into teams. The halves never wait
+// on each other inside the block (no __syncthreads), only through the rings.
+#pragma once
+
+#include "common/constants.hpp"
+#include "device/warp_ops.cuh"
+#include "epcomm/error.hpp"
+
+namespace epcomm::kernels {
+
+enum class ChannelRole { kSender, kReceiver };
+enum class ChannelLayout { kColocated, kSplit };
+
+// Named barriers (0 is __syncthreads, unused here). Half h: one per team, when a team has several
+// warps (at most kMaxTeamsWithBarrier teams then), and one for the whole half.
+inline constexpr int kHalvesPerBlock = 2;
+inline constexpr int kMaxTeamsWithBarrier = kChannelRoleWarps / 2;
+inline constexpr int kTeamBarrierBase = 1;
+inline constexpr int kHalfBarrierBase = kTeamBarrierBase + kHalvesPerBlock * kMaxTeamsWithBarrier;
+static_assert(kHalfBarrierBase + kHalvesPerBlock <= 16, "a block has 16 named barriers");
+static_assert(kNormalWarpsPerBlock == kHalvesPerBlock * kChannelRoleWarps, "a block is two halves");
+
+// The layouts the kernels use (chosen by measurement on 2 x H200 over NVLink, docs/PERF.md).
+inline constexpr ChannelLayout kDispatchChannelLayout = ChannelLayout::kColocated;
+inline constexpr ChannelLayout kCombineChannelLayout = ChannelLayout::kSplit;
+
+// Blocks of a launch with `num_channels` channels (Config::validate keeps num_sms even).
+inline int channel_blocks(ChannelLayout layout, int num_channels) {
+  if (layout == ChannelLayout::kSplit && num_channels % 2 != 0) {
+    fail(ErrorCode::kInvalidArgument, "normal-mode kernels: num_channels=", num_channels,
+         " must be even (channels are served in pairs)");
+  }
+  return num_channels;
+}
+
+// What this warp's half of the block does.
+struct HalfPlan {
+  ChannelRole role;
+  int channel;
+  int half;          // 0 or 1: which half of the block (names its barriers and shared state)
+  int warp;          // warp index inside the half
+  int thread;        // thread index inside the half
+};
+
+__device__ __forceinline__ HalfPlan plan_of_this_warp(ChannelLayout layout) {
+  HalfPlan plan;
+  plan.half = device::warp_id() / kChannelRoleWarps;
+  plan.warp = device::warp_id() % kChannelRoleWarps;
+  plan.thread = static_cast<int>(threadIdx.x) % (kChannelRoleWarps * kWarpSize);
+  const int block = static_cast<int>(blockIdx.x);
+  if (layout == ChannelLayout::kColocated) {
+    plan.role = plan.half == 0 ? ChannelRole::kSender : ChannelRole::kReceiver;
+    plan.channel = block;
+  } else {
+    plan.role = block % 2 == 0 ? ChannelRole::kSender : ChannelRole::kReceiver;
+    plan.channel = block / 2 * 2 + plan.half;
+  }
+  return plan;
+}
+
+// The warps of one half that serve one peer rank.
+struct Team {
+  int peer;
+  int warps;         // warps in the team
+  int warp_in_team;
+  int barrier;       // named barrier id, when warps > 1
+  bool active;       // false for the warps left over when ranks do not divide the half's warps
+};
+
+__device__ __forceinline__ Team team_of_this_warp(const HalfPlan& plan, int num_ranks) {
+  Team team;
+  team.warps = kChannelRoleWarps / num_ranks;
+  team.peer = plan.warp / team.warps;
+  team.warp_in_team = plan.warp % team.warps;
+  team.active = team.peer < num_ranks;
+  team.barrier = kTeamBarrierBase + plan.half * kMaxTeamsWithBarrier + team.peer;
+  return team;
+}
+
+// Every warp of the team has reached this point (and its memory operations are ordered before
+// what the team does after it, at block scope).
+__device__ __forceinline__ void sync_team(const Team& team) {
+  if (team.warps == 1) {
+    __syncwarp();
+  } else {
+    device::named_barrier(team.barrier, team.warps);
+  }
+}
+
+// Every warp of the half has reached this point.
+__device__ __forceinline__ void sync_half(const HalfPlan& plan) {
+  device::named_barrier(kHalfBarrierBase + plan.half, kChannelRoleWarps);
+}
+
+}  // namespace epcomm::kernels

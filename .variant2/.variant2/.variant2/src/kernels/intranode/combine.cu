@@ -1,0 +1,267 @@
+// Normal-mode combine inside one NVLink domain: the reverse of dispatch. Each channel has a sender
+// half-block and a receiver half-block (channel_block.cuh, kCombineChannelLayout):
+//   sender warps:   team g sends the rows this rank received from rank g on this channel back
+//                   into g's ring (channel, me), in row order.
+//   receiver warps: one warp per token of this channel: for each rank the token went to
+//                   (ascending), waits for its row and adds it in float, adds the biases, and
+//                   writes the BF16 result; after each window of tokens, frees slots.
+// A token's row from rank d sits at the token's dispatch position in the (channel, d) stream
+// (send_position), because rank d returns rows in the order it received them. Rows are direct
+// stores into the peer's ring; tails and heads are window signals (transport/window.cuh).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "common/cuda_check.hpp"
+#include "common/nvl_layout.hpp"
+#include "device/warp_ops.cuh"
+#include "kernels/common/rank_bound.hpp"
+#include "kernels/intranode/channel_block.cuh"
+#include "kernels/intranode/intranode_launchers.hpp"
+#include "transport/window.cuh"
+
+namespace epcomm::kernels {
+namespace {
+
+constexpr int kBf16PerVector = static_cast<int>(sizeof(int4) / sizeof(__nv_bfloat16));
+
+__device__ void send_channel(const device::Window& window, const CombineKernelArgs& args, const KernelContext& context,
+                             const RingLayout& ring, int channel, const Team& team) {
+  const int destination = team.peer;
+  const int32_t* prefix = args.recv_channel_prefix + destination * (args.ring.num_channels + 1);
+  const int first_row = prefix[channel];
+  const uint64_t total = static_cast<uint64_t>(prefix[channel + 1] - first_row);
+  const size_t row_bytes = static_cast<size_t>(args.hidden) * sizeof(__nv_bfloat16);
+  uint64_t* own_sent = window.own<uint64_t>(NvlLayout::ring_sent(channel, destination));
+  const uint64_t start = *own_sent;
+  const int lane = device::lane_id();
+  const bool team_leader = team.warp_in_team == 0 && lane == 0;
+  const device::WaitSite space_site{DeviceOp::kCombine, WaitTarget::kRingSpace, destination, channel};
+
+  uint64_t published = 0;
+  for (uint64_t done = 0; done < total;) {
+    const uint64_t step = min(static_cast<uint64_t>(kSendWindowTokens), total - done);
+    if (lane == 0 && start + done + step > static_cast<uint64_t>(ring.capacity)) {
+      window.wait(NvlLayout::ring_head(channel, destination), start + done + step - ring.capacity, context, space_site);
+    }
+    __syncwarp();
+    for (uint64_t i = team.warp_in_team; i < step; i += team.warps) {
+      const int64_t row = first_row + static_cast<int64_t>(done + i);
+      // Rows past x (more arrived than num_worst_tokens; reported by the dispatch) keep their slot
+      // so positions stay in step, but nothing is read for them.
+      if (row >= args.num_rows) continue;
+      char* slot = window.ptr(destination, ring.slot_at(channel, context.rank, start + done + i));
+      // The weight's load is issued before the row's, so both cost one round trip.
+      const bool has_weight = args.topk_weights != nullptr && lane < args.num_topk;
+      const float weight = has_weight ? args.topk_weights[row * args.num_topk + lane] : 0.0f;
+      device::warp_copy<false, kCombineSendLoadsInFlight>(slot, static_cast<const char*>(args.x) + row * row_bytes, row_bytes);
+      if (has_weight) reinterpret_cast<float*>(slot + ring.slot.weights_offset)[lane] = weight;
+    }
+    done += step;
+    if (done - published >= static_cast<uint64_t>(args.ring.send_chunk) || done == total) {
+      sync_team(team);  // every warp's slots are written
+      // Pairs with the receiver's wait on the tail.
+      if (team_leader) window.signal(destination, NvlLayout::ring_tail(channel, context.rank), start + done);
+      published = done;
+    }
+  }
+  if (team_leader) *own_sent = start + total;
+}
+
+// Adds one BF16 vector (8 channels) into `sum` in float.
+__device__ __forceinline__ void add_bf16(float (&sum)[kBf16PerVector], const int4& raw) {
+  const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+  for (int j = 0; j < kBf16PerVector; ++j) sum[j] += __bfloat162float(values[j]);
+}
+
+// One warp reduces one token: the rows from every rank it was sent to, plus the biases. The
+// receiver is bound by round trips to memory, so none waits on another it need not: lane s holds
+// the token's position in source s's stream (loaded a window ahead) and waits for that row alone,
+// all sources at once; then a lane issues the loads of kVectors vectors of every rank (kRankBound
+// of them, predicated by the token's ranks) before it adds any: about kCombineLoadsInFlight
+// 16-byte loads, whatever the rank count. Lane s also records its position in `window_last[s]`
+// (the last row of source s this window read), which frees ring slots after the window.
+template <int kRankBound>
+__device__ void reduce_token(const device::Window& window, const CombineKernelArgs& args, const KernelContext& context,
+                             const RingLayout& ring, int channel, int token, int32_t my_position,
+                             const uint64_t* ring_start, int32_t* window_last) {
+  constexpr int kVectors = kCombineLoadsInFlight / kRankBound;
+  const int lane = device::lane_id();
+  const int num_ranks = context.num_ranks;
+  if (lane < num_ranks && my_position >= 0) {
+    const device::WaitSite data_site{DeviceOp::kCombine, WaitTarget::kRingData, lane, channel};
+    window.wait(NvlLayout::ring_tail(channel, lane), ring_start[lane] + static_cast<uint64_t>(my_position) + 1, context,
+                data_site);
+    atomicMax(&window_last[lane], my_position);
+  }
+  __syncwarp();  // the lanes' waits (acquires) order every lane's reads of the rows below
+
+  // Rows as 16-byte-vector indices from the ring base (32 bits each, to save registers).
+  const int4* ring_base = window.own<const int4>(NvlLayout::kDataOffset);
+  uint32_t row_at[kRankBound];
+  uint32_t present = 0;  // bit s: the token went to rank s
+#pragma unroll
+  for (int source = 0; source < kRankBound; ++source) {
+    const int32_t position = __shfl_sync(0xffffffffu, my_position, source);
+    row_at[source] = 0;
+    if (source >= num_ranks || position < 0) continue;
+    const uint64_t absolute = ring_start[source] + static_cast<uint64_t>(position);
+    row_at[source] = static_cast<uint32_t>((ring.slot_at(channel, source, absolute) - NvlLayout::kDataOffset) / sizeof(int4));
+    present |= 1u << source;
+  }
+
+  const int vectors = args.hidden / kBf16PerVector;
+  const int4* __restrict__ bias0 = static_cast<const int4*>(args.bias0);
+  const int4* __restrict__ bias1 = static_cast<const int4*>(args.bias1);
+  int4* __restrict__ out = static_cast<int4*>(args.combined_x) + static_cast<int64_t>(token) * vectors;
+  for (int first = lane; first < vectors; first += kWarpSize * kVectors) {
+    int4 raw[kVectors][kRankBound];
+#pragma unroll
+    for (int i = 0; i < kVectors; ++i) {
+      const int v = first + i * kWarpSize;
+#pragma unroll
+      for (int source = 0; source < kRankBound; ++source) {
+        if (v < vectors && (present & (1u << source))) raw[i][source] = __ldcg(ring_base + row_at[source] + v);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kVectors; ++i) {
+      const int v = first + i * kWarpSize;
+      if (v >= vectors) break;  // later vectors of this lane are past the row too
+      float sum[kBf16PerVector] = {};  // +0.0f, then ranks ascending, then biases: the reference's order
+#pragma unroll
+      for (int source = 0; source < kRankBound; ++source) {
+        if (present & (1u << source)) add_bf16(sum, raw[i][source]);
+      }
+      if (bias0 != nullptr) add_bf16(sum, bias0[static_cast<int64_t>(token) * vectors + v]);
+      if (bias1 != nullptr) add_bf16(sum, bias1[static_cast<int64_t>(token) * vectors + v]);
+      int4 packed;
+      __nv_bfloat16* result = reinterpret_cast<__nv_bfloat16*>(&packed);
+#pragma unroll
+      for (int j = 0; j < kBf16PerVector; ++j) result[j] = __float2bfloat16_rn(sum[j]);
+      out[v] = packed;
+    }
+  }
+  if (args.combined_topk_weights != nullptr && lane < args.num_topk) {
+    float weight = 0.0f;
+#pragma unroll
+    for (int source = 0; source < kRankBound; ++source) {
+      if (present & (1u << source)) {
+        const char* slot = reinterpret_cast<const char*>(ring_base + row_at[source]);
+        weight += __ldcg(reinterpret_cast<const float*>(slot + ring.slot.weights_offset) + lane);
+      }
+    }
+    args.combined_topk_weights[static_cast<int64_t>(token) * args.num_topk + lane] = weight;
+  }
+}
+
+// The token's position in each source's stream: lane s holds source s's (-1: not sent there, or
+// no such token).
+__device__ __forceinline__ int32_t position_of(const CombineKernelArgs& args, int token, int end, int num_ranks) {
+  const int lane = device::lane_id();
+  return lane < num_ranks && token < end ? args.send_position[static_cast<int64_t>(token) * num_ranks + lane] : -1;
+}
+
+template <int kRankBound>
+__device__ void receive_channel(const device::Window& window, const CombineKernelArgs& args, const KernelContext& context,
+                                const RingLayout& ring, const HalfPlan& plan) {
+  // Per half: where each source's ring started this call, and (by window parity) the last
+  // position of each source a window read.
+  __shared__ uint64_t ring_starts[kHalvesPerBlock][kMaxNvlPeers];
+  __shared__ int32_t window_lasts[kHalvesPerBlock][2][kMaxNvlPeers];
+  uint64_t* ring_start = ring_starts[plan.half];
+  const int channel = plan.channel;
+  const int num_ranks = context.num_ranks;
+  const int thread = plan.thread;
+  if (thread < num_ranks) {
+    ring_start[thread] = *window.own<uint64_t>(NvlLayout::ring_consumed(channel, thread));
+    window_lasts[plan.half][0][thread] = window_lasts[plan.half][1][thread] = -1;
+  }
+  sync_half(plan);
+
+  const int begin = device::channel_begin(channel, args.num_tokens, args.ring.num_channels);
+  const int end = device::channel_begin(channel + 1, args.num_tokens, args.ring.num_channels);
+  // Thread `source` (< num_ranks) tracks how far this channel has consumed source's ring.
+  uint64_t consumed = thread < num_ranks ? ring_start[thread] : 0;
+  int32_t position = position_of(args, begin + plan.warp, end, num_ranks);
+  for (int first_token = begin, parity = 0; first_token < end; first_token += kCombineWindowTokens, parity ^= 1) {
+    const int token = first_token + plan.warp;
+    const int32_t next_position = position_of(args, token + kCombineWindowTokens, end, num_ranks);
+    int32_t* window_last = window_lasts[plan.half][parity];
+    if (token < end) {
+      reduce_token<kRankBound>(window, args, context, ring, channel, token, position, ring_start, window_last);
+    }
+    position = next_position;
+    sync_half(plan);  // every warp has read its rows of this window
+    if (thread < num_ranks) {
+      const int source = thread;
+      // This parity is written again only after the next window's barrier: reset it now.
+      const int32_t last = window_last[source];
+      window_last[source] = -1;
+      const uint64_t freed = last >= 0 ? ring_start[source] + static_cast<uint64_t>(last) + 1 : 0;
+      if (freed > consumed) {
+        consumed = freed;
+        // Pairs with the sender's wait on the head before it reuses the slots.
+        window.signal(source, NvlLayout::ring_head(channel, context.rank), consumed);
+      }
+    }
+  }
+  if (thread < num_ranks) *window.own<uint64_t>(NvlLayout::ring_consumed(channel, thread)) = consumed;
+}
+
+}  // namespace
+
+// Named for profiler traces: "epcomm::kernels::intranode::combine<R>" says which op ran.
+namespace intranode {
+
+template <int kRankBound>
+__global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
+    combine(const __grid_constant__ PeerWindow peers, const __grid_constant__ CombineKernelArgs args,
+            KernelContext context) {
+  // The dispatch behind this handle sent nothing (its ranks disagreed): neither does its combine.
+  if (*args.verdict != 0) return;
+  const device::Window window(peers);
+  RingLayout ring;
+  ring.slot = SlotLayout::combine(static_cast<size_t>(args.hidden) * sizeof(__nv_bfloat16), args.num_topk);
+  ring.num_ranks = context.num_ranks;
+  ring.capacity = args.ring.ring_capacity;
+
+  const HalfPlan plan = plan_of_this_warp(kCombineChannelLayout);
+  if (plan.role == ChannelRole::kSender) {
+    const Team team = team_of_this_warp(plan, context.num_ranks);
+    if (team.active) send_channel(window, args, context, ring, plan.channel, team);
+  } else {
+    receive_channel<kRankBound>(window, args, context, ring, plan);
+  }
+}
+
+}  // namespace intranode
+
+void launch_combine(const PeerWindow& window, const CombineKernelArgs& args, const KernelContext& context,
+                    cudaStream_t stream) {
+  with_rank_bound(context.num_ranks, [&](auto bound) {
+    intranode::combine<bound.value><<<channel_blocks(kCombineChannelLayout, args.ring.num_channels), kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
+  });
+  EPCOMM_CUDA_CHECK(cudaGetLastError());
+}
+
+int combine_blocks_per_sm() {
+  int fewest = kNormalThreadsPerBlock;
+  for_each_rank_bound([&](auto bound) {
+    int blocks = 0;
+    EPCOMM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, intranode::combine<bound.value>,
+                                                                    kNormalThreadsPerBlock, 0));
+    fewest = std::min(fewest, blocks);
+  });
+  return fewest;
+}
+
+void load_combine_kernel_module() {
+  for_each_rank_bound([](auto bound) {
+    cudaFuncAttributes attributes;
+    EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, intranode::combine<bound.value>));
+  });
+}
+
+}  // namespace epcomm::kernels

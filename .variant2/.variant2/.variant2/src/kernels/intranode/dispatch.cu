@@ -1,0 +1,297 @@
+// Normal-mode dispatch inside one NVLink domain.
+//
+// Tokens are split into channels (contiguous token ranges); each channel has a sender half-block
+// and a receiver half-block (channel_block.cuh, kDispatchChannelLayout):
+//   sender warps:   team g sends this rank's channel tokens bound for rank g into g's ring
+//                   (channel, me), in token order, waiting for free slots.
+//   receiver warps: team g copies rows from my ring (channel, g) into the outputs, at the rows
+//                   the notify step assigned, then frees the slots.
+// Ring positions grow across calls (see nvl_layout.hpp); the tail a sender signals and the head a
+// receiver signals are the only synchronisation (transport/window.cuh: rows are direct stores
+// into the peer's ring, so every rank must be direct; the runtime checks it).
+//
+// A warp moves one token at a time and issues all of the token's loads (row and metadata) before
+// it stores any: the copy is bound by round trips to memory, so a token costs one, not one per
+// field.
+#include <algorithm>
+
+#include "common/cuda_check.hpp"
+#include "common/nvl_layout.hpp"
+#include "device/warp_ops.cuh"
+#include "kernels/intranode/channel_block.cuh"
+#include "kernels/intranode/intranode_launchers.hpp"
+#include "transport/window.cuh"
+
+namespace epcomm::kernels {
+namespace {
+
+// FP8 scales a lane holds in registers per token (kWarpSize * this covers hidden <= 8192);
+// scales past them are copied by a plain loop.
+constexpr int kScalesPerLane = 2;
+
+// Rewrites a global expert id to the destination's local id, or -1 if another rank owns it.
+__device__ __forceinline__ int64_t to_local_expert(int64_t expert, int destination, int experts_per_rank) {
+  const int64_t first = static_cast<int64_t>(destination) * experts_per_rank;
+  return (expert >= first && expert < first + experts_per_rank) ? expert - first : -1;
+}
+
+// One token's metadata in one lane's registers: scales lane + i * kWarpSize, and top-k entry `lane`.
+struct TokenMetadata {
+  float scales[kScalesPerLane];
+  int64_t expert = -1;
+  float weight = 0.0f;
+};
+
+// The sender's loads of a token's metadata from the caller's tensors (issued, not yet used).
+__device__ __forceinline__ TokenMetadata load_token_metadata(const DispatchKernelArgs& args, int token) {
+  const int lane = device::lane_id();
+  TokenMetadata meta;
+#pragma unroll
+  for (int i = 0; i < kScalesPerLane; ++i) {
+    const int s = lane + i * kWarpSize;
+    meta.scales[i] = s < args.num_scales
+                         ? args.x_scales[static_cast<int64_t>(token) * args.scale_token_stride + s * args.scale_stride]
+                         : 0.0f;
+  }
+  if (lane < args.num_topk && args.topk_idx != nullptr) {
+    meta.expert = args.topk_idx[static_cast<int64_t>(token) * args.num_topk + lane];
+    if (args.topk_weights != nullptr) meta.weight = args.topk_weights[static_cast<int64_t>(token) * args.num_topk + lane];
+  }
+  return meta;
+}
+
+// The receiver's loads of a row's metadata from its ring slot (written by a peer: through L2).
+__device__ __forceinline__ TokenMetadata load_slot_metadata(const DispatchKernelArgs& args, const RingLayout& ring,
+                                                            const char* slot) {
+  const int lane = device::lane_id();
+  const float* slot_scales = reinterpret_cast<const float*>(slot + ring.slot.scales_offset);
+  TokenMetadata meta;
+#pragma unroll
+  for (int i = 0; i < kScalesPerLane; ++i) {
+    const int s = lane + i * kWarpSize;
+    meta.scales[i] = s < args.num_scales ? __ldcg(slot_scales + s) : 0.0f;
+  }
+  if (lane < args.num_topk) {
+    meta.expert = __ldcg(reinterpret_cast<const int64_t*>(slot + ring.slot.topk_idx_offset) + lane);
+    meta.weight = __ldcg(reinterpret_cast<const float*>(slot + ring.slot.weights_offset) + lane);
+  }
+  return meta;
+}
+
+__device__ void send_token(const DispatchKernelArgs& args, const RingLayout& ring, char* slot, int token,
+                           int destination, int experts_per_rank) {
+  const int lane = device::lane_id();
+  const TokenMetadata meta = load_token_metadata(args, token);
+  const char* row = static_cast<const char*>(args.x) + static_cast<int64_t>(token) * args.row_bytes;
+  device::warp_copy<false, kRowCopyLoadsInFlight>(slot, row, args.row_bytes);
+
+  float* slot_scales = reinterpret_cast<float*>(slot + ring.slot.scales_offset);
+#pragma unroll
+  for (int i = 0; i < kScalesPerLane; ++i) {
+    const int s = lane + i * kWarpSize;
+    if (s < args.num_scales) slot_scales[s] = meta.scales[i];
+  }
+  for (int s = lane + kScalesPerLane * kWarpSize; s < args.num_scales; s += kWarpSize) {
+    slot_scales[s] = args.x_scales[static_cast<int64_t>(token) * args.scale_token_stride + s * args.scale_stride];
+  }
+  if (lane < args.num_topk && args.topk_idx != nullptr) {
+    const int64_t local = to_local_expert(meta.expert, destination, experts_per_rank);
+    reinterpret_cast<int64_t*>(slot + ring.slot.topk_idx_offset)[lane] = local;
+    if (args.topk_weights != nullptr) {
+      reinterpret_cast<float*>(slot + ring.slot.weights_offset)[lane] = local >= 0 ? meta.weight : 0.0f;
+    }
+  }
+  if (lane == 0) *reinterpret_cast<int32_t*>(slot + ring.slot.source_offset) = token;
+}
+
+__device__ void send_channel(const device::Window& window, const DispatchKernelArgs& args, const KernelContext& context,
+                             const RingLayout& ring, int channel, const Team& team) {
+  const int destination = team.peer;
+  const int begin = device::channel_begin(channel, args.num_tokens, args.ring.num_channels);
+  const int end = device::channel_begin(channel + 1, args.num_tokens, args.ring.num_channels);
+  const int experts_per_rank = args.num_experts / context.num_ranks;
+  const int lane = device::lane_id();
+  const bool team_leader = team.warp_in_team == 0 && lane == 0;
+
+  uint64_t* own_sent = window.own<uint64_t>(NvlLayout::ring_sent(channel, destination));
+  const uint64_t start = *own_sent;
+  uint64_t sent = 0, published = 0;
+  const device::WaitSite space_site{DeviceOp::kDispatch, WaitTarget::kRingSpace, destination, channel};
+
+  auto in_rank = [&](int token) {
+    return token < end && args.is_token_in_rank[static_cast<int64_t>(token) * context.num_ranks + destination];
+  };
+  bool selected = in_rank(begin + lane);
+  for (int first_token = begin; first_token < end; first_token += kSendWindowTokens) {
+    const int token_of_lane = first_token + lane;
+    const uint32_t mask = __ballot_sync(0xffffffffu, selected);
+    selected = in_rank(token_of_lane + kSendWindowTokens);  // the next window's, loaded while this one is sent
+    const int count = __popc(mask);
+    if (args.send_position != nullptr && team.warp_in_team == 0 && token_of_lane < end) {
+      // Position of this token in the (channel, destination) stream, -1 if not sent there.
+      const int rank_in_window = __popc(mask & ((1u << lane) - 1u));
+      args.send_position[static_cast<int64_t>(token_of_lane) * context.num_ranks + destination] =
+          (mask >> lane) & 1u ? static_cast<int32_t>(sent) + rank_in_window : -1;
+    }
+    if (count == 0) continue;
+
+    // Wait until the destination has freed the slots this window fills.
+    if (lane == 0 && start + sent + count > static_cast<uint64_t>(ring.capacity)) {
+      const uint64_t needed = start + sent + count - ring.capacity;
+      window.wait(NvlLayout::ring_head(channel, destination), needed, context, space_site);
+    }
+    __syncwarp();
+
+    for (int i = team.warp_in_team; i < count; i += team.warps) {
+      const int token = first_token + __fns(mask, 0, i + 1);
+      char* slot = window.ptr(destination, ring.slot_at(channel, context.rank, start + sent + i));
+      send_token(args, ring, slot, token, destination, experts_per_rank);
+    }
+    sent += count;
+    if (sent - published >= static_cast<uint64_t>(args.ring.send_chunk)) {
+      sync_team(team);  // every warp's slots are written
+      // Pairs with the receiver's wait on the tail: the slots before it are complete.
+      if (team_leader) window.signal(destination, NvlLayout::ring_tail(channel, context.rank), start + sent);
+      published = sent;
+    }
+  }
+  sync_team(team);
+  if (team_leader) {
+    if (published != sent) window.signal(destination, NvlLayout::ring_tail(channel, context.rank), start + sent);
+    *own_sent = start + sent;
+  }
+}
+
+__device__ void receive_row(const DispatchKernelArgs& args, const RingLayout& ring, const char* slot, int64_t row) {
+  const int lane = device::lane_id();
+  const TokenMetadata meta = load_slot_metadata(args, ring, slot);
+  const int32_t source_token = lane == 0 ? __ldcg(reinterpret_cast<const int32_t*>(slot + ring.slot.source_offset)) : 0;
+  device::warp_copy<true, kRowCopyLoadsInFlight>(static_cast<char*>(args.recv_x) + row * args.row_bytes, slot,
+                                                 args.row_bytes);
+#pragma unroll
+  for (int i = 0; i < kScalesPerLane; ++i) {
+    const int s = lane + i * kWarpSize;
+    if (s < args.num_scales) args.recv_x_scales[row * args.num_scales + s] = meta.scales[i];
+  }
+  const float* slot_scales = reinterpret_cast<const float*>(slot + ring.slot.scales_offset);
+  for (int s = lane + kScalesPerLane * kWarpSize; s < args.num_scales; s += kWarpSize) {
+    args.recv_x_scales[row * args.num_scales + s] = __ldcg(slot_scales + s);
+  }
+  if (lane < args.num_topk) {
+    if (args.recv_topk_idx != nullptr) args.recv_topk_idx[row * args.num_topk + lane] = meta.expert;
+    if (args.recv_topk_weights != nullptr) args.recv_topk_weights[row * args.num_topk + lane] = meta.weight;
+  }
+  if (lane == 0 && args.recv_src_idx != nullptr) args.recv_src_idx[row] = source_token;
+}
+
+__device__ void receive_channel(const device::Window& window, const DispatchKernelArgs& args, const KernelContext& context,
+                                const RingLayout& ring, const HalfPlan& plan, const Team& team) {
+  __shared__ uint64_t tails[kHalvesPerBlock][kMaxNvlPeers];
+  uint64_t* team_tail = tails[plan.half];
+  const int channel = plan.channel;
+  const int source = team.peer;
+  const int32_t* prefix = args.recv_channel_prefix + source * (args.ring.num_channels + 1);
+  const int first_row = prefix[channel];
+  const uint64_t expected = static_cast<uint64_t>(prefix[channel + 1] - first_row);
+  uint64_t* own_consumed = window.own<uint64_t>(NvlLayout::ring_consumed(channel, source));
+  const uint64_t start = *own_consumed;
+  const int lane = device::lane_id();
+  const bool team_leader = team.warp_in_team == 0 && lane == 0;
+  const device::WaitSite data_site{DeviceOp::kDispatch, WaitTarget::kRingData, source, channel};
+
+  for (uint64_t done = 0; done < expected;) {
+    if (team_leader) {
+      const size_t tail = NvlLayout::ring_tail(channel, source);
+      window.wait(tail, start + done + 1, context, data_site);
+      // Pairs with the sender's signal of the tail (as the wait's own acquire does).
+      team_tail[source] = min(device::ld_acquire_sys(window.own<uint64_t>(tail)), start + expected);
+    }
+    sync_team(team);
+    // A timed-out wait leaves the tail short; the record is already written, so stop here.
+    const uint64_t available = team_tail[source] > start + done ? team_tail[source] - start - done : 0;
+    if (available == 0) return;
+    for (uint64_t i = team.warp_in_team; i < available; i += team.warps) {
+      const int64_t row = first_row + static_cast<int64_t>(done + i);
+      if (row >= args.num_rows) continue;  // more than num_worst_tokens: reported, never written
+      receive_row(args, ring, window.own(ring.slot_at(channel, source, start + done + i)), row);
+    }
+    done += available;
+    sync_team(team);  // every read of these slots is done
+    // Pairs with the sender's wait on the head before it reuses the slots.
+    if (team_leader) window.signal(source, NvlLayout::ring_head(channel, context.rank), start + done);
+  }
+  if (team_leader) *own_consumed = start + expected;
+}
+
+// Worst-case sizing: rows past the received ones are marked empty (no expert, no source).
+__device__ void mark_unused_rows(const DispatchKernelArgs& args, const HalfPlan& plan, const KernelContext& context) {
+  const int channel = plan.channel;
+  const int received =
+      args.recv_channel_prefix[(context.num_ranks - 1) * (args.ring.num_channels + 1) + args.ring.num_channels];
+  if (received > args.num_rows && channel == 0 && plan.thread == 0) {
+    device::ErrorDetails details;
+    details.kind = DeviceErrorKind::kTooManyRows;
+    details.op = DeviceOp::kDispatch;
+    details.observed = received;
+    details.limit = args.num_rows;
+    device::report_error(context, details);
+  }
+  constexpr int kRoleThreads = kChannelRoleWarps * kWarpSize;
+  const int stride = args.ring.num_channels * kRoleThreads;
+  for (int row = received + channel * kRoleThreads + plan.thread; row < args.num_rows; row += stride) {
+    if (args.recv_src_idx != nullptr) args.recv_src_idx[row] = -1;
+    for (int k = 0; k < args.num_topk; ++k) {
+      if (args.recv_topk_idx != nullptr) args.recv_topk_idx[static_cast<int64_t>(row) * args.num_topk + k] = -1;
+      if (args.recv_topk_weights != nullptr) args.recv_topk_weights[static_cast<int64_t>(row) * args.num_topk + k] = 0.0f;
+    }
+  }
+}
+
+}  // namespace
+
+// Named for profiler traces: "epcomm::kernels::intranode::dispatch" says which op ran.
+namespace intranode {
+
+__global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
+    dispatch(const __grid_constant__ PeerWindow peers, const __grid_constant__ DispatchKernelArgs args,
+             KernelContext context) {
+  // Ranks that disagreed about this call (found and reported by the notify step) send nothing.
+  if (*args.verdict != 0) return;
+  const device::Window window(peers);
+  RingLayout ring;
+  ring.slot = SlotLayout::dispatch(args.row_bytes, args.num_scales, args.num_topk);
+  ring.num_ranks = context.num_ranks;
+  ring.capacity = args.ring.ring_capacity;
+  const HalfPlan plan = plan_of_this_warp(kDispatchChannelLayout);
+  const Team team = team_of_this_warp(plan, context.num_ranks);
+
+  if (plan.role == ChannelRole::kSender) {
+    if (team.active) send_channel(window, args, context, ring, plan.channel, team);
+  } else {
+    if (team.active) receive_channel(window, args, context, ring, plan, team);
+    mark_unused_rows(args, plan, context);
+  }
+}
+
+}  // namespace intranode
+
+void launch_dispatch(const PeerWindow& window, const DispatchKernelArgs& args, const KernelContext& context,
+                     cudaStream_t stream) {
+  intranode::dispatch<<<channel_blocks(kDispatchChannelLayout, args.ring.num_channels), kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
+  EPCOMM_CUDA_CHECK(cudaGetLastError());
+}
+
+int combine_blocks_per_sm();
+
+int normal_kernel_blocks_per_sm() {
+  int blocks = 0;
+  EPCOMM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, intranode::dispatch, kNormalThreadsPerBlock, 0));
+  return std::min(blocks, combine_blocks_per_sm());
+}
+
+void load_dispatch_kernel_module() {
+  cudaFuncAttributes attributes;
+  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, intranode::dispatch));
+}
+
+}  // namespace epcomm::kernels

@@ -1,0 +1,95 @@
+// Host entry points of the normal-mode kernels inside one NVLink domain: every rank must be direct
+// in the transport window (rows are stored straight into peers' rings).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "common/kernel_context.hpp"
+#include "common/notify_results.hpp"
+#include "common/nvl_layout.hpp"
+#include "transport/window.hpp"
+
+namespace epcomm::kernels {
+
+struct NotifyDispatchArgs {
+  const bool* is_token_in_rank = nullptr;        // [num_tokens, R], the caller's layout
+  bool* kept_is_token_in_rank = nullptr;         // out: [num_tokens, R], the handle's copy of it
+  const int32_t* num_tokens_per_rank = nullptr;  // [R]
+  const int32_t* num_tokens_per_expert = nullptr;  // [num_experts]
+  int num_tokens = 0;
+  int num_experts = 0;
+  int num_channels = 0;
+  int expert_alignment = 1;
+  int32_t* recv_channel_prefix = nullptr;         // out: [R, num_channels + 1] absolute row starts
+  int32_t* rank_prefix_matrix = nullptr;          // out: [R, R], tokens ranks 0..i send to rank j
+  int32_t* num_recv_tokens_per_expert = nullptr;  // out: [num_experts / R], padded
+  NotifyResults* host_results = nullptr;          // out (mapped), or null when the host does not wait
+  uint64_t sequence = 0;                          // published last into host_results
+  CallSignature signature{};                      // this rank's call, compared with every peer's
+  int32_t* verdict = nullptr;                     // out: 0 when every rank made the same call, else 1
+};
+void launch_notify_dispatch(const PeerWindow& window, const NotifyDispatchArgs& args, const KernelContext& context,
+                            cudaStream_t stream);
+
+// Shapes every normal-mode kernel launch shares.
+struct RingArgs {
+  int num_channels = 0;
+  int ring_capacity = 0;  // slots per ring
+  int send_chunk = 0;     // a sender publishes its tail once at least this many tokens are written
+};
+
+struct DispatchKernelArgs {
+  const void* x = nullptr;              // [num_tokens, row_bytes]
+  size_t row_bytes = 0;
+  const float* x_scales = nullptr;      // [num_tokens, num_scales] or null, strided:
+  int64_t scale_token_stride = 0;       //   x_scales[token * scale_token_stride + s * scale_stride]
+  int64_t scale_stride = 0;
+  int num_scales = 0;
+  const int64_t* topk_idx = nullptr;    // [num_tokens, num_topk] or null
+  const float* topk_weights = nullptr;  // [num_tokens, num_topk] or null
+  int num_topk = 0;
+  const bool* is_token_in_rank = nullptr;  // [num_tokens, R]
+  int num_tokens = 0;
+  int num_experts = 0;
+  const int32_t* recv_channel_prefix = nullptr;  // [R, num_channels + 1]
+  int num_rows = 0;                     // rows of the recv tensors (>= rows received)
+  void* recv_x = nullptr;               // out: [num_rows, row_bytes]
+  float* recv_x_scales = nullptr;       // out, or null
+  int64_t* recv_topk_idx = nullptr;     // out, or null
+  float* recv_topk_weights = nullptr;   // out, or null
+  int32_t* recv_src_idx = nullptr;      // out, or null (cached dispatch: already known)
+  int32_t* send_position = nullptr;     // out: [num_tokens, R], or null (cached dispatch)
+  const int32_t* verdict = nullptr;     // the notify step's: nonzero means the ranks disagreed, send nothing
+  RingArgs ring;
+};
+void launch_dispatch(const PeerWindow& window, const DispatchKernelArgs& args, const KernelContext& context,
+                     cudaStream_t stream);
+
+struct CombineKernelArgs {
+  const void* x = nullptr;               // bf16 [rows, hidden]
+  int hidden = 0;
+  const float* topk_weights = nullptr;   // [rows, num_topk] or null
+  int num_topk = 0;
+  const void* bias0 = nullptr;           // bf16 [num_tokens, hidden] or null
+  const void* bias1 = nullptr;
+  const int32_t* recv_channel_prefix = nullptr;  // [R, num_channels + 1] (dispatch's)
+  const int32_t* send_position = nullptr;        // [num_tokens, R] (dispatch's)
+  int num_tokens = 0;
+  int num_rows = 0;                      // rows of x (rows past it were dropped by the dispatch)
+  void* combined_x = nullptr;            // out: bf16 [num_tokens, hidden]
+  float* combined_topk_weights = nullptr;  // out: [num_tokens, num_topk], or null
+  const int32_t* verdict = nullptr;      // the dispatch's notify verdict: nonzero, the ranks disagreed
+  RingArgs ring;
+};
+void launch_combine(const PeerWindow& window, const CombineKernelArgs& args, const KernelContext& context,
+                    cudaStream_t stream);
+
+// Blocks of the dispatch and combine kernels one SM holds at once (the smaller of the two). Every
+// block of every rank sharing a GPU must be resident together, or a waiting block can starve the
+// one it waits for.
+int normal_kernel_blocks_per_sm();
+
+}  // namespace epcomm::kernels

@@ -1,0 +1,175 @@
+// Notify step of a normal-mode dispatch: every rank tells every destination how many tokens (in
+// total, per channel and per local expert) it will send, then each destination turns what it
+// received into row offsets and counts.
+//
+// Counts go into peers' slots by direct stores (ptr): normal mode inside a node needs every rank
+// direct, which the runtime checks. One block. Roles in order: (1) write my counts into every peer's notify slot; (2) cross-rank
+// barrier; (3) read the slots addressed to me: per-(source, channel) row prefix for the
+// receivers, the rank prefix matrix and per-expert counts for the caller, whether every source
+// made the same call (a verdict the dispatch kernel reads), and (if the host waits) publish them.
+#include "common/cuda_check.hpp"
+#include "common/notify_results.hpp"
+#include "kernels/common/block_barrier.cuh"
+#include "device/device_report.cuh"
+#include "device/warp_ops.cuh"
+#include "kernels/intranode/intranode_launchers.hpp"
+
+namespace epcomm::kernels {
+namespace {
+
+// (1) Tokens of each channel bound for each rank: warp per channel, lanes over tokens. The rows
+// read are also copied into the handle (`kept`): this pass reads them anyway, and a separate copy
+// would cost the host one more driver call per dispatch.
+__device__ void send_channel_counts(const device::Window& window, const bool* is_token_in_rank, bool* kept, int num_tokens,
+                                    int num_channels, uint64_t parity, const KernelContext& context) {
+  for (int channel = device::warp_id(); channel < num_channels; channel += kNormalWarpsPerBlock) {
+    const int begin = device::channel_begin(channel, num_tokens, num_channels);
+    const int end = device::channel_begin(channel + 1, num_tokens, num_channels);
+    int counts[kMaxNvlPeers] = {};
+    for (int token = begin + device::lane_id(); token < end; token += kWarpSize) {
+      const int64_t row = static_cast<int64_t>(token) * context.num_ranks;
+#pragma unroll
+      for (int rank = 0; rank < kMaxNvlPeers; ++rank) {
+        if (rank >= context.num_ranks) break;
+        const bool in_rank = is_token_in_rank[row + rank];
+        kept[row + rank] = in_rank;
+        counts[rank] += in_rank ? 1 : 0;
+      }
+    }
+#pragma unroll
+    for (int rank = 0; rank < kMaxNvlPeers; ++rank) {
+      if (rank >= context.num_ranks) break;
+      const int total = device::warp_sum(counts[rank]);
+      if (device::lane_id() == 0) {
+        window.ptr<NotifySlot>(rank, NvlLayout::notify_slot(parity, context.rank))->channel_counts[channel] = total;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// Named for profiler traces: "epcomm::kernels::intranode::notify_dispatch".
+namespace intranode {
+
+__global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
+    notify_dispatch(const __grid_constant__ PeerWindow peers, NotifyDispatchArgs args, KernelContext context) {
+  const device::Window window(peers);
+  uint64_t* own_parity = window.own<uint64_t>(NvlLayout::notify_parity());
+  const uint64_t parity = *own_parity;
+  const int num_ranks = context.num_ranks;
+  const int experts_per_rank = args.num_experts / num_ranks;
+
+  // (1) My counts, into every destination's slot for me.
+  send_channel_counts(window, args.is_token_in_rank, args.kept_is_token_in_rank, args.num_tokens, args.num_channels,
+                      parity, context);
+  for (int i = threadIdx.x; i < args.num_experts; i += blockDim.x) {
+    const int destination = i / experts_per_rank;
+    window.ptr<NotifySlot>(destination, NvlLayout::notify_slot(parity, context.rank))->expert_counts[i % experts_per_rank] =
+        args.num_tokens_per_expert[i];
+  }
+  // Every rank's count to every rank, so each rank can build the whole rank prefix matrix.
+  for (int i = threadIdx.x; i < num_ranks * num_ranks; i += blockDim.x) {
+    const int destination = i / num_ranks, rank = i % num_ranks;
+    window.ptr<NotifySlot>(destination, NvlLayout::notify_slot(parity, context.rank))->tokens_per_rank[rank] =
+        args.num_tokens_per_rank[rank];
+  }
+  // My call's signature, for every destination to compare with its own.
+  constexpr int kFields = static_cast<int>(CallField::kCount);
+  for (int i = threadIdx.x; i < num_ranks * kFields; i += blockDim.x) {
+    window.ptr<NotifySlot>(i / kFields, NvlLayout::notify_slot(parity, context.rank))->signature.values[i % kFields] =
+        args.signature.values[i % kFields];
+  }
+
+  // (2) After the barrier every source's counts for me are in my slots. If it timed out (the error
+  // is recorded), go on as if every source sent nothing: the outputs stay well-formed (zero rows)
+  // and the dispatch kernel behind this one writes nowhere it should not.
+  const bool arrived = device::block_barrier(window, context, DeviceOp::kNotifyDispatch);
+
+  // (3a) Row prefix over (source, channel), in receive order: source-major, then channel.
+  if (device::warp_id() == 0) {
+    int base = 0;
+    const int lane = device::lane_id();
+    for (int source = 0; source < num_ranks; ++source) {
+      const NotifySlot* slot = window.own<NotifySlot>(NvlLayout::notify_slot(parity, source));
+      int32_t* prefix = args.recv_channel_prefix + source * (args.num_channels + 1);
+      // Channels in runs of one warp's lanes (there may be more channels than lanes).
+      for (int first = 0; first < args.num_channels; first += kWarpSize) {
+        const int channel = first + lane;
+        const int count = arrived && channel < args.num_channels ? slot->channel_counts[channel] : 0;
+        const int inclusive = device::warp_inclusive_scan(count);
+        if (channel < args.num_channels) prefix[channel] = base + inclusive - count;
+        base += __shfl_sync(0xffffffffu, inclusive, kWarpSize - 1);
+      }
+      if (lane == 0) prefix[args.num_channels] = base;
+    }
+    if (args.host_results != nullptr && device::lane_id() == 0) {
+      device::st_relaxed_sys(&args.host_results->num_recv_tokens, base);
+    }
+  }
+  // (3b) Tokens ranks 0..i send to rank j, summed: deep_ep's rank_prefix_matrix [i][j].
+  for (int i = threadIdx.x; i < num_ranks * num_ranks; i += blockDim.x) {
+    const int last_source = i / num_ranks, rank = i % num_ranks;
+    int total = 0;
+    for (int source = 0; source <= last_source && arrived; ++source) {
+      total += window.own<NotifySlot>(NvlLayout::notify_slot(parity, source))->tokens_per_rank[rank];
+    }
+    args.rank_prefix_matrix[i] = total;
+  }
+  // (3c) Per local expert, summed over sources and padded to the alignment.
+  for (int expert = threadIdx.x; expert < experts_per_rank; expert += blockDim.x) {
+    int total = 0;
+    for (int source = 0; source < num_ranks && arrived; ++source) {
+      total += window.own<NotifySlot>(NvlLayout::notify_slot(parity, source))->expert_counts[expert];
+    }
+    const int padded = (total + args.expert_alignment - 1) / args.expert_alignment * args.expert_alignment;
+    args.num_recv_tokens_per_expert[expert] = padded;
+    if (args.host_results != nullptr) device::st_relaxed_sys(&args.host_results->num_recv_tokens_per_expert[expert], padded);
+  }
+  // (3d) Every source made the same call as this rank? Each rank checks every source, so if any two
+  // ranks disagree, every rank finds a difference and none sends (the dispatch kernel reads the
+  // verdict); the first difference a rank finds is its error.
+  bool differs = false;
+  if (threadIdx.x < num_ranks && arrived) {
+    const CallSignature& theirs = window.own<NotifySlot>(NvlLayout::notify_slot(parity, threadIdx.x))->signature;
+    for (int field = 0; field < kFields && !differs; ++field) {
+      if (theirs.values[field] == args.signature.values[field]) continue;
+      differs = true;
+      device::ErrorDetails details;
+      details.kind = DeviceErrorKind::kCallMismatch;
+      details.op = DeviceOp::kDispatch;
+      details.peer = static_cast<int>(threadIdx.x);
+      details.index0 = field;
+      details.expected = args.signature.values[field];
+      details.observed = theirs.values[field];
+      device::report_error(context, details);
+    }
+  }
+  const int disagreed = __syncthreads_or(differs);
+  if (threadIdx.x == 0) {
+    *args.verdict = disagreed;
+    if (args.host_results != nullptr) device::st_relaxed_sys(&args.host_results->disagreed, disagreed);
+    // The next notify writes the other slots, so a slow reader of these is never overwritten.
+    *own_parity = parity ^ 1u;
+    if (args.host_results != nullptr) {
+      // Pairs with the host's acquire load of `sequence`: every count above is visible first.
+      device::fence_acq_rel_sys();
+      device::st_release_sys(&args.host_results->sequence, args.sequence);
+    }
+  }
+}
+
+}  // namespace intranode
+
+void launch_notify_dispatch(const PeerWindow& window, const NotifyDispatchArgs& args, const KernelContext& context,
+                            cudaStream_t stream) {
+  intranode::notify_dispatch<<<1, kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
+  EPCOMM_CUDA_CHECK(cudaGetLastError());
+}
+
+void load_notify_dispatch_kernel_module() {
+  cudaFuncAttributes attributes;
+  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, intranode::notify_dispatch));
+}
+
+}  // namespace epcomm::kernels

@@ -1,0 +1,49 @@
+// Host entry points of every kernel: raw pointers, sizes and a stream, no framework types. The
+// runtime validates arguments before calling these; they only check launch errors.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "common/kernel_context.hpp"
+#include "transport/window.hpp"
+
+namespace epcomm::kernels {
+
+enum class IndexType { kInt32, kInt64 };
+
+struct DispatchLayoutArgs {
+  const void* topk_idx = nullptr;  // [num_tokens, num_topk]
+  IndexType index_type = IndexType::kInt64;
+  int num_tokens = 0;
+  int num_topk = 0;
+  int num_experts = 0;
+  int num_ranks = 0;
+  int32_t* num_tokens_per_rank = nullptr;    // [num_ranks]
+  int32_t* num_tokens_per_expert = nullptr;  // [num_experts]
+  bool* is_token_in_rank = nullptr;          // [num_tokens, num_ranks]
+  void* workspace = nullptr;                 // LayoutWorkspace::kTotalBytes, zeroed once at allocation
+};
+// One launch, no memset: every output element is written, so outputs need no zeroing.
+void launch_dispatch_layout(const DispatchLayoutArgs& args, int max_blocks, const KernelContext& context,
+                            cudaStream_t stream);
+
+// Every rank waits until every rank has arrived; orders all earlier stream work on this rank
+// before later stream work on every rank.
+void launch_nvl_barrier(const PeerWindow& window, const KernelContext& context, cudaStream_t stream);
+
+// Writes `bytes_per_peer` bytes from `source` into every rank's user region at offset
+// rank * bytes_per_peer: the all-to-all traffic pattern of dispatch, with nothing else.
+void launch_peer_copy(const PeerWindow& window, const void* source, size_t bytes_per_peer, int num_blocks,
+                      const KernelContext& context, cudaStream_t stream);
+// The same bytes moved by each SM's bulk-copy engine (TMA) through shared memory. Every rank must
+// be direct.
+void launch_peer_copy_tma(const PeerWindow& window, const void* source, size_t bytes_per_peer, int num_blocks,
+                          const KernelContext& context, cudaStream_t stream);
+
+// Forces the module of every kernel above to load now (CUDA loads modules lazily on first launch).
+void load_all_kernel_modules();
+
+}  // namespace epcomm::kernels

@@ -1,0 +1,46 @@
+// Deterministic random workloads for tests and epcomm-bench: every rank regenerates every rank's
+// inputs from (seed, rank), so each rank can compute the reference for its own outputs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace epcomm::reference {
+
+// splitmix64: small, fast, and identical on every platform.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t next_u64();
+  double uniform();                 // [0, 1)
+  int uniform_int(int lo, int hi);  // [lo, hi)
+  float normal();                   // standard normal (Box-Muller)
+
+ private:
+  uint64_t state_;
+};
+
+// Mixes a base seed with a rank (and an optional stream id) into an independent seed.
+uint64_t derive_seed(uint64_t base_seed, int rank, int stream = 0);
+
+struct RoutingOptions {
+  double prob_empty_slot = 0.0;   // each top-k slot is -1 with this probability
+  double prob_empty_token = 0.0;  // each token has all slots -1 with this probability
+  int hot_expert = -1;            // if >= 0, every token picks this expert first with prob_hot
+  double prob_hot = 0.0;
+};
+
+// [num_tokens, num_topk] int64 expert ids; ids within one token are distinct (besides -1).
+// Requires num_topk <= num_experts.
+std::vector<int64_t> random_topk_idx(uint64_t seed, int num_tokens, int num_topk, int num_experts,
+                                     const RoutingOptions& options = {});
+// [num_tokens, num_topk] weights in (0, 1].
+std::vector<float> random_topk_weights(uint64_t seed, int num_tokens, int num_topk);
+// BF16 bits of values drawn from N(0, stddev^2); never NaN or Inf.
+std::vector<uint16_t> random_bf16(uint64_t seed, size_t count, float stddev = 1.0f);
+// Finite e4m3 bytes (never NaN) and positive scales, for FP8 inputs of normal dispatch.
+std::vector<uint8_t> random_e4m3(uint64_t seed, size_t count);
+std::vector<float> random_scales(uint64_t seed, size_t count);
+
+}  // namespace epcomm::reference

@@ -1,0 +1,333 @@
+#include "epcomm/buffer.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <optional>
+
+#include "common/constants.hpp"
+#include "common/gpu_presence.hpp"
+#include "common/layout_workspace.hpp"
+#include "common/notify_results.hpp"
+#include "epcomm/error.hpp"
+#include "epcomm_build_info.hpp"
+#include "kernels/launchers.hpp"
+#include "runtime/buffer_impl.hpp"
+#include "common/cuda_check.hpp"
+#include "runtime/validate.hpp"
+
+
+namespace epcomm {
+namespace {
+
+int resolve_device(int requested) {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess || count == 0) {
+    (void)cudaGetLastError();
+    fail(ErrorCode::kUnsupported, "Buffer: no CUDA device is usable: ", detail::no_gpu_reason(status, count));
+  }
+  if (requested == -1) {
+    int current = 0;
+    EPCOMM_CUDA_CHECK(cudaGetDevice(&current));
+    return current;
+  }
+  if (requested >= count) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: device=", requested, " but only ", count, " CUDA devices are visible");
+  }
+  return requested;
+}
+
+}  // namespace
+
+Buffer::Buffer(std::shared_ptr<Bootstrap> bootstrap, const BufferOptions& options) {
+  if (!bootstrap) fail(ErrorCode::kInvalidArgument, "Buffer: bootstrap is null");
+  options.validate(bootstrap->num_ranks());
+  impl_ = std::make_unique<Impl>();
+  impl_->bootstrap = std::move(bootstrap);
+  impl_->options = options;
+  impl_->layout.nvl_bytes = static_cast<size_t>(options.num_nvl_bytes);
+  impl_->layout.low_latency_bytes = static_cast<size_t>(options.num_rdma_bytes);
+  if (detail::Profiler::enabled_by_environment()) impl_->profiler = std::make_unique<detail::Profiler>(impl_->bootstrap->rank());
+  // The device current on this (the caller's) thread: what device=-1 means, even if the
+  // initialisation runs on another thread, where the current device would be 0.
+  int caller_device = -1;
+  if (cudaGetDevice(&caller_device) != cudaSuccess) {
+    (void)cudaGetLastError();  // no usable GPU: initialize() reports it
+    caller_device = -1;
+  }
+  auto initialize = [this, caller_device](bool background) {
+    detail::initializing_on_this_thread = true;
+    try {
+      impl_->initialize(caller_device, background);
+      if (impl_->options.preinitialize) warm_up(impl_->options.warmup_stream.value_or(impl_->comm_stream));
+    } catch (...) {
+      detail::initializing_on_this_thread = false;
+      throw;
+    }
+    detail::initializing_on_this_thread = false;
+  };
+  if (options.initialize_in_background) {
+    // Safe to capture `this`: moving a Buffer waits for its initialisation first.
+    impl_->initialization = std::async(std::launch::async, initialize, true);
+  } else {
+    initialize(false);
+  }
+}
+
+void Buffer::Impl::initialize(int caller_device, bool background) {
+  device = resolve_device(options.device == -1 && caller_device >= 0 ? caller_device : options.device);
+  if (background) {
+    // A background thread never chose a device: it would be "on" device 0, and restoring that
+    // would create a context there. Make ours current on it for good instead.
+    EPCOMM_CUDA_CHECK(cudaSetDevice(device));
+  }
+  detail::ScopedDevice scoped(device);
+  {
+    const InitPhaseTimer phase(*this, "streams, workspace, pinned memory");
+    errors.allocate();
+    EPCOMM_CUDA_CHECK(cudaDeviceGetAttribute(&num_device_sms, cudaDevAttrMultiProcessorCount, device));
+    if (options.comm_stream) {
+      comm_stream = *options.comm_stream;
+    } else {
+      EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream, cudaStreamNonBlocking));
+      comm_stream_lifetime = std::shared_ptr<void>(comm_stream, [](void* stream) {
+        EPCOMM_CUDA_WARN(cudaStreamDestroy(static_cast<cudaStream_t>(stream)));
+      });
+    }
+    notify_results = detail::MappedHostMemory(sizeof(NotifyResults));
+    layout_workspace = detail::DeviceAllocation(LayoutWorkspace::kTotalBytes);
+    EPCOMM_CUDA_CHECK(cudaMemset(layout_workspace.get(), 0, LayoutWorkspace::kTotalBytes));
+    outputs = options.output_allocator ? options.output_allocator : make_stream_ordered_allocator();
+  }
+  const InitPhaseTimer phase(*this, "allocate, exchange and map peer buffers");
+  // Every rank must have asked for the same things, or collective steps (warmup) would take
+  // different paths.
+  detail::TransportOptions transport_options;
+  transport_options.device = device;
+  transport_options.layout = layout;
+  transport_options.emulated_nodes = options.emulated_nodes;
+  transport_options.agreed = join_message(
+      "num_nvl_bytes=", options.num_nvl_bytes, " num_rdma_bytes=", options.num_rdma_bytes, " low_latency_mode=",
+      options.low_latency_mode, " preinitialize=", options.preinitialize, " emulated_nodes=", options.emulated_nodes,
+      " warmup_shape=", options.warmup_shape.num_tokens, "/", options.warmup_shape.num_low_latency_tokens, "/",
+      options.warmup_shape.hidden, "/", options.warmup_shape.num_topk, "/", options.warmup_shape.num_experts);
+  transport = detail::make_transport(*bootstrap, transport_options);
+  if (bootstrap->num_ranks() > 1) {
+    watchdog = std::make_unique<detail::PeerWatchdog>(
+        transport->local_processes(),
+        [this](const std::vector<detail::DeadProcess>& dead) { errors.mark_peers_dead(dead); }, kPeerWatchInterval);
+  }
+  // After the agreement: every rank has the same options now, so every rank fails here alike.
+  detail::check_warmup_fits(options, bootstrap->num_ranks());
+}
+
+Buffer::Impl::~Impl() {
+  if (profiler) profiler->write_reports();
+}
+
+Buffer::~Buffer() {
+  if (!impl_) return;
+  if (impl_->initialization.valid()) impl_->initialization.wait();  // never leave the thread running
+  if (!impl_->transport) return;
+  try {
+    destroy();
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "epcomm: warning: Buffer teardown on rank %d failed: %s\n", impl_->bootstrap->rank(),
+                 error.what());
+  }
+}
+
+// A background initialisation runs with `this` of the Buffer that started it: let it finish first.
+Buffer::Buffer(Buffer&& other) noexcept {
+  if (other.impl_ && other.impl_->initialization.valid()) other.impl_->initialization.wait();
+  impl_ = std::move(other.impl_);
+}
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this == &other) return *this;
+  if (other.impl_ && other.impl_->initialization.valid()) other.impl_->initialization.wait();
+  {
+    // The Buffer being replaced is torn down like a destroyed one (collectively), not dropped.
+    Buffer replaced(std::move(*this));
+  }
+  impl_ = std::move(other.impl_);
+  return *this;
+}
+
+int Buffer::rank() const { return impl_->bootstrap->rank(); }
+int Buffer::num_ranks() const { return impl_->bootstrap->num_ranks(); }
+int Buffer::device() const {
+  impl_->wait_until_ready();
+  return impl_->device;
+}
+cudaStream_t Buffer::comm_stream() const {
+  impl_->wait_until_ready();
+  return impl_->comm_stream;
+}
+const BufferOptions& Buffer::options() const { return impl_->options; }
+std::shared_ptr<Allocator> Buffer::output_allocator() const {
+  impl_->wait_until_ready();
+  return impl_->outputs;
+}
+bool Buffer::is_available() const {
+  if (!impl_ || impl_->initialization_error) return false;
+  if (impl_->initialization.valid()) impl_->initialization.wait();
+  return impl_->transport != nullptr;
+}
+
+void Buffer::warmup(cudaStream_t stream) {
+  impl_->begin("warmup");
+  warm_up(stream);
+}
+
+std::vector<InitPhase> Buffer::initialization_phases() const {
+  impl_->wait_until_ready();
+  return impl_->init_phases;
+}
+
+void Buffer::destroy() {
+  if (!impl_) return;
+  if (impl_->initialization.valid()) impl_->initialization.wait();
+  if (!impl_->transport) return;
+  impl_->alive->store(false);
+  impl_->watchdog.reset();  // peers may exit once they are past their own destroy()
+  detail::ScopedDevice scoped(impl_->device);
+  // No kernel of this rank may still touch a peer, and no peer one of ours, once memory is freed.
+  // (Waits give up once a peer is known dead, so this returns then too.)
+  EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
+  if (impl_->errors.peer_died()) {
+    // A dead rank can meet no barrier (a process-group barrier would wait out its own timeout):
+    // close this rank's mappings; its own memory (survivors may still map it) is left to the
+    // process's exit. The survivors each do the same.
+    impl_->transport->abandon();
+    impl_->transport.reset();
+  } else {
+    impl_->bootstrap->barrier();
+    impl_->transport->release_collectively(*impl_->bootstrap);
+    impl_->transport.reset();
+  }
+  impl_->layout_workspace = detail::DeviceAllocation();
+}
+
+void Buffer::get_dispatch_layout(const TensorView& topk_idx, int num_experts, const DispatchLayoutOutputs& outputs,
+                                 cudaStream_t stream) {
+  constexpr const char* kOp = "get_dispatch_layout";
+  impl_->begin(kOp);
+  const auto profiled = impl_->profile_call(kOp, stream);
+  const int ranks = num_ranks();
+  detail::require_device_tensor(impl_->device, kOp, "topk_idx", topk_idx, {DType::kInt64, DType::kInt32},
+                                {detail::kAnyExtent, detail::kAnyExtent});
+  const int64_t num_tokens = topk_idx.shape[0];
+  const int64_t num_topk = topk_idx.shape[1];
+  detail::require_in_range(kOp, "num_topk (topk_idx.shape[1])", num_topk, 1, kLayoutMaxTopk);
+  detail::require_in_range(kOp, "num_tokens (topk_idx.shape[0])", num_tokens, 0, INT32_MAX / kMaxNvlPeers);
+  detail::require_in_range(kOp, "num_experts", num_experts, 1, kLayoutMaxExperts);
+  if (num_experts % ranks != 0) {
+    fail(ErrorCode::kInvalidArgument, kOp, ": num_experts=", num_experts, " must be a multiple of num_ranks=", ranks);
+  }
+  detail::require_device_tensor(impl_->device, kOp, "outputs.num_tokens_per_rank", outputs.num_tokens_per_rank, {DType::kInt32},
+                                {ranks});
+  detail::require_device_tensor(impl_->device, kOp, "outputs.num_tokens_per_expert", outputs.num_tokens_per_expert, {DType::kInt32},
+                                {num_experts});
+  detail::require_device_tensor(impl_->device, kOp, "outputs.is_token_in_rank", outputs.is_token_in_rank, {DType::kBool},
+                                {num_tokens, ranks});
+
+  detail::ScopedDevice scoped(impl_->device);
+  kernels::DispatchLayoutArgs args;
+  args.topk_idx = topk_idx.data;
+  args.index_type = topk_idx.dtype == DType::kInt64 ? kernels::IndexType::kInt64 : kernels::IndexType::kInt32;
+  args.num_tokens = static_cast<int>(num_tokens);
+  args.num_topk = static_cast<int>(num_topk);
+  args.num_experts = num_experts;
+  args.num_ranks = ranks;
+  args.num_tokens_per_rank = outputs.num_tokens_per_rank.ptr<int32_t>();
+  args.num_tokens_per_expert = outputs.num_tokens_per_expert.ptr<int32_t>();
+  args.is_token_in_rank = outputs.is_token_in_rank.ptr<bool>();
+  args.workspace = impl_->layout_workspace.get();
+  kernels::launch_dispatch_layout(args, impl_->num_device_sms, impl_->context(), stream);
+}
+
+// Barrier epochs and rings are touched only in the communication stream's order, whichever
+// stream the caller uses: the caller's stream hands over to it and waits for it.
+void Buffer::barrier(cudaStream_t stream) {
+  impl_->begin("barrier");
+  detail::ScopedDevice scoped(impl_->device);
+  Event::record(stream).wait(impl_->comm_stream);
+  kernels::launch_nvl_barrier(impl_->window(), impl_->context(), impl_->comm_stream);
+  Event::record(impl_->comm_stream).wait(stream);
+}
+
+void Buffer::check_device_errors() {
+  if (!impl_) return;
+  impl_->wait_until_ready();
+  impl_->errors.raise_if_recorded();
+}
+
+void Buffer::synchronize(cudaStream_t stream) {
+  impl_->wait_until_ready();
+  detail::ScopedDevice scoped(impl_->device);
+  EPCOMM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  check_device_errors();
+}
+
+void Buffer::copy_to_all_ranks(const void* source, size_t bytes_per_rank, int num_sms, cudaStream_t stream,
+                               CopyPath path) {
+  constexpr const char* kOp = "copy_to_all_ranks";
+  impl_->begin(kOp);
+  if (bytes_per_rank % kVectorBytes != 0) {
+    fail(ErrorCode::kInvalidArgument, kOp, ": bytes_per_rank=", bytes_per_rank, " must be a multiple of ", kVectorBytes);
+  }
+  if (bytes_per_rank * static_cast<size_t>(num_ranks()) > static_cast<size_t>(impl_->options.num_nvl_bytes)) {
+    fail(ErrorCode::kInvalidArgument, kOp, ": bytes_per_rank=", bytes_per_rank, " x num_ranks=", num_ranks(),
+         " exceeds num_nvl_bytes=", impl_->options.num_nvl_bytes);
+  }
+  if (bytes_per_rank > 0 && (source == nullptr || reinterpret_cast<uintptr_t>(source) % kVectorBytes != 0)) {
+    fail(ErrorCode::kInvalidArgument, kOp, ": source=", source, " must be a non-null ", kVectorBytes,
+         "-byte aligned device pointer");
+  }
+  detail::require_in_range(kOp, "num_sms", num_sms, 1, impl_->num_device_sms);
+  if (path == CopyPath::kTma && !impl_->window().all_direct()) {
+    fail(ErrorCode::kUnsupported, kOp, ": CopyPath::kTma needs every rank direct (emulated_nodes=",
+         impl_->options.emulated_nodes, ")");
+  }
+  detail::ScopedDevice scoped(impl_->device);
+  const cudaStream_t comm = impl_->comm_stream;
+  Event::record(stream).wait(comm);
+  // The leading barrier keeps the copy off rings a peer may still be reading (a combine).
+  kernels::launch_nvl_barrier(impl_->window(), impl_->context(), comm);
+  if (path == CopyPath::kSmKernel) {
+    kernels::launch_peer_copy(impl_->window(), source, bytes_per_rank, num_sms, impl_->context(), comm);
+  } else if (path == CopyPath::kTma) {
+    kernels::launch_peer_copy_tma(impl_->window(), source, bytes_per_rank, num_sms, impl_->context(), comm);
+  } else {
+    const PeerWindow& window = impl_->window();
+    const size_t offset = BufferLayout::nvl_offset() + static_cast<size_t>(window.rank) * bytes_per_rank;
+    for (int step = 1; step <= window.num_ranks; ++step) {  // the right-hand neighbour first, as the kernel
+      const int peer = (window.rank + step) % window.num_ranks;
+      EPCOMM_CUDA_CHECK(cudaMemcpyAsync(window.bases[peer] + offset, source, bytes_per_rank, cudaMemcpyDeviceToDevice, comm));
+    }
+  }
+  kernels::launch_nvl_barrier(impl_->window(), impl_->context(), comm);
+  Event::record(comm).wait(stream);
+}
+
+void* Buffer::local_nvl_buffer() const {
+  if (!impl_) return nullptr;
+  impl_->wait_until_ready();
+  if (!impl_->transport) return nullptr;
+  return impl_->local_base() + BufferLayout::nvl_offset();
+}
+
+void* Buffer::local_low_latency_buffer() const {
+  if (!impl_) return nullptr;
+  impl_->wait_until_ready();
+  if (!impl_->transport) return nullptr;
+  return impl_->local_base() + impl_->layout.low_latency_offset();
+}
+
+std::string Buffer::version() {
+  return join_message(EPCOMM_VERSION_STRING, " (", EPCOMM_GIT_REVISION, ")");
+}
+
+std::string Buffer::cuda_architectures() { return EPCOMM_CUDA_ARCHITECTURES; }
+
+}  // namespace epcomm

@@ -1,0 +1,146 @@
+// The state behind epcomm::Buffer, shared by the files that implement its operations.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <future>
+#include <memory>
+#include <optional>
+
+#include "common/kernel_context.hpp"
+#include "epcomm/buffer.hpp"
+#include "common/cuda_check.hpp"
+#include "common/device_allocation.hpp"
+#include "runtime/device_error_log.hpp"
+#include "runtime/peer_watchdog.hpp"
+#include "runtime/profiler.hpp"
+#include "runtime/scoped_device.hpp"
+#include "common/buffer_layout.hpp"
+#include "transport/transport.hpp"
+
+namespace epcomm {
+
+inline constexpr int64_t kNanosecondsPerMillisecond = 1000 * 1000;
+// How often the watchdog looks at the peers' processes: a dead rank stops every wait within about
+// this long plus a wait's error-check interval (device/bounded_wait.cuh).
+inline constexpr std::chrono::milliseconds kPeerWatchInterval{100};
+
+namespace detail {
+
+// True on the thread running a Buffer's initialisation: calls it makes itself (the preinitialize
+// round) must not wait for the initialisation to finish.
+inline thread_local bool initializing_on_this_thread = false;
+
+// Throws InvalidArgument if options.warmup_shape's dummy rounds would not fit the buffers.
+void check_warmup_fits(const BufferOptions& options, int num_ranks);
+
+}  // namespace detail
+
+struct Buffer::Impl {
+  ~Impl();
+
+  // Names this Buffer for the handles it makes: unlike its address, never reused by a later
+  // Buffer of the process, so a stale handle is refused rather than taken for a new Buffer's.
+  const uint64_t id = next_id();
+  // False once destroy() has begun. Receive hooks hold it: a hook run after destroy() fails with
+  // a clear error instead of launching on unmapped peer memory.
+  std::shared_ptr<std::atomic<bool>> alive = std::make_shared<std::atomic<bool>>(true);
+
+  std::shared_ptr<Bootstrap> bootstrap;
+  BufferOptions options;
+  int device = 0;
+  int num_device_sms = 0;
+  detail::DeviceErrorLog errors;
+  BufferLayout layout;                        // where each region of every rank's buffer starts
+  std::unique_ptr<detail::Transport> transport;  // null before initialisation and after destroy()
+  // Watches the processes of the ranks on this host while the transport lives; declared after
+  // `errors`, which it writes to, so it stops first.
+  std::unique_ptr<detail::PeerWatchdog> watchdog;
+  detail::DeviceAllocation layout_workspace;  // LayoutWorkspace, zeroed once
+  detail::MappedHostMemory notify_results;    // NotifyResults, read by the host after a notify
+  uint64_t notify_sequence = 0;               // last sequence number a host-waited notify published
+  cudaStream_t comm_stream = nullptr;         // every normal-mode call runs here
+  // Destroys comm_stream (when created here, not options.comm_stream) once the Buffer and every
+  // handle tensor are gone: those are freed in that stream's order, maybe after the Buffer.
+  std::shared_ptr<void> comm_stream_lifetime;
+  std::shared_ptr<Allocator> outputs;         // Buffer::output_allocator()
+  uint64_t low_latency_calls = 0;             // picks the buffer set of each low-latency call
+  std::unique_ptr<detail::Profiler> profiler;  // EPCOMM_PROFILE=1, else null
+  bool warming_up = false;                    // calls made by warm_up() are not profiled as calls
+  std::future<void> initialization;           // initialize_in_background: the running initialize()
+  std::exception_ptr initialization_error;    // what it threw, raised again at every call
+  std::vector<InitPhase> init_phases;         // recorded always (cheap), profiled when asked
+
+  // Everything after option validation: device, memory, peer mapping. `caller_device` is the
+  // device current on the constructing thread (-1 if unknown), used when options.device is -1;
+  // `background`: running on a thread of its own (initialize_in_background).
+  void initialize(int caller_device, bool background);
+  // Returns once initialize() has finished (at once unless it runs in the background); throws its
+  // error, at this call and every later one.
+  void wait_until_ready() {
+    if (detail::initializing_on_this_thread) return;
+    if (initialization.valid()) {
+      try {
+        initialization.get();
+      } catch (...) {
+        initialization_error = std::current_exception();
+      }
+    }
+    if (initialization_error) std::rethrow_exception(initialization_error);
+  }
+  // A timed initialisation step: recorded in init_phases, and as a profile range / NVTX range.
+  class InitPhaseTimer {
+   public:
+    InitPhaseTimer(Impl& impl, const char* name)
+        : impl_(impl), name_(name), start_(std::chrono::steady_clock::now()),
+          region_(impl.profiler.get(), detail::ProfileRecord::Kind::kInitPhase, name) {}
+    ~InitPhaseTimer() {
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count();
+      impl_.init_phases.push_back(InitPhase{name_, ms});
+    }
+    InitPhaseTimer(const InitPhaseTimer&) = delete;
+    InitPhaseTimer& operator=(const InitPhaseTimer&) = delete;
+
+   private:
+    Impl& impl_;
+    const char* name_;
+    std::chrono::steady_clock::time_point start_;
+    detail::ProfiledRegion region_;
+  };
+
+  // A call's profile scope (host time; device time on `stream`), or nothing when profiling is off.
+  detail::ProfiledRegion profile_call(const char* name, cudaStream_t stream) {
+    return detail::ProfiledRegion(warming_up ? nullptr : profiler.get(), detail::ProfileRecord::Kind::kCall, name,
+                                  stream, true, device);
+  }
+
+  KernelContext context() const {
+    KernelContext context;
+    context.errors = errors.device_record();
+    context.error_claim = errors.device_claim();
+    context.rank = bootstrap->rank();
+    context.num_ranks = bootstrap->num_ranks();
+    context.wait_timeout_ns = static_cast<uint64_t>(options.wait_timeout.count() * kNanosecondsPerMillisecond);
+    return context;
+  }
+
+  const PeerWindow& window() const { return transport->window(); }
+  char* local_base() const { return static_cast<char*>(transport->local_base()); }
+
+  static uint64_t next_id() {
+    static std::atomic<uint64_t> last{0};
+    return ++last;
+  }
+
+  // Every operation starts here: a Buffer that was destroyed, or whose earlier kernel recorded a
+  // failure, refuses to go on.
+  void begin(const char* op) {
+    wait_until_ready();
+    if (!transport) fail(ErrorCode::kInvalidArgument, op, ": the Buffer was destroyed");
+    errors.raise_if_recorded();
+  }
+};
+
+}  // namespace epcomm

@@ -1,0 +1,147 @@
+#include "epcomm/config.hpp"
+
+#include <algorithm>
+
+#include "common/constants.hpp"
+#include "common/nvl_layout.hpp"
+#include "epcomm/error.hpp"
+
+namespace epcomm {
+
+void BufferOptions::validate(int num_ranks) const {
+  if (num_ranks < 1) fail(ErrorCode::kInvalidArgument, "Buffer: num_ranks=", num_ranks, " must be at least 1");
+  if (num_ranks > kMaxNvlPeers) {
+    fail(ErrorCode::kUnsupported, "Buffer: num_ranks=", num_ranks, " exceeds the ", kMaxNvlPeers,
+         " ranks of one NVLink domain; ranks beyond one node need the NVSHMEM transport, which this build "
+         "does not include yet");
+  }
+  if (num_nvl_bytes < 0 || num_nvl_bytes % static_cast<int64_t>(kRegionAlignment) != 0) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: num_nvl_bytes=", num_nvl_bytes, " must be a non-negative multiple of ",
+         kRegionAlignment);
+  }
+  if (num_rdma_bytes < 0) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: num_rdma_bytes=", num_rdma_bytes, " must be non-negative");
+  }
+  if (num_rdma_bytes > 0 && !low_latency_mode) {
+    fail(ErrorCode::kUnsupported, "Buffer: num_rdma_bytes=", num_rdma_bytes,
+         " without low_latency_mode requests the NVSHMEM (RDMA) transport for normal mode across nodes, which "
+         "this build does not include yet; use num_rdma_bytes=0 inside one node");
+  }
+  if (num_rdma_bytes % static_cast<int64_t>(kRegionAlignment) != 0) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: num_rdma_bytes=", num_rdma_bytes, " must be a multiple of ",
+         kRegionAlignment);
+  }
+  if (num_qps_per_rank < 1) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: num_qps_per_rank=", num_qps_per_rank, " must be at least 1");
+  }
+  if (device < -1) fail(ErrorCode::kInvalidArgument, "Buffer: device=", device, " must be -1 (current) or a device index");
+  if (emulated_nodes < 1 || num_ranks % emulated_nodes != 0) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: emulated_nodes=", emulated_nodes, " must be at least 1 and divide num_ranks=",
+         num_ranks);
+  }
+  if (emulated_nodes > 1 && num_nvl_bytes > 0) {
+    fail(ErrorCode::kUnsupported, "Buffer: emulated_nodes=", emulated_nodes, " with num_nvl_bytes=", num_nvl_bytes,
+         ": normal mode across nodes (RDMA with NVLink forwarding) is not in this build yet; emulated nodes run the "
+         "low-latency mode (num_nvl_bytes=0)");
+  }
+  if (wait_timeout.count() <= 0) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: wait_timeout=", wait_timeout.count(), " ms must be positive");
+  }
+  constexpr int kWarmupHiddenMultiple = 8;  // the dummy rounds move BF16 rows
+  const WarmupShape& shape = warmup_shape;
+  if (shape.num_tokens < 0 || shape.num_low_latency_tokens < 0) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: warmup_shape.num_tokens=", shape.num_tokens,
+         " and warmup_shape.num_low_latency_tokens=", shape.num_low_latency_tokens, " must be non-negative");
+  }
+  if (shape.empty()) return;
+  if (shape.hidden <= 0 || shape.hidden % kWarmupHiddenMultiple != 0) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: warmup_shape.hidden=", shape.hidden, " must be a positive multiple of ",
+         kWarmupHiddenMultiple, " (16-byte rows)");
+  }
+  if (shape.num_experts < num_ranks || shape.num_experts % num_ranks != 0) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: warmup_shape.num_experts=", shape.num_experts,
+         " must be a positive multiple of num_ranks=", num_ranks);
+  }
+  if (shape.num_topk < 1 || shape.num_topk > shape.num_experts) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: warmup_shape.num_topk=", shape.num_topk, " must be in [1, num_experts=",
+         shape.num_experts, "]");
+  }
+  if (shape.num_tokens > 0 && (shape.num_topk > kLayoutMaxTopk || shape.num_experts > kLayoutMaxExperts)) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: warmup_shape.num_topk=", shape.num_topk, " and num_experts=",
+         shape.num_experts, " must be at most ", kLayoutMaxTopk, " and ", kLayoutMaxExperts, " for normal mode");
+  }
+  if (shape.num_low_latency_tokens > 0) {
+    if (!low_latency_mode) {
+      fail(ErrorCode::kInvalidArgument, "Buffer: warmup_shape.num_low_latency_tokens=", shape.num_low_latency_tokens,
+           " needs low_latency_mode");
+    }
+    if (shape.num_topk > kMaxLowLatencyTopk || shape.num_experts > kMaxLowLatencyExperts ||
+        static_cast<int64_t>(shape.num_low_latency_tokens) * shape.num_topk > kMaxLowLatencyPairs) {
+      fail(ErrorCode::kInvalidArgument, "Buffer: warmup_shape (num_low_latency_tokens=", shape.num_low_latency_tokens,
+           ", num_topk=", shape.num_topk, ", num_experts=", shape.num_experts, ") exceeds low-latency mode's limits: top-",
+           kMaxLowLatencyTopk, ", ", kMaxLowLatencyExperts, " experts, ", kMaxLowLatencyPairs, " tokens x top-k");
+    }
+  }
+}
+
+void Config::validate() const {
+  // Even, as deep_ep requires (its channels are SM pairs); here each SM is a channel of its own.
+  if (num_sms < 2 || num_sms % 2 != 0 || num_sms > kMaxChannels) {
+    fail(ErrorCode::kInvalidArgument, "Config: num_sms=", num_sms, " must be an even number in [2, ", kMaxChannels,
+         "] (one channel per SM)");
+  }
+  if (num_max_nvl_chunked_send_tokens < 1) {
+    fail(ErrorCode::kInvalidArgument, "Config: num_max_nvl_chunked_send_tokens=", num_max_nvl_chunked_send_tokens,
+         " must be at least 1");
+  }
+  // A sender publishes only every send_chunk tokens, in windows of kSendWindowTokens, and may
+  // wait for ring space before publishing: the ring must hold a whole unpublished stretch plus a
+  // window, or sender and receiver could wait on each other.
+  const int send_stretch = (num_max_nvl_chunked_send_tokens + kSendWindowTokens - 1) / kSendWindowTokens * kSendWindowTokens;
+  const int min_ring = std::max(kMinRingTokens, send_stretch + kSendWindowTokens);
+  if (num_max_nvl_chunked_recv_tokens < min_ring) {
+    fail(ErrorCode::kInvalidArgument, "Config: num_max_nvl_chunked_recv_tokens=", num_max_nvl_chunked_recv_tokens,
+         " must be at least ", min_ring, " with num_max_nvl_chunked_send_tokens=", num_max_nvl_chunked_send_tokens,
+         " (the send chunk rounded up to ", kSendWindowTokens, ", plus ", kSendWindowTokens, ")");
+  }
+  if (num_max_rdma_chunked_send_tokens < 1) {
+    fail(ErrorCode::kInvalidArgument, "Config: num_max_rdma_chunked_send_tokens=", num_max_rdma_chunked_send_tokens,
+         " must be at least 1");
+  }
+  if (num_max_rdma_chunked_recv_tokens <= num_max_rdma_chunked_send_tokens) {
+    fail(ErrorCode::kInvalidArgument, "Config: num_max_rdma_chunked_recv_tokens=", num_max_rdma_chunked_recv_tokens,
+         " must exceed num_max_rdma_chunked_send_tokens=", num_max_rdma_chunked_send_tokens);
+  }
+}
+
+int64_t Config::nvl_buffer_size_hint(int64_t hidden_bytes, int num_ranks) const {
+  validate();
+  // The larger of the two slot layouts, with room for the most metadata a call may carry.
+  const int max_scales = static_cast<int>(hidden_bytes / kFp8ChannelsPerScale);
+  const SlotLayout dispatch_slot = SlotLayout::dispatch(static_cast<size_t>(hidden_bytes), max_scales, kMaxTopk);
+  const SlotLayout combine_slot = SlotLayout::combine(static_cast<size_t>(hidden_bytes), kMaxTopk);
+  RingLayout rings;
+  rings.slot = dispatch_slot.bytes > combine_slot.bytes ? dispatch_slot : combine_slot;
+  rings.num_ranks = num_ranks;
+  rings.capacity = num_max_nvl_chunked_recv_tokens;
+  const size_t bytes = rings.total_bytes(num_channels());
+  return static_cast<int64_t>((bytes + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment);
+}
+
+// The same for every rank count until a multi-GPU machine lets us tune over real NVLink; the
+// chunk-size sweep behind these values is in docs/PERF.md.
+Config default_dispatch_config(int num_ranks) {
+  if (num_ranks < 1 || num_ranks > kMaxNvlPeers) {
+    fail(ErrorCode::kUnsupported, "default_dispatch_config: num_ranks=", num_ranks, " has no tuned config (1..",
+         kMaxNvlPeers, " inside one node)");
+  }
+  Config config;
+  config.num_sms = 24;
+  config.num_max_nvl_chunked_send_tokens = 8;
+  config.num_max_nvl_chunked_recv_tokens = 128;
+  return config;
+}
+
+Config default_combine_config(int num_ranks) { return default_dispatch_config(num_ranks); }
+
+}  // namespace epcomm

@@ -1,0 +1,31 @@
+// What a DispatchHandle holds: the routing of one dispatch, on the device, plus its shapes.
+#pragma once
+
+#include <vector>
+
+#include "epcomm/normal.hpp"
+
+namespace epcomm::detail {
+
+struct DispatchHandleState {
+  uint64_t owner = 0;  // Buffer::Impl::id of the Buffer that made it: a handle works only there
+  int num_ranks = 0;
+  int num_tokens = 0;
+  int num_channels = 0;
+  int num_experts = 0;
+  int num_rows = 0;             // rows of every recv tensor
+  int num_recv_tokens = -1;     // -1 in worst-case mode
+  int num_worst_tokens = 0;
+  // Freed in the order of the Buffer's communication stream, which each tensor's storage keeps
+  // alive: a handle (or a result's copy of a tensor) may outlive the Buffer.
+  Tensor recv_channel_prefix;   // int32 [R, C + 1]
+  Tensor rank_prefix_matrix;    // int32 [R, R]
+  Tensor verdict;               // int32 [1]: nonzero when the ranks disagreed about the call
+  Tensor is_token_in_rank;      // bool [T, R], a copy of the layout's
+  Tensor send_position;         // int32 [T, R]
+  Tensor recv_src_idx;          // int32 [num_rows]
+  Tensor num_recv_tokens_per_expert_device;  // int32 [E / R]
+  std::vector<int> num_recv_tokens_per_expert;  // empty in worst-case mode
+};
+
+}  // namespace epcomm::detail

@@ -1,0 +1,23 @@
+// What a LowLatencyHandle holds: the origin of every received row, and what the combine needs to
+// send each source one weighted sum per token (kernels::Routing).
+#pragma once
+
+#include "epcomm/low_latency.hpp"
+
+namespace epcomm::detail {
+
+struct LowLatencyHandleState {
+  uint64_t owner = 0;  // Buffer::Impl::id of the Buffer that made it
+  int num_tokens = 0;           // T of the dispatching rank
+  int num_topk = 0;
+  int max_tokens = 0;           // M
+  int hidden = 0;
+  int num_experts = 0;
+  Tensor recv_count_from;  // int32 [E_local, R]
+  Tensor recv_src_info;    // int32 [E_local, R * M]
+  Tensor tokens_from;      // int32 [R]: T of each source
+  Tensor topk_from;        // int32 [R, M, K]: each source's top-k ids
+  Tensor pair_row;         // int32 [R, M, K]: where each source pair naming an expert here landed
+};
+
+}  // namespace epcomm::detail

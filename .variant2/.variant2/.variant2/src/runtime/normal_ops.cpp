@@ -1,0 +1,459 @@
+// Buffer::dispatch and Buffer::combine (normal mode, inside one NVLink domain): argument checks,
+// stream ordering, the notify step with its bounded host wait, output allocation, kernel launches.
+#include <chrono>
+#include <thread>
+
+#include "common/nvl_layout.hpp"
+#include "common/notify_results.hpp"
+#include "kernels/intranode/intranode_launchers.hpp"
+#include "kernels/launchers.hpp"
+#include "runtime/buffer_impl.hpp"
+#include "runtime/dispatch_handle.hpp"
+#include "runtime/tensor_group.hpp"
+#include "runtime/validate.hpp"
+
+namespace epcomm {
+namespace {
+
+constexpr const char* kDispatchOp = "dispatch";
+constexpr const char* kCombineOp = "combine";
+
+// An optional tensor argument is absent when it has no dimensions.
+bool given(const TensorView& tensor) { return tensor.ndim > 0; }
+
+// deep_ep's stream discipline (see CallOptions): the call runs on the communication stream,
+// ordered after the caller's stream or previous_event, and hands its end back.
+class CallStreams {
+ public:
+  CallStreams(cudaStream_t comm, const CallOptions& call) : comm_(comm), call_(call) {
+    if (!call.previous_event.empty()) {
+      call.previous_event.wait(comm_);
+    } else {
+      Event::record(call.stream).wait(comm_);
+    }
+  }
+  cudaStream_t comm() const { return comm_; }
+  cudaStream_t allocation() const { return call_.allocate_on_comm_stream ? comm_ : call_.stream; }
+  // Outputs allocated in the caller's stream order must exist before the kernels touch them.
+  void order_after_allocations() const {
+    if (!call_.allocate_on_comm_stream) Event::record(call_.stream).wait(comm_);
+  }
+  Event finish() const {
+    Event done = Event::record(comm_);
+    if (call_.async_finish) return done;
+    done.wait(call_.stream);
+    return Event{};
+  }
+
+ private:
+  cudaStream_t comm_;
+  const CallOptions& call_;
+};
+
+bool is_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  EPCOMM_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+Tensor allocate(Allocator& allocator, DType dtype, std::initializer_list<int64_t> shape, cudaStream_t stream) {
+  return allocator.allocate(dtype, shape, stream);
+}
+
+void require_ring_fits(const char* op, const Buffer::Impl& impl, const RingLayout& rings, const Config& config,
+                       int64_t row_bytes) {
+  const size_t needed = rings.total_bytes(config.num_channels());
+  if (needed > static_cast<size_t>(impl.options.num_nvl_bytes)) {
+    fail(ErrorCode::kInvalidArgument, op, ": num_nvl_bytes=", impl.options.num_nvl_bytes, " is too small for rows of ",
+         row_bytes, " bytes with num_sms=", config.num_sms, " and num_max_nvl_chunked_recv_tokens=",
+         config.num_max_nvl_chunked_recv_tokens, ": the rings need ", needed,
+         " bytes (Config::nvl_buffer_size_hint gives a size that fits every call)");
+  }
+}
+
+// The intranode kernels store rows straight into peers' rings: every rank must be direct.
+void require_direct_peers(const char* op, const Buffer::Impl& impl) {
+  if (!impl.window().all_direct()) {
+    fail(ErrorCode::kUnsupported, op, ": some ranks reach each other only by put (emulated_nodes=",
+         impl.options.emulated_nodes, "); normal mode across nodes is not in this build yet");
+  }
+}
+
+// Every block of every rank on this GPU must be resident at once (see normal_kernel_blocks_per_sm).
+void require_resident(const char* op, const Buffer::Impl& impl, const Config& config) {
+  require_direct_peers(op, impl);
+  const int sharing = impl.transport->ranks_on_my_device();
+  const int capacity = impl.num_device_sms * kernels::normal_kernel_blocks_per_sm();
+  if (sharing * config.num_sms > capacity) {
+    fail(ErrorCode::kInvalidArgument, op, ": config.num_sms=", config.num_sms, " with ", sharing,
+         " ranks sharing this GPU needs ", sharing * config.num_sms, " resident blocks, but it holds ", capacity,
+         "; use num_sms <= ", std::max(2, capacity / sharing / 2 * 2));
+  }
+}
+
+void require_vector_aligned(const char* op, const char* name, const TensorView& tensor) {
+  if (reinterpret_cast<uintptr_t>(tensor.data) % kVectorBytes != 0) {
+    fail(ErrorCode::kInvalidArgument, op, ": ", name, " at ", tensor.data, " must be ", kVectorBytes, "-byte aligned");
+  }
+}
+
+kernels::RingArgs ring_args(const Config& config) {
+  kernels::RingArgs ring;
+  ring.num_channels = config.num_channels();
+  ring.ring_capacity = config.num_max_nvl_chunked_recv_tokens;
+  ring.send_chunk = config.num_max_nvl_chunked_send_tokens;
+  return ring;
+}
+
+// Waits (bounded) until the notify step of this call has published its counts to the host.
+void wait_for_notify(Buffer::Impl& impl, uint64_t sequence) {
+  const auto* results = static_cast<const NotifyResults*>(impl.notify_results.host());
+  const auto deadline = std::chrono::steady_clock::now() + impl.options.wait_timeout;
+  // Pairs with the notify kernel's release store of `sequence`.
+  while (__atomic_load_n(&results->sequence, __ATOMIC_ACQUIRE) != sequence) {
+    impl.errors.raise_if_out_of_step();  // e.g. an earlier kernel timed out on a missing peer
+    if (std::chrono::steady_clock::now() > deadline) {
+      const std::string message =
+          join_message("rank ", impl.bootstrap->rank(), ": dispatch waited ", impl.options.wait_timeout.count(),
+                 " ms on the host for the received-token counts of its notify step; a peer may not have called "
+                 "dispatch, or this rank's GPU is stuck behind earlier work");
+      impl.errors.mark_unusable(message);
+      fail(ErrorCode::kTimeout, message);
+    }
+    std::this_thread::yield();
+  }
+}
+
+struct DispatchShape {
+  int num_tokens = 0;
+  int hidden = 0;
+  int64_t row_bytes = 0;
+  int num_scales = 0;
+  int num_topk = 0;
+  int num_experts = 0;
+};
+
+DispatchShape validate_dispatch(const Buffer::Impl& impl, const DispatchArgs& args,
+                                const detail::DispatchHandleState* cached, int num_ranks) {
+  DispatchShape shape;
+  detail::require_device_tensor(impl.device, kDispatchOp, "x", args.x, {DType::kBFloat16, DType::kFloat8E4M3},
+                                {detail::kAnyExtent, detail::kAnyExtent});
+  shape.num_tokens = static_cast<int>(args.x.shape[0]);
+  shape.hidden = static_cast<int>(args.x.shape[1]);
+  shape.row_bytes = static_cast<int64_t>(shape.hidden) * static_cast<int64_t>(dtype_size(args.x.dtype));
+  if (shape.row_bytes % static_cast<int64_t>(kVectorBytes) != 0 || shape.hidden == 0) {
+    fail(ErrorCode::kInvalidArgument, kDispatchOp, ": hidden=", shape.hidden, " (", shape.row_bytes,
+         " bytes per row) must be positive and give rows that are a multiple of ", kVectorBytes, " bytes");
+  }
+  require_vector_aligned(kDispatchOp, "x", args.x);
+  if (args.x.dtype == DType::kFloat8E4M3) {
+    if (shape.hidden % kFp8ChannelsPerScale != 0) {
+      fail(ErrorCode::kInvalidArgument, kDispatchOp, ": hidden=", shape.hidden, " must be a multiple of ",
+           kFp8ChannelsPerScale, " for FP8 dispatch (one scale per ", kFp8ChannelsPerScale, " channels)");
+    }
+    shape.num_scales = shape.hidden / kFp8ChannelsPerScale;
+    if (!given(args.x_scales)) fail(ErrorCode::kInvalidArgument, kDispatchOp, ": FP8 x needs x_scales");
+    // Any layout, as deep_ep takes them: row-major [token][scale] or scale-major (column-major).
+    detail::require_device_tensor(impl.device, kDispatchOp, "x_scales", args.x_scales, {DType::kFloat32},
+                                  {shape.num_tokens, shape.num_scales}, detail::Strides::kAny);
+  } else if (given(args.x_scales)) {
+    fail(ErrorCode::kInvalidArgument, kDispatchOp, ": x_scales (", args.x_scales.describe(),
+         ") was given but x is bfloat16; scales go with float8_e4m3fn x only");
+  }
+  if (given(args.topk_idx)) {
+    detail::require_device_tensor(impl.device, kDispatchOp, "topk_idx", args.topk_idx, {DType::kInt64},
+                                  {shape.num_tokens, detail::kAnyExtent});
+    shape.num_topk = static_cast<int>(args.topk_idx.shape[1]);
+    detail::require_in_range(kDispatchOp, "num_topk (topk_idx.shape[1])", shape.num_topk, 1, kMaxTopk);
+  }
+  if (given(args.topk_weights)) {
+    if (!given(args.topk_idx)) fail(ErrorCode::kInvalidArgument, kDispatchOp, ": topk_weights needs topk_idx");
+    detail::require_device_tensor(impl.device, kDispatchOp, "topk_weights", args.topk_weights, {DType::kFloat32},
+                                  {shape.num_tokens, shape.num_topk});
+  }
+  if (args.handle != nullptr) {
+    if (cached == nullptr || cached->owner != impl.id) {
+      fail(ErrorCode::kInvalidArgument, kDispatchOp, ": handle is empty or was made by another Buffer");
+    }
+    if (cached->num_tokens != shape.num_tokens) {
+      fail(ErrorCode::kInvalidArgument, kDispatchOp, ": x has ", shape.num_tokens,
+           " tokens but the cached handle was made for ", cached->num_tokens);
+    }
+    if (cached->num_channels != args.config.num_channels()) {
+      fail(ErrorCode::kInvalidArgument, kDispatchOp, ": config.num_sms=", args.config.num_sms,
+           " differs from the cached handle's ", cached->num_channels, " (one channel per SM)");
+    }
+    shape.num_experts = cached->num_experts;
+  } else {
+    detail::require_device_tensor(impl.device, kDispatchOp, "num_tokens_per_rank", args.num_tokens_per_rank, {DType::kInt32}, {num_ranks});
+    detail::require_device_tensor(impl.device, kDispatchOp, "num_tokens_per_expert", args.num_tokens_per_expert, {DType::kInt32},
+                                  {detail::kAnyExtent});
+    shape.num_experts = static_cast<int>(args.num_tokens_per_expert.shape[0]);
+    if (shape.num_experts == 0 || shape.num_experts % num_ranks != 0 || shape.num_experts / num_ranks > kMaxLocalExperts) {
+      fail(ErrorCode::kInvalidArgument, kDispatchOp, ": num_experts=", shape.num_experts,
+           " (num_tokens_per_expert.shape[0]) must be a positive multiple of num_ranks=", num_ranks, " with at most ",
+           kMaxLocalExperts, " experts per rank");
+    }
+    detail::require_device_tensor(impl.device, kDispatchOp, "is_token_in_rank", args.is_token_in_rank, {DType::kBool},
+                                  {shape.num_tokens, num_ranks});
+  }
+  detail::require_in_range(kDispatchOp, "expert_alignment", args.expert_alignment, 1, 1 << 20);
+  detail::require_in_range(kDispatchOp, "num_worst_tokens", args.num_worst_tokens, 0, INT32_MAX / 2);
+  args.config.validate();
+  return shape;
+}
+
+// What every rank of this dispatch must agree on; the notify step compares it across ranks.
+CallSignature call_signature(const DispatchArgs& args, const DispatchShape& shape) {
+  CallSignature signature{};
+  auto set = [&](CallField field, int64_t value) { signature.values[static_cast<int>(field)] = static_cast<int32_t>(value); };
+  set(CallField::kRowBytes, shape.row_bytes);
+  set(CallField::kNumScales, shape.num_scales);
+  set(CallField::kNumTopk, shape.num_topk);
+  set(CallField::kNumExperts, shape.num_experts);
+  set(CallField::kNumChannels, args.config.num_channels());
+  set(CallField::kRingCapacity, args.config.num_max_nvl_chunked_recv_tokens);
+  set(CallField::kHasTopkIdx, given(args.topk_idx));
+  set(CallField::kHasTopkWeights, given(args.topk_weights));
+  return signature;
+}
+
+// Step 1 of a dispatch: the routing of this call in the handle. A new routing runs the notify step
+// (counts exchanged between ranks; unless the outputs are worst-case sized, the host waits for the
+// received counts); a cached one only needs every rank past its previous call (a barrier).
+void notify(Buffer::Impl& impl, const DispatchArgs& args, const DispatchShape& shape, bool host_waits,
+            const detail::DispatchHandleState* cached, detail::DispatchHandleState& state, Allocator& allocator,
+            cudaStream_t comm) {
+  const KernelContext context = impl.context();
+  if (cached != nullptr) {
+    kernels::launch_nvl_barrier(impl.window(), context, comm);
+    return;
+  }
+  const int ranks = impl.bootstrap->num_ranks();
+  const int channels = args.config.num_channels();
+  // The handle's tensors live in the communication stream's order: every kernel that reads them
+  // runs there, so freeing them there (when the last handle goes) can never overtake a reader.
+  std::vector<Tensor> routing = detail::allocate_together(
+      allocator,
+      {detail::piece(DType::kInt32, {ranks, channels + 1}), detail::piece(DType::kBool, {shape.num_tokens, ranks}),
+       detail::piece(DType::kInt32, {shape.num_tokens, ranks}), detail::piece(DType::kInt32, {shape.num_experts / ranks}),
+       detail::piece(DType::kInt32, {ranks, ranks}), detail::piece(DType::kInt32, {1})},
+      comm, impl.comm_stream_lifetime);
+  state.recv_channel_prefix = std::move(routing[0]);
+  state.is_token_in_rank = std::move(routing[1]);
+  state.send_position = std::move(routing[2]);
+  state.num_recv_tokens_per_expert_device = std::move(routing[3]);
+  state.rank_prefix_matrix = std::move(routing[4]);
+  state.verdict = std::move(routing[5]);
+  kernels::NotifyDispatchArgs notify;
+  notify.is_token_in_rank = args.is_token_in_rank.ptr<bool>();
+  notify.kept_is_token_in_rank = state.is_token_in_rank.view.ptr<bool>();
+  notify.num_tokens_per_rank = args.num_tokens_per_rank.ptr<int32_t>();
+  notify.num_tokens_per_expert = args.num_tokens_per_expert.ptr<int32_t>();
+  notify.num_tokens = shape.num_tokens;
+  notify.num_experts = shape.num_experts;
+  notify.num_channels = channels;
+  notify.expert_alignment = args.expert_alignment;
+  notify.recv_channel_prefix = state.recv_channel_prefix.view.ptr<int32_t>();
+  notify.rank_prefix_matrix = state.rank_prefix_matrix.view.ptr<int32_t>();
+  notify.signature = call_signature(args, shape);
+  notify.verdict = state.verdict.view.ptr<int32_t>();
+  notify.num_recv_tokens_per_expert = state.num_recv_tokens_per_expert_device.view.ptr<int32_t>();
+  if (host_waits) {
+    notify.host_results = static_cast<NotifyResults*>(impl.notify_results.device());
+    notify.sequence = ++impl.notify_sequence;
+  }
+  kernels::launch_notify_dispatch(impl.window(), notify, context, comm);
+  if (host_waits) {
+    wait_for_notify(impl, notify.sequence);
+    const auto* results = static_cast<const NotifyResults*>(impl.notify_results.host());
+    if (results->disagreed != 0) {
+      // Ranks that disagreed about the call fail here, every one of them, before anything is sent.
+      impl.errors.raise_if_recorded();
+      fail(ErrorCode::kInvalidArgument, kDispatchOp, ": the ranks made different calls (the other ranks' errors say how)");
+    }
+    state.num_recv_tokens = results->num_recv_tokens;
+    state.num_rows = results->num_recv_tokens;
+    state.num_recv_tokens_per_expert.assign(results->num_recv_tokens_per_expert,
+                                            results->num_recv_tokens_per_expert + shape.num_experts / ranks);
+  } else {
+    state.num_recv_tokens = -1;
+    state.num_rows = args.num_worst_tokens;
+  }
+  state.recv_src_idx = std::move(
+      detail::allocate_together(allocator, {detail::piece(DType::kInt32, {state.num_rows})}, comm, impl.comm_stream_lifetime)[0]);
+}
+
+// Step 2: the caller's outputs, sized by the rows the notify step found (or the worst case).
+DispatchResult allocate_outputs(const DispatchArgs& args, const DispatchShape& shape, int64_t rows, Allocator& allocator,
+                                cudaStream_t stream) {
+  DispatchResult result;
+  result.recv_x = allocate(allocator, args.x.dtype, {rows, shape.hidden}, stream);
+  if (shape.num_scales > 0) result.recv_x_scales = allocate(allocator, DType::kFloat32, {rows, shape.num_scales}, stream);
+  if (shape.num_topk > 0) result.recv_topk_idx = allocate(allocator, DType::kInt64, {rows, shape.num_topk}, stream);
+  if (given(args.topk_weights)) {
+    result.recv_topk_weights = allocate(allocator, DType::kFloat32, {rows, shape.num_topk}, stream);
+  }
+  return result;
+}
+
+// Step 3: the dispatch kernel, from the caller's inputs into the outputs, by the handle's routing.
+void launch(const Buffer::Impl& impl, const DispatchArgs& args, const DispatchShape& shape, bool cached,
+            const detail::DispatchHandleState& state, const DispatchResult& result, cudaStream_t comm) {
+  kernels::DispatchKernelArgs kernel;
+  kernel.x = args.x.data;
+  kernel.row_bytes = static_cast<size_t>(shape.row_bytes);
+  kernel.x_scales = shape.num_scales > 0 ? args.x_scales.ptr<float>() : nullptr;
+  kernel.scale_token_stride = shape.num_scales > 0 ? args.x_scales.strides[0] : 0;
+  kernel.scale_stride = shape.num_scales > 0 ? args.x_scales.strides[1] : 0;
+  kernel.num_scales = shape.num_scales;
+  kernel.topk_idx = shape.num_topk > 0 ? args.topk_idx.ptr<int64_t>() : nullptr;
+  kernel.topk_weights = given(args.topk_weights) ? args.topk_weights.ptr<float>() : nullptr;
+  kernel.num_topk = shape.num_topk;
+  kernel.is_token_in_rank = state.is_token_in_rank.view.ptr<bool>();
+  kernel.num_tokens = shape.num_tokens;
+  kernel.num_experts = shape.num_experts;
+  kernel.recv_channel_prefix = state.recv_channel_prefix.view.ptr<int32_t>();
+  kernel.num_rows = state.num_rows;
+  kernel.recv_x = result.recv_x.view.data;
+  kernel.recv_x_scales = result.recv_x_scales.view.ptr<float>();
+  kernel.recv_topk_idx = result.recv_topk_idx.view.ptr<int64_t>();
+  kernel.recv_topk_weights = result.recv_topk_weights.view.ptr<float>();
+  // A cached dispatch replays known routing: the source indices and positions are already there.
+  kernel.recv_src_idx = cached ? nullptr : state.recv_src_idx.view.ptr<int32_t>();
+  kernel.send_position = cached ? nullptr : state.send_position.view.ptr<int32_t>();
+  kernel.verdict = state.verdict.view.ptr<int32_t>();
+  kernel.ring = ring_args(args.config);
+  kernels::launch_dispatch(impl.window(), kernel, impl.context(), comm);
+}
+
+}  // namespace
+
+DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, const CallOptions& call) {
+  impl_->begin(kDispatchOp);
+  Impl& impl = *impl_;
+  const auto profiled = impl.profile_call(kDispatchOp, call.stream);
+  const int ranks = num_ranks();
+  const detail::DispatchHandleState* cached = args.handle != nullptr ? args.handle->state_.get() : nullptr;
+  const DispatchShape shape = validate_dispatch(impl, args, cached, ranks);
+  const bool worst_case = args.num_worst_tokens > 0;
+  const bool host_waits = cached == nullptr && !worst_case;
+  if (host_waits && is_capturing(call.stream)) {
+    fail(ErrorCode::kInvalidArgument, kDispatchOp, ": the stream is being captured into a CUDA graph, but dispatch "
+         "waits on the host for received counts; pass num_worst_tokens > 0, or use a cached handle");
+  }
+  RingLayout rings;
+  rings.slot = SlotLayout::dispatch(static_cast<size_t>(shape.row_bytes), shape.num_scales, shape.num_topk);
+  rings.num_ranks = ranks;
+  rings.capacity = args.config.num_max_nvl_chunked_recv_tokens;
+  require_ring_fits(kDispatchOp, impl, rings, args.config, shape.row_bytes);
+  require_resident(kDispatchOp, impl, args.config);
+
+  detail::ScopedDevice scoped(impl.device);
+  auto state = std::make_shared<detail::DispatchHandleState>();
+  if (cached != nullptr) {
+    *state = *cached;  // same routing; the tensors are shared
+  } else {
+    state->owner = impl.id;
+    state->num_ranks = ranks;
+    state->num_tokens = shape.num_tokens;
+    state->num_channels = args.config.num_channels();
+    state->num_experts = shape.num_experts;
+    state->num_worst_tokens = args.num_worst_tokens;
+  }
+  const CallStreams streams(impl.comm_stream, call);
+  notify(impl, args, shape, host_waits, cached, *state, allocator, streams.comm());
+  DispatchResult result = allocate_outputs(args, shape, state->num_rows, allocator, streams.allocation());
+  streams.order_after_allocations();
+  launch(impl, args, shape, cached != nullptr, *state, result, streams.comm());
+
+  result.num_recv_tokens_per_expert_device = state->num_recv_tokens_per_expert_device;
+  result.num_recv_tokens_per_expert = state->num_recv_tokens_per_expert;
+  result.handle = DispatchHandle(std::move(state));
+  result.event = streams.finish();
+  return result;
+}
+
+CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, const CallOptions& call) {
+  impl_->begin(kCombineOp);
+  Impl& impl = *impl_;
+  const auto profiled = impl.profile_call(kCombineOp, call.stream);
+  if (args.handle == nullptr || args.handle->empty() || args.handle->state_->owner != impl.id) {
+    fail(ErrorCode::kInvalidArgument, kCombineOp, ": handle must be a dispatch handle made by this Buffer");
+  }
+  const detail::DispatchHandleState& state = *args.handle->state_;
+  detail::require_device_tensor(impl.device, kCombineOp, "x", args.x, {DType::kBFloat16}, {state.num_rows, detail::kAnyExtent});
+  const int hidden = static_cast<int>(args.x.shape[1]);
+  const int64_t row_bytes = static_cast<int64_t>(hidden) * static_cast<int64_t>(dtype_size(DType::kBFloat16));
+  if (hidden == 0 || row_bytes % static_cast<int64_t>(kVectorBytes) != 0) {
+    fail(ErrorCode::kInvalidArgument, kCombineOp, ": hidden=", hidden, " must be a positive multiple of ",
+         kVectorBytes / dtype_size(DType::kBFloat16));
+  }
+  int num_topk = 0;
+  if (given(args.topk_weights)) {
+    detail::require_device_tensor(impl.device, kCombineOp, "topk_weights", args.topk_weights, {DType::kFloat32},
+                                  {state.num_rows, detail::kAnyExtent});
+    num_topk = static_cast<int>(args.topk_weights.shape[1]);
+    detail::require_in_range(kCombineOp, "num_topk (topk_weights.shape[1])", num_topk, 1, kMaxTopk);
+  }
+  if (given(args.bias0)) detail::require_device_tensor(impl.device, kCombineOp, "bias0", args.bias0, {DType::kBFloat16}, {state.num_tokens, hidden});
+  if (given(args.bias1)) detail::require_device_tensor(impl.device, kCombineOp, "bias1", args.bias1, {DType::kBFloat16}, {state.num_tokens, hidden});
+  args.config.validate();
+  if (args.config.num_channels() != state.num_channels) {
+    fail(ErrorCode::kInvalidArgument, kCombineOp, ": config.num_sms=", args.config.num_sms,
+         " must equal the dispatch's (", state.num_channels, "): combine runs on the dispatch's channels");
+  }
+  RingLayout rings;
+  rings.slot = SlotLayout::combine(static_cast<size_t>(row_bytes), num_topk);
+  rings.num_ranks = num_ranks();
+  rings.capacity = args.config.num_max_nvl_chunked_recv_tokens;
+  require_ring_fits(kCombineOp, impl, rings, args.config, row_bytes);
+  require_resident(kCombineOp, impl, args.config);
+  require_vector_aligned(kCombineOp, "x", args.x);
+  if (given(args.bias0)) require_vector_aligned(kCombineOp, "bias0", args.bias0);
+  if (given(args.bias1)) require_vector_aligned(kCombineOp, "bias1", args.bias1);
+
+  detail::ScopedDevice scoped(impl.device);
+  const KernelContext context = impl.context();
+  const CallStreams streams(impl.comm_stream, call);
+  CombineResult result;
+  result.combined_x = allocate(allocator, DType::kBFloat16, {state.num_tokens, hidden}, streams.allocation());
+  if (num_topk > 0) {
+    result.combined_topk_weights = allocate(allocator, DType::kFloat32, {state.num_tokens, num_topk}, streams.allocation());
+  }
+  streams.order_after_allocations();
+
+  // Every rank must have finished its previous call before rings are laid out for this one.
+  kernels::launch_nvl_barrier(impl.window(), context, streams.comm());
+  kernels::CombineKernelArgs kernel;
+  kernel.x = args.x.data;
+  kernel.hidden = hidden;
+  kernel.topk_weights = num_topk > 0 ? args.topk_weights.ptr<float>() : nullptr;
+  kernel.num_topk = num_topk;
+  kernel.bias0 = given(args.bias0) ? args.bias0.data : nullptr;
+  kernel.bias1 = given(args.bias1) ? args.bias1.data : nullptr;
+  kernel.recv_channel_prefix = state.recv_channel_prefix.view.ptr<int32_t>();
+  kernel.send_position = state.send_position.view.ptr<int32_t>();
+  kernel.verdict = state.verdict.view.ptr<int32_t>();
+  kernel.num_tokens = state.num_tokens;
+  kernel.num_rows = state.num_rows;
+  kernel.combined_x = result.combined_x.view.data;
+  kernel.combined_topk_weights = result.combined_topk_weights.view.ptr<float>();
+  kernel.ring = ring_args(args.config);
+  kernels::launch_combine(impl.window(), kernel, context, streams.comm());
+  result.event = streams.finish();
+  return result;
+}
+
+// ---- DispatchHandle ----
+int DispatchHandle::num_tokens() const { return state_ ? state_->num_tokens : 0; }
+int DispatchHandle::num_recv_tokens() const { return state_ ? state_->num_recv_tokens : 0; }
+int DispatchHandle::num_rows() const { return state_ ? state_->num_rows : 0; }
+int DispatchHandle::num_channels() const { return state_ ? state_->num_channels : 0; }
+TensorView DispatchHandle::recv_src_idx() const { return state_ ? state_->recv_src_idx.view : TensorView{}; }
+TensorView DispatchHandle::recv_channel_prefix() const { return state_ ? state_->recv_channel_prefix.view : TensorView{}; }
+TensorView DispatchHandle::send_position() const { return state_ ? state_->send_position.view : TensorView{}; }
+TensorView DispatchHandle::is_token_in_rank() const { return state_ ? state_->is_token_in_rank.view : TensorView{}; }
+TensorView DispatchHandle::rank_prefix_matrix() const { return state_ ? state_->rank_prefix_matrix.view : TensorView{}; }
+
+}  // namespace epcomm

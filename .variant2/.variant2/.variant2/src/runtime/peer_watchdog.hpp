@@ -1,0 +1,41 @@
+// Notices, within a fraction of a second, that another rank's process on this host has died
+// (killed, crashed), so that every wait on it can stop at once instead of running into its
+// timeout: it asks the operating system about each peer's process (common/process_identity.hpp).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/process_identity.hpp"
+
+namespace epcomm::detail {
+
+class PeerWatchdog {
+ public:
+  using OnDeath = std::function<void(const std::vector<DeadProcess>& dead)>;
+  // Watches `peers` (indexed by rank) every `interval` on a thread of its own; calls `on_death`
+  // once, from that thread, with every rank found dead in the first check that finds any (ranks
+  // that die within one interval of each other cannot be ordered), then stops watching.
+  PeerWatchdog(std::vector<ProcessIdentity> peers, OnDeath on_death, std::chrono::milliseconds interval);
+  ~PeerWatchdog();  // stops the thread and joins it
+  PeerWatchdog(const PeerWatchdog&) = delete;
+  PeerWatchdog& operator=(const PeerWatchdog&) = delete;
+
+ private:
+  void watch();
+
+  std::vector<ProcessIdentity> peers_;
+  OnDeath on_death_;
+  std::chrono::milliseconds interval_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace epcomm::detail

@@ -1,0 +1,146 @@
+#include "epcomm/types.hpp"
+
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "epcomm/error.hpp"
+#include "common/cuda_check.hpp"
+
+namespace epcomm {
+
+size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::kBFloat16: return 2;
+    case DType::kFloat8E4M3: return 1;
+    case DType::kFloat32: return 4;
+    case DType::kInt32: return 4;
+    case DType::kInt64: return 8;
+    case DType::kBool: return 1;
+    case DType::kUInt8: return 1;
+  }
+  fail(ErrorCode::kInvalidArgument, "unknown dtype value ", static_cast<int>(dtype));
+}
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kBFloat16: return "bfloat16";
+    case DType::kFloat8E4M3: return "float8_e4m3fn";
+    case DType::kFloat32: return "float32";
+    case DType::kInt32: return "int32";
+    case DType::kInt64: return "int64";
+    case DType::kBool: return "bool";
+    case DType::kUInt8: return "uint8";
+  }
+  return "unknown";
+}
+
+TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list<int64_t> shape) {
+  if (shape.size() > static_cast<size_t>(kMaxDims)) {
+    fail(ErrorCode::kInvalidArgument, "TensorView: ", shape.size(), " dimensions given, at most ", kMaxDims,
+         " supported");
+  }
+  TensorView view;
+  view.data = data;
+  view.dtype = dtype;
+  view.ndim = static_cast<int>(shape.size());
+  int dim = 0;
+  for (int64_t extent : shape) {
+    if (extent < 0) fail(ErrorCode::kInvalidArgument, "TensorView: dimension ", dim, " is ", extent, " (negative)");
+    view.shape[dim++] = extent;
+  }
+  int64_t stride = 1;
+  for (int d = view.ndim - 1; d >= 0; --d) {
+    view.strides[d] = stride;
+    stride *= view.shape[d];
+  }
+  return view;
+}
+
+int64_t TensorView::numel() const {
+  if (ndim == 0) return 0;  // an absent tensor (epcomm has no 0-dimensional tensors)
+  int64_t count = 1;
+  for (int d = 0; d < ndim; ++d) count *= shape[d];
+  return count;
+}
+
+bool TensorView::is_contiguous() const {
+  int64_t expected = 1;
+  for (int d = ndim - 1; d >= 0; --d) {
+    // A dimension of extent 1 may carry any stride without changing the memory order.
+    if (shape[d] != 1 && strides[d] != expected) return false;
+    expected *= shape[d];
+  }
+  return true;
+}
+
+std::string TensorView::describe() const {
+  std::ostringstream out;
+  out << dtype_name(dtype) << "[";
+  for (int d = 0; d < ndim; ++d) out << (d ? ", " : "") << shape[d];
+  out << "]";
+  if (!is_contiguous()) out << " (non-contiguous)";
+  return out.str();
+}
+
+namespace {
+
+// A CUDA memory pool of one device that keeps freed memory for reuse (release threshold at the
+// maximum), so steady-state calls never map new memory. Outlives every allocation made from it.
+class DevicePool {
+ public:
+  explicit DevicePool(int device) {
+    cudaMemPoolProps properties{};
+    properties.allocType = cudaMemAllocationTypePinned;
+    properties.location.type = cudaMemLocationTypeDevice;
+    properties.location.id = device;
+    EPCOMM_CUDA_CHECK(cudaMemPoolCreate(&pool_, &properties));
+    uint64_t keep_everything = UINT64_MAX;
+    EPCOMM_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep_everything));
+  }
+  ~DevicePool() { EPCOMM_CUDA_WARN(cudaMemPoolDestroy(pool_)); }
+  DevicePool(const DevicePool&) = delete;
+  DevicePool& operator=(const DevicePool&) = delete;
+  cudaMemPool_t get() const { return pool_; }
+
+ private:
+  cudaMemPool_t pool_ = nullptr;
+};
+
+class StreamOrderedAllocator final : public Allocator {
+ public:
+  Tensor allocate(DType dtype, std::initializer_list<int64_t> shape, cudaStream_t stream) override {
+    Tensor tensor;
+    tensor.view = TensorView::contiguous(static_cast<void*>(nullptr), dtype, shape);
+    const size_t bytes = tensor.view.nbytes();
+    if (bytes == 0) return tensor;
+    std::shared_ptr<DevicePool> pool = pool_of_current_device();
+    void* memory = nullptr;
+    EPCOMM_CUDA_CHECK(cudaMallocFromPoolAsync(&memory, bytes, pool->get(), stream));
+    tensor.view.data = memory;
+    // Freed in the order of the stream it was made for, once the last holder lets go.
+    tensor.storage = std::shared_ptr<void>(memory, [stream, pool](void* pointer) {
+      EPCOMM_CUDA_WARN(cudaFreeAsync(pointer, stream));
+    });
+    return tensor;
+  }
+
+ private:
+  std::shared_ptr<DevicePool> pool_of_current_device() {
+    int device = 0;
+    EPCOMM_CUDA_CHECK(cudaGetDevice(&device));
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::shared_ptr<DevicePool>& pool = pools_[device];
+    if (!pool) pool = std::make_shared<DevicePool>(device);
+    return pool;
+  }
+
+  std::mutex mutex_;
+  std::map<int, std::shared_ptr<DevicePool>> pools_;
+};
+
+}  // namespace
+
+std::shared_ptr<Allocator> make_stream_ordered_allocator() { return std::make_shared<StreamOrderedAllocator>(); }
+
+}  // namespace epcomm

@@ -1,0 +1,39 @@
+// The CUDA IPC transport: every rank's buffer is one cudaMalloc, exported with
+// cudaIpcGetMemHandle and mapped into every peer's process. Reaches the ranks of one host (on one
+// GPU under MPS, or GPUs joined by NVLink or PCIe peer access).
+#pragma once
+
+#include <vector>
+
+#include "common/device_allocation.hpp"
+#include "transport/transport.hpp"
+
+namespace epcomm::detail {
+
+// A peer's buffer opened through cudaIpcOpenMemHandle, closed on destruction.
+class IpcMapping {
+ public:
+  IpcMapping() = default;
+  explicit IpcMapping(void* pointer) : pointer_(pointer) {}
+  ~IpcMapping();
+  IpcMapping(IpcMapping&& other) noexcept;
+  IpcMapping& operator=(IpcMapping&& other) noexcept;
+  void* get() const { return pointer_; }
+
+ private:
+  void* pointer_ = nullptr;
+};
+
+class IpcTransport final : public Transport {
+ public:
+  // Collective. The buffer is zeroed before any peer can see it, so signals start at 0.
+  IpcTransport(Bootstrap& bootstrap, const TransportOptions& options);
+  void release_collectively(Bootstrap& bootstrap) override;
+  void abandon() override;
+
+ private:
+  DeviceAllocation local_;
+  std::vector<IpcMapping> mappings_;  // one per peer rank (the own rank's entry stays empty)
+};
+
+}  // namespace epcomm::detail

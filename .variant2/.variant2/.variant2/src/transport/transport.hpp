@@ -1,0 +1,62 @@
+// The host side of a transport: it allocates this rank's buffer, makes every peer's reachable,
+// hands kernels the window through which they reach them (transport/window.cuh), and tears it
+// all down collectively. Buffer holds one; kernels see only the PeerWindow.
+//
+// Adding a transport (NVSHMEM across nodes, NCCL's device API): implement this class, give its
+// device half the operations of window.cuh with the same ordering guarantees, and choose it in
+// make_transport. Kernels and the runtime above do not change.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/buffer_layout.hpp"
+#include "common/process_identity.hpp"
+#include "epcomm/bootstrap.hpp"
+#include "transport/window.hpp"
+
+namespace epcomm::detail {
+
+struct TransportOptions {
+  int device = 0;
+  BufferLayout layout;  // the same on every rank
+  // A summary of the options every rank must agree on; a rank that differs fails the creation.
+  std::string agreed;
+  // > 1: split the ranks into this many equal groups that reach each other only through put and
+  // signal, as ranks of different nodes do (BufferOptions::emulated_nodes).
+  int emulated_nodes = 1;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  // What kernels are launched with: every rank's buffer as this rank reaches it.
+  const PeerWindow& window() const { return window_; }
+  // This rank's own buffer (zeroed at creation), BufferLayout::total_bytes() long.
+  void* local_base() const { return window_.bases[window_.rank]; }
+  // Ranks (this one included) whose buffers live on this rank's GPU: > 1 when ranks share it (MPS).
+  int ranks_on_my_device() const { return ranks_on_my_device_; }
+  // The process of every rank that shares this host (pid 0 for this rank and for ranks elsewhere),
+  // as they published it: whose death to watch for.
+  const std::vector<ProcessIdentity>& local_processes() const { return local_processes_; }
+  // Collective teardown: no rank frees memory a peer still reaches. The destructor alone (e.g.
+  // while an exception unwinds) releases without waiting for peers.
+  virtual void release_collectively(Bootstrap& bootstrap) = 0;
+  // Local teardown for when the ranks cannot meet (a peer died): closes this rank's mappings of
+  // its peers. Its own memory, which surviving peers may still map, stays allocated until the
+  // process exits: freeing exported memory before every importer closed it is undefined.
+  virtual void abandon() = 0;
+
+ protected:
+  PeerWindow window_;
+  int ranks_on_my_device_ = 1;
+  std::vector<ProcessIdentity> local_processes_;
+};
+
+// Collective over `bootstrap`: every rank calls it with the same options.
+std::unique_ptr<Transport> make_transport(Bootstrap& bootstrap, const TransportOptions& options);
+
+}  // namespace epcomm::detail

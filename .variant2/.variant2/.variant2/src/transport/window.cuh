@@ -1,0 +1,90 @@
+// The transport window: the only way a kernel reaches another rank. Every place is named by an
+// offset from the start of a rank's buffer (common/buffer_layout.hpp), which means the same place
+// on every rank. The operations and the ordering each one guarantees:
+//
+//   own(offset)            this rank's buffer: plain loads and stores.
+//   ptr(rank, offset)      a load/store pointer into `rank`'s buffer when it is direct (same GPU or
+//                          NVLink), else null. Stores through it are ordered like any other store.
+//   put(rank, offset, source, bytes)   warp-collective copy into `rank`'s buffer. Non-blocking:
+//                          the bytes are guaranteed to be there only for a reader that saw a later
+//                          signal (the publish rule below). `source` must not change until the
+//                          putting threads have called quiet().
+//   put_value(rank, offset, value)     the same for one small value, from one thread.
+//   signal(rank, offset, value)        one thread; a release store of a u64 flag at system scope.
+//   wait(own_offset, expected, ...)    a bounded acquire-wait until this rank's flag >= expected;
+//                          reports who waited on whom for what through the one bounded-wait helper.
+//   quiet()                this thread's puts are complete (NVSHMEM: nvshmem_quiet). Over IPC the
+//                          puts are stores, ordered by the barrier and the release that follow.
+//   fence()                a system-scope acquire-release fence: writes made before it, also by
+//                          earlier kernels of the stream, are ordered before what follows it.
+//
+// The publish rule, the same in every kernel: the writers of some data (put or direct stores)
+// call quiet(), pass a barrier that covers all of them (__syncwarp, a warp group's bar.sync,
+// __syncthreads, or the last-block election), and then one thread calls signal(). signal()
+// publishes its own writes and everything the barrier ordered before them. Data written by an
+// earlier kernel of the stream is covered only if the signalling thread calls fence() first.
+// The reader waits on the flag (acquire) and reads only after that.
+//
+// Over CUDA IPC every operation is a load or store through the mapping. An NVSHMEM window keeps
+// the same operations (nvshmem_ptr, nvshmemx_putmem_nbi_warp, nvshmemx_signal_op,
+// nvshmem_signal_wait_until, nvshmem_quiet, nvshmem_fence), so a kernel written against this
+// contract runs across nodes unchanged.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/kernel_context.hpp"
+#include "device/bounded_wait.cuh"
+#include "device/memory_ordering.cuh"
+#include "device/warp_ops.cuh"
+#include "transport/window.hpp"
+
+namespace epcomm::device {
+
+class Window {
+ public:
+  __device__ explicit Window(const PeerWindow& peers) : peers_(peers) {}
+
+  __device__ int rank() const { return peers_.rank; }
+  __device__ int num_ranks() const { return peers_.num_ranks; }
+  __device__ bool is_direct(int peer) const { return peers_.is_direct(peer); }
+
+  template <typename T = char>
+  __device__ T* own(size_t offset) const {
+    return reinterpret_cast<T*>(peers_.bases[peers_.rank] + offset);
+  }
+
+  template <typename T = char>
+  __device__ T* ptr(int peer, size_t offset) const {
+    return peers_.is_direct(peer) ? reinterpret_cast<T*>(peers_.bases[peer] + offset) : nullptr;
+  }
+
+  // Every lane of the warp calls it with the same arguments. `bytes` and both addresses are
+  // multiples of 4; 16-byte vectors are used when all three allow.
+  __device__ void put(int peer, size_t offset, const void* source, size_t bytes) const {
+    warp_copy_any(peers_.bases[peer] + offset, source, bytes);
+  }
+
+  template <typename T>
+  __device__ void put_value(int peer, size_t offset, T value) const {
+    *reinterpret_cast<T*>(peers_.bases[peer] + offset) = value;
+  }
+
+  // Pairs with the reader's wait() on the same flag.
+  __device__ void signal(int peer, size_t offset, uint64_t value) const {
+    st_release_sys(reinterpret_cast<uint64_t*>(peers_.bases[peer] + offset), value);
+  }
+
+  __device__ bool wait(size_t own_offset, uint64_t expected, const KernelContext& context, const WaitSite& site) const {
+    return wait_at_least(own<uint64_t>(own_offset), expected, context, site);
+  }
+
+  __device__ void quiet() const { asm volatile("" ::: "memory"); }
+  __device__ void fence() const { fence_acq_rel_sys(); }
+
+ private:
+  const PeerWindow& peers_;
+};
+
+}  // namespace epcomm::device

@@ -1,0 +1,29 @@
+// What kernels are given to reach every rank's buffer: the host-side half of the transport window
+// (the operations are in transport/window.cuh). Passed to kernels by value, so there is no device
+// table to keep in sync and a CUDA graph captures it with the launch.
+#pragma once
+
+#include <cstdint>
+
+#include "common/constants.hpp"
+#include "common/host_device.hpp"
+
+namespace epcomm {
+
+struct PeerWindow {
+  // Each rank's buffer as this process reaches it (CUDA IPC: the mapping; the own rank: its
+  // allocation). Kernels never read these directly: only Window::ptr (for direct ranks) and
+  // put / signal (for every rank) use them.
+  char* bases[kMaxNvlPeers] = {};
+  // Bit r: rank r's buffer is load/store reachable (same GPU, or NVLink). A rank without it is
+  // reached only by put and signal, as a rank of another node is (emulated nodes do this on
+  // purpose; see BufferOptions::emulated_nodes).
+  uint32_t direct_ranks = 0;
+  int rank = 0;
+  int num_ranks = 0;
+
+  EPCOMM_HOST_DEVICE bool is_direct(int peer) const { return ((direct_ranks >> peer) & 1u) != 0; }
+  EPCOMM_HOST_DEVICE bool all_direct() const { return direct_ranks == (num_ranks >= 32 ? ~0u : (1u << num_ranks) - 1u); }
+};
+
+}  // namespace epcomm

@@ -1,0 +1,93 @@
+// The buffer layouts on the host alone: regions of a rank's buffer never overlap, every offset a
+// kernel hands to the transport window is aligned as its accesses need, and the low-latency
+// zero-copy combine input has a place of its own in each set.
+#include <gtest/gtest.h>
+
+#include <iterator>
+
+#include "common/buffer_layout.hpp"
+#include "common/low_latency_layout.hpp"
+
+namespace epcomm {
+namespace {
+
+TEST(BufferLayout, RegionsFollowEachOtherInOrder) {
+  BufferLayout layout;
+  layout.nvl_bytes = 3 * kRegionAlignment;
+  layout.low_latency_bytes = 5 * kRegionAlignment;
+  EXPECT_EQ(BufferLayout::nvl_offset(), NvlLayout::kDataOffset);
+  EXPECT_GE(BufferLayout::nvl_offset(), NvlLayout::kControlEnd);
+  EXPECT_EQ(layout.low_latency_offset(), BufferLayout::nvl_offset() + layout.nvl_bytes);
+  EXPECT_EQ(layout.total_bytes(), layout.low_latency_offset() + layout.low_latency_bytes);
+}
+
+TEST(NvlLayout, RingSlotsStartAfterTheControlBlock) {
+  RingLayout ring;
+  ring.slot = SlotLayout::dispatch(7168, 56, 8);
+  ring.num_ranks = 8;
+  ring.capacity = 128;
+  EXPECT_EQ(ring.slot_at(0, 0, 0), NvlLayout::kDataOffset);
+  EXPECT_EQ(ring.slot_at(0, 0, 128), NvlLayout::kDataOffset);  // positions wrap around the ring
+  EXPECT_EQ(ring.slot_at(1, 2, 3), NvlLayout::kDataOffset + ((1 * 8 + 2) * 128 + 3) * ring.slot.bytes);
+  EXPECT_EQ(NvlLayout::ring_tail(1, 2) % sizeof(uint64_t), 0u);
+  EXPECT_LT(NvlLayout::notify_slot(1, kMaxNvlPeers - 1) + sizeof(NotifySlot), NvlLayout::kControlEnd + 1);
+}
+
+struct Shape {
+  int ranks, experts, max_tokens, hidden;
+};
+
+class LowLatencyLayoutTest : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(LowLatencyLayoutTest, SetsAreDisjointAlignedAndHoldTheZeroCopyInput) {
+  const Shape shape = GetParam();
+  constexpr size_t kBase = 4096 + 128;  // where a Buffer with some normal-mode bytes puts the region
+  const LowLatencyLayout layout = LowLatencyLayout::of(kBase, shape.ranks, shape.experts, shape.max_tokens, shape.hidden);
+  const int last_rank = shape.ranks - 1, last_token = shape.max_tokens - 1;
+  EXPECT_EQ(layout.message_stride() % kVectorBytes, 0u);
+  EXPECT_EQ(layout.message_scales() % kVectorBytes, 0u);
+  EXPECT_GE(layout.message_scales(), static_cast<size_t>(shape.hidden) * 2);
+  EXPECT_GE(layout.message_stride(), layout.message_scales() + shape.hidden / kFp8ChannelsPerScale * sizeof(float));
+  EXPECT_GE(layout.routing_bytes(), static_cast<size_t>(shape.max_tokens) * kMaxLowLatencyTopk * sizeof(int32_t));
+  for (int set = 0; set < LowLatencyLayout::kNumSets; ++set) {
+    EXPECT_EQ(layout.set(set) % kRegionAlignment, kBase % kRegionAlignment);
+    EXPECT_GE(layout.set(set), kBase + LowLatencyLayout::kControlBytes);
+    // Every part follows the one before it inside the set, 16-byte aligned.
+    const size_t ends[] = {
+        layout.token(set, last_rank, last_token) + layout.message_stride(),
+        layout.routing(set, last_rank) + layout.routing_bytes(),
+        layout.weights(set, last_rank) + layout.routing_bytes(),
+        layout.staging(set, last_token) + layout.message_stride(),
+        layout.ids(set) + layout.routing_bytes(),
+        layout.partial(set, last_rank, last_token) + layout.row_stride(),
+        layout.returned(set, last_rank, last_token) + layout.row_stride(),
+        layout.combine_input(set) + layout.combine_rows() * shape.hidden * 2,
+    };
+    const size_t starts[] = {
+        layout.token(set, 0, 0),    layout.routing(set, 0),        layout.weights(set, 0),
+        layout.staging(set, 0),     layout.ids(set),               layout.partial(set, 0, 0),
+        layout.returned(set, 0, 0), layout.combine_input(set),
+    };
+    EXPECT_EQ(starts[0], layout.set(set));
+    for (size_t part = 0; part < std::size(starts); ++part) {
+      EXPECT_EQ(starts[part] % kVectorBytes, 0u) << "part " << part;
+      if (part > 0) {
+        EXPECT_LE(ends[part - 1], starts[part]) << "part " << part;
+      }
+    }
+    EXPECT_LE(ends[std::size(ends) - 1], layout.set(set) + layout.set_bytes());
+  }
+  EXPECT_EQ(layout.set(1), layout.set(0) + layout.set_bytes());
+  EXPECT_LE(layout.set(1) + layout.set_bytes(), kBase + layout.total_bytes());
+  // Flags sit in the control block, apart for every (set, rank) and kind.
+  EXPECT_LT(layout.dispatch_flag(1, kMaxNvlPeers - 1), layout.weights_flag(0, 0));
+  EXPECT_LT(layout.weights_flag(1, kMaxNvlPeers - 1), layout.combine_flag(0, 0));
+  EXPECT_LT(layout.combine_flag(1, kMaxNvlPeers - 1), kBase + LowLatencyLayout::kControlBytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, LowLatencyLayoutTest,
+                         ::testing::Values(Shape{1, 8, 1, 128}, Shape{2, 256, 128, 7168}, Shape{8, 256, 128, 7168},
+                                           Shape{8, 64, 17, 2048}, Shape{4, 1024, 256, 8192}));
+
+}  // namespace
+}  // namespace epcomm

@@ -1,0 +1,232 @@
+// BufferOptions and Config validation, and the device-error messages, on the host alone.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "common/device_error.hpp"
+#include "epcomm/buffer.hpp"
+#include "epcomm/config.hpp"
+#include "epcomm/error.hpp"
+#include "runtime/buffer_impl.hpp"
+#include "runtime/device_error_log.hpp"
+
+namespace epcomm {
+namespace {
+
+std::string validation_error(const BufferOptions& options, int num_ranks) {
+  try {
+    options.validate(num_ranks);
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "";
+}
+
+TEST(BufferOptions, DefaultsAreValid) {
+  for (int ranks : {1, 2, 4, 8}) EXPECT_EQ(validation_error(BufferOptions{}, ranks), "");
+}
+
+TEST(BufferOptions, BadFieldsAreNamedWithTheirValues) {
+  BufferOptions options;
+  options.num_nvl_bytes = 1000;
+  EXPECT_NE(validation_error(options, 2).find("num_nvl_bytes=1000 must be a non-negative multiple of 128"), std::string::npos);
+  options = BufferOptions{};
+  options.num_nvl_bytes = -128;
+  EXPECT_NE(validation_error(options, 2).find("num_nvl_bytes=-128"), std::string::npos);
+  options = BufferOptions{};
+  options.num_qps_per_rank = 0;
+  EXPECT_NE(validation_error(options, 2).find("num_qps_per_rank=0"), std::string::npos);
+  options = BufferOptions{};
+  options.device = -2;
+  EXPECT_NE(validation_error(options, 2).find("device=-2"), std::string::npos);
+  options = BufferOptions{};
+  options.wait_timeout = std::chrono::milliseconds(0);
+  EXPECT_NE(validation_error(options, 2).find("wait_timeout=0 ms"), std::string::npos);
+}
+
+TEST(BufferOptions, EmulatedNodesMustDivideTheRanksAndCarryNoNormalMode) {
+  BufferOptions options;
+  options.low_latency_mode = true;
+  options.num_rdma_bytes = 1 << 20;
+  options.emulated_nodes = 2;
+  EXPECT_EQ(validation_error(options, 4), "");
+  EXPECT_NE(validation_error(options, 3).find("emulated_nodes=2 must be at least 1 and divide num_ranks=3"),
+            std::string::npos);
+  options.emulated_nodes = 0;
+  EXPECT_NE(validation_error(options, 4).find("emulated_nodes=0"), std::string::npos);
+  options.emulated_nodes = 2;
+  options.num_nvl_bytes = 1 << 20;
+  try {
+    options.validate(4);
+    FAIL() << "normal mode across emulated nodes was accepted";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(error.what()).find("normal mode across nodes"), std::string::npos);
+  }
+}
+
+TEST(BufferOptions, WhatThisBuildCannotDoIsUnsupported) {
+  BufferOptions options;
+  options.num_rdma_bytes = 1 << 20;
+  try {
+    options.validate(2);
+    FAIL();
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(error.what()).find("NVSHMEM"), std::string::npos);
+  }
+  try {
+    BufferOptions{}.validate(16);
+    FAIL();
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(error.what()).find("num_ranks=16"), std::string::npos);
+  }
+  EXPECT_THROW(BufferOptions{}.validate(0), Error);
+}
+
+TEST(BufferOptions, LowLatencyRegionIsAllowedInsideOneNode) {
+  BufferOptions options;
+  options.low_latency_mode = true;
+  options.num_rdma_bytes = 1 << 20;
+  EXPECT_EQ(validation_error(options, 8), "");
+  options.num_rdma_bytes = 1000;
+  EXPECT_NE(validation_error(options, 8).find("num_rdma_bytes=1000 must be a multiple of 128"), std::string::npos);
+}
+
+TEST(BufferOptions, WarmupShapeIsCheckedFieldByField) {
+  BufferOptions options;
+  options.low_latency_mode = true;
+  options.warmup_shape = WarmupShape{4096, 128, 7168, 8, 256};
+  EXPECT_EQ(validation_error(options, 8), "");
+  options.warmup_shape.hidden = 7170;
+  EXPECT_NE(validation_error(options, 8).find("warmup_shape.hidden=7170"), std::string::npos);
+  options.warmup_shape.hidden = 7168;
+  options.warmup_shape.num_experts = 250;
+  EXPECT_NE(validation_error(options, 8).find("warmup_shape.num_experts=250"), std::string::npos);
+  options.warmup_shape.num_experts = 256;
+  options.warmup_shape.num_topk = 0;
+  EXPECT_NE(validation_error(options, 8).find("warmup_shape.num_topk=0"), std::string::npos);
+  options.warmup_shape.num_topk = 8;
+  options.warmup_shape.num_tokens = -1;
+  EXPECT_NE(validation_error(options, 8).find("warmup_shape.num_tokens=-1"), std::string::npos);
+  options.warmup_shape.num_tokens = 0;
+  options.low_latency_mode = false;
+  EXPECT_NE(validation_error(options, 8).find("needs low_latency_mode"), std::string::npos);
+  options.low_latency_mode = true;
+  options.warmup_shape = WarmupShape{0, 128, 7168, 17, 256};
+  EXPECT_NE(validation_error(options, 8).find("exceeds low-latency mode's limits"), std::string::npos);
+  options.warmup_shape = WarmupShape{0, 4096, 7168, 8, 256};  // 32768 token x top-k pairs
+  EXPECT_NE(validation_error(options, 8).find("num_low_latency_tokens=4096"), std::string::npos);
+  options.warmup_shape = WarmupShape{4096, 0, 7168, 33, 256};
+  EXPECT_NE(validation_error(options, 8).find("warmup_shape.num_topk=33"), std::string::npos);
+  // No shape, no checks of the other fields: they are unused.
+  options.warmup_shape = WarmupShape{0, 0, 3, 0, 0};
+  EXPECT_EQ(validation_error(options, 8), "");
+}
+
+TEST(BufferOptions, WarmupShapeMustFitTheBuffers) {
+  BufferOptions options;
+  options.low_latency_mode = true;
+  options.warmup_shape = WarmupShape{4096, 0, 7168, 8, 256};
+  options.num_nvl_bytes = 1 << 20;
+  try {
+    detail::check_warmup_fits(options, 8);
+    FAIL();
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(error.what()).find("needs num_nvl_bytes >= "), std::string::npos) << error.what();
+  }
+  options.num_nvl_bytes = default_dispatch_config(8).nvl_buffer_size_hint(7168 * 2, 8);  // what callers allocate
+  EXPECT_NO_THROW(detail::check_warmup_fits(options, 8));
+  options.warmup_shape.num_low_latency_tokens = 128;
+  options.num_rdma_bytes = Buffer::low_latency_buffer_size_hint(64, 7168, 8, 256);
+  EXPECT_THROW(detail::check_warmup_fits(options, 8), Error);
+  options.num_rdma_bytes = Buffer::low_latency_buffer_size_hint(128, 7168, 8, 256);
+  EXPECT_NO_THROW(detail::check_warmup_fits(options, 8));
+}
+
+TEST(LowLatencySizeHint, CoversTheLayoutAndGrowsWithEveryShape) {
+  const int64_t base = Buffer::low_latency_buffer_size_hint(128, 7168, 8, 256);
+  EXPECT_GT(base, 0);
+  EXPECT_EQ(base % 128, 0);
+  // Two sets of [E_local][R][M] bf16 rows at least.
+  EXPECT_GE(base, 2LL * 32 * 8 * 128 * 7168 * 2);
+  EXPECT_GT(Buffer::low_latency_buffer_size_hint(256, 7168, 8, 256), base);
+  EXPECT_GT(Buffer::low_latency_buffer_size_hint(128, 8192, 8, 256), base);
+  EXPECT_THROW(Buffer::low_latency_buffer_size_hint(128, 7168, 8, 250), Error);  // 250 % 8 != 0
+  EXPECT_THROW(Buffer::low_latency_buffer_size_hint(0, 7168, 8, 256), Error);
+  EXPECT_THROW(Buffer::low_latency_buffer_size_hint(128, 100, 8, 256), Error);  // rows not 16-byte multiples
+}
+
+TEST(NormalSizeHint, FitsTheRingsOfTheConfig) {
+  const Config config = default_dispatch_config(8);
+  const int64_t hint = config.nvl_buffer_size_hint(7168 * 2, 8);
+  // channels x ranks x ring slots x (row + metadata).
+  EXPECT_GE(hint, static_cast<int64_t>(config.num_channels()) * 8 * config.num_max_nvl_chunked_recv_tokens * 7168 * 2);
+  EXPECT_EQ(hint % 128, 0);
+  EXPECT_THROW(default_dispatch_config(16), Error);
+}
+
+TEST(Config, DefaultsAreValidAndBadFieldsNamed) {
+  EXPECT_NO_THROW(Config{}.validate());
+  Config config;
+  config.num_sms = 7;
+  try {
+    config.validate();
+    FAIL();
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("num_sms=7"), std::string::npos);
+  }
+  config = Config{};
+  config.num_max_nvl_chunked_recv_tokens = config.num_max_nvl_chunked_send_tokens;
+  EXPECT_THROW(config.validate(), Error);
+  config = Config{};
+  config.num_max_nvl_chunked_send_tokens = 48;  // a 64-token stretch unpublished + a window: 96
+  config.num_max_nvl_chunked_recv_tokens = 64;
+  try {
+    config.validate();
+    FAIL();
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("must be at least 96"), std::string::npos) << error.what();
+  }
+  config.num_max_nvl_chunked_recv_tokens = 96;
+  EXPECT_NO_THROW(config.validate());
+  config = Config{};
+  config.num_max_rdma_chunked_send_tokens = 0;
+  EXPECT_THROW(config.validate(), Error);
+}
+
+TEST(DeviceErrorLog, TimeoutMessageSaysWhoWaitedForWhom) {
+  DeviceErrorRecord record{};
+  record.kind = static_cast<int32_t>(DeviceErrorKind::kWaitTimeout);
+  record.op = static_cast<int32_t>(DeviceOp::kBarrier);
+  record.target = static_cast<int32_t>(WaitTarget::kBarrierSignal);
+  record.rank = 2;
+  record.peer = 5;
+  record.channel = -1;
+  record.expected = 7;
+  record.observed = 6;
+  record.limit = 1500LL * 1000 * 1000;
+  EXPECT_EQ(detail::DeviceErrorLog::describe(record),
+            "rank 2 waited 1500 ms in barrier for rank 5's barrier signal (expected >= 7, last saw 6); that rank "
+            "may have died, be stuck, or not have made the same call");
+  record.channel = 3;
+  EXPECT_NE(detail::DeviceErrorLog::describe(record).find("on channel 3"), std::string::npos);
+}
+
+TEST(DeviceErrorLog, InvalidIdMessageNamesTokenSlotAndValue) {
+  DeviceErrorRecord record{};
+  record.kind = static_cast<int32_t>(DeviceErrorKind::kInvalidExpertId);
+  record.op = static_cast<int32_t>(DeviceOp::kDispatchLayout);
+  record.rank = 1;
+  record.index0 = 3;
+  record.index1 = 1;
+  record.observed = 300;
+  record.limit = 256;
+  EXPECT_EQ(detail::DeviceErrorLog::describe(record),
+            "rank 1: get_dispatch_layout: topk_idx[3][1] = 300 is outside [-1, 256) (num_experts=256)");
+}
+
+}  // namespace
+}  // namespace epcomm

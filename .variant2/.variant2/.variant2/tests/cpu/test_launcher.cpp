@@ -1,0 +1,302 @@
+// epcomm-launch, run as a real process on /bin/sh programs, plus the launcher library relaunching
+// this test binary as ranks that meet through the socket bootstrap.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/launcher.hpp"
+#include "common/temp_dir.hpp"
+#include "epcomm/bootstrap.hpp"
+
+extern char** environ;
+
+namespace epcomm::tools {
+namespace {
+
+using namespace std::chrono_literals;
+using test_support::TempDir;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kLaunchPath = EPCOMM_LAUNCH_PATH;
+// Killing ranks takes the grace period plus a moment; anything near `sleep 100` is a hang.
+constexpr auto kStopsPromptly = 8s;
+
+struct LaunchResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+  Clock::duration elapsed{};
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Starts epcomm-launch with `args`, its output going to a file in `dir` (never a pipe: an
+// orphaned grandchild holding a pipe open would make reading it hang). Returns its pid, or -1.
+pid_t start_launcher(const TempDir& dir, const std::vector<std::string>& args) {
+  const std::string output_path = dir.file("launcher-output.txt");
+  std::vector<std::string> strings = {kLaunchPath};
+  strings.insert(strings.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& text : strings) argv.push_back(text.data());
+  argv.push_back(nullptr);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, output_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, kLaunchPath, &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) {
+    ADD_FAILURE() << "cannot start " << kLaunchPath << ": " << std::strerror(rc);
+    return -1;
+  }
+  return pid;
+}
+
+LaunchResult wait_for_launcher(const TempDir& dir, pid_t pid, Clock::time_point started) {
+  LaunchResult run;
+  if (pid < 0) return run;
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  run.elapsed = Clock::now() - started;
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  run.output = read_file(dir.file("launcher-output.txt"));
+  return run;
+}
+
+LaunchResult run_launcher(const TempDir& dir, const std::vector<std::string>& args) {
+  const auto started = Clock::now();
+  return wait_for_launcher(dir, start_launcher(dir, args), started);
+}
+
+// `sh -c SCRIPT sh ARG...`: the script sees ARG as $1 and so on.
+std::vector<std::string> shell(const std::string& script, const std::vector<std::string>& args = {}) {
+  std::vector<std::string> command = {"--", "/bin/sh", "-c", script, "sh"};
+  command.insert(command.end(), args.begin(), args.end());
+  return command;
+}
+
+std::vector<std::string> concat_args(std::vector<std::string> head, const std::vector<std::string>& tail) {
+  head.insert(head.end(), tail.begin(), tail.end());
+  return head;
+}
+
+TEST(Launcher, EveryRankGetsItsOwnRankAndTheSharedJobVariables) {
+  constexpr int kRanks = 4;
+  const TempDir dir;
+  // Each rank writes the job variables into a file named after its own rank.
+  const std::string script =
+      R"(test -n "$EPCOMM_RANK" && echo "$EPCOMM_NUM_RANKS $EPCOMM_BOOTSTRAP_ADDRESS" > "$1/rank.$EPCOMM_RANK")";
+  const LaunchResult run = run_launcher(dir, concat_args({"-n", std::to_string(kRanks)}, shell(script, {dir.path()})));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::set<std::string> contents;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    const std::string path = dir.file("rank." + std::to_string(rank));
+    ASSERT_TRUE(std::filesystem::exists(path)) << "rank " << rank << " did not run";
+    contents.insert(read_file(path));
+  }
+  ASSERT_EQ(contents.size(), 1u) << "ranks disagree on the job variables";
+  const std::string line = *contents.begin();
+  EXPECT_EQ(line.rfind(std::to_string(kRanks) + " unix:", 0), 0u) << line;
+  // The launcher's private socket directory is gone once the job is.
+  const std::string socket_path = line.substr(line.find(':') + 1, line.size() - line.find(':') - 2);
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(socket_path).parent_path())) << socket_path;
+}
+
+TEST(Launcher, EveryJobGetsItsOwnSecretSharedByItsRanks) {
+  const TempDir dir;
+  // Rank r writes its EPCOMM_JOB_SECRET into "<job>.<r>"; two jobs run one after the other.
+  const std::string script = R"(printf %s "$EPCOMM_JOB_SECRET" > "$1/$2.$EPCOMM_RANK")";
+  for (const char* job : {"first", "second"}) {
+    const LaunchResult run = run_launcher(dir, concat_args({"-n", "3"}, shell(script, {dir.path(), job})));
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+  }
+  const std::string first = read_file(dir.file("first.0"));
+  EXPECT_EQ(first.size(), 64u) << first;
+  EXPECT_EQ(first.find_first_not_of("0123456789abcdef"), std::string::npos) << first;
+  for (int rank = 1; rank < 3; ++rank) EXPECT_EQ(read_file(dir.file("first." + std::to_string(rank))), first);
+  EXPECT_NE(read_file(dir.file("second.0")), first);
+}
+
+TEST(Launcher, PassesAnExplicitAddress) {
+  const TempDir dir;
+  const LaunchResult run =
+      run_launcher(dir, concat_args({"-n", "2", "--address", "unix:/x/y.sock"},
+                                    shell(R"(test "$EPCOMM_BOOTSTRAP_ADDRESS" = "unix:/x/y.sock")")));
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+}
+
+TEST(Launcher, FailingRankStopsTheOthersAfterTheGracePeriod) {
+  const TempDir dir;
+  const LaunchResult run = run_launcher(
+      dir,
+      concat_args({"-n", "3", "--grace", "1"}, shell(R"(if [ "$EPCOMM_RANK" = 1 ]; then exit 3; fi; exec sleep 100)")));
+  EXPECT_EQ(run.exit_code, 3) << run.output;
+  EXPECT_LT(run.elapsed, kStopsPromptly);
+  EXPECT_NE(run.output.find("epcomm-launch: rank 1 exited with code 3"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("sending SIGTERM to ranks 0, 2"), std::string::npos) << run.output;
+}
+
+TEST(Launcher, RankKilledBySignalIsReported) {
+  const TempDir dir;
+  const LaunchResult run =
+      run_launcher(dir, concat_args({"-n", "2", "--grace", "1"},
+                                    shell(R"(if [ "$EPCOMM_RANK" = 0 ]; then kill -SEGV $$; fi; exec sleep 100)")));
+  EXPECT_EQ(run.exit_code, 128 + SIGSEGV) << run.output;
+  EXPECT_LT(run.elapsed, kStopsPromptly);
+  EXPECT_NE(run.output.find("rank 0 was killed by signal 11"), std::string::npos) << run.output;
+}
+
+TEST(Launcher, AllRanksSkippingMeansSkipped) {
+  const TempDir dir;
+  const LaunchResult run = run_launcher(dir, concat_args({"-n", "3"}, shell("exit 77")));
+  EXPECT_EQ(run.exit_code, kExitSkipped) << run.output;
+}
+
+TEST(Launcher, SomeRanksSkippingIsAFailure) {
+  const TempDir dir;
+  const LaunchResult run =
+      run_launcher(dir, concat_args({"-n", "2"}, shell(R"(if [ "$EPCOMM_RANK" = 1 ]; then exit 77; fi; exit 0)")));
+  EXPECT_EQ(run.exit_code, kExitMixedSkip) << run.output;
+  EXPECT_NE(run.output.find("rank 1 exited with code 77 (skipped) while other ranks did not"), std::string::npos)
+      << run.output;
+}
+
+TEST(Launcher, TimeoutStopsEveryRank) {
+  const TempDir dir;
+  const LaunchResult run = run_launcher(dir, {"-n", "2", "--timeout", "1", "--", "sleep", "100"});
+  EXPECT_EQ(run.exit_code, kExitTimedOut) << run.output;
+  EXPECT_LT(run.elapsed, kStopsPromptly);
+  EXPECT_NE(run.output.find("did not finish within its timeout of 1 s"), std::string::npos) << run.output;
+}
+
+TEST(Launcher, InterruptedLauncherStopsItsRanks) {
+  constexpr int kRanks = 2;
+  constexpr auto kStartupLimit = 10s;
+  const TempDir dir;
+  const auto started = Clock::now();
+  const pid_t pid =
+      start_launcher(dir, concat_args({"-n", std::to_string(kRanks)},
+                                      shell(R"(touch "$1/started.$EPCOMM_RANK"; exec sleep 100)", {dir.path()})));
+  ASSERT_GT(pid, 0);
+  // Interrupt only once every rank runs, so the test exercises stopping them, not starting them.
+  const auto all_started = [&] {
+    for (int rank = 0; rank < kRanks; ++rank) {
+      if (!std::filesystem::exists(dir.file("started." + std::to_string(rank)))) return false;
+    }
+    return true;
+  };
+  while (!all_started() && Clock::now() - started < kStartupLimit) std::this_thread::sleep_for(10ms);
+  kill(pid, SIGTERM);
+  const LaunchResult run = wait_for_launcher(dir, pid, started);
+  EXPECT_EQ(run.exit_code, 128 + SIGTERM) << run.output;
+  EXPECT_LT(run.elapsed, kStopsPromptly);
+  EXPECT_NE(run.output.find("received signal 15"), std::string::npos) << run.output;
+}
+
+TEST(Launcher, ProgramThatCannotRunIsNamed) {
+  const TempDir dir;
+  LaunchResult run = run_launcher(dir, {"-n", "2", "--", "epcomm-no-such-program"});
+  EXPECT_EQ(run.exit_code, kExitExecFailed) << run.output;
+  EXPECT_NE(run.output.find("cannot find program 'epcomm-no-such-program' in PATH"), std::string::npos) << run.output;
+
+  const std::string not_executable = dir.file("data.txt");
+  std::ofstream(not_executable) << "not a program";
+  run = run_launcher(dir, {"-n", "2", "--", not_executable});
+  EXPECT_EQ(run.exit_code, kExitExecFailed) << run.output;
+  EXPECT_NE(run.output.find("cannot execute '" + not_executable + "': Permission denied"), std::string::npos)
+      << run.output;
+}
+
+TEST(Launcher, UsageErrorsNameTheArgument) {
+  const TempDir dir;
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"-n", "0", "--", "true"}, "-n 0 must be between 1 and 1024"},
+      {{"-n", "2000", "--", "true"}, "-n 2000 must be between 1 and 1024"},
+      {{"-n", "two", "--", "true"}, "-n 'two' is not an integer"},
+      {{"--timeout", "-1", "-n", "2", "--", "true"}, "--timeout -1 must be between 0 and"},
+      {{"-n", "2", "--grace=soon", "--", "true"}, "--grace 'soon' is not an integer"},
+      {{"-n", "2", "--frobnicate", "--", "true"}, "unknown option '--frobnicate'"},
+      {{"-n"}, "-n needs a value"},
+      {{"--", "true"}, "-n N (the number of ranks) is required"},
+      {{"-n", "2"}, "no program to run"},
+      {{"-n", "2", "--address", "", "--", "true"}, "--address must not be empty"},
+  };
+  for (const auto& [args, message] : cases) {
+    const LaunchResult run = run_launcher(dir, args);
+    EXPECT_EQ(run.exit_code, 2) << message;
+    EXPECT_NE(run.output.find("epcomm-launch: " + message), std::string::npos) << run.output;
+  }
+}
+
+TEST(Launcher, HelpDescribesUsage) {
+  const TempDir dir;
+  const LaunchResult run = run_launcher(dir, {"--help"});
+  EXPECT_EQ(run.exit_code, 0);
+  EXPECT_NE(run.output.find("Usage: epcomm-launch -n N"), std::string::npos) << run.output;
+}
+
+TEST(LauncherLibrary, RejectsBadOptions) {
+  LaunchOptions options;
+  options.num_ranks = 0;
+  options.argv = {"true"};
+  EXPECT_THROW(launch_ranks(options), std::invalid_argument);
+  options.num_ranks = 1;
+  options.argv.clear();
+  EXPECT_THROW(launch_ranks(options), std::invalid_argument);
+}
+
+TEST(LauncherLibrary, SelfExecutablePathIsThisTest) {
+  const std::string path = self_executable_path();
+  EXPECT_TRUE(std::filesystem::equivalent(path, "/proc/self/exe")) << path;
+}
+
+// Relaunches this binary as 3 ranks running only this test; in the ranks it takes the other branch.
+TEST(LauncherEndToEnd, RanksMeetThroughTheBootstrap) {
+  constexpr int kRanks = 3;
+  constexpr const char* kExtraName = "EPCOMM_TEST_EXTRA";
+  if (running_as_rank()) {
+    const char* extra = std::getenv(kExtraName);
+    EXPECT_STREQ(extra, "passed through");
+    auto bootstrap = make_bootstrap_from_env(30s);
+    ASSERT_EQ(bootstrap->num_ranks(), kRanks);
+    const int mine = bootstrap->rank() * 10;
+    int all[kRanks] = {};
+    bootstrap->allgather(&mine, all, sizeof(mine));
+    for (int rank = 0; rank < kRanks; ++rank) EXPECT_EQ(all[rank], rank * 10);
+    bootstrap->barrier();
+    return;
+  }
+  LaunchOptions options;
+  options.num_ranks = kRanks;
+  options.argv = {self_executable_path(), "--gtest_filter=LauncherEndToEnd.RanksMeetThroughTheBootstrap",
+                  "--gtest_brief=1"};
+  options.timeout = 60s;
+  options.extra_env = {{kExtraName, "passed through"}};
+  EXPECT_EQ(launch_ranks(options), 0);
+}
+
+}  // namespace
+}  // namespace epcomm::tools

@@ -1,0 +1,207 @@
+// get_dispatch_layout on the GPU against the CPU reference: random routings (with -1 slots, empty
+// tokens, a hot expert), 0 / 1 / many tokens, int64 and int32 ids, poisoned outputs; bad ids and
+// bad arguments give clear errors and leave the Buffer usable.
+#include <cstring>
+
+#include "support/device_bytes.hpp"
+#include "epcomm/buffer.hpp"
+#include "gpu/gpu_cases.hpp"
+#include "reference/reference.hpp"
+#include "reference/workload.hpp"
+
+namespace epcomm::testing {
+namespace {
+
+constexpr unsigned char kPoisonByte = 0x5A;
+constexpr uint64_t kSeed = 0x1a70u;
+
+struct LayoutScenario {
+  const char* name;
+  int num_tokens;
+  int num_topk;
+  int experts_per_rank;
+  reference::RoutingOptions routing;
+};
+
+std::vector<LayoutScenario> scenarios() {
+  reference::RoutingOptions sparse;
+  sparse.prob_empty_slot = 0.3;
+  sparse.prob_empty_token = 0.1;
+  reference::RoutingOptions all_empty;
+  all_empty.prob_empty_token = 1.0;
+  reference::RoutingOptions hot;
+  hot.hot_expert = 0;
+  hot.prob_hot = 0.9;
+  return {
+      {"zero tokens", 0, 8, 32, {}},
+      {"one token", 1, 8, 32, {}},
+      {"4096 tokens top-8 of 32/rank", 4096, 8, 32, {}},
+      {"4096 tokens sparse", 4096, 8, 32, sparse},
+      {"300 tokens all -1", 300, 4, 8, all_empty},
+      {"1000 tokens hot expert", 1000, 6, 16, hot},
+      {"777 tokens top-1 of 3/rank", 777, 1, 3, {}},
+  };
+}
+
+template <typename Index>
+void check_scenario(RankHarness& harness, Buffer& buffer, const LayoutScenario& scenario, DType index_dtype) {
+  const int ranks = harness.num_ranks();
+  const int experts = scenario.experts_per_rank * ranks;
+  const std::vector<int64_t> ids64 = reference::random_topk_idx(
+      reference::derive_seed(kSeed, harness.rank(), scenario.num_tokens), scenario.num_tokens, scenario.num_topk,
+      experts, scenario.routing);
+  const std::vector<Index> ids(ids64.begin(), ids64.end());
+  const reference::Layout expected =
+      reference::dispatch_layout(ids64, scenario.num_tokens, scenario.num_topk, reference::ExpertPartition(experts, ranks));
+
+  DeviceBytes topk_idx(ids.size() * sizeof(Index));
+  topk_idx.upload(ids);
+  DeviceBytes per_rank(ranks * sizeof(int32_t)), per_expert(experts * sizeof(int32_t));
+  DeviceBytes in_rank(static_cast<size_t>(scenario.num_tokens) * ranks);
+  per_rank.poison(kPoisonByte);
+  per_expert.poison(kPoisonByte);
+  in_rank.poison(kPoisonByte);
+
+  DispatchLayoutOutputs outputs;
+  outputs.num_tokens_per_rank = TensorView::contiguous(per_rank.get(), DType::kInt32, {ranks});
+  outputs.num_tokens_per_expert = TensorView::contiguous(per_expert.get(), DType::kInt32, {experts});
+  outputs.is_token_in_rank = TensorView::contiguous(in_rank.get(), DType::kBool, {scenario.num_tokens, ranks});
+  buffer.get_dispatch_layout(
+      TensorView::contiguous(topk_idx.get(), index_dtype, {scenario.num_tokens, scenario.num_topk}), experts,
+      outputs, nullptr);
+  buffer.synchronize(nullptr);
+
+  const std::string what = std::string(scenario.name) + " (" + dtype_name(index_dtype) + ")";
+  harness.check(per_rank.download<int32_t>(ranks) == expected.num_tokens_per_rank, what + ": num_tokens_per_rank");
+  harness.check(per_expert.download<int32_t>(experts) == expected.num_tokens_per_expert,
+                what + ": num_tokens_per_expert");
+  harness.check(in_rank.download<uint8_t>(static_cast<size_t>(scenario.num_tokens) * ranks) == expected.is_token_in_rank,
+                what + ": is_token_in_rank");
+}
+
+void check_bad_ids(RankHarness& harness, Buffer& buffer) {
+  const int ranks = harness.num_ranks();
+  const int experts = 4 * ranks;
+  const int tokens = 5;
+  const int topk = 2;
+  std::vector<int64_t> ids(tokens * topk, 0);
+  ids[3 * topk + 1] = experts + 7;  // token 3, slot 1
+  DeviceBytes topk_idx(ids.size() * sizeof(int64_t));
+  topk_idx.upload(ids);
+  DeviceBytes per_rank(ranks * sizeof(int32_t)), per_expert(experts * sizeof(int32_t)), in_rank(tokens * ranks);
+  DispatchLayoutOutputs outputs;
+  outputs.num_tokens_per_rank = TensorView::contiguous(per_rank.get(), DType::kInt32, {ranks});
+  outputs.num_tokens_per_expert = TensorView::contiguous(per_expert.get(), DType::kInt32, {experts});
+  outputs.is_token_in_rank = TensorView::contiguous(in_rank.get(), DType::kBool, {tokens, ranks});
+  const TensorView ids_view = TensorView::contiguous(topk_idx.get(), DType::kInt64, {tokens, topk});
+
+  harness.expect_error(ErrorCode::kInvalidArgument, "topk_idx[3][1] = " + std::to_string(experts + 7), [&] {
+    buffer.get_dispatch_layout(ids_view, experts, outputs, nullptr);
+    buffer.synchronize(nullptr);
+  }, "out-of-range expert id");
+  // The error record is open again after the host read it: a second bad id is reported as itself.
+  ids[3 * topk + 1] = 0;
+  ids[1 * topk + 0] = -5;
+  topk_idx.upload(ids);
+  harness.expect_error(ErrorCode::kInvalidArgument, "topk_idx[1][0] = -5", [&] {
+    buffer.get_dispatch_layout(ids_view, experts, outputs, nullptr);
+    buffer.synchronize(nullptr);
+  }, "a second bad id, after the first was raised");
+  ids[1 * topk + 0] = 0;
+
+  // Argument errors name the argument and the value; nothing is launched.
+  if (ranks > 1) {  // every count is a multiple of one rank
+    harness.expect_error(ErrorCode::kInvalidArgument, "num_experts=" + std::to_string(experts + 1), [&] {
+      buffer.get_dispatch_layout(ids_view, experts + 1, outputs, nullptr);
+    }, "num_experts not a multiple of num_ranks");
+  }
+  harness.expect_error(ErrorCode::kInvalidArgument, "num_experts=0", [&] {
+    buffer.get_dispatch_layout(ids_view, 0, outputs, nullptr);
+  }, "zero experts");
+  harness.expect_error(ErrorCode::kInvalidArgument, "topk_idx must be int64 or int32", [&] {
+    buffer.get_dispatch_layout(TensorView::contiguous(topk_idx.get(), DType::kFloat32, {tokens, topk}), experts,
+                               outputs, nullptr);
+  }, "float ids");
+  std::vector<int64_t> host_ids(ids.size(), 0);
+  harness.expect_error(ErrorCode::kInvalidArgument, "is not device memory", [&] {
+    buffer.get_dispatch_layout(TensorView::contiguous(host_ids.data(), DType::kInt64, {tokens, topk}), experts,
+                               outputs, nullptr);
+  }, "host pointer");
+  DispatchLayoutOutputs wrong = outputs;
+  wrong.is_token_in_rank = TensorView::contiguous(in_rank.get(), DType::kBool, {tokens - 1, ranks});
+  harness.expect_error(ErrorCode::kInvalidArgument, "outputs.is_token_in_rank must be bool", [&] {
+    buffer.get_dispatch_layout(ids_view, experts, wrong, nullptr);
+  }, "wrong output shape");
+
+  // The error was reported and cleared: the Buffer still works.
+  ids[3 * topk + 1] = 1;
+  topk_idx.upload(ids);
+  buffer.get_dispatch_layout(ids_view, experts, outputs, nullptr);
+  buffer.synchronize(nullptr);
+  const reference::Layout expected =
+      reference::dispatch_layout(ids, tokens, topk, reference::ExpertPartition(experts, ranks));
+  harness.check(per_expert.download<int32_t>(experts) == expected.num_tokens_per_expert, "layout after an error");
+}
+
+// The layout launch is capturable: one graph, replayed on new ids each time, stays exact.
+void check_graph_replays(RankHarness& harness, Buffer& buffer) {
+  constexpr int kReplays = 5;
+  constexpr int kTokens = 2500;
+  constexpr int kTopk = 8;
+  const int ranks = harness.num_ranks();
+  const int experts = 16 * ranks;
+  DeviceBytes topk_idx(static_cast<size_t>(kTokens) * kTopk * sizeof(int64_t));
+  DeviceBytes per_rank(ranks * sizeof(int32_t)), per_expert(experts * sizeof(int32_t));
+  DeviceBytes in_rank(static_cast<size_t>(kTokens) * ranks);
+  DispatchLayoutOutputs outputs;
+  outputs.num_tokens_per_rank = TensorView::contiguous(per_rank.get(), DType::kInt32, {ranks});
+  outputs.num_tokens_per_expert = TensorView::contiguous(per_expert.get(), DType::kInt32, {experts});
+  outputs.is_token_in_rank = TensorView::contiguous(in_rank.get(), DType::kBool, {kTokens, ranks});
+
+  cudaStream_t stream = nullptr;
+  EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t instance = nullptr;
+  EPCOMM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  buffer.get_dispatch_layout(TensorView::contiguous(topk_idx.get(), DType::kInt64, {kTokens, kTopk}), experts, outputs,
+                             stream);
+  EPCOMM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  EPCOMM_CUDA_CHECK(cudaGraphInstantiate(&instance, graph, 0));
+
+  reference::RoutingOptions routing;
+  routing.prob_empty_slot = 0.2;
+  for (int replay = 0; replay < kReplays; ++replay) {
+    const std::vector<int64_t> ids = reference::random_topk_idx(
+        reference::derive_seed(kSeed + 1, harness.rank(), replay), kTokens, kTopk, experts, routing);
+    topk_idx.upload(ids);
+    per_rank.poison(kPoisonByte);
+    per_expert.poison(kPoisonByte);
+    in_rank.poison(kPoisonByte);
+    EPCOMM_CUDA_CHECK(cudaGraphLaunch(instance, stream));
+    buffer.synchronize(stream);
+    const reference::Layout expected =
+        reference::dispatch_layout(ids, kTokens, kTopk, reference::ExpertPartition(experts, ranks));
+    const std::string what = "graph replay " + std::to_string(replay);
+    harness.check(per_rank.download<int32_t>(ranks) == expected.num_tokens_per_rank, what + ": num_tokens_per_rank");
+    harness.check(per_expert.download<int32_t>(experts) == expected.num_tokens_per_expert, what + ": num_tokens_per_expert");
+    harness.check(in_rank.download<uint8_t>(in_rank.size()) == expected.is_token_in_rank, what + ": is_token_in_rank");
+  }
+  EPCOMM_CUDA_CHECK(cudaGraphExecDestroy(instance));
+  EPCOMM_CUDA_CHECK(cudaGraphDestroy(graph));
+  EPCOMM_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+}  // namespace
+
+void run_layout_case(RankHarness& harness) {
+  BufferOptions options;
+  Buffer buffer(harness.bootstrap(), options);
+  for (const LayoutScenario& scenario : scenarios()) {
+    check_scenario<int64_t>(harness, buffer, scenario, DType::kInt64);
+    check_scenario<int32_t>(harness, buffer, scenario, DType::kInt32);
+  }
+  check_bad_ids(harness, buffer);
+  check_graph_replays(harness, buffer);
+}
+
+}  // namespace epcomm::testing

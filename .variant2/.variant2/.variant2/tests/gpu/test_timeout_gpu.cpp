@@ -1,0 +1,181 @@
+// A rank that never arrives must not hang the others: their barrier times out and the error says
+// which rank waited for which peer and for what.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/cuda_check.hpp"
+#include "epcomm/buffer.hpp"
+#include "gpu/gpu_cases.hpp"
+#include "support/device_bytes.hpp"
+
+namespace epcomm::testing {
+
+void run_timeout_case(RankHarness& harness) {
+  if (harness.num_ranks() < 2) {
+    harness.check(true, "a single rank has no peer to wait for");
+    return;
+  }
+  constexpr int kAbsentRank = 0;
+  BufferOptions options;
+  options.wait_timeout = std::chrono::milliseconds(500);
+  Buffer buffer(harness.bootstrap(), options);
+
+  if (harness.rank() != kAbsentRank) {
+    const auto start = std::chrono::steady_clock::now();
+    harness.expect_error(ErrorCode::kTimeout, "for rank " + std::to_string(kAbsentRank) + "'s barrier signal",
+                         [&] {
+                           buffer.barrier(nullptr);
+                           buffer.synchronize(nullptr);
+                         },
+                         "barrier without rank 0");
+    const auto waited = std::chrono::steady_clock::now() - start;
+    harness.check(waited < std::chrono::seconds(30), "the timed-out barrier returned within 30 s");
+  }
+  // Every rank reaches the host-side teardown; the device barrier state is abandoned with the Buffer.
+  harness.bootstrap()->barrier();
+}
+
+}  // namespace epcomm::testing
+
+namespace epcomm::testing {
+
+// A rank whose process dies while the others wait on it: the host watchdog notices, every wait
+// gives up, and the call fails with an error naming the dead rank within a few seconds, though
+// the wait bound is a minute.
+void run_peer_death_case(RankHarness& harness) {
+  const int ranks = harness.num_ranks();
+  if (ranks < 2) {
+    harness.check(true, "a single rank has no peer to lose");
+    return;
+  }
+  const int dying = ranks - 1;
+  BufferOptions options;
+  options.wait_timeout = std::chrono::seconds(60);
+  Buffer buffer(harness.bootstrap(), options);
+  buffer.barrier(nullptr);
+  buffer.synchronize(nullptr);
+  harness.bootstrap()->barrier();  // every rank holds a working Buffer
+  if (harness.rank() == dying) {
+    std::fflush(stdout);
+    _exit(0);  // as a killed process: no destroy(), no goodbye
+  }
+  const auto start = std::chrono::steady_clock::now();
+  // Ranks past these checks exit: a slow rank may find them dead in the same watchdog check as
+  // `dying` and name them all; `dying` must be among them.
+  harness.expect_error(ErrorCode::kPeerFailed, "rank " + std::to_string(dying) + " (pid ",
+                       [&] {
+                         buffer.barrier(nullptr);
+                         buffer.synchronize(nullptr);
+                       },
+                       "a barrier with a dead rank");
+  const auto waited = std::chrono::steady_clock::now() - start;
+  harness.check(waited < std::chrono::seconds(5),
+                "the dead rank was reported within 5 s (took " +
+                    std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()) + " ms)");
+  harness.expect_error(ErrorCode::kPeerFailed, "rank " + std::to_string(dying), [&] { buffer.barrier(nullptr); },
+                       "every later call fails too");
+  // destroy() cannot meet the dead rank: it releases what is local, without waiting on the bootstrap.
+  const auto destroy_start = std::chrono::steady_clock::now();
+  buffer.destroy();
+  const auto destroy_took = std::chrono::steady_clock::now() - destroy_start;
+  harness.check(!buffer.is_available() && destroy_took < std::chrono::seconds(5),
+                "destroy() with a dead rank is local (took " +
+                    std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(destroy_took).count()) + " ms)");
+}
+
+}  // namespace epcomm::testing
+
+namespace epcomm::testing {
+namespace {
+
+// The last rank exits (as if killed) once every rank holds a working Buffer; the others then make
+// `call`, which must fail with the dead rank named within 5 s (the wait bound is a minute).
+void expect_death_noticed(RankHarness& harness, Buffer& buffer, const std::string& what,
+                          const std::function<void()>& call) {
+  const int dying = harness.num_ranks() - 1;
+  buffer.synchronize(nullptr);
+  harness.bootstrap()->barrier();  // every rank holds a working Buffer
+  if (harness.rank() == dying) {
+    std::fflush(stdout);
+    _exit(0);  // no destroy(), no goodbye
+  }
+  const auto start = std::chrono::steady_clock::now();
+  // Ranks that pass this check exit too: a slow rank may find them dead in the same watchdog check
+  // as `dying`, and then names them all; `dying` must be among them.
+  harness.expect_error(ErrorCode::kPeerFailed, "rank " + std::to_string(dying) + " (pid ", call, what);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  harness.check(waited < std::chrono::seconds(5),
+                what + ": the dead rank was reported within 5 s (took " +
+                    std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()) + " ms)");
+}
+
+// A rank dies while the others are inside a normal dispatch (its notify step waits for the dead
+// rank), or inside a low-latency dispatch (its receive waits for the dead rank's flags).
+void run_death_in_call(RankHarness& harness, bool in_low_latency) {
+  const int ranks = harness.num_ranks();
+  if (ranks < 2) {
+    harness.check(true, "a single rank has no peer to lose");
+    return;
+  }
+  constexpr int kTokens = 16, kHidden = 256, kTopk = 2;
+  const int experts = 2 * ranks;
+  BufferOptions options;
+  options.wait_timeout = std::chrono::seconds(60);
+  options.num_nvl_bytes = default_dispatch_config(ranks).nvl_buffer_size_hint(kHidden * 2, ranks);
+  options.low_latency_mode = true;
+  options.num_rdma_bytes = Buffer::low_latency_buffer_size_hint(kTokens, kHidden, ranks, experts);
+  Buffer buffer(harness.bootstrap(), options);
+
+  DeviceBytes x(kTokens * kHidden * sizeof(uint16_t)), topk_idx(kTokens * kTopk * sizeof(int64_t));
+  x.upload(std::vector<uint16_t>(kTokens * kHidden, 0x3F80));  // 1.0
+  std::vector<int64_t> ids(kTokens * kTopk);
+  for (int t = 0; t < kTokens; ++t) {
+    for (int k = 0; k < kTopk; ++k) ids[t * kTopk + k] = (t + k * ranks + harness.rank()) % experts;
+  }
+  topk_idx.upload(ids);
+  const auto allocator = make_stream_ordered_allocator();
+  if (in_low_latency) {
+    LowLatencyDispatchArgs args;
+    args.x = TensorView::contiguous(x.get(), DType::kBFloat16, {kTokens, kHidden});
+    args.topk_idx = TensorView::contiguous(topk_idx.get(), DType::kInt64, {kTokens, kTopk});
+    args.num_max_dispatch_tokens_per_rank = kTokens;
+    args.num_experts = experts;
+    args.use_fp8 = false;
+    expect_death_noticed(harness, buffer, "a low-latency dispatch waiting for a dead rank", [&] {
+      (void)buffer.low_latency_dispatch(args, *allocator);
+      buffer.synchronize(nullptr);
+    });
+  } else {
+    DeviceBytes per_rank(ranks * sizeof(int32_t)), per_expert(experts * sizeof(int32_t)), in_rank(kTokens * ranks);
+    DispatchArgs args;
+    args.x = TensorView::contiguous(x.get(), DType::kBFloat16, {kTokens, kHidden});
+    args.topk_idx = TensorView::contiguous(topk_idx.get(), DType::kInt64, {kTokens, kTopk});
+    args.num_tokens_per_rank = TensorView::contiguous(per_rank.get(), DType::kInt32, {ranks});
+    args.num_tokens_per_expert = TensorView::contiguous(per_expert.get(), DType::kInt32, {experts});
+    args.is_token_in_rank = TensorView::contiguous(in_rank.get(), DType::kBool, {kTokens, ranks});
+    args.config = default_dispatch_config(ranks);
+    int device = 0, sms = 0;
+    EPCOMM_CUDA_CHECK(cudaGetDevice(&device));
+    EPCOMM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    args.config.num_sms = std::min(args.config.num_sms, std::max(2, sms / ranks / 2 * 2));
+    buffer.get_dispatch_layout(args.topk_idx, experts,
+                               {args.num_tokens_per_rank, args.num_tokens_per_expert, args.is_token_in_rank}, nullptr);
+    expect_death_noticed(harness, buffer, "a dispatch waiting for a dead rank", [&] {
+      (void)buffer.dispatch(args, *allocator);
+      buffer.synchronize(nullptr);
+    });
+  }
+}
+
+}  // namespace
+
+void run_peer_death_in_dispatch_case(RankHarness& harness) { run_death_in_call(harness, false); }
+void run_peer_death_in_low_latency_case(RankHarness& harness) { run_death_in_call(harness, true); }
+
+}  // namespace epcomm::testing

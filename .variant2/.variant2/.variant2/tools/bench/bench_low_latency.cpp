@@ -1,0 +1,212 @@
+// Low-latency dispatch (FP8) and combine (BF16): correctness against the CPU reference, then
+// median / p99 latency of each, and of the hook mode's send and receive halves. The copy ratio
+// compares with the time the peer-copy roofline of this run needs for the same bytes.
+#include <cstring>
+
+#include "bench/bench_context.hpp"
+#include "bench/stream_filler.hpp"
+#include "reference/reference.hpp"
+#include "reference/workload.hpp"
+#include "common/cuda_check.hpp"
+#include "support/device_bytes.hpp"
+#include "support/download.hpp"
+
+namespace epcomm::bench {
+namespace {
+using testing::download;
+
+constexpr double kBytesPerGigabyte = 1e9;
+constexpr double kMicrosecondsPerSecond = 1e6;
+
+reference::LowLatencyRankInput rank_input(const BenchOptions& options, int rank, int tokens) {
+  reference::LowLatencyRankInput input;
+  input.num_tokens = tokens;
+  input.x = reference::random_bf16(reference::derive_seed(options.seed, rank, 10), static_cast<size_t>(tokens) * options.hidden);
+  input.topk_idx = reference::random_topk_idx(reference::derive_seed(options.seed, rank, 11), tokens, options.num_topk,
+                                              options.num_experts);
+  input.topk_weights = reference::random_topk_weights(reference::derive_seed(options.seed, rank, 12), tokens, options.num_topk);
+  return input;
+}
+
+}  // namespace
+
+void bench_low_latency(BenchContext& context, double copy_gbps) {
+  const BenchOptions& options = context.options;
+  const int rank = context.bootstrap->rank();
+  const int ranks = options.num_ranks;
+  const int tokens = options.low_latency_tokens;
+  const int experts_per_rank = options.num_experts / ranks;
+  std::vector<reference::LowLatencyRankInput> inputs;
+  for (int r = 0; r < ranks; ++r) inputs.push_back(rank_input(options, r, tokens));
+  reference::LowLatencyShape shape;
+  shape.hidden = options.hidden;
+  shape.num_topk = options.num_topk;
+  shape.max_tokens_per_rank = tokens;
+  shape.use_fp8 = true;
+  const reference::ExpertPartition partition(options.num_experts, ranks);
+  const std::vector<reference::LowLatencyRankDispatched> expected = reference::low_latency_dispatch(inputs, partition, shape);
+
+  const reference::LowLatencyRankInput& mine = inputs[rank];
+  testing::DeviceBytes x(mine.x.size() * sizeof(uint16_t)), topk_idx(mine.topk_idx.size() * sizeof(int64_t));
+  testing::DeviceBytes topk_weights(mine.topk_weights.size() * sizeof(float));
+  x.upload(mine.x);
+  topk_idx.upload(mine.topk_idx);
+  topk_weights.upload(mine.topk_weights);
+  LowLatencyDispatchArgs args;
+  args.x = TensorView::contiguous(x.get(), DType::kBFloat16, {tokens, options.hidden});
+  args.topk_idx = TensorView::contiguous(topk_idx.get(), DType::kInt64, {tokens, options.num_topk});
+  args.num_max_dispatch_tokens_per_rank = tokens;
+  args.num_experts = options.num_experts;
+  args.use_fp8 = true;
+  auto allocator = make_stream_ordered_allocator();
+  CallOptions call;
+  call.stream = context.stream;
+
+  const size_t slots = static_cast<size_t>(ranks) * tokens;
+  const int groups = options.hidden / 128;
+  // Checks one dispatch's outputs against the reference (the receive must have run).
+  auto dispatch_matches = [&](const LowLatencyDispatchResult& dispatched) {
+    bool ok = download<int32_t>(dispatched.recv_count.view) == expected[rank].recv_count;
+    const std::vector<uint8_t> recv_x = download<uint8_t>(dispatched.recv_x.view);
+    const std::vector<float> recv_scales = download<float>(dispatched.recv_x_scales.view);
+    const std::vector<int32_t> src = download<int32_t>(dispatched.handle.recv_src_info());
+    for (int le = 0; le < experts_per_rank && ok; ++le) {
+      size_t first = static_cast<size_t>(le) * slots;  // source s's rows follow those of sources before it
+      for (int s = 0; s < ranks && ok; ++s) {
+        const int count = expected[rank].recv_count_from[static_cast<size_t>(le) * ranks + s];
+        for (int j = 0; j < count && ok; ++j) {
+          const size_t row = first + j;
+          ok = src[row] == expected[rank].recv_src_token[row] &&
+               std::memcmp(&recv_x[row * options.hidden], &expected[rank].recv_x_fp8[row * options.hidden], options.hidden) == 0 &&
+               std::memcmp(&recv_scales[row * groups], &expected[rank].recv_x_scales[row * groups], groups * sizeof(float)) == 0;
+        }
+        first += count;
+      }
+    }
+    return ok;
+  };
+  LowLatencyDispatchResult dispatched = context.buffer->low_latency_dispatch(args, *allocator, call);
+  context.buffer->synchronize(context.stream);
+  const bool dispatch_ok = dispatch_matches(dispatched);
+
+  // Expert outputs: the dequantised rows, as BF16 (rows past the counts are left as allocated).
+  std::vector<std::vector<uint16_t>> outputs(ranks);
+  for (int r = 0; r < ranks; ++r) {
+    outputs[r].assign(static_cast<size_t>(experts_per_rank) * slots * options.hidden, 0);
+    for (size_t i = 0; i < outputs[r].size(); ++i) {
+      outputs[r][i] = reference::float_to_bf16(reference::e4m3_to_float(expected[r].recv_x_fp8[i]));
+    }
+  }
+  const std::vector<std::vector<uint16_t>> expected_combined =
+      reference::low_latency_combine(inputs, outputs, partition, shape);
+  testing::DeviceBytes y(outputs[rank].size() * sizeof(uint16_t));
+  y.upload(outputs[rank]);
+  LowLatencyCombineArgs combine_args;
+  combine_args.x = TensorView::contiguous(y.get(), DType::kBFloat16, {experts_per_rank, static_cast<int64_t>(slots), options.hidden});
+  combine_args.topk_idx = args.topk_idx;
+  combine_args.topk_weights = TensorView::contiguous(topk_weights.get(), DType::kFloat32, {tokens, options.num_topk});
+  combine_args.handle = &dispatched.handle;
+  LowLatencyCombineResult combined = context.buffer->low_latency_combine(combine_args, *allocator, call);
+  context.buffer->synchronize(context.stream);
+  auto combine_matches = [&](const LowLatencyCombineResult& result) {
+    return download<uint16_t>(result.combined_x.view) == expected_combined[rank];
+  };
+  const bool combine_ok = combine_matches(combined);
+  const bool all_dispatch_ok = all_ranks_agree(*context.bootstrap, dispatch_ok);
+  const bool all_combine_ok = all_ranks_agree(*context.bootstrap, combine_ok);
+
+  // Timings. Every combine needs a dispatch before it, so time them in pairs, each half with its
+  // own events; hook mode the same, send and receive separately. The last pair of each run is
+  // checked against the reference too (true when both halves match, on every rank).
+  auto align = [&] { context.align(); };
+  // With kKernel, the stream is kept busy while the host enqueues each call (stream_filler.hpp), so
+  // the marks bracket the GPU's work only.
+  auto run_pairs = [&](bool hook, std::vector<double>& send_dispatch, std::vector<double>& receive_dispatch,
+                       std::vector<double>& send_combine, std::vector<double>& receive_combine,
+                       TimingMode mode = TimingMode::kEndToEnd) -> bool {
+    const bool kernel_time = mode == TimingMode::kKernel;
+    args.return_recv_hook = hook;
+    combine_args.return_recv_hook = hook;
+    cudaEvent_t marks[5];
+    for (cudaEvent_t& mark : marks) EPCOMM_CUDA_CHECK(cudaEventCreate(&mark));
+    bool last_ok = false;
+    for (int i = 0; i < options.warmup_iters + options.timed_iters; ++i) {
+      align();
+      if (kernel_time) keep_stream_busy(context.stream, kKernelTimingLead);
+      EPCOMM_CUDA_CHECK(cudaEventRecord(marks[0], context.stream));
+      LowLatencyDispatchResult d = context.buffer->low_latency_dispatch(args, *allocator, call);
+      EPCOMM_CUDA_CHECK(cudaEventRecord(marks[1], context.stream));
+      if (hook) d.hook();
+      if (kernel_time) keep_stream_busy(context.stream, kKernelTimingLead);
+      EPCOMM_CUDA_CHECK(cudaEventRecord(marks[2], context.stream));
+      combine_args.handle = &d.handle;
+      LowLatencyCombineResult c = context.buffer->low_latency_combine(combine_args, *allocator, call);
+      EPCOMM_CUDA_CHECK(cudaEventRecord(marks[3], context.stream));
+      if (hook) c.hook();
+      EPCOMM_CUDA_CHECK(cudaEventRecord(marks[4], context.stream));
+      EPCOMM_CUDA_CHECK(cudaEventSynchronize(marks[4]));
+      if (i + 1 == options.warmup_iters + options.timed_iters) last_ok = dispatch_matches(d) && combine_matches(c);
+      if (i < options.warmup_iters) continue;
+      float ms[4];
+      for (int m = 0; m < 4; ++m) EPCOMM_CUDA_CHECK(cudaEventElapsedTime(&ms[m], marks[m], marks[m + 1]));
+      send_dispatch.push_back(ms[0] * 1000.0);
+      receive_dispatch.push_back(ms[1] * 1000.0);
+      send_combine.push_back(ms[2] * 1000.0);
+      receive_combine.push_back(ms[3] * 1000.0);
+    }
+    for (cudaEvent_t mark : marks) EPCOMM_CUDA_WARN(cudaEventDestroy(mark));
+    return all_ranks_agree(*context.bootstrap, last_ok);
+  };
+  std::vector<double> dispatch_us, unused_a, combine_us, unused_b;
+  const bool pairs_ok = run_pairs(false, dispatch_us, unused_a, combine_us, unused_b);
+  std::vector<double> hook_send_dispatch, hook_recv_dispatch, hook_send_combine, hook_recv_combine;
+  const bool hook_ok = run_pairs(true, hook_send_dispatch, hook_recv_dispatch, hook_send_combine, hook_recv_combine);
+  std::vector<double> dispatch_kernel_us, unused_c, combine_kernel_us, unused_d;
+  const bool kernel_ok =
+      run_pairs(false, dispatch_kernel_us, unused_c, combine_kernel_us, unused_d, TimingMode::kKernel);
+  context.buffer->check_device_errors();
+  const Timing dispatch_timing = summarize_across_ranks(*context.bootstrap, dispatch_us);
+  const Timing combine_timing = summarize_across_ranks(*context.bootstrap, combine_us);
+  const Timing send_d = summarize_across_ranks(*context.bootstrap, hook_send_dispatch);
+  const Timing recv_d = summarize_across_ranks(*context.bootstrap, hook_recv_dispatch);
+  const Timing send_c = summarize_across_ranks(*context.bootstrap, hook_send_combine);
+  const Timing recv_c = summarize_across_ranks(*context.bootstrap, hook_recv_combine);
+  const Timing dispatch_kernel = summarize_across_ranks(*context.bootstrap, dispatch_kernel_us);
+  const Timing combine_kernel = summarize_across_ranks(*context.bootstrap, combine_kernel_us);
+  if (!context.is_reporting_rank()) return;
+
+  // Bytes: every (token, k) pair with an expert, FP8 row + scales out, BF16 row back.
+  int64_t pairs = 0;
+  for (const auto& input : inputs) {
+    for (int64_t id : input.topk_idx) pairs += id >= 0 ? 1 : 0;
+  }
+  pairs /= ranks;  // per rank, on average
+  const double dispatch_bytes = static_cast<double>(pairs) * (options.hidden + groups * sizeof(float));
+  const double combine_bytes = static_cast<double>(pairs) * options.hidden * 2.0;
+  auto write = [&](const char* op, const char* dtype, const char* phase, const Timing& timing, double bytes, bool correct,
+                   TimingMode mode = TimingMode::kEndToEnd) {
+    const double gbps = bytes / kBytesPerGigabyte / (timing.median_us / kMicrosecondsPerSecond);
+    Record record = context.base_record(op, "low_latency");
+    record.set("timing", timing_name(mode))
+        .set("tokens", tokens)
+        .set("dtype", dtype)
+        .set("phase", phase)
+        .set("sms", context.device_sms / ((options.num_ranks + context.num_gpus - 1) / context.num_gpus))  // this rank's share
+        .set("median_us", timing.median_us)
+        .set("p99_us", timing.p99_us)
+        .set("gbps", gbps)
+        .set("roofline_ratio", gbps / copy_gbps)
+        .set("correct", correct);
+    context.sink.write(record);
+  };
+  write("ll_dispatch", "fp8", "full", dispatch_timing, dispatch_bytes, all_dispatch_ok && pairs_ok);
+  write("ll_combine", "bf16", "full", combine_timing, combine_bytes, all_combine_ok && pairs_ok);
+  write("ll_dispatch", "fp8", "hook_send", send_d, dispatch_bytes, hook_ok);
+  write("ll_dispatch", "fp8", "hook_receive", recv_d, dispatch_bytes, hook_ok);
+  write("ll_combine", "bf16", "hook_send", send_c, combine_bytes, hook_ok);
+  write("ll_combine", "bf16", "hook_receive", recv_c, combine_bytes, hook_ok);
+  write("ll_dispatch", "fp8", "full", dispatch_kernel, dispatch_bytes, kernel_ok, TimingMode::kKernel);
+  write("ll_combine", "bf16", "full", combine_kernel, combine_bytes, kernel_ok, TimingMode::kKernel);
+}
+
+}  // namespace epcomm::bench

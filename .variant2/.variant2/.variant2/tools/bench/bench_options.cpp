@@ -1,0 +1,162 @@
+#include "bench/bench_options.hpp"
+
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "common/constants.hpp"
+#include "epcomm/error.hpp"
+
+namespace epcomm::bench {
+namespace {
+
+int64_t parse_integer(const std::string& option, const std::string& text, int64_t lo, int64_t hi) {
+  char* end = nullptr;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || value < lo || value > hi) {
+    fail(ErrorCode::kInvalidArgument, "epcomm-bench: ", option, " ", text, " must be an integer in [", lo, ", ", hi, "]");
+  }
+  return value;
+}
+
+// A comma-separated list of integers in [lo, hi], each checked like a single value.
+std::vector<int> parse_list(const char* option, const std::string& value, int64_t lo, int64_t hi) {
+  std::vector<int> items;
+  std::stringstream list(value);
+  for (std::string item; std::getline(list, item, ',');) items.push_back(static_cast<int>(parse_integer(option, item, lo, hi)));
+  if (items.empty()) parse_integer(option, value, lo, hi);  // "" fails like a bad single value
+  return items;
+}
+
+std::string join_list(const std::vector<int>& items) {
+  std::string list;
+  for (const int item : items) list += (list.empty() ? "" : ",") + std::to_string(item);
+  return list;
+}
+
+}  // namespace
+
+const char* bench_usage() {
+  return "usage: epcomm-bench [options]\n"
+         "Starts --ranks rank processes on this machine (GPU rank % device count), checks every op\n"
+         "against the CPU reference and prints one JSON record per op and setting.\n"
+         "  --ranks N         rank processes (default 8)\n"
+         "  --tokens N        tokens per rank (default 4096)\n"
+         "  --hidden N        hidden size (default 7168)\n"
+         "  --topk N          experts per token (default 8)\n"
+         "  --experts N       experts in total (default 256)\n"
+         "  --copy-sms N      SMs for the peer-copy roofline (default 24)\n"
+         "  --ll-tokens N     tokens per rank of the low-latency benchmark (default 128)\n"
+         "  --warmup N        untimed iterations (default 5)\n"
+         "  --iters N         timed iterations (default 50)\n"
+         "  --seed N          workload seed (default 1)\n"
+         "  --setup NAME      label for the records (default: detected)\n"
+         "  --sweep           also time a grid of normal-mode configs (SMs, chunk and ring sizes)\n"
+         "  --sms A,B,...     time the default normal-mode config at each of these SM counts\n"
+         "  --rings A,B,...   ... at each of these ring sizes (num_max_nvl_chunked_recv_tokens);\n"
+         "                    with --sms, every (SMs, ring) pair\n"
+         "  --token-sweep A,B,...  also time normal mode (default config) at these tokens per rank\n"
+         "  --skip-normal     skip normal-mode dispatch and combine\n"
+         "  --cold            cold start: --trials trials in fresh processes, with and without\n"
+         "                    preinitialize; init time by phase, first / second / steady call of each op\n"
+         "  --trials N        cold-start trials (default 3)\n"
+         "  --cold-order O    rounds (each op once per round, as a training step calls them),\n"
+         "                    back-to-back (each op's calls in a row) or both (default)\n"
+         "  --cold-pause-ms N host sleep before every cold round or call (default 0)\n"
+         "  --out FILE        also append the JSON records to FILE\n"
+         "Ranks: 1 to 8 (one node); rank r runs on GPU r % (visible GPUs). Several ranks on one GPU\n"
+         "run at once only under MPS (scripts/bench.sh starts it).\n"
+         "Exit codes: 0 every op ran and matched the CPU reference; 1 a rank failed or a result was\n"
+         "wrong (the log says which); 2 bad options; 3 no usable GPU (after the CPU self-check);\n"
+         "124 the job timed out; 128+N a rank was killed by signal N.\n";
+}
+
+BenchOptions parse_bench_options(const std::vector<std::string>& args) {
+  BenchOptions options;
+  const std::map<std::string, std::function<void(const std::string&)>> setters = {
+      {"--ranks", [&](const std::string& v) { options.num_ranks = static_cast<int>(parse_integer("--ranks", v, 1, 8)); }},
+      {"--tokens", [&](const std::string& v) { options.num_tokens = static_cast<int>(parse_integer("--tokens", v, 0, 1 << 20)); }},
+      {"--hidden", [&](const std::string& v) { options.hidden = static_cast<int>(parse_integer("--hidden", v, 128, 1 << 16)); }},
+      {"--topk", [&](const std::string& v) { options.num_topk = static_cast<int>(parse_integer("--topk", v, 1, 32)); }},
+      {"--experts", [&](const std::string& v) { options.num_experts = static_cast<int>(parse_integer("--experts", v, 1, 4096)); }},
+      {"--ll-tokens", [&](const std::string& v) { options.low_latency_tokens = static_cast<int>(parse_integer("--ll-tokens", v, 1, 1024)); }},
+      {"--copy-sms", [&](const std::string& v) { options.copy_sms = static_cast<int>(parse_integer("--copy-sms", v, 1, 1024)); }},
+      {"--warmup", [&](const std::string& v) { options.warmup_iters = static_cast<int>(parse_integer("--warmup", v, 0, 100000)); }},
+      {"--iters", [&](const std::string& v) { options.timed_iters = static_cast<int>(parse_integer("--iters", v, 1, 100000)); }},
+      {"--seed", [&](const std::string& v) { options.seed = static_cast<uint64_t>(parse_integer("--seed", v, 0, INT64_MAX)); }},
+      {"--setup", [&](const std::string& v) { options.setup = v; }},
+      {"--trials", [&](const std::string& v) { options.cold_trials = static_cast<int>(parse_integer("--trials", v, 1, 1000)); }},
+      {"--cold-trial", [&](const std::string& v) { options.cold_trial = static_cast<int>(parse_integer("--cold-trial", v, 0, 1000)); }},
+      {"--cold-preinitialize", [&](const std::string& v) { options.cold_preinitialize = parse_integer("--cold-preinitialize", v, 0, 1) == 1; }},
+      {"--cold-order", [&](const std::string& v) {
+         if (v != "rounds" && v != "back-to-back" && v != "both") {
+           fail(ErrorCode::kInvalidArgument, "epcomm-bench: --cold-order '", v, "' must be rounds, back-to-back or both");
+         }
+         options.cold_order = v;
+       }},
+      {"--cold-pause-ms", [&](const std::string& v) { options.cold_pause_ms = static_cast<int>(parse_integer("--cold-pause-ms", v, 0, 10000)); }},
+      {"--out", [&](const std::string& v) { options.out_path = v; }},
+      {"--sms", [&](const std::string& v) { options.sms_list = parse_list("--sms", v, 2, kMaxChannels); }},
+      {"--rings", [&](const std::string& v) { options.ring_list = parse_list("--rings", v, kMinRingTokens, 1 << 16); }},
+      {"--token-sweep", [&](const std::string& v) { options.token_sweep = parse_list("--token-sweep", v, 1, 1 << 20); }},
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--help" || args[i] == "-h") {
+      options.help = true;
+      continue;
+    }
+    if (args[i] == "--sweep") {
+      options.sweep = true;
+      continue;
+    }
+    if (args[i] == "--skip-normal") {
+      options.skip_normal = true;
+      continue;
+    }
+    if (args[i] == "--cold") {
+      options.cold = true;
+      continue;
+    }
+    const auto setter = setters.find(args[i]);
+    if (setter == setters.end()) fail(ErrorCode::kInvalidArgument, "epcomm-bench: unknown option '", args[i], "'");
+    if (i + 1 >= args.size()) fail(ErrorCode::kInvalidArgument, "epcomm-bench: ", args[i], " needs a value");
+    setter->second(args[++i]);
+  }
+  if (options.num_experts % options.num_ranks != 0) {
+    fail(ErrorCode::kInvalidArgument, "epcomm-bench: --experts ", options.num_experts, " must be a multiple of --ranks ",
+         options.num_ranks);
+  }
+  if (options.low_latency_tokens > options.num_tokens) {
+    fail(ErrorCode::kInvalidArgument, "epcomm-bench: --ll-tokens ", options.low_latency_tokens, " exceeds --tokens ",
+         options.num_tokens, " (the low-latency benchmark uses the first --ll-tokens tokens)");
+  }
+  if (options.num_topk > options.num_experts) {
+    fail(ErrorCode::kInvalidArgument, "epcomm-bench: --topk ", options.num_topk, " exceeds --experts ", options.num_experts);
+  }
+  return options;
+}
+
+std::vector<std::string> to_arguments(const BenchOptions& options) {
+  std::vector<std::string> args = {
+      "--ranks", std::to_string(options.num_ranks),     "--tokens", std::to_string(options.num_tokens),
+      "--hidden", std::to_string(options.hidden),       "--topk", std::to_string(options.num_topk),
+      "--experts", std::to_string(options.num_experts), "--copy-sms", std::to_string(options.copy_sms), "--ll-tokens", std::to_string(options.low_latency_tokens),
+      "--warmup", std::to_string(options.warmup_iters), "--iters", std::to_string(options.timed_iters),
+      "--seed", std::to_string(options.seed)};
+  if (!options.setup.empty()) args.insert(args.end(), {"--setup", options.setup});
+  if (!options.out_path.empty()) args.insert(args.end(), {"--out", options.out_path});
+  if (options.sweep) args.push_back("--sweep");
+  if (!options.sms_list.empty()) args.insert(args.end(), {"--sms", join_list(options.sms_list)});
+  if (!options.ring_list.empty()) args.insert(args.end(), {"--rings", join_list(options.ring_list)});
+  if (!options.token_sweep.empty()) args.insert(args.end(), {"--token-sweep", join_list(options.token_sweep)});
+  if (options.skip_normal) args.push_back("--skip-normal");
+  if (options.cold_trial >= 0) {
+    args.insert(args.end(), {"--cold-trial", std::to_string(options.cold_trial), "--cold-preinitialize",
+                             options.cold_preinitialize ? "1" : "0", "--cold-order", options.cold_order,
+                             "--cold-pause-ms", std::to_string(options.cold_pause_ms)});
+  }
+  return args;
+}
+
+}  // namespace epcomm::bench

@@ -1,0 +1,51 @@
+// Command-line options of epcomm-bench. Defaults are the standard workload: 4096 tokens per rank,
+// hidden 7168 (DeepSeek-V3), top-8 of 256 experts, 8 ranks.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace epcomm::bench {
+
+struct BenchOptions {
+  int num_ranks = 8;
+  int num_tokens = 4096;
+  int hidden = 7168;
+  int num_topk = 8;
+  int num_experts = 256;
+  int copy_sms = 24;
+  int low_latency_tokens = 128;  // tokens per rank of the low-latency benchmark
+  int warmup_iters = 5;
+  int timed_iters = 50;
+  uint64_t seed = 1;
+  std::string out_path;  // JSON lines are also appended here when set
+  std::string setup;     // empty: detect (single | mps | timeslice | nvlink)
+  bool sweep = false;    // also time a grid of normal-mode configs
+  std::vector<int> sms_list;  // --sms: time the default config at each of these SM counts instead
+  std::vector<int> ring_list;  // --rings: ... and at each of these ring sizes (tokens), a grid with --sms
+  std::vector<int> token_sweep;  // --token-sweep: also time normal mode at these tokens per rank
+  bool skip_normal = false;  // time only layout, copy and low-latency mode
+  // --cold: trials of fresh processes, each timing init and the first / second / steady call of
+  // every op, with and without preinitialize. The last two are set for the processes it starts.
+  bool cold = false;
+  int cold_trials = 3;
+  int cold_trial = -1;         // >= 0: this process is one cold trial
+  bool cold_preinitialize = false;
+  // The order of the timed calls in a cold trial: "rounds" (every op once per round, in the order a
+  // training step calls them), "back-to-back" (each op's calls in a row), or "both" (separate
+  // trials of each; a trial process gets one).
+  std::string cold_order = "both";
+  // A host pause (sleep) before every round (rounds) or call (back-to-back): the steady calls then
+  // meet the machine as the first one does after the Buffer's construction, idle for a while.
+  int cold_pause_ms = 0;
+  bool help = false;
+};
+
+// Throws epcomm::Error(InvalidArgument) naming the option and value.
+BenchOptions parse_bench_options(const std::vector<std::string>& args);
+// The same options as arguments, to hand to the rank processes the bench starts.
+std::vector<std::string> to_arguments(const BenchOptions& options);
+const char* bench_usage();
+
+}  // namespace epcomm::bench

@@ -1,0 +1,253 @@
+// epcomm-bench: correctness and speed of every op, as JSON lines.
+//
+// Run plainly, it checks the CPU reference, then starts --ranks copies of itself (as
+// epcomm-launch would) and reports what rank 0 measured. On a machine without a GPU it runs the
+// CPU self-check, says why it cannot go on, and exits non-zero.
+#include <cuda_runtime_api.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+
+#include "bench/bench_context.hpp"
+#include "common/constants.hpp"
+#include "epcomm_build_info.hpp"
+#include "support/launcher.hpp"
+#include "reference/reference.hpp"
+#include "reference/workload.hpp"
+#include "common/cuda_check.hpp"
+#include "common/gpu_presence.hpp"
+
+
+namespace epcomm::bench {
+namespace {
+
+constexpr int kExitNoGpu = 3;
+constexpr int kExitUsage = 2;
+// NVLink buffer headroom beyond the copy roofline's bytes.
+constexpr int64_t kBufferSlackBytes = 1 << 20;
+
+// The reference agrees with itself on the standard workload: every (token, expert) pair is
+// counted once per expert and every token once per rank it reaches.
+bool cpu_self_check(const BenchOptions& options) {
+  const reference::ExpertPartition partition(options.num_experts, options.num_ranks);
+  for (int rank = 0; rank < options.num_ranks; ++rank) {
+    const std::vector<int64_t> ids = reference::random_topk_idx(reference::derive_seed(options.seed, rank),
+                                                                options.num_tokens, options.num_topk, options.num_experts);
+    const reference::Layout layout = reference::dispatch_layout(ids, options.num_tokens, options.num_topk, partition);
+    const int64_t named = std::count_if(ids.begin(), ids.end(), [](int64_t id) { return id >= 0; });
+    const int64_t per_expert = std::accumulate(layout.num_tokens_per_expert.begin(), layout.num_tokens_per_expert.end(), int64_t{0});
+    const int64_t per_rank = std::accumulate(layout.num_tokens_per_rank.begin(), layout.num_tokens_per_rank.end(), int64_t{0});
+    const int64_t in_rank = std::accumulate(layout.is_token_in_rank.begin(), layout.is_token_in_rank.end(), int64_t{0});
+    if (named != per_expert || per_rank != in_rank) {
+      std::fprintf(stderr, "epcomm-bench: CPU self-check FAILED on rank %d's workload\n", rank);
+      return false;
+    }
+  }
+  std::printf("epcomm-bench: CPU self-check passed (reference layout of %d ranks x %d tokens)\n", options.num_ranks,
+              options.num_tokens);
+  return true;
+}
+
+std::string detect_setup(int num_ranks, int num_gpus) {
+  if (num_ranks == 1) return "single";
+  if (num_gpus >= num_ranks) return "nvlink";
+  const char* pipe_directory = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+  const std::string control = std::string(pipe_directory ? pipe_directory : "/tmp/nvidia-mps") + "/control";
+  struct stat info {};
+  return stat(control.c_str(), &info) == 0 ? "mps" : "timeslice";
+}
+
+int run_rank(const BenchOptions& options) {
+  BenchContext context;
+  context.options = options;
+  context.bootstrap = make_bootstrap_from_env();
+  EPCOMM_CUDA_CHECK(cudaGetDeviceCount(&context.num_gpus));
+  const int device = context.bootstrap->rank() % context.num_gpus;
+  // Setting the device creates the CUDA context (cudaFree(nullptr) makes sure): the first one-time
+  // cost of any GPU process.
+  const auto context_start = std::chrono::steady_clock::now();
+  EPCOMM_CUDA_CHECK(cudaSetDevice(device));
+  EPCOMM_CUDA_CHECK(cudaFree(nullptr));
+  const double context_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - context_start).count();
+  cudaDeviceProp properties{};
+  EPCOMM_CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
+  context.gpu_name = properties.name;
+  context.device_sms = properties.multiProcessorCount;
+  context.setup = options.setup.empty() ? detect_setup(options.num_ranks, context.num_gpus) : options.setup;
+  context.sink = RecordSink(context.bootstrap->rank() == 0 ? options.out_path : "");
+  if (options.cold_trial >= 0) {
+    EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&context.stream, cudaStreamNonBlocking));
+    const int status = run_cold_trial(context, context_ms);
+    EPCOMM_CUDA_CHECK(cudaStreamDestroy(context.stream));
+    return status;
+  }
+
+  // Every rank sends about as much as rank 0; size for the largest so the copy fits everywhere.
+  size_t copy_bytes = 0;
+  for (int rank = 0; rank < options.num_ranks; ++rank) copy_bytes = std::max(copy_bytes, dispatch_bytes_per_rank(options, rank));
+  const size_t bytes_per_peer = (copy_bytes / options.num_ranks) / kVectorBytes * kVectorBytes;
+
+  int64_t ring_bytes = 0;
+  for (const Config& config : bench_configs(context)) {
+    ring_bytes = std::max(ring_bytes, config.nvl_buffer_size_hint(static_cast<int64_t>(options.hidden) * 2, options.num_ranks));
+  }
+  BufferOptions buffer_options;
+  buffer_options.low_latency_mode = true;
+  buffer_options.num_rdma_bytes = Buffer::low_latency_buffer_size_hint(options.low_latency_tokens, options.hidden,
+                                                                       options.num_ranks, options.num_experts);
+  buffer_options.num_nvl_bytes = static_cast<int64_t>(
+      (std::max<size_t>(bytes_per_peer * options.num_ranks, static_cast<size_t>(ring_bytes)) + kBufferSlackBytes) /
+      kRegionAlignment * kRegionAlignment);
+  buffer_options.preinitialize = true;
+  Buffer buffer(context.bootstrap, buffer_options);
+  context.buffer = &buffer;
+  EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&context.stream, cudaStreamNonBlocking));
+
+  bench_layout(context);
+  const double copy_gbps = bench_copy(context, bytes_per_peer);
+  for (const Config& config : bench_configs(context)) {
+    if (options.skip_normal) break;
+    bench_normal(context, copy_gbps, config);  // every config checked against the reference
+  }
+  for (const int tokens : options.skip_normal ? std::vector<int>{} : options.token_sweep) {
+    context.options.num_tokens = tokens;  // the records say which
+    bench_normal(context, copy_gbps, bench_configs(context).front());
+  }
+  context.options.num_tokens = options.num_tokens;
+  bench_low_latency(context, copy_gbps);
+
+  buffer.synchronize(context.stream);
+  EPCOMM_CUDA_CHECK(cudaStreamDestroy(context.stream));
+  return EXIT_SUCCESS;
+}
+
+}  // namespace
+
+std::vector<Config> bench_configs(const BenchContext& context) {
+  const BenchOptions& options = context.options;
+  // Ranks sharing one GPU must all be resident at once, one block per SM.
+  const bool shared_gpu = context.num_gpus < options.num_ranks;
+  const int sm_cap = shared_gpu ? (context.device_sms / options.num_ranks) / 2 * 2 : kMaxChannels;
+  auto capped = [&](Config config) {
+    config.num_sms = std::max(2, std::min(config.num_sms, sm_cap));
+    return config;
+  };
+  std::vector<Config> configs;
+  const Config defaults = default_dispatch_config(options.num_ranks);
+  const std::vector<int> sms_list = options.sms_list.empty() ? std::vector<int>{defaults.num_sms} : options.sms_list;
+  const std::vector<int> rings = options.ring_list.empty() ? std::vector<int>{defaults.num_max_nvl_chunked_recv_tokens}
+                                                           : options.ring_list;
+  if (!options.sms_list.empty() || !options.ring_list.empty()) {
+    for (const int sms : sms_list) {
+      for (const int ring : rings) {
+        Config config = defaults;
+        config.num_sms = sms;
+        config.num_max_nvl_chunked_recv_tokens = ring;
+        configs.push_back(capped(config));
+      }
+    }
+    return configs;
+  }
+  configs.push_back(capped(default_dispatch_config(options.num_ranks)));
+  if (!options.sweep) return configs;
+  // More than 24 SMs only where a rank has its GPU to itself (the cap keeps shared GPUs at their share).
+  for (const int sms : {8, 16, 24, 32, 48}) {
+    if (shared_gpu && sms > 24) continue;
+    for (const int chunk : {4, 8, 16}) {
+      for (const int ring : {64, 128, 256}) {
+        Config config = default_dispatch_config(options.num_ranks);
+        config.num_sms = sms;
+        config.num_max_nvl_chunked_send_tokens = chunk;
+        config.num_max_nvl_chunked_recv_tokens = ring;
+        config = capped(config);
+        bool seen = false;
+        for (const Config& other : configs) {
+          seen = seen || (other.num_sms == config.num_sms && other.num_max_nvl_chunked_send_tokens == chunk &&
+                          other.num_max_nvl_chunked_recv_tokens == ring);
+        }
+        if (!seen) configs.push_back(config);
+      }
+    }
+  }
+  return configs;
+}
+
+Record BenchContext::base_record(const char* op, const char* mode) const {
+  Record record;
+  record.set("op", op)
+      .set("mode", mode)
+      .set("ranks", options.num_ranks)
+      .set("gpus", std::min(num_gpus, options.num_ranks))
+      .set("setup", setup)
+      .set("tokens", options.num_tokens)
+      .set("hidden", options.hidden)
+      .set("topk", options.num_topk)
+      .set("experts", options.num_experts)
+      .set("iters", options.timed_iters)
+      .set("timing", timing_name(TimingMode::kEndToEnd))  // kernel-time records say so
+      .set("git", EPCOMM_GIT_REVISION)
+      .set("gpu", gpu_name);
+  return record;
+}
+
+}  // namespace epcomm::bench
+
+int main(int argc, char** argv) {
+  using namespace epcomm;
+  bench::BenchOptions options;
+  try {
+    options = bench::parse_bench_options(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const Error& error) {
+    std::fprintf(stderr, "%s (epcomm-bench --help lists the options)\n", error.what());
+    return bench::kExitUsage;
+  }
+  if (options.help) {
+    std::printf("%s", bench::bench_usage());
+    return EXIT_SUCCESS;
+  }
+  try {
+    if (tools::running_as_rank()) return bench::run_rank(options);
+
+    if (!bench::cpu_self_check(options)) return EXIT_FAILURE;
+    int num_gpus = 0;
+    const cudaError_t status = cudaGetDeviceCount(&num_gpus);
+    if (status != cudaSuccess || num_gpus == 0) {
+      std::fprintf(stderr, "epcomm-bench: no CUDA GPU is usable here (%s); the GPU benchmarks did not run.\n",
+                   detail::no_gpu_reason(status, num_gpus).c_str());
+      return bench::kExitNoGpu;
+    }
+    auto launch_with = [&](const bench::BenchOptions& rank_options) {
+      tools::LaunchOptions launch;
+      launch.num_ranks = rank_options.num_ranks;
+      launch.argv = {tools::self_executable_path()};
+      for (const std::string& arg : bench::to_arguments(rank_options)) launch.argv.push_back(arg);
+      return tools::launch_ranks(launch);
+    };
+    if (!options.cold) return launch_with(options);
+    // Cold start: every trial in fresh processes, without and with preinitialize, in each order.
+    std::vector<std::string> orders = {options.cold_order};
+    if (options.cold_order == "both") orders = {"rounds", "back-to-back"};
+    int cold_status = EXIT_SUCCESS;
+    for (const std::string& order : orders) {
+      for (int trial = 0; trial < options.cold_trials; ++trial) {
+        for (const bool preinitialize : {false, true}) {
+          bench::BenchOptions trial_options = options;
+          trial_options.cold_trial = trial;
+          trial_options.cold_preinitialize = preinitialize;
+          trial_options.cold_order = order;
+          const int trial_status = launch_with(trial_options);
+          if (trial_status != EXIT_SUCCESS) cold_status = trial_status;
+        }
+      }
+    }
+    return cold_status;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "epcomm-bench: %s\n", error.what());
+    return EXIT_FAILURE;
+  }
+}

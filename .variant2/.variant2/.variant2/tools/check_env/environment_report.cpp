@@ -1,0 +1,394 @@
+#include "check_env/environment_report.hpp"
+
+#include "common/gpu_presence.hpp"
+
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <link.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <system_error>
+
+extern char** environ;
+
+namespace epcomm::tools {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kInfinibandSysfsRoot = "/sys/class/infiniband";
+constexpr const char* kDefaultMpsPipeDirectory = "/tmp/nvidia-mps";  // nvidia-cuda-mps-control's default
+constexpr const char* kMpsControlPipe = "control";
+constexpr const char* kNvshmemSoname = "libnvshmem_host.so.3";  // NVSHMEM 3.x host library
+constexpr const char* kNvshmemPathVariable = "EPCOMM_NVSHMEM_LIB";
+constexpr const char* kNvmlSoname = "libnvidia-ml.so.1";  // installed with the driver
+constexpr int kPciBusIdLength = 32;                       // "0000:19:00.0" plus room, as CUDA suggests
+
+// Variables named exactly, and families named by prefix, that change how epcomm or the libraries
+// beside it (NCCL, NVSHMEM, PyTorch, the CUDA driver) pick GPUs and transports.
+constexpr const char* kRelevantNames[] = {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
+                                          "TORCH_SYMM_MEM_DISABLE_MULTICAST"};
+constexpr const char* kRelevantPrefixes[] = {"NVSHMEM_", "NCCL_", "EPCOMM_", "CUDA_MPS_"};
+
+// A library opened with dlopen, closed when this goes out of scope. Tools that probe optional
+// libraries must not fail when they are absent, so opening never throws: check `ok()`.
+class SharedLibrary {
+ public:
+  explicit SharedLibrary(const std::string& name) : handle_(dlopen(name.c_str(), RTLD_LAZY | RTLD_LOCAL)) {
+    if (handle_ == nullptr) {
+      const char* message = dlerror();
+      error_ = message != nullptr ? message : name + ": cannot be loaded";
+    }
+  }
+  SharedLibrary(const SharedLibrary&) = delete;
+  SharedLibrary& operator=(const SharedLibrary&) = delete;
+  ~SharedLibrary() {
+    if (handle_ != nullptr) dlclose(handle_);
+  }
+
+  bool ok() const { return handle_ != nullptr; }
+  const std::string& error() const { return error_; }
+
+  // The function `name`, or nullptr if the library does not export it.
+  template <typename Function>
+  Function symbol(const char* name) const {
+    return reinterpret_cast<Function>(dlsym(handle_, name));
+  }
+
+  // The file the loader actually opened (the soname alone does not say where it was found).
+  std::string path() const {
+    link_map* map = nullptr;
+    if (dlinfo(handle_, RTLD_DI_LINKMAP, &map) != 0 || map == nullptr || map->l_name == nullptr) return "";
+    return map->l_name;
+  }
+
+ private:
+  void* handle_ = nullptr;
+  std::string error_;
+};
+
+// NVML, loaded at run time so the tool builds and runs without it. The CUDA toolkit ships no
+// nvml.h, so the few entry points used are declared here; they and these values are NVML's
+// stable ABI.
+namespace nvml {
+using Return = int;  // nvmlReturn_t
+using Device = struct DeviceOpaque*;
+constexpr Return kSuccess = 0;
+constexpr int kP2PCapsIndexNvlink = 2;             // NVML_P2P_CAPS_INDEX_NVLINK
+constexpr int kP2PStatusOk = 0;                    // NVML_P2P_STATUS_OK
+constexpr unsigned kDriverVersionBufferSize = 80;  // NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE
+using InitFunction = Return (*)();
+using ShutdownFunction = Return (*)();
+using ErrorStringFunction = const char* (*)(Return);
+using DriverVersionFunction = Return (*)(char*, unsigned);
+using HandleByPciBusIdFunction = Return (*)(const char*, Device*);
+using P2PStatusFunction = Return (*)(Device, Device, int, int*);
+}  // namespace nvml
+
+std::string cuda_error_text(const char* call, cudaError_t status) {
+  return std::string(call) + ": " + cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")";
+}
+
+void append_error(std::string& errors, const std::string& error) { errors += (errors.empty() ? "" : "; ") + error; }
+
+void collect_cuda_versions(EnvironmentReport& report) {
+  if (const cudaError_t status = cudaRuntimeGetVersion(&report.runtime_version); status != cudaSuccess) {
+    report.runtime_version = 0;
+  }
+  // With no driver installed this succeeds and reports 0.
+  if (const cudaError_t status = cudaDriverGetVersion(&report.driver_version); status != cudaSuccess) {
+    report.driver_version = 0;
+    report.driver_error = cuda_error_text("cudaDriverGetVersion", status);
+  }
+}
+
+GpuInfo query_gpu(int device) {
+  GpuInfo gpu;
+  gpu.index = device;
+  cudaDeviceProp properties{};
+  if (const cudaError_t status = cudaGetDeviceProperties(&properties, device); status != cudaSuccess) {
+    gpu.error = cuda_error_text("cudaGetDeviceProperties", status);
+    return gpu;
+  }
+  gpu.name = properties.name;
+  gpu.sm_count = properties.multiProcessorCount;
+  gpu.memory_bytes = static_cast<int64_t>(properties.totalGlobalMem);
+  gpu.compute_major = properties.major;
+  gpu.compute_minor = properties.minor;
+  char bus_id[kPciBusIdLength] = {};
+  if (const cudaError_t status = cudaDeviceGetPCIBusId(bus_id, kPciBusIdLength, device); status != cudaSuccess) {
+    gpu.error = cuda_error_text("cudaDeviceGetPCIBusId", status);
+  }
+  gpu.pci_bus_id = bus_id;
+  return gpu;
+}
+
+PeerLink query_peer_link(int from, int to) {
+  PeerLink link;
+  link.from = from;
+  link.to = to;
+  int value = 0;
+  if (const cudaError_t status = cudaDeviceCanAccessPeer(&value, from, to); status == cudaSuccess) {
+    link.can_access_peer = value != 0;
+  } else {
+    append_error(link.error, cuda_error_text("cudaDeviceCanAccessPeer", status));
+  }
+  const auto attribute = [&](cudaDeviceP2PAttr which, const char* name) -> std::optional<int> {
+    int result = 0;
+    const cudaError_t status = cudaDeviceGetP2PAttribute(&result, which, from, to);
+    if (status == cudaSuccess) return result;
+    append_error(link.error, cuda_error_text(name, status));
+    return std::nullopt;
+  };
+  link.access_supported = attribute(cudaDevP2PAttrAccessSupported, "cudaDevP2PAttrAccessSupported").value_or(0) != 0;
+  link.native_atomics =
+      attribute(cudaDevP2PAttrNativeAtomicSupported, "cudaDevP2PAttrNativeAtomicSupported").value_or(0) != 0;
+  link.performance_rank = attribute(cudaDevP2PAttrPerformanceRank, "cudaDevP2PAttrPerformanceRank").value_or(-1);
+  return link;
+}
+
+void collect_gpus(EnvironmentReport& report) {
+  int count = 0;
+  if (const cudaError_t status = cudaGetDeviceCount(&count); status != cudaSuccess) {
+    report.gpu_error = detail::no_gpu_reason(status, count);
+    return;
+  }
+  if (count == 0) {
+    report.gpu_error = "cudaGetDeviceCount found no CUDA device";
+    return;
+  }
+  for (int device = 0; device < count; ++device) report.gpus.push_back(query_gpu(device));
+  for (int from = 0; from < count; ++from) {
+    for (int to = 0; to < count; ++to) {
+      if (from != to) report.peers.push_back(query_peer_link(from, to));
+    }
+  }
+}
+
+// The driver's release number and which pairs are joined by NVLink: only NVML knows these.
+// CUDA device ordinals map to NVML devices through their PCI bus ids, because NVML ignores
+// CUDA_VISIBLE_DEVICES.
+void collect_nvml_facts(EnvironmentReport& report) {
+  const SharedLibrary library(kNvmlSoname);
+  if (!library.ok()) {
+    report.nvlink_error = "NVML is not available: " + library.error();
+    return;
+  }
+  const auto init = library.symbol<nvml::InitFunction>("nvmlInit_v2");
+  const auto shutdown = library.symbol<nvml::ShutdownFunction>("nvmlShutdown");
+  const auto error_string = library.symbol<nvml::ErrorStringFunction>("nvmlErrorString");
+  const auto driver_version = library.symbol<nvml::DriverVersionFunction>("nvmlSystemGetDriverVersion");
+  const auto handle_by_bus_id = library.symbol<nvml::HandleByPciBusIdFunction>("nvmlDeviceGetHandleByPciBusId_v2");
+  const auto p2p_status = library.symbol<nvml::P2PStatusFunction>("nvmlDeviceGetP2PStatus");
+  if (!init || !shutdown || !error_string || !driver_version || !handle_by_bus_id || !p2p_status) {
+    report.nvlink_error = std::string("NVML (") + kNvmlSoname + ") lacks an entry point this tool uses";
+    return;
+  }
+  if (const nvml::Return status = init(); status != nvml::kSuccess) {
+    report.nvlink_error = std::string("nvmlInit_v2: ") + error_string(status);
+    return;
+  }
+  char release[nvml::kDriverVersionBufferSize] = {};
+  if (driver_version(release, sizeof(release)) == nvml::kSuccess) report.driver_release = release;
+
+  std::vector<std::optional<nvml::Device>> devices;
+  for (const GpuInfo& gpu : report.gpus) {
+    nvml::Device device = nullptr;
+    const bool known = !gpu.pci_bus_id.empty() && handle_by_bus_id(gpu.pci_bus_id.c_str(), &device) == nvml::kSuccess;
+    devices.push_back(known ? std::optional<nvml::Device>(device) : std::nullopt);
+  }
+  for (PeerLink& link : report.peers) {
+    const auto& from = devices.at(link.from);
+    const auto& to = devices.at(link.to);
+    int status = 0;
+    if (from && to && p2p_status(*from, *to, nvml::kP2PCapsIndexNvlink, &status) == nvml::kSuccess) {
+      link.nvlink = status == nvml::kP2PStatusOk;
+    } else if (report.nvlink_error.empty()) {
+      report.nvlink_error = "NVML could not tell the NVLink status of some GPU pairs";
+    }
+  }
+  shutdown();
+}
+
+std::string read_first_line(const fs::path& path) {
+  std::ifstream file(path);
+  std::string line;
+  if (!file || !std::getline(file, line)) return "";
+  return line;
+}
+
+}  // namespace
+
+bool is_relevant_variable(const std::string& name) {
+  for (const char* exact : kRelevantNames) {
+    if (name == exact) return true;
+  }
+  for (const char* prefix : kRelevantPrefixes) {
+    if (name.rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
+
+std::vector<std::pair<std::string, std::string>> collect_relevant_environment(char** variables) {
+  std::vector<std::pair<std::string, std::string>> relevant;
+  for (char** entry = variables; entry != nullptr && *entry != nullptr; ++entry) {
+    const std::string text = *entry;
+    const size_t equals = text.find('=');
+    if (equals == std::string::npos) continue;
+    std::string name = text.substr(0, equals);
+    if (is_relevant_variable(name)) relevant.emplace_back(std::move(name), text.substr(equals + 1));
+  }
+  std::sort(relevant.begin(), relevant.end());
+  return relevant;
+}
+
+std::string mps_pipe_directory() {
+  const char* directory = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+  return directory != nullptr && *directory != '\0' ? directory : kDefaultMpsPipeDirectory;
+}
+
+bool mps_control_pipe_exists(const std::string& directory) {
+  struct stat info {};
+  return stat((directory + "/" + kMpsControlPipe).c_str(), &info) == 0;
+}
+
+std::vector<InfinibandDevice> collect_infiniband(const std::string& sysfs_root, std::string* error) {
+  std::vector<InfinibandDevice> devices;
+  std::error_code failure;
+  fs::directory_iterator entries(sysfs_root, failure);
+  if (failure) {
+    if (error != nullptr) *error = sysfs_root + ": " + failure.message();
+    return devices;
+  }
+  for (const fs::directory_entry& entry : entries) {
+    InfinibandDevice device;
+    device.name = entry.path().filename().string();
+    std::error_code port_failure;
+    for (const fs::directory_entry& port : fs::directory_iterator(entry.path() / "ports", port_failure)) {
+      const std::string state = read_first_line(port.path() / "state");
+      device.ports.push_back({port.path().filename().string(), state.empty() ? "unknown" : state});
+    }
+    std::sort(device.ports.begin(), device.ports.end(),
+              [](const InfinibandPort& a, const InfinibandPort& b) { return a.port < b.port; });
+    devices.push_back(std::move(device));
+  }
+  std::sort(devices.begin(), devices.end(),
+            [](const InfinibandDevice& a, const InfinibandDevice& b) { return a.name < b.name; });
+  return devices;
+}
+
+namespace {
+
+std::string environment_value(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? value : "";
+}
+
+// Python installation prefixes a pip-installed NVSHMEM may live under.
+std::vector<std::filesystem::path> python_prefixes() {
+  std::vector<std::filesystem::path> prefixes;
+  for (const char* variable : {"VIRTUAL_ENV", "CONDA_PREFIX"}) {
+    if (const std::string value = environment_value(variable); !value.empty()) prefixes.emplace_back(value);
+  }
+  const std::string path = environment_value("PATH");
+  for (size_t start = 0; start <= path.size();) {
+    const size_t end = std::min(path.find(':', start), path.size());
+    const std::filesystem::path directory = path.substr(start, end - start);
+    std::error_code error;
+    if (!directory.empty() && std::filesystem::exists(directory / "python3", error)) {
+      prefixes.push_back(directory.parent_path());
+    }
+    start = end + 1;
+  }
+  if (const std::string home = environment_value("HOME"); !home.empty()) prefixes.emplace_back(home + "/.local");
+  prefixes.emplace_back("/usr/local");
+  prefixes.emplace_back("/usr");
+  return prefixes;
+}
+
+}  // namespace
+
+std::vector<std::string> nvshmem_candidates() {
+  std::vector<std::string> candidates;
+  if (const std::string path = environment_value(kNvshmemPathVariable); !path.empty()) candidates.push_back(path);
+  std::error_code error;
+  if (const std::string home = environment_value("NVSHMEM_HOME"); !home.empty()) {
+    const std::filesystem::path library = std::filesystem::path(home) / "lib" / kNvshmemSoname;
+    if (std::filesystem::exists(library, error)) candidates.push_back(library.string());
+  }
+  candidates.emplace_back(kNvshmemSoname);
+  const std::filesystem::path wheel_library = std::filesystem::path("nvidia") / "nvshmem" / "lib" / kNvshmemSoname;
+  for (const std::filesystem::path& prefix : python_prefixes()) {
+    std::vector<std::filesystem::path> site_directories{prefix / "lib" / "python3" / "dist-packages"};
+    for (const auto& entry : std::filesystem::directory_iterator(prefix / "lib", error)) {
+      if (entry.path().filename().string().rfind("python3", 0) != 0) continue;
+      site_directories.push_back(entry.path() / "site-packages");
+      site_directories.push_back(entry.path() / "dist-packages");
+    }
+    for (const std::filesystem::path& site : site_directories) {
+      const std::filesystem::path library = site / wheel_library;
+      if (std::filesystem::exists(library, error) &&
+          std::find(candidates.begin(), candidates.end(), library.string()) == candidates.end()) {
+        candidates.push_back(library.string());
+      }
+    }
+  }
+  return candidates;
+}
+
+NvshmemInfo find_nvshmem() {
+  NvshmemInfo info;
+  for (const std::string& candidate : nvshmem_candidates()) {
+    const SharedLibrary library(candidate);
+    if (!library.ok()) {
+      append_error(info.detail, library.error());
+      continue;
+    }
+    info.found = true;
+    info.detail.clear();
+    info.path = library.path().empty() ? candidate : library.path();
+    // Returns compile-time constants of the library; safe before nvshmem_init.
+    using VersionFunction = void (*)(int*, int*, int*);
+    const auto get_version = library.symbol<VersionFunction>("nvshmemx_vendor_get_version_info");
+    if (get_version != nullptr) {
+      int major = 0, minor = 0, patch = 0;
+      get_version(&major, &minor, &patch);
+      info.version = std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
+    } else {
+      info.version = "unknown";
+    }
+    return info;
+  }
+  return info;
+}
+
+std::string cuda_version_string(int version) {
+  if (version <= 0) return "none";
+  return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
+}
+
+const PeerLink* find_peer_link(const EnvironmentReport& report, int from, int to) {
+  for (const PeerLink& link : report.peers) {
+    if (link.from == from && link.to == to) return &link;
+  }
+  return nullptr;
+}
+
+EnvironmentReport collect_environment_report() {
+  EnvironmentReport report;
+  collect_cuda_versions(report);
+  collect_gpus(report);
+  if (!report.gpus.empty() || report.driver_version != 0) collect_nvml_facts(report);
+  report.mps_pipe_directory = mps_pipe_directory();
+  report.mps_active = mps_control_pipe_exists(report.mps_pipe_directory);
+  report.nvshmem = find_nvshmem();
+  report.infiniband = collect_infiniband(kInfinibandSysfsRoot, &report.infiniband_error);
+  report.environment = collect_relevant_environment(environ);
+  return report;
+}
+
+}  // namespace epcomm::tools

@@ -1,0 +1,455 @@
+#include "support/launcher.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <optional>
+#include <stdexcept>
+#include <system_error>
+#include <thread>
+
+#include "epcomm/bootstrap.hpp"
+
+extern char** environ;
+
+namespace epcomm::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Waiting polls instead of sleeping on SIGCHLD: simpler than signal masks, which children would
+// inherit, and 10 ms of latency is nothing next to a job's run time.
+constexpr milliseconds kPollInterval{10};
+// How long ranks get to exit after SIGTERM before SIGKILL (a rank stuck in a driver call may
+// ignore SIGTERM).
+constexpr std::chrono::seconds kKillDelay{5};
+constexpr const char* kDefaultPath = "/usr/bin:/bin";
+constexpr const char* kSocketName = "bootstrap.sock";
+constexpr const char* kTempDirPattern = "epcomm-launch-XXXXXX";
+// sun_path holds 108 bytes; leave room for the directory pattern and the socket name.
+constexpr size_t kMaxTempBaseLength = 108 - 40;
+constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP};
+
+volatile std::sig_atomic_t g_received_signal = 0;
+
+extern "C" void record_signal(int signal_number) { g_received_signal = signal_number; }
+
+void report(const std::string& message) {
+  const std::string line = "epcomm-launch: " + message + "\n";
+  std::fputs(line.c_str(), stderr);  // one call per line keeps lines whole amid the ranks' output
+}
+
+std::string describe_signal(int signal_number) {
+  const char* name = strsignal(signal_number);
+  return "signal " + std::to_string(signal_number) + " (" + (name ? name : "unknown") + ")";
+}
+
+std::string describe_ranks(const std::vector<int>& ranks) {
+  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
+  return text;
+}
+
+[[noreturn]] void throw_errno(const std::string& what) {
+  throw std::system_error(errno, std::generic_category(), what);
+}
+
+// While ranks run: stop them (instead of orphaning them) when we are interrupted, and reap them
+// ourselves even if the caller set SIGCHLD to SIG_IGN. Restores the caller's handlers afterwards.
+class ScopedSignals {
+ public:
+  ScopedSignals() {
+    g_received_signal = 0;
+    struct sigaction action {};
+    action.sa_handler = record_signal;
+    sigemptyset(&action.sa_mask);
+    for (size_t i = 0; i < std::size(kHandledSignals); ++i) sigaction(kHandledSignals[i], &action, &saved_[i]);
+    struct sigaction child_default {};
+    child_default.sa_handler = SIG_DFL;
+    sigemptyset(&child_default.sa_mask);
+    sigaction(SIGCHLD, &child_default, &saved_child_);
+  }
+  ScopedSignals(const ScopedSignals&) = delete;
+  ScopedSignals& operator=(const ScopedSignals&) = delete;
+  ~ScopedSignals() {
+    for (size_t i = 0; i < std::size(kHandledSignals); ++i) sigaction(kHandledSignals[i], &saved_[i], nullptr);
+    sigaction(SIGCHLD, &saved_child_, nullptr);
+  }
+
+ private:
+  struct sigaction saved_[std::size(kHandledSignals)]{};
+  struct sigaction saved_child_ {};
+};
+
+// A private directory (mode 0700 from mkdtemp) holding the job's bootstrap socket.
+class TempSocketDir {
+ public:
+  TempSocketDir() {
+    const char* tmpdir = std::getenv("TMPDIR");
+    std::string base = (tmpdir && *tmpdir && std::strlen(tmpdir) < kMaxTempBaseLength) ? tmpdir : "/tmp";
+    std::string pattern = base + "/" + kTempDirPattern;
+    if (mkdtemp(pattern.data()) == nullptr) throw_errno("cannot create a directory like " + pattern);
+    dir_ = pattern;
+  }
+  TempSocketDir(const TempSocketDir&) = delete;
+  TempSocketDir& operator=(const TempSocketDir&) = delete;
+  ~TempSocketDir() {
+    unlink(socket_path().c_str());  // rank 0 normally removed it already
+    rmdir(dir_.c_str());
+  }
+  std::string socket_path() const { return dir_ + "/" + kSocketName; }
+
+ private:
+  std::string dir_;
+};
+
+// The environment every rank shares: ours, with EPCOMM_* and extra_env replacing any old values.
+std::vector<std::string> shared_environment(const LaunchOptions& options, const std::string& address) {
+  std::vector<std::pair<std::string, std::string>> overrides = options.extra_env;
+  overrides.emplace_back(kEnvNumRanks, std::to_string(options.num_ranks));
+  overrides.emplace_back(kEnvBootstrapAddress, address);
+  // Every job gets its own secret, so no other process can join its rendezvous; one already in
+  // the environment (or extra_env) is kept, so ranks started by several launchers can share it.
+  const bool has_secret = std::getenv(kEnvJobSecret) != nullptr ||
+                          std::any_of(overrides.begin(), overrides.end(),
+                                      [](const auto& entry) { return entry.first == kEnvJobSecret; });
+  if (!has_secret) overrides.emplace_back(kEnvJobSecret, make_job_secret());
+  std::vector<std::string> env;
+  for (char** entry = environ; entry && *entry; ++entry) {
+    const std::string text = *entry;
+    const std::string name = text.substr(0, text.find('='));
+    bool replaced = name == kEnvRank;
+    for (const auto& [key, value] : overrides) replaced = replaced || key == name;
+    if (!replaced) env.push_back(text);
+  }
+  for (const auto& [key, value] : overrides) env.push_back(key + "=" + value);
+  return env;
+}
+
+// Looks the program up in the ranks' PATH before forking, so a typo is one clear message
+// rather than N failed ranks.
+std::string find_program(const std::string& program, const std::vector<std::string>& env) {
+  if (program.find('/') != std::string::npos) return program;
+  std::string path = kDefaultPath;
+  for (const std::string& entry : env) {
+    if (entry.compare(0, 5, "PATH=") == 0) path = entry.substr(5);
+  }
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find(':', start);
+    if (end == std::string::npos) end = path.size();
+    const std::string dir = end == start ? "." : path.substr(start, end - start);
+    const std::string candidate = dir + "/" + program;
+    struct stat info {};
+    if (stat(candidate.c_str(), &info) == 0 && S_ISREG(info.st_mode) && access(candidate.c_str(), X_OK) == 0) {
+      return candidate;
+    }
+    start = end + 1;
+  }
+  return "";
+}
+
+std::vector<char*> pointers_to(std::vector<std::string>& strings) {
+  std::vector<char*> pointers;
+  for (std::string& text : strings) pointers.push_back(text.data());
+  pointers.push_back(nullptr);
+  return pointers;
+}
+
+int exit_code_of(int wait_status) {
+  if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
+  if (WIFSIGNALED(wait_status)) return kExitSignalBase + WTERMSIG(wait_status);
+  return kExitSignalBase;  // not reachable for a reaped child; keeps the result non-zero
+}
+
+class Job {
+ public:
+  explicit Job(const LaunchOptions& options) : options_(options), ranks_(static_cast<size_t>(options.num_ranks)) {}
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+  // Only reached with ranks still running when starting them threw: never leave them orphaned.
+  ~Job() {
+    for (Rank& process : ranks_) {
+      if (!process.running) continue;
+      kill(process.pid, SIGKILL);
+      int status = 0;
+      while (waitpid(process.pid, &status, 0) < 0 && errno == EINTR) {
+      }
+    }
+  }
+
+  int run() {
+    const Clock::time_point started = Clock::now();
+    start_ranks();
+    while (any_running()) {
+      reap();
+      check_timeout_and_signals(started);
+      escalate();
+      if (any_running()) std::this_thread::sleep_for(kPollInterval);
+    }
+    return result();
+  }
+
+ private:
+  struct Rank {
+    pid_t pid = -1;
+    bool running = false;
+    int wait_status = 0;
+    bool ended_after_stop = false;  // exited after we sent SIGTERM: a consequence, not a cause
+  };
+
+  // Stops at the first rank whose program cannot be executed: without it there is no job, so the
+  // ranks already started are stopped at once.
+  void start_ranks() {
+    std::string address = options_.bootstrap_address;
+    if (address.empty()) address = "unix:" + temp_dir_.emplace().socket_path();
+    std::vector<std::string> env = shared_environment(options_, address);
+    const std::string program = find_program(options_.argv[0], env);
+    if (program.empty()) {
+      report("cannot find program '" + options_.argv[0] + "' in PATH");
+      exec_failed_ = true;
+      return;
+    }
+    std::vector<std::string> args = options_.argv;
+    std::vector<char*> argv = pointers_to(args);
+    env.push_back("");  // the EPCOMM_RANK slot, rewritten per rank
+    for (int rank = 0; rank < options_.num_ranks; ++rank) {
+      env.back() = std::string(kEnvRank) + "=" + std::to_string(rank);
+      std::vector<char*> envp = pointers_to(env);
+      if (!start_rank(rank, program, argv, envp)) {
+        exec_failed_ = true;
+        begin_stop("a rank could not be started", Clock::now());
+        return;
+      }
+    }
+  }
+
+  // Returns false when the rank's program could not be executed (reported and reaped here).
+  bool start_rank(int rank, const std::string& program, const std::vector<char*>& argv,
+                  const std::vector<char*>& envp) {
+    // The child reports a failed exec through this pipe; a successful exec closes it (CLOEXEC).
+    int exec_pipe[2];
+    if (pipe2(exec_pipe, O_CLOEXEC) != 0) throw_errno("cannot create a pipe for rank " + std::to_string(rank));
+    const pid_t parent = getpid();
+    const pid_t pid = fork();
+    if (pid < 0) {
+      const int error = errno;
+      close(exec_pipe[0]);
+      close(exec_pipe[1]);
+      errno = error;
+      throw_errno("cannot start rank " + std::to_string(rank));
+    }
+    if (pid == 0) {  // child: only async-signal-safe calls until exec
+      close(exec_pipe[0]);
+#ifdef __linux__
+      // If the launcher is killed outright, its ranks must not live on holding GPUs.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(kExitExecFailed);
+#endif
+      execve(program.c_str(), argv.data(), envp.data());
+      const int error = errno;
+      ssize_t ignored = write(exec_pipe[1], &error, sizeof(error));
+      (void)ignored;
+      _exit(kExitExecFailed);
+    }
+    close(exec_pipe[1]);
+    ranks_[static_cast<size_t>(rank)].pid = pid;
+    ranks_[static_cast<size_t>(rank)].running = true;
+    int error = 0;
+    ssize_t got;
+    do {
+      got = read(exec_pipe[0], &error, sizeof(error));
+    } while (got < 0 && errno == EINTR);
+    close(exec_pipe[0]);
+    if (got != static_cast<ssize_t>(sizeof(error))) return true;
+    report("rank " + std::to_string(rank) + ": cannot execute '" + program + "': " + std::strerror(error));
+    Rank& process = ranks_[static_cast<size_t>(rank)];
+    while (waitpid(pid, &process.wait_status, 0) < 0 && errno == EINTR) {
+    }
+    process.running = false;
+    process.ended_after_stop = true;  // reported just above
+    return false;
+  }
+
+  void reap() {
+    for (size_t rank = 0; rank < ranks_.size(); ++rank) {
+      Rank& process = ranks_[rank];
+      if (!process.running) continue;
+      int status = 0;
+      const pid_t done = waitpid(process.pid, &status, WNOHANG);
+      if (done == 0 || (done < 0 && errno == EINTR)) continue;
+      process.running = false;
+      // ECHILD means someone else reaped our child and its status is lost; count it as a failure.
+      constexpr int kLostStatus = kExitSignalBase << 8;  // reads back as "exited with code 128"
+      process.wait_status = done < 0 ? kLostStatus : status;
+      process.ended_after_stop = sent_term_;
+      on_rank_finished(static_cast<int>(rank), process);
+    }
+  }
+
+  void on_rank_finished(int rank, const Rank& process) {
+    const int code = exit_code_of(process.wait_status);
+    if (code == 0 || process.ended_after_stop) return;
+    if (first_failure_ < 0 && code != kExitSkipped) first_failure_ = rank;
+    const std::string who = "rank " + std::to_string(rank);
+    if (WIFSIGNALED(process.wait_status)) {
+      report(who + " was killed by " + describe_signal(WTERMSIG(process.wait_status)));
+    } else if (code != kExitSkipped) {  // skips are reported at the end, unless every rank skipped
+      report(who + " exited with code " + std::to_string(code));
+    }
+    begin_stop(who + " failed", Clock::now() + options_.grace);
+  }
+
+  void check_timeout_and_signals(Clock::time_point started) {
+    if (g_received_signal != 0 && interrupted_by_ == 0) {
+      interrupted_by_ = g_received_signal;
+      report("received " + describe_signal(interrupted_by_) + "; stopping all ranks");
+      begin_stop("the launcher was interrupted", Clock::now());
+    }
+    if (options_.timeout.count() > 0 && !timed_out_ && Clock::now() - started >= options_.timeout) {
+      timed_out_ = true;
+      report("the job did not finish within its timeout of " + std::to_string(options_.timeout.count()) +
+             " s; stopping " + describe_ranks(running_ranks()));
+      begin_stop("the job timed out", Clock::now());
+    }
+  }
+
+  // Schedules SIGTERM for the ranks still running; an earlier schedule wins.
+  void begin_stop(const std::string& reason, Clock::time_point terminate_at) {
+    if (!stopping_ || terminate_at < terminate_at_) {
+      terminate_at_ = terminate_at;
+      stop_reason_ = reason;
+    }
+    stopping_ = true;
+  }
+
+  void escalate() {
+    if (!stopping_ || !any_running()) return;
+    const Clock::time_point now = Clock::now();
+    if (!sent_term_ && now >= terminate_at_) {
+      report("sending SIGTERM to " + describe_ranks(running_ranks()) + " (" + stop_reason_ + ")");
+      signal_running(SIGTERM);
+      sent_term_ = true;
+      kill_at_ = now + kKillDelay;
+    } else if (sent_term_ && !sent_kill_ && now >= kill_at_) {
+      report("sending SIGKILL to " + describe_ranks(running_ranks()) + ", still running " +
+             std::to_string(kKillDelay.count()) + " s after SIGTERM");
+      signal_running(SIGKILL);
+      sent_kill_ = true;
+    }
+  }
+
+  void signal_running(int signal_number) {
+    // Each pid on its own: the process group also holds the launcher and whoever started it.
+    for (const Rank& process : ranks_) {
+      if (process.running) kill(process.pid, signal_number);
+    }
+  }
+
+  int result() const {
+    if (interrupted_by_ != 0) return kExitSignalBase + interrupted_by_;
+    if (exec_failed_) return kExitExecFailed;
+    if (timed_out_) return kExitTimedOut;
+    std::vector<int> skipped;
+    for (size_t rank = 0; rank < ranks_.size(); ++rank) {
+      const Rank& process = ranks_[rank];
+      if (exit_code_of(process.wait_status) == kExitSkipped && !process.ended_after_stop) {
+        skipped.push_back(static_cast<int>(rank));
+      }
+    }
+    if (skipped.size() == ranks_.size()) {
+      report("all " + std::to_string(ranks_.size()) + " ranks exited with code 77 (skipped)");
+      return kExitSkipped;
+    }
+    if (!skipped.empty()) {
+      report(describe_ranks(skipped) + " exited with code 77 (skipped) while other ranks did not");
+    }
+    // A genuine failure explains more than a skip, even when the skip came first.
+    if (first_failure_ >= 0) return exit_code_of(ranks_[static_cast<size_t>(first_failure_)].wait_status);
+    return skipped.empty() ? 0 : kExitMixedSkip;
+  }
+
+  bool any_running() const {
+    for (const Rank& process : ranks_) {
+      if (process.running) return true;
+    }
+    return false;
+  }
+
+  std::vector<int> running_ranks() const {
+    std::vector<int> running;
+    for (size_t rank = 0; rank < ranks_.size(); ++rank) {
+      if (ranks_[rank].running) running.push_back(static_cast<int>(rank));
+    }
+    return running;
+  }
+
+  const LaunchOptions& options_;
+  std::vector<Rank> ranks_;
+  std::optional<TempSocketDir> temp_dir_;  // set when we chose the address; outlives ~Job's reaping
+  bool exec_failed_ = false;
+  bool stopping_ = false;
+  bool timed_out_ = false;
+  int interrupted_by_ = 0;
+  bool sent_term_ = false;
+  bool sent_kill_ = false;
+  int first_failure_ = -1;
+  std::string stop_reason_;
+  Clock::time_point terminate_at_{};
+  Clock::time_point kill_at_{};
+};
+
+}  // namespace
+
+int launch_ranks(const LaunchOptions& options) {
+  if (options.num_ranks < 1 || options.num_ranks > kMaxRanks) {
+    throw std::invalid_argument("launch_ranks: num_ranks=" + std::to_string(options.num_ranks) +
+                                " must be between 1 and " + std::to_string(kMaxRanks));
+  }
+  if (options.argv.empty() || options.argv[0].empty()) {
+    throw std::invalid_argument("launch_ranks: argv must name a program to run");
+  }
+  if (options.timeout.count() < 0 || options.grace.count() < 0) {
+    throw std::invalid_argument("launch_ranks: timeout=" + std::to_string(options.timeout.count()) +
+                                " s and grace=" + std::to_string(options.grace.count()) + " s must not be negative");
+  }
+  for (const auto& [name, value] : options.extra_env) {
+    if (name.empty() || name.find('=') != std::string::npos) {
+      throw std::invalid_argument("launch_ranks: extra_env name '" + name + "' must be non-empty and have no '='");
+    }
+  }
+  const ScopedSignals signals;
+  Job job(options);
+  return job.run();
+}
+
+std::string self_executable_path() {
+  std::string path(256, '\0');
+  while (true) {
+    const ssize_t length = readlink("/proc/self/exe", path.data(), path.size());
+    if (length < 0) throw_errno("cannot read /proc/self/exe");
+    if (static_cast<size_t>(length) < path.size()) {
+      path.resize(static_cast<size_t>(length));
+      return path;
+    }
+    path.resize(path.size() * 2);  // possibly truncated: readlink does not say, so retry larger
+  }
+}
+
+bool running_as_rank() { return std::getenv(kEnvRank) != nullptr; }
+
+}  // namespace epcomm::tools

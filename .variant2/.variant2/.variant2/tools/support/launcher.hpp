@@ -1,0 +1,48 @@
+// Starting the rank processes of one job on this host (POSIX; no CUDA). Used by epcomm-launch,
+// and by tools and GPU tests that relaunch themselves as N ranks.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace epcomm::tools {
+
+inline constexpr int kMaxRanks = 1024;
+// Exit codes a launch can end with, besides a rank's own.
+inline constexpr int kExitSkipped = 77;      // every rank exited 77: "skipped" (e.g. no GPU), as ctest reads it
+inline constexpr int kExitMixedSkip = 1;     // some ranks skipped while others ran: inconsistent, so a failure
+inline constexpr int kExitTimedOut = 124;    // the job outlived LaunchOptions::timeout (as timeout(1) reports)
+inline constexpr int kExitExecFailed = 127;  // a rank's program could not be started (as a shell reports)
+inline constexpr int kExitSignalBase = 128;  // 128 + N: a rank, or the launcher itself, got signal N
+
+struct LaunchOptions {
+  int num_ranks = 1;
+  std::vector<std::string> argv;    // program (looked up in PATH unless it has a '/') and its arguments
+  std::chrono::seconds timeout{0};  // whole-job limit; 0 = none
+  // After the first rank fails, how long the others get to finish (typically failing themselves
+  // with a clear message) before they are sent SIGTERM.
+  std::chrono::seconds grace{10};
+  // Passed to every rank as EPCOMM_BOOTSTRAP_ADDRESS. Empty: a unix socket in a fresh private
+  // directory under $TMPDIR (or /tmp), unique to this launch and removed afterwards.
+  std::string bootstrap_address;
+  std::vector<std::pair<std::string, std::string>> extra_env;  // set (or overridden) in every rank
+};
+
+// Starts options.num_ranks copies of options.argv, rank r with EPCOMM_RANK=r, EPCOMM_NUM_RANKS and
+// EPCOMM_BOOTSTRAP_ADDRESS set, all in the caller's process group (so a terminal's Ctrl-C reaches
+// them all), and waits for them. Reports every failed rank on stderr. Returns 0 when all ranks
+// succeeded, kExitSkipped when all exited 77, kExitTimedOut on timeout, otherwise the exit code of
+// the first rank to fail (128 + signal for a signal). While it waits, SIGINT/SIGTERM/SIGHUP stop
+// the ranks and make it return 128 + that signal. Throws std::invalid_argument for bad options and
+// std::system_error when the operating system refuses to start processes.
+int launch_ranks(const LaunchOptions& options);
+
+// The running program's own path (from /proc/self/exe), so a tool can relaunch itself as ranks.
+std::string self_executable_path();
+
+// True inside a process started by launch_ranks (EPCOMM_RANK is set).
+bool running_as_rank();
+
+}  // namespace epcomm::tools
