@@ -33,7 +33,13 @@ enum class CallField : int32_t {
   kRingCapacity,     // config.num_max_nvl_chunked_recv_tokens
   kHasTopkIdx,
   kHasTopkWeights,
+  kMaxTokens,        // num_max_dispatch_tokens_per_rank (low-latency mode; 0 in normal mode)
   kCount,
+};
+
+// One rank's values of what every rank of a call must agree on, indexed by CallField.
+struct CallSignature {
+  int32_t values[static_cast<int>(CallField::kCount)];
 };
 
 // Which operation a kernel was running.

@@ -23,6 +23,7 @@
 //   dispatch_flags [set][source] u64   source's tokens, routing and T are here
 //   weights_flags  [set][source] u64   source's combine weights and T are here
 //   combine_flags  [set][owner] u64    owner's weighted sums for this rank's tokens are here
+//   signatures     [set][source]       source's dispatch call (CallSignature), checked by the receiver
 // Flags carry the epoch of the call that wrote them, so a flag from the set's previous use is never
 // mistaken for a new one, and since flags never move, calls may change shapes without cleaning.
 #pragma once
@@ -31,6 +32,7 @@
 #include <cstdint>
 
 #include "common/constants.hpp"
+#include "common/device_error.hpp"
 #include "common/host_device.hpp"
 
 namespace epcomm {
@@ -44,8 +46,10 @@ struct LowLatencyLayout {
   static constexpr size_t kDispatchFlagsOffset = kRegionAlignment;
   static constexpr size_t kWeightsFlagsOffset = kDispatchFlagsOffset + kFlagsBytes;
   static constexpr size_t kCombineFlagsOffset = kWeightsFlagsOffset + kFlagsBytes;
+  static constexpr size_t kSignaturesOffset = kCombineFlagsOffset + kFlagsBytes;
+  static constexpr size_t kSignaturesBytes = sizeof(CallSignature) * kNumSets * kMaxNvlPeers;
   static constexpr size_t kControlBytes =
-      (kCombineFlagsOffset + kFlagsBytes + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
+      (kSignaturesOffset + kSignaturesBytes + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
 
   size_t base = 0;  // the region's offset in a rank's buffer (BufferLayout::low_latency_offset)
   int num_ranks = 0;
@@ -143,6 +147,10 @@ struct LowLatencyLayout {
   }
   EPCOMM_HOST_DEVICE size_t combine_flag(int set_index, int expert_owner) const {
     return base + kCombineFlagsOffset + (static_cast<size_t>(set_index) * kMaxNvlPeers + expert_owner) * sizeof(uint64_t);
+  }
+  // Source's dispatch call (CallSignature), published with its dispatch flag.
+  EPCOMM_HOST_DEVICE size_t signature(int set_index, int source) const {
+    return base + kSignaturesOffset + (static_cast<size_t>(set_index) * kMaxNvlPeers + source) * sizeof(CallSignature);
   }
 };
 

@@ -24,11 +24,6 @@
 
 namespace epcomm {
 
-// One rank's values of what every rank of a dispatch must agree on, indexed by CallField.
-struct CallSignature {
-  int32_t values[static_cast<int>(CallField::kCount)];
-};
-
 // What each source rank tells each destination before a dispatch.
 struct NotifySlot {
   CallSignature signature;                   // the source's call, checked against the destination's

@@ -33,6 +33,7 @@ const char* call_field_name(CallField field) {
     case CallField::kRingCapacity: return "config.num_max_nvl_chunked_recv_tokens";
     case CallField::kHasTopkIdx: return "topk_idx given";
     case CallField::kHasTopkWeights: return "topk_weights given";
+    case CallField::kMaxTokens: return "num_max_dispatch_tokens_per_rank";
     case CallField::kCount: break;
   }
   return "(unknown field)";
@@ -82,8 +83,8 @@ std::string DeviceErrorLog::describe(const DeviceErrorRecord& record) {
     case DeviceErrorKind::kCallMismatch:
       return join_message("rank ", record.rank, ": ", device_op_name(op), ": rank ", record.peer, " called with ",
                           call_field_name(static_cast<CallField>(record.index0)), " = ", record.observed, ", rank ",
-                          record.rank, " with ", record.expected,
-                          ": every rank must make the same call (nothing was sent)");
+                          record.rank, " with ", record.expected, ": every rank must make the same call",
+                          op == DeviceOp::kLowLatencyDispatch ? " (its tokens were not taken)" : " (nothing was sent)");
     case DeviceErrorKind::kNone:
       break;
   }

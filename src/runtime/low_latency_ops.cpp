@@ -69,6 +69,19 @@ kernels::LowLatencyCommon common_args(const Buffer::Impl& impl, int set_index, i
   return common;
 }
 
+// What every rank's dispatch must agree on: a rank lays its tokens out in its peers' buffers by
+// its own values.
+CallSignature call_signature(int hidden, int max_tokens, int num_experts, int num_topk, bool use_fp8, bool use_ue8m0) {
+  CallSignature signature{};
+  auto set = [&](CallField field, int64_t value) { signature.values[static_cast<int>(field)] = static_cast<int32_t>(value); };
+  set(CallField::kRowBytes, static_cast<int64_t>(hidden) * (use_fp8 ? 1 : 2));
+  set(CallField::kNumScales, !use_fp8 ? 0 : hidden / (kFp8ChannelsPerScale * (use_ue8m0 ? kUe8m0GroupsPerInt : 1)));
+  set(CallField::kNumTopk, num_topk);
+  set(CallField::kNumExperts, num_experts);
+  set(CallField::kMaxTokens, max_tokens);
+  return signature;
+}
+
 kernels::Routing routing_of(const detail::LowLatencyHandleState& state) {
   kernels::Routing routing;
   routing.tokens_from = state.tokens_from.view.ptr<int32_t>();
@@ -187,6 +200,7 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
   kernel.use_fp8 = args.use_fp8;
   kernel.round_scale = round_scale;
   kernel.use_ue8m0 = args.use_fp8 && args.use_ue8m0;
+  kernel.signature = call_signature(hidden, max_tokens, args.num_experts, num_topk, args.use_fp8, kernel.use_ue8m0);
   kernel.recv_x = result.recv_x.view.data;
   kernel.recv_x_scales = result.recv_x_scales.view.data;
   kernel.recv_count = result.recv_count.view.ptr<int32_t>();

@@ -228,5 +228,20 @@ TEST(DeviceErrorLog, InvalidIdMessageNamesTokenSlotAndValue) {
             "rank 1: get_dispatch_layout: topk_idx[3][1] = 300 is outside [-1, 256) (num_experts=256)");
 }
 
+TEST(DeviceErrorLog, CallMismatchMessageNamesBothRanksTheFieldAndTheirValues) {
+  DeviceErrorRecord record{};
+  record.kind = static_cast<int32_t>(DeviceErrorKind::kCallMismatch);
+  record.op = static_cast<int32_t>(DeviceOp::kLowLatencyDispatch);
+  record.rank = 0;
+  record.peer = 2;
+  record.index0 = static_cast<int64_t>(CallField::kMaxTokens);
+  record.expected = 128;
+  record.observed = 256;
+  const std::string message = detail::DeviceErrorLog::describe(record);
+  EXPECT_NE(message.find("rank 2 called with num_max_dispatch_tokens_per_rank = 256, rank 0 with 128"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("its tokens were not taken"), std::string::npos) << message;
+}
+
 }  // namespace
 }  // namespace epcomm

@@ -40,8 +40,9 @@ __device__ __forceinline__ float group_scale(float amax, bool round_scale) {
 // as -1) into the ids staging, put to every rank's routing slot for this rank. Counting pairs per
 // expert on the way: only a token naming one expert twice can make more than M of them, which the
 // receiver would drop; this rank, which made the call, reports it.
-__device__ void send_routing(const device::Window& window, const LowLatencyCommon& common, const KernelContext& context,
-                             const LowLatencyLayout& layout) {
+__device__ void send_routing(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
+                             const KernelContext& context, const LowLatencyLayout& layout) {
+  const LowLatencyCommon& common = args.common;
   __shared__ int32_t pairs_per_expert[kMaxLowLatencyExperts];
   for (int e = threadIdx.x; e < common.num_experts; e += blockDim.x) pairs_per_expert[e] = 0;
   __syncthreads();
@@ -68,8 +69,15 @@ __device__ void send_routing(const device::Window& window, const LowLatencyCommo
     device::report_error(context, details);
   }
   const size_t bytes = static_cast<size_t>(num_pairs) * sizeof(int32_t);
-  for (int rank = device::warp_id(); rank < context.num_ranks && bytes > 0; rank += kLowLatencyWarpsPerBlock) {
-    window.put(rank, layout.routing(common.set_index, context.rank), ids, bytes);
+  constexpr int kFields = static_cast<int>(CallField::kCount);
+  for (int rank = device::warp_id(); rank < context.num_ranks; rank += kLowLatencyWarpsPerBlock) {
+    if (bytes > 0) window.put(rank, layout.routing(common.set_index, context.rank), ids, bytes);
+    // This call's signature, for the receiver to check against its own (a lane per field).
+    const int field = device::lane_id();
+    if (field < kFields) {
+      window.put_value(rank, layout.signature(common.set_index, context.rank) + field * sizeof(int32_t),
+                       args.signature.values[field]);
+    }
   }
 }
 
@@ -206,6 +214,27 @@ __device__ void send_chunk(const device::Window& window, const LowLatencyDispatc
   }
 }
 
+// Whether `source` made the same dispatch call as this rank (its signature arrived with its flag);
+// reports the first difference.
+__device__ bool same_call_as(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
+                             const KernelContext& context, const LowLatencyLayout& layout, int source) {
+  const int32_t* theirs = window.own<int32_t>(layout.signature(args.common.set_index, source));
+  for (int field = 0; field < static_cast<int>(CallField::kCount); ++field) {
+    const int32_t value = __ldcg(theirs + field);
+    if (value == args.signature.values[field]) continue;
+    device::ErrorDetails details;
+    details.kind = DeviceErrorKind::kCallMismatch;
+    details.op = DeviceOp::kLowLatencyDispatch;
+    details.peer = source;
+    details.index0 = field;
+    details.expected = args.signature.values[field];
+    details.observed = value;
+    device::report_error(context, details);
+    return false;
+  }
+  return true;
+}
+
 // A receiving team walks its source's tokens in windows of one token per lane.
 constexpr int kMaxTokenWindows = (kMaxLowLatencyPairs + kWarpSize - 1) / kWarpSize;
 // Loads in flight per lane while a received row is copied: 8 keeps the kernel free of spills,
@@ -295,8 +324,11 @@ __device__ void receive_expert(const device::Window& window, const LowLatencyDis
     device::wait_for_peer(window, address, epoch << 32, context, site, args.wait_cost_stats);
     // Pairs with the source's signal; the __syncthreads below orders the team's reads after it.
     const uint64_t flag = device::ld_acquire_sys(window.own<uint64_t>(address));
-    // A timed-out wait leaves an old epoch: take no tokens (the error is already recorded).
-    source_tokens[source] = (flag >> 32) == epoch ? min(static_cast<int>(flag & 0xffffffffu), common.max_tokens) : 0;
+    // A timed-out wait leaves an old epoch, a source that made another call its own layout: take no
+    // tokens from either (the error is recorded).
+    const bool arrived = (flag >> 32) == epoch;
+    const bool same_call = arrived && same_call_as(window, args, context, layout, source);
+    source_tokens[source] = same_call ? min(static_cast<int>(flag & 0xffffffffu), common.max_tokens) : 0;
   }
   __syncthreads();
   const int tokens = in_team ? source_tokens[source] : 0;
@@ -398,7 +430,7 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
   if (phases & kSendPhase) {
     // Block 0 sends the routing; the rows go through the other blocks (all of them when alone),
     // so that no row waits behind the routing.
-    if (blockIdx.x == 0) send_routing(window, common, context, layout);
+    if (blockIdx.x == 0) send_routing(window, args, context, layout);
     const int row_blocks = gridDim.x > 1 ? gridDim.x - 1 : 1;
     const int row_block = gridDim.x > 1 ? static_cast<int>(blockIdx.x) - 1 : 0;
     const int warps = row_blocks * kLowLatencyWarpsPerBlock;

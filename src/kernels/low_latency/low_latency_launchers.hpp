@@ -41,6 +41,7 @@ struct LowLatencyDispatchKernelArgs {
   bool use_fp8 = false;
   bool round_scale = false;
   bool use_ue8m0 = false;
+  CallSignature signature{};             // this rank's call, compared with every source's
   void* recv_x = nullptr;                // out: e4m3 or bf16 [E_local, R*M, hidden]
   void* recv_x_scales = nullptr;         // out: float32 [E_local, hidden/128, R*M] or int32 [E_local, hidden/512, R*M] (scale-major)
   int32_t* recv_count = nullptr;         // out: [E_local]
