@@ -85,6 +85,10 @@ struct LowLatencyCombineArgs {
   // returned; they are read from there, and x (that buffer or any tensor of its shape, as deep_ep
   // allows) gives only the shape.
   bool zero_copy = false;
+  // deep_ep's use_logfmt: each rank's weighted sum travels as LogFMT-10 (10 bits a value, per
+  // 128-channel group; docs/SEMANTICS.md) where the group fits, BF16 where not. Needs hidden % 128
+  // == 0. Unlike deep_ep, it combines with zero_copy.
+  bool use_logfmt = false;
   TensorView out;           // optional out: bfloat16 [T, hidden]; allocated when absent
   // Optional int64 [R]: cycles the receive waited for each rank's returned rows are added to it
   // (deep_ep's combine_wait_recv_cost_stats).

@@ -162,6 +162,7 @@ class LowLatencyCombineArgs:
     topk_weights: TensorView
     handle: LowLatencyHandle | None
     zero_copy: bool
+    use_logfmt: bool
     out: TensorView
     return_recv_hook: bool
 

@@ -291,13 +291,13 @@ class Buffer:
                             zero_copy: bool = False, async_finish: bool = False, return_recv_hook: bool = False,
                             out=None, combine_wait_recv_cost_stats=None):
         """-> (combined_x, event, hook). ``combine_wait_recv_cost_stats`` (int64 [num_ranks])
-        accumulates the cycles the receive waited for each rank, as deep_ep's."""
-        if use_logfmt:
-            raise ValueError("epcomm: use_logfmt is not supported yet (combine sends BF16 rows)")
+        accumulates the cycles the receive waited for each rank, as deep_ep's. ``use_logfmt``: each
+        rank's weighted sum travels as LogFMT-10 where a 128-channel group fits (docs/SEMANTICS.md);
+        unlike deep_ep's, it may be combined with ``zero_copy``."""
         args = _fill(_C.LowLatencyCombineArgs(), x=_torch.view(x, "x"), topk_idx=_torch.view(topk_idx, "topk_idx"),
                      topk_weights=_torch.view(topk_weights, "topk_weights"),
                      handle=runtime_handle(handle, LowLatencyHandle, "low_latency_dispatch", "handle"), zero_copy=zero_copy,
-                     out=_torch.view(out, "out"), return_recv_hook=return_recv_hook,
+                     use_logfmt=use_logfmt, out=_torch.view(out, "out"), return_recv_hook=return_recv_hook,
                      wait_recv_cost_stats=_torch.view(combine_wait_recv_cost_stats, "combine_wait_recv_cost_stats"))
         combined, done, hook = self.runtime.low_latency_combine(args, self.allocator,
                                                                 _call(_C.Event(), async_finish, False))

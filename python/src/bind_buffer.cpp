@@ -130,6 +130,7 @@ void bind_call_args(nb::module_& m) {
                    [](LowLatencyCombineArgs& a, const LowLatencyHandle* handle) { a.handle = handle; },
                    nb::for_setter(nb::arg("handle").none()), nb::rv_policy::reference)
       .def_rw("zero_copy", &LowLatencyCombineArgs::zero_copy)
+      .def_rw("use_logfmt", &LowLatencyCombineArgs::use_logfmt)
       .def_rw("out", &LowLatencyCombineArgs::out)
       .def_rw("wait_recv_cost_stats", &LowLatencyCombineArgs::wait_recv_cost_stats)
       .def_rw("return_recv_hook", &LowLatencyCombineArgs::return_recv_hook);

@@ -10,7 +10,7 @@ import os
 import socket
 
 import pytest
-from low_latency_reference import low_latency_combined
+from low_latency_reference import calc_diff, low_latency_combined
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 pytestmark = pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
@@ -85,6 +85,13 @@ def _rank_main(rank: int, num_ranks: int, port: int) -> None:
             combine_hook()
         expected = low_latency_combined(torch, x, weights, topk_idx, experts_per_rank, num_ranks)
         assert torch.equal(out, expected), f"rank {rank}: low-latency round trip differs"
+    # use_logfmt (deep_ep's compact combine payload): close to the exact sum by deep_ep's own measure.
+    small = x * 0.125  # below 1, so that LogFMT casts
+    received, _, ll_handle, _, _ = buffer.low_latency_dispatch(small, topk_idx, tokens, experts, use_fp8=False)
+    out, _, _ = buffer.low_latency_combine(received, topk_idx, weights, ll_handle, use_logfmt=True)
+    expected = low_latency_combined(torch, small, weights, topk_idx, experts_per_rank, num_ranks)
+    diff = calc_diff(out, expected)
+    assert not out.isnan().any() and diff < 1e-5, f"rank {rank}: use_logfmt calc_diff {diff:.3g}"
     _check_fp8_low_latency(buffer, x, topk_idx, group, rank, num_ranks, tokens, experts)
     torch.cuda.synchronize()
 

@@ -12,9 +12,11 @@
 //   weights   [R][M * kMaxLowLatencyTopk]  combine: source s's top-k weights (float, [T][K])
 //   staging   [M] x message_stride         dispatch: this rank's tokens, cast once, put from here
 //   ids       [M * kMaxLowLatencyTopk]     dispatch: this rank's top-k ids as int32, put from here
-//   partials  [R][M] x row_stride          combine: this rank's weighted sum, over its experts, for
+//   partials  [R][M] x sum_stride          combine: this rank's weighted sum, over its experts, for
 //                                          each token of source s, put from here
-//   returned  [R][M] x row_stride          combine: owner r's weighted sum for this rank's tokens
+//   returned  [R][M] x sum_stride          combine: owner r's weighted sum for this rank's tokens:
+//                                          the row (bf16; a LogFMT group in the first 160 bytes of
+//                                          its 256), then (L_min, step) per 128 channels (LogFMT)
 //   combine_input [E_local][R*M] x row_stride   the zero-copy combine input, dense bf16
 //
 // Before the sets, a control block at fixed offsets (independent of the call's shapes): per set,
@@ -34,6 +36,7 @@
 #include "common/constants.hpp"
 #include "common/device_error.hpp"
 #include "common/host_device.hpp"
+#include "common/logfmt.hpp"
 
 namespace epcomm {
 
@@ -85,6 +88,11 @@ struct LowLatencyLayout {
   EPCOMM_HOST_DEVICE size_t routing_bytes() const {
     return align(static_cast<size_t>(max_tokens) * kMaxLowLatencyTopk * sizeof(int32_t));
   }
+  // A combine's row as it travels: BF16 positions, then LogFMT's (L_min, step) per group.
+  EPCOMM_HOST_DEVICE size_t logfmt_meta() const { return row_stride(); }
+  EPCOMM_HOST_DEVICE size_t sum_stride() const {
+    return row_stride() + align_vector(static_cast<size_t>(hidden / kLogfmtChannelsPerGroup) * 2 * sizeof(float));
+  }
   EPCOMM_HOST_DEVICE size_t combine_rows() const { return static_cast<size_t>(experts_per_rank) * num_ranks * max_tokens; }
 
   // Offsets inside one set, in the order of the comment above.
@@ -99,10 +107,10 @@ struct LowLatencyLayout {
   }
   EPCOMM_HOST_DEVICE size_t partials_in_set() const { return ids_in_set() + routing_bytes(); }
   EPCOMM_HOST_DEVICE size_t returned_in_set() const {
-    return align(partials_in_set() + static_cast<size_t>(num_ranks) * max_tokens * row_stride());
+    return align(partials_in_set() + static_cast<size_t>(num_ranks) * max_tokens * sum_stride());
   }
   EPCOMM_HOST_DEVICE size_t combine_input_in_set() const {
-    return align(returned_in_set() + static_cast<size_t>(num_ranks) * max_tokens * row_stride());
+    return align(returned_in_set() + static_cast<size_t>(num_ranks) * max_tokens * sum_stride());
   }
   EPCOMM_HOST_DEVICE size_t set_bytes() const { return align(combine_input_in_set() + combine_rows() * row_stride()); }
   EPCOMM_HOST_DEVICE size_t total_bytes() const { return kControlBytes + kNumSets * set_bytes(); }
@@ -132,10 +140,10 @@ struct LowLatencyLayout {
   }
   EPCOMM_HOST_DEVICE size_t ids(int set_index) const { return set(set_index) + ids_in_set(); }
   EPCOMM_HOST_DEVICE size_t partial(int set_index, int source, int token_index) const {
-    return set(set_index) + partials_in_set() + (static_cast<size_t>(source) * max_tokens + token_index) * row_stride();
+    return set(set_index) + partials_in_set() + (static_cast<size_t>(source) * max_tokens + token_index) * sum_stride();
   }
   EPCOMM_HOST_DEVICE size_t returned(int set_index, int owner, int token_index) const {
-    return set(set_index) + returned_in_set() + (static_cast<size_t>(owner) * max_tokens + token_index) * row_stride();
+    return set(set_index) + returned_in_set() + (static_cast<size_t>(owner) * max_tokens + token_index) * sum_stride();
   }
   // The zero-copy combine input of a combine on this set: dense bf16 [E_local][R*M][hidden].
   EPCOMM_HOST_DEVICE size_t combine_input(int set_index) const { return set(set_index) + combine_input_in_set(); }

@@ -106,7 +106,12 @@ struct LowLatencyShape {
   bool use_fp8 = false;
   bool round_scale = false;     // scales rounded up to powers of two
   bool use_ue8m0 = false;       // scales packed as UE8M0 exponent bytes (implies round_scale)
+  bool use_logfmt = false;      // combine: each rank's sum travels as LogFMT where it fits (common/logfmt.hpp)
 };
+
+// The values a BF16 row arrives as when it travels as LogFMT, 128-channel group by group (the
+// groups that do not fit arrive as they were). hidden % 128 == 0.
+std::vector<float> logfmt_received(const uint16_t* row, int hidden);
 
 struct LowLatencyRankInput {
   int num_tokens = 0;                 // <= max_tokens_per_rank
@@ -137,6 +142,8 @@ std::vector<LowLatencyRankDispatched> low_latency_dispatch(const std::vector<Low
 // p_d = bf16( sum over k ascending with e_k >= 0 on d of topk_weights[t, k] * float(y) ), and
 // out[t] = bf16( sum over d ascending of float(p_d) ); float accumulation from +0.0f, each product
 // rounded before it is added (no FMA), where y is the row at the (t, k) pair's dispatch slot.
+// With use_logfmt, float(p_d) is logfmt_received(p_d) instead: the GPU's log2 / exp2 may differ
+// from the host's in the last bit, so compare with a tolerance there.
 std::vector<std::vector<uint16_t>> low_latency_combine(const std::vector<LowLatencyRankInput>& inputs,
                                                        const std::vector<std::vector<uint16_t>>& expert_outputs,
                                                        const ExpertPartition& partition,

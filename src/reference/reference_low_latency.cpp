@@ -2,6 +2,7 @@
 #include <cmath>
 #include <string>
 
+#include "common/logfmt.hpp"
 #include "reference/checks.hpp"
 #include "reference/reference.hpp"
 
@@ -128,6 +129,32 @@ LowLatencyRankDispatched empty_dispatched(const ExpertPartition& partition, cons
 
 }  // namespace
 
+std::vector<float> logfmt_received(const uint16_t* row, int hidden) {
+  constexpr uint16_t kSignBit = 0x8000;
+  std::vector<float> received(hidden);
+  for (int first = 0; first < hidden; first += kLogfmtChannelsPerGroup) {
+    float amax = 0.0f, amin = INFINITY;
+    bool finite = true;
+    for (int c = first; c < first + kLogfmtChannelsPerGroup; ++c) {
+      const float value = bf16_to_float(row[c]);
+      finite = finite && std::isfinite(value);
+      amax = std::fmax(amax, std::fabs(value));
+      amin = std::fmin(amin, std::fabs(value));
+    }
+    const LogfmtGroup group = logfmt_group(finite ? amax : NAN, amin);
+    for (int c = first; c < first + kLogfmtChannelsPerGroup; ++c) {
+      const float value = bf16_to_float(row[c]);
+      if (group.step == 0.0f) {
+        received[c] = value;
+        continue;
+      }
+      const float magnitude = logfmt_value(logfmt_code(std::fabs(value), group), group);
+      received[c] = (row[c] & kSignBit) != 0 ? -magnitude : magnitude;
+    }
+  }
+  return received;
+}
+
 std::vector<LowLatencyRankDispatched> low_latency_dispatch(const std::vector<LowLatencyRankInput>& inputs,
                                                            const ExpertPartition& partition,
                                                            const LowLatencyShape& shape) {
@@ -190,9 +217,11 @@ std::vector<std::vector<uint16_t>> low_latency_combine(const std::vector<LowLate
                        product(partition.experts_per_rank(), product(slots_per_expert, hidden)));
   }
   const std::vector<std::vector<int>> slots = assign_slots(kOp, inputs, partition, shape);
+  if (shape.use_logfmt) detail::check_divisible(kOp, "hidden", shape.hidden, kLogfmtChannelsPerGroup, "with use_logfmt");
 
   std::vector<std::vector<uint16_t>> combined(num_ranks);
   std::vector<float> sum(hidden), partial(hidden);
+  std::vector<uint16_t> rounded(hidden);
   for (int source = 0; source < num_ranks; ++source) {
     const LowLatencyRankInput& in = inputs[source];
     combined[source].resize(product(in.num_tokens, hidden));
@@ -216,7 +245,13 @@ std::vector<std::vector<uint16_t>> low_latency_combine(const std::vector<LowLate
           for (int c = 0; c < hidden; ++c) partial[c] += weight * bf16_to_float(y[c]);
         }
         if (!holds) continue;
-        for (int c = 0; c < hidden; ++c) sum[c] += bf16_to_float(float_to_bf16(partial[c]));
+        for (int c = 0; c < hidden; ++c) rounded[c] = float_to_bf16(partial[c]);
+        if (shape.use_logfmt) {
+          const std::vector<float> received = logfmt_received(rounded.data(), hidden);
+          for (int c = 0; c < hidden; ++c) sum[c] += received[c];
+        } else {
+          for (int c = 0; c < hidden; ++c) sum[c] += bf16_to_float(rounded[c]);
+        }
       }
       for (int c = 0; c < hidden; ++c) combined[source][product(t, hidden) + c] = float_to_bf16(sum[c]);
     }

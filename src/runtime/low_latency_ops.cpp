@@ -262,6 +262,10 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
            " must be ", kVectorBytes, "-byte aligned");
     }
   }
+  if (args.use_logfmt && state.hidden % kLogfmtChannelsPerGroup != 0) {
+    fail(ErrorCode::kInvalidArgument, kCombineOp, ": use_logfmt needs hidden to be a multiple of ", kLogfmtChannelsPerGroup,
+         " (its groups), not ", state.hidden);
+  }
   const LowLatencyLayout layout = make_layout(ranks, state.num_experts, state.max_tokens, state.hidden);
   require_low_latency_region(kCombineOp, impl, layout);
   const int set_index = static_cast<int>(impl.low_latency_calls % LowLatencyLayout::kNumSets);
@@ -288,6 +292,7 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
   kernel.x = expert_rows;
   kernel.topk_weights = args.topk_weights.ptr<float>();
   kernel.routing = routing_of(state);
+  kernel.use_logfmt = args.use_logfmt;
   kernel.out = result.combined_x.view.data;
   kernel.wait_cost_stats = given(args.wait_recv_cost_stats) ? args.wait_recv_cost_stats.ptr<int64_t>() : nullptr;
   const PeerWindow window = impl.window();

@@ -49,6 +49,9 @@ TEST_P(LowLatencyLayoutTest, SetsAreDisjointAlignedAndHoldTheZeroCopyInput) {
   EXPECT_GE(layout.message_scales(), static_cast<size_t>(shape.hidden) * 2);
   EXPECT_GE(layout.message_stride(), layout.message_scales() + shape.hidden / kFp8ChannelsPerScale * sizeof(float));
   EXPECT_GE(layout.routing_bytes(), static_cast<size_t>(shape.max_tokens) * kMaxLowLatencyTopk * sizeof(int32_t));
+  // A combine's row: BF16 positions, then LogFMT's (L_min, step) per 128 channels, 16-byte aligned.
+  EXPECT_EQ(layout.sum_stride() % kVectorBytes, 0u);
+  EXPECT_GE(layout.sum_stride(), layout.logfmt_meta() + shape.hidden / kLogfmtChannelsPerGroup * 2 * sizeof(float));
   for (int set = 0; set < LowLatencyLayout::kNumSets; ++set) {
     EXPECT_EQ(layout.set(set) % kRegionAlignment, kBase % kRegionAlignment);
     EXPECT_GE(layout.set(set), kBase + LowLatencyLayout::kControlBytes);
@@ -59,8 +62,8 @@ TEST_P(LowLatencyLayoutTest, SetsAreDisjointAlignedAndHoldTheZeroCopyInput) {
         layout.weights(set, last_rank) + layout.routing_bytes(),
         layout.staging(set, last_token) + layout.message_stride(),
         layout.ids(set) + layout.routing_bytes(),
-        layout.partial(set, last_rank, last_token) + layout.row_stride(),
-        layout.returned(set, last_rank, last_token) + layout.row_stride(),
+        layout.partial(set, last_rank, last_token) + layout.sum_stride(),
+        layout.returned(set, last_rank, last_token) + layout.sum_stride(),
         layout.combine_input(set) + layout.combine_rows() * shape.hidden * 2,
     };
     const size_t starts[] = {

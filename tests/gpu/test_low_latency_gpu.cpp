@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include "epcomm/buffer.hpp"
@@ -41,6 +42,7 @@ enum Flag : unsigned {
   kZeroCopy = 1u << 4,    // combine from get_next_low_latency_combine_buffer()
   kOut = 1u << 5,         // combine into a caller-given out
   kStats = 1u << 6,       // three dispatches add to cumulative_local_expert_recv_stats
+  kLogfmt = 1u << 7,      // combine with use_logfmt; expert outputs scaled by 1/8 so most groups cast
 };
 
 struct Scenario {
@@ -60,6 +62,7 @@ struct Scenario {
 std::vector<Scenario> scenarios() {
   return {
       {"fp8 h7168 T128 top8", Cast::kFp8, 7168, 128, 8, 8, 128, kStats | kZeroCopy},
+      {"fp8 h7168 T128 top8 logfmt", Cast::kFp8, 7168, 128, 8, 8, 128, kLogfmt | kZeroCopy | kHook},
       {"fp8-ue8m0 h7168 uneven top8 sparse", Cast::kFp8Ue8m0, 7168, -1, 8, 8, 128, kSparse | kBackToBack | kOut},
       {"bf16 h7168 uneven top8 sparse", Cast::kBf16, 7168, -1, 8, 8, 128, kSparse | kZeroCopy | kStats},
       {"fp8-round h4096 T17 top4 sparse", Cast::kFp8Round, 4096, 17, 4, 8, 128, kSparse | kHook | kOut},
@@ -92,6 +95,7 @@ reference::LowLatencyShape shape_of(const Scenario& s) {
   shape.use_fp8 = s.fp8();
   shape.round_scale = s.cast == Cast::kFp8Round;
   shape.use_ue8m0 = s.cast == Cast::kFp8Ue8m0;
+  shape.use_logfmt = s.has(kLogfmt);
   return shape;
 }
 
@@ -157,6 +161,9 @@ std::vector<uint16_t> make_expert_outputs(const Scenario& s, uint64_t seed, int 
     const auto first = pool.begin() + offsets.uniform_int(0, kPoolRows * s.hidden);
     std::copy(first, first + s.hidden, y.begin() + static_cast<std::ptrdiff_t>(row * hidden));
   }
+  if (s.has(kLogfmt)) {  // sums below 1, so that LogFMT casts most groups (exact: a power of two)
+    for (uint16_t& value : y) value = reference::float_to_bf16(reference::bf16_to_float(value) * 0.125f);
+  }
   return y;
 }
 
@@ -167,6 +174,7 @@ struct Round {
   reference::LowLatencyRankDispatched dispatched;
   std::vector<uint16_t> expert_outputs;
   std::vector<uint16_t> combined;
+  std::vector<uint16_t> combined_exact;  // kLogfmt: what the combine gives without LogFMT
 };
 
 Round make_round(const Scenario& s, uint64_t seed, int ranks, int me) {
@@ -181,6 +189,11 @@ Round make_round(const Scenario& s, uint64_t seed, int ranks, int me) {
   }
   Round round;
   round.combined = std::move(reference::low_latency_combine(world, outputs, partition, shape_of(s))[me]);
+  if (s.has(kLogfmt)) {
+    reference::LowLatencyShape exact = shape_of(s);
+    exact.use_logfmt = false;
+    round.combined_exact = std::move(reference::low_latency_combine(world, outputs, partition, exact)[me]);
+  }
   round.input = std::move(world[me]);
   round.dispatched = std::move(dispatched[me]);
   round.expert_outputs = std::move(outputs[me]);
@@ -228,6 +241,7 @@ struct RoundTensors {
     args.topk_idx = TensorView::contiguous(topk_idx.get(), DType::kInt64, {tokens, s.topk});
     args.topk_weights = TensorView::contiguous(topk_weights.get(), DType::kFloat32, {tokens, s.topk});
     args.handle = &handle;
+    args.use_logfmt = s.has(kLogfmt);
     return args;
   }
 
@@ -288,11 +302,49 @@ void check_dispatch(RankHarness& harness, const std::string& what, const Scenari
   }
 }
 
+// deep_ep's measure of how far two results are apart (tests/utils.py there): 1 - 2 sum(xy) /
+// sum(x^2 + y^2) over x + 1 and y + 1, in double.
+double calc_diff(const std::vector<uint16_t>& x, const std::vector<uint16_t>& y) {
+  double cross = 0, squares = 0;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
+    const double a = reference::bf16_to_float(x[i]) + 1.0, b = reference::bf16_to_float(y[i]) + 1.0;
+    cross += a * b;
+    squares += a * a + b * b;
+  }
+  return squares == 0 ? 0.0 : 1.0 - 2.0 * cross / squares;
+}
+
+// LogFMT's results: the host's log2 / exp2 may round a value to the neighbouring code where the
+// GPU's does not, so they match the reference's LogFMT view within a tolerance; and, as deep_ep's
+// test checks its LogFMT, the exact sum within calc_diff < 1e-5 (and not bit for bit: it was cast).
+void check_logfmt_combined(RankHarness& harness, const std::string& what, const std::vector<uint16_t>& got,
+                           const Round& round) {
+  constexpr double kExactDiff = 1e-5, kReferenceDiff = 1e-8;
+  constexpr double kMostMatch = 0.99;
+  size_t same = 0;
+  bool nan = false;
+  for (size_t i = 0; i < got.size() && i < round.combined.size(); ++i) {
+    same += got[i] == round.combined[i] ? 1 : 0;
+    nan = nan || std::isnan(reference::bf16_to_float(got[i]));
+  }
+  const double exact_diff = calc_diff(got, round.combined_exact), reference_diff = calc_diff(got, round.combined);
+  harness.check(!nan, what + ": no NaN");
+  harness.check(exact_diff < kExactDiff, what + ": calc_diff against the exact sum " + std::to_string(exact_diff) + " < 1e-5");
+  harness.check(reference_diff < kReferenceDiff,
+                what + ": calc_diff against the reference's LogFMT " + std::to_string(reference_diff) + " < 1e-8");
+  harness.check(static_cast<double>(same) >= kMostMatch * static_cast<double>(got.size()),
+                what + ": " + std::to_string(same) + " of " + std::to_string(got.size()) + " values as the reference's LogFMT");
+  harness.check(got.empty() || got != round.combined_exact, what + ": LogFMT changed the result (groups were cast)");
+}
+
 void check_combined(RankHarness& harness, const std::string& what, const Scenario& s, const TensorView& got,
                     const Round& round) {
-  if (check_shape(harness, what + ": combined_x", got, DType::kBFloat16, {round.input.num_tokens, s.hidden})) {
-    expect_equal(harness, what + ": combined_x", download<uint16_t>(got), round.combined, static_cast<size_t>(s.hidden));
+  if (!check_shape(harness, what + ": combined_x", got, DType::kBFloat16, {round.input.num_tokens, s.hidden})) return;
+  if (s.has(kLogfmt)) {
+    check_logfmt_combined(harness, what, download<uint16_t>(got), round);
+    return;
   }
+  expect_equal(harness, what + ": combined_x", download<uint16_t>(got), round.combined, static_cast<size_t>(s.hidden));
 }
 
 // Two rounds in flight on both buffer sets: dispatch A, dispatch B, combine A, combine B, with no

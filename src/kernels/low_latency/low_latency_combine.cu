@@ -13,6 +13,7 @@
 #include <cuda_bf16.h>
 
 #include "common/cuda_check.hpp"
+#include "common/logfmt.hpp"
 #include "device/warp_ops.cuh"
 #include "kernels/low_latency/low_latency_common.cuh"
 
@@ -22,6 +23,71 @@ namespace {
 constexpr int kBf16PerVector = 8;
 constexpr int kChunkVectors = kWarpSize;  // one 16-byte vector per lane
 constexpr int kChunksPerItem = 4;         // a sending warp's share of a row: 1024 channels
+constexpr int kLanesPerGroup = kLogfmtChannelsPerGroup / kBf16PerVector;  // 16: a LogFMT group
+constexpr size_t kGroupRowBytes = kLogfmtChannelsPerGroup * sizeof(__nv_bfloat16);  // 256: a group's place in a row
+
+// One lane's 8 channels of a sum in LogFMT (common/logfmt.hpp); the 16 lanes of a 128-channel
+// group decide together whether it is cast.
+struct LogfmtLane {
+  LogfmtGroup group;   // step == 0: the group travels as BF16
+  uint2 low{};         // the low 8 bits of each code
+  uint32_t high = 0;   // bits 0-7: each code's 9th bit; bits 8-15: each value's sign
+};
+
+__device__ LogfmtLane encode_logfmt(const int4& packed) {
+  const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&packed);
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(&packed);
+  constexpr uint32_t kSignBit = 15;
+  float magnitude[kBf16PerVector];
+  float amax = 0.0f, amin = INFINITY;
+  int finite = 1;
+  LogfmtLane lane;
+#pragma unroll
+  for (int j = 0; j < kBf16PerVector; ++j) {
+    const float value = __bfloat162float(values[j]);
+    magnitude[j] = fabsf(value);
+    finite &= isfinite(value) ? 1 : 0;
+    amax = fmaxf(amax, magnitude[j]);
+    amin = fminf(amin, magnitude[j]);
+    lane.high |= static_cast<uint32_t>(bits[j] >> kSignBit) << (kBf16PerVector + j);
+  }
+#pragma unroll
+  for (int offset = kLanesPerGroup / 2; offset > 0; offset /= 2) {  // within each half-warp
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+    amin = fminf(amin, __shfl_xor_sync(0xffffffffu, amin, offset));
+    finite &= __shfl_xor_sync(0xffffffffu, finite, offset);
+  }
+  lane.group = logfmt_group(finite ? amax : NAN, amin);  // NaN: the group travels as BF16
+  if (lane.group.step == 0.0f) return lane;
+  uint8_t* low = reinterpret_cast<uint8_t*>(&lane.low);
+#pragma unroll
+  for (int j = 0; j < kBf16PerVector; ++j) {
+    const uint32_t code = logfmt_code(magnitude[j], lane.group);
+    low[j] = static_cast<uint8_t>(code);
+    lane.high |= ((code >> 8) & 1u) << j;
+  }
+  return lane;
+}
+
+// Stores this lane's part of a sum into `slot` (a row as it travels, layout.sum_stride() bytes):
+// BF16 at its place, or its group's LogFMT codes in the first 160 of the group's 256 bytes and
+// the group's (L_min, step) after the row. Returns the bytes of the lane's group that carry data.
+__device__ size_t write_sum(char* slot, size_t meta, int v, const int4& packed, const LogfmtLane* logfmt) {
+  if (logfmt == nullptr) {
+    reinterpret_cast<int4*>(slot)[v] = packed;
+    return kGroupRowBytes;
+  }
+  const int group = v / kLanesPerGroup, lane_in_group = v % kLanesPerGroup;
+  if (lane_in_group == 0) reinterpret_cast<float2*>(slot + meta)[group] = make_float2(logfmt->group.log_min, logfmt->group.step);
+  if (logfmt->group.step == 0.0f) {
+    reinterpret_cast<int4*>(slot)[v] = packed;
+    return kGroupRowBytes;
+  }
+  char* data = slot + group * kGroupRowBytes;
+  *reinterpret_cast<uint2*>(data + lane_in_group * sizeof(uint2)) = logfmt->low;
+  *reinterpret_cast<uint16_t*>(data + kLogfmtCodeBytes + lane_in_group * sizeof(uint16_t)) = static_cast<uint16_t>(logfmt->high);
+  return kLogfmtGroupBytes;
+}
 
 // Block 0: this rank's weights [T][K] to every rank, each put followed by its own signal.
 __device__ void send_weights(const device::Window& window, const LowLatencyCombineKernelArgs& args,
@@ -43,6 +109,7 @@ __device__ void send_weights(const device::Window& window, const LowLatencyCombi
 // The weighted sum, over this rank's experts, of token `token` of `source`, for chunks
 // [first_chunk, first_chunk + kChunksPerItem) of the row, into the source's slot for this rank.
 // `weights_seen` (bit s) spares the warp a second wait for source s's weights.
+template <bool kLogfmt>
 __device__ void send_partial(const device::Window& window, const LowLatencyCombineKernelArgs& args,
                              const KernelContext& context, const LowLatencyLayout& layout, uint64_t epoch, int source,
                              int token, int first_chunk, uint32_t& weights_seen) {
@@ -78,8 +145,8 @@ __device__ void send_partial(const device::Window& window, const LowLatencyCombi
   const size_t my_row = here ? (static_cast<size_t>(expert - first_expert) * expert_rows + row) * vectors : 0;
   const int4* x = static_cast<const int4*>(args.x);
   const size_t slot = layout.returned(common.set_index, context.rank, token);
-  int4* direct = window.ptr<int4>(source, slot);
-  int4* staged = window.own<int4>(layout.partial(common.set_index, source, token));
+  char* direct = window.ptr(source, slot);
+  char* staged = window.own(layout.partial(common.set_index, source, token));
   const int last_chunk = min(first_chunk + kChunksPerItem, (vectors + kChunkVectors - 1) / kChunkVectors);
   for (int chunk = first_chunk; chunk < last_chunk; ++chunk) {
     const int v = chunk * kChunkVectors + lane;
@@ -105,18 +172,36 @@ __device__ void send_partial(const device::Window& window, const LowLatencyCombi
     __nv_bfloat16* result = reinterpret_cast<__nv_bfloat16*>(&packed);
 #pragma unroll
     for (int j = 0; j < kBf16PerVector; ++j) result[j] = __float2bfloat16_rn(sum[j]);
-    if (direct != nullptr) {  // a direct peer takes the sum from registers
-      if (v < vectors) direct[v] = packed;
-      continue;
+    // A direct peer takes the sum from registers, the others a put from the partials staging.
+    const LogfmtLane logfmt = kLogfmt ? encode_logfmt(packed) : LogfmtLane{};
+    size_t group_bytes = 0;
+    if (v < vectors) {
+      group_bytes = write_sum(direct != nullptr ? direct : staged, layout.logfmt_meta(), v, packed,
+                              kLogfmt ? &logfmt : nullptr);
     }
-    if (v < vectors) staged[v] = packed;
+    if (direct != nullptr) continue;
     __syncwarp();  // the staged chunk is complete before any lane reads it back
     const int first = chunk * kChunkVectors;
-    const size_t bytes = static_cast<size_t>(min(kChunkVectors, vectors - first)) * sizeof(int4);
-    window.put(source, slot + first * sizeof(int4), staged + first, bytes);
+    if (!kLogfmt) {
+      const size_t bytes = static_cast<size_t>(min(kChunkVectors, vectors - first)) * sizeof(int4);
+      window.put(source, slot + first * sizeof(int4), staged + first * sizeof(int4), bytes);
+      continue;
+    }
+    // LogFMT: each group's bytes that carry data, then the chunk's groups' (L_min, step).
+    const int first_group = first / kLanesPerGroup;
+    const int groups = min(kChunkVectors, vectors - first) / kLanesPerGroup;
+    for (int g = 0; g < kChunkVectors / kLanesPerGroup; ++g) {
+      const size_t bytes = __shfl_sync(0xffffffffu, group_bytes, g * kLanesPerGroup);
+      if (g >= groups) continue;  // uniform
+      const size_t offset = (first_group + g) * kGroupRowBytes;
+      window.put(source, slot + offset, staged + offset, bytes);
+    }
+    const size_t meta = layout.logfmt_meta() + first_group * sizeof(float2);
+    window.put(source, slot + meta, staged + meta, groups * sizeof(float2));
   }
 }
 
+template <bool kLogfmt>
 __device__ void send_partials(const device::Window& window, const LowLatencyCombineKernelArgs& args,
                               const KernelContext& context, const LowLatencyLayout& layout, uint64_t epoch) {
   __shared__ int32_t tokens_from[kMaxNvlPeers];
@@ -133,7 +218,7 @@ __device__ void send_partials(const device::Window& window, const LowLatencyComb
     const int source = (item / groups) % context.num_ranks;
     const int token = item / groups / context.num_ranks;
     if (token >= tokens_from[source]) continue;
-    send_partial(window, args, context, layout, epoch, source, token, group * kChunksPerItem, weights_seen);
+    send_partial<kLogfmt>(window, args, context, layout, epoch, source, token, group * kChunksPerItem, weights_seen);
   }
 }
 
@@ -172,11 +257,70 @@ __device__ void reduce_chunk(const device::Window& window, const LowLatencyCombi
   static_cast<int4*>(args.out)[static_cast<int64_t>(token) * vectors + v] = packed;
 }
 
+// reduce_chunk for sums that may travel as LogFMT: per owner, the lane's group's (L_min, step) and
+// both of the lane's possible encodings are loaded at once (one round trip), then decoded.
+__device__ void reduce_logfmt_chunk(const device::Window& window, const LowLatencyCombineKernelArgs& args,
+                                    const LowLatencyLayout& layout, int token, int chunk) {
+  const LowLatencyCommon& common = args.common;
+  const int lane = device::lane_id();
+  int64_t my_expert = -1;
+  if (lane < common.num_topk) my_expert = common.topk_idx[static_cast<int64_t>(token) * common.num_topk + lane];
+  const bool valid = my_expert >= 0 && my_expert < common.num_experts;
+  const uint32_t owners =
+      __reduce_or_sync(0xffffffffu, valid ? 1u << static_cast<int>(my_expert / layout.experts_per_rank) : 0u);
+  const int vectors = common.hidden / kBf16PerVector;
+  const int v = chunk * kChunkVectors + lane;
+  if (v >= vectors) return;
+  const int group = v / kLanesPerGroup, lane_in_group = v % kLanesPerGroup;
+  int4 raw[kMaxNvlPeers];
+  float2 meta[kMaxNvlPeers];
+  uint2 low[kMaxNvlPeers];
+  uint16_t high[kMaxNvlPeers];
+#pragma unroll
+  for (int owner = 0; owner < kMaxNvlPeers; ++owner) {
+    if (!(owners & (1u << owner))) continue;
+    const char* slot = window.own<const char>(layout.returned(common.set_index, owner, token));
+    const char* data = slot + group * kGroupRowBytes;
+    meta[owner] = __ldcg(reinterpret_cast<const float2*>(slot + layout.logfmt_meta()) + group);
+    raw[owner] = __ldcg(reinterpret_cast<const int4*>(slot) + v);
+    low[owner] = __ldcg(reinterpret_cast<const uint2*>(data) + lane_in_group);
+    high[owner] = __ldcg(reinterpret_cast<const unsigned short*>(data + kLogfmtCodeBytes) + lane_in_group);
+  }
+  float sum[kBf16PerVector] = {};
+#pragma unroll
+  for (int owner = 0; owner < kMaxNvlPeers; ++owner) {
+    if (!(owners & (1u << owner))) continue;
+    LogfmtGroup decoded;
+    decoded.log_min = meta[owner].x;
+    decoded.step = meta[owner].y;
+    const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&raw[owner]);
+    const uint8_t* codes = reinterpret_cast<const uint8_t*>(&low[owner]);
+#pragma unroll
+    for (int j = 0; j < kBf16PerVector; ++j) {
+      float value = __bfloat162float(values[j]);
+      if (decoded.step != 0.0f) {
+        const uint32_t code = codes[j] | (((high[owner] >> j) & 1u) << 8);
+        const float magnitude = logfmt_value(code, decoded);
+        value = (high[owner] >> (kBf16PerVector + j)) & 1u ? -magnitude : magnitude;
+      }
+      sum[j] = __fadd_rn(sum[j], value);
+    }
+  }
+  int4 packed;
+  __nv_bfloat16* result = reinterpret_cast<__nv_bfloat16*>(&packed);
+#pragma unroll
+  for (int j = 0; j < kBf16PerVector; ++j) result[j] = __float2bfloat16_rn(sum[j]);
+  static_cast<int4*>(args.out)[static_cast<int64_t>(token) * vectors + v] = packed;
+}
+
 }  // namespace
 
 // Named for profiler traces: "epcomm::kernels::low_latency::combine".
 namespace low_latency {
 
+// kLogfmt: the sums travel as LogFMT where it applies (its own instance keeps the BF16 one's
+// registers free).
+template <bool kLogfmt>
 __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
     combine(const __grid_constant__ PeerWindow peers, const __grid_constant__ LowLatencyCombineKernelArgs args,
             unsigned phases, KernelContext context) {
@@ -188,7 +332,7 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
 
   if (phases & kSendPhase) {
     if (blockIdx.x == 0) send_weights(window, args, context, layout, epoch);
-    send_partials(window, args, context, layout, epoch);
+    send_partials<kLogfmt>(window, args, context, layout, epoch);
     window.quiet();  // the publish rule: puts complete, the election's barrier, then one signal
     if (device::last_block_to_arrive(window.own<uint32_t>(layout.send_blocks_done(common.set_index))) &&
         threadIdx.x < context.num_ranks) {
@@ -211,7 +355,11 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
     const int chunks = (common.hidden / kBf16PerVector + kChunkVectors - 1) / kChunkVectors;
     for (int item = blockIdx.x * kLowLatencyWarpsPerBlock + device::warp_id(); item < common.num_tokens * chunks;
          item += warps) {
-      reduce_chunk(window, args, context, layout, item / chunks, item % chunks);
+      if (kLogfmt) {
+        reduce_logfmt_chunk(window, args, layout, item / chunks, item % chunks);
+      } else {
+        reduce_chunk(window, args, context, layout, item / chunks, item % chunks);
+      }
     }
     device::finish_receive_phase(window, layout, common.set_index, epoch);
   }
@@ -221,13 +369,15 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
 
 void launch_low_latency_combine(const PeerWindow& window, const LowLatencyCombineKernelArgs& args, unsigned phases,
                                 const KernelContext& context, cudaStream_t stream) {
-  low_latency::combine<<<args.common.num_blocks, kLowLatencyThreadsPerBlock, 0, stream>>>(window, args, phases, context);
+  const auto kernel = args.use_logfmt ? low_latency::combine<true> : low_latency::combine<false>;
+  kernel<<<args.common.num_blocks, kLowLatencyThreadsPerBlock, 0, stream>>>(window, args, phases, context);
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }
 
 void load_low_latency_combine_kernel_module() {
   cudaFuncAttributes attributes;
-  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, low_latency::combine));
+  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, low_latency::combine<false>));
+  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, low_latency::combine<true>));
 }
 
 }  // namespace epcomm::kernels
