@@ -67,7 +67,8 @@ EPCOMM_HOST_DEVICE inline uint32_t logfmt_code(float magnitude, const LogfmtGrou
 
 // The magnitude a code stands for.
 EPCOMM_HOST_DEVICE inline float logfmt_value(uint32_t code, const LogfmtGroup& group) {
-  return code == 0 ? 0.0f : exp2f(group.log_min + static_cast<float>(code - 1) * group.step);
+  // fmaf: one rounding on host and device alike (nvcc would fuse a plain a * b + c, g++ not).
+  return code == 0 ? 0.0f : exp2f(fmaf(static_cast<float>(code - 1), group.step, group.log_min));
 }
 
 }  // namespace epcomm

@@ -54,16 +54,23 @@ struct LowLatencyLayout {
   static constexpr size_t kControlBytes =
       (kSignaturesOffset + kSignaturesBytes + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
 
-  size_t base = 0;  // the region's offset in a rank's buffer (BufferLayout::low_latency_offset)
+  size_t base = 0;       // the region's offset in a rank's buffer (BufferLayout::low_latency_offset)
+  size_t set_space = 0;  // bytes each set owns: half the region after the control block (0: just enough)
   int num_ranks = 0;
   int experts_per_rank = 0;
   int max_tokens = 0;  // M
   int hidden = 0;
 
+  // region_bytes: the whole region (num_rdma_bytes); each set then starts at the same place
+  // whatever the call's shapes, so a call on one set never writes into the other, even one whose
+  // ranks disagree about the shapes. 0: sets packed as tightly as the shapes allow (for sizing).
   EPCOMM_HOST_DEVICE static LowLatencyLayout of(size_t region_offset, int num_ranks, int num_experts, int max_tokens,
-                                                int hidden) {
+                                                int hidden, size_t region_bytes = 0) {
     LowLatencyLayout layout;
     layout.base = region_offset;
+    if (region_bytes > kControlBytes) {
+      layout.set_space = (region_bytes - kControlBytes) / kNumSets / kRegionAlignment * kRegionAlignment;
+    }
     layout.num_ranks = num_ranks;
     layout.experts_per_rank = num_experts / num_ranks;
     layout.max_tokens = max_tokens;
@@ -113,10 +120,12 @@ struct LowLatencyLayout {
     return align(returned_in_set() + static_cast<size_t>(num_ranks) * max_tokens * sum_stride());
   }
   EPCOMM_HOST_DEVICE size_t set_bytes() const { return align(combine_input_in_set() + combine_rows() * row_stride()); }
+  // The region a call needs (its sets packed); with set_space, a call fits when set_bytes() does.
   EPCOMM_HOST_DEVICE size_t total_bytes() const { return kControlBytes + kNumSets * set_bytes(); }
 
   // Offsets from a rank's buffer base.
-  EPCOMM_HOST_DEVICE size_t set(int set_index) const { return base + kControlBytes + set_index * set_bytes(); }
+  EPCOMM_HOST_DEVICE size_t set_stride() const { return set_space != 0 ? set_space : set_bytes(); }
+  EPCOMM_HOST_DEVICE size_t set(int set_index) const { return base + kControlBytes + set_index * set_stride(); }
   EPCOMM_HOST_DEVICE size_t epoch(int set_index) const { return base + kEpochOffset + set_index * sizeof(uint64_t); }
   // Counters that elect the last block of a send phase and of a receive phase of one launch.
   EPCOMM_HOST_DEVICE size_t send_blocks_done(int set_index) const {

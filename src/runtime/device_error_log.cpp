@@ -84,7 +84,7 @@ std::string DeviceErrorLog::describe(const DeviceErrorRecord& record) {
       return join_message("rank ", record.rank, ": ", device_op_name(op), ": rank ", record.peer, " called with ",
                           call_field_name(static_cast<CallField>(record.index0)), " = ", record.observed, ", rank ",
                           record.rank, " with ", record.expected, ": every rank must make the same call",
-                          op == DeviceOp::kLowLatencyDispatch ? " (its tokens were not taken)" : " (nothing was sent)");
+                          op == DeviceOp::kLowLatencyDispatch ? " (this call's outputs are unspecified)" : " (nothing was sent)");
     case DeviceErrorKind::kNone:
       break;
   }

@@ -16,12 +16,14 @@ constexpr const char* kCombineOp = "low_latency_combine";
 bool given(const TensorView& tensor) { return tensor.ndim > 0; }
 
 // Sizes depend on the shapes only; offsets also on where the region starts (impl.layout).
-LowLatencyLayout make_layout(int num_ranks, int num_experts, int max_tokens, int hidden, size_t region_offset = 0) {
-  return LowLatencyLayout::of(region_offset, num_ranks, num_experts, max_tokens, hidden);
+LowLatencyLayout make_layout(int num_ranks, int num_experts, int max_tokens, int hidden) {
+  return LowLatencyLayout::of(0, num_ranks, num_experts, max_tokens, hidden);
 }
 
+// As the kernels place things: sets at fixed halves of this Buffer's region.
 LowLatencyLayout buffer_layout(const Buffer::Impl& impl, int num_experts, int max_tokens, int hidden) {
-  return make_layout(impl.bootstrap->num_ranks(), num_experts, max_tokens, hidden, impl.layout.low_latency_offset());
+  return LowLatencyLayout::of(impl.layout.low_latency_offset(), impl.bootstrap->num_ranks(), num_experts, max_tokens,
+                              hidden, impl.layout.low_latency_bytes);
 }
 
 void require_low_latency_region(const char* op, const Buffer::Impl& impl, const LowLatencyLayout& layout) {
@@ -59,6 +61,7 @@ kernels::LowLatencyCommon common_args(const Buffer::Impl& impl, int set_index, i
                                       int hidden, int num_tokens, int num_topk, const int64_t* topk_idx) {
   kernels::LowLatencyCommon common;
   common.region_offset = impl.layout.low_latency_offset();
+  common.region_bytes = impl.layout.low_latency_bytes;
   common.set_index = set_index;
   common.num_experts = num_experts;
   common.max_tokens = max_tokens;

@@ -88,6 +88,22 @@ TEST_P(LowLatencyLayoutTest, SetsAreDisjointAlignedAndHoldTheZeroCopyInput) {
   EXPECT_LT(layout.combine_flag(1, kMaxNvlPeers - 1), kBase + LowLatencyLayout::kControlBytes);
 }
 
+// With the region's size, each set starts at a fixed half of it whatever the call's shapes: a call
+// whose ranks disagree about the shapes writes only into its own set.
+TEST(LowLatencyLayout, SetsStartAtFixedHalvesOfTheRegion) {
+  constexpr size_t kBase = 4096;
+  const size_t region = LowLatencyLayout::of(0, 8, 256, 128, 7168).total_bytes();
+  const LowLatencyLayout large = LowLatencyLayout::of(kBase, 8, 256, 128, 7168, region);
+  const LowLatencyLayout small = LowLatencyLayout::of(kBase, 8, 64, 17, 2048, region);
+  for (int set = 0; set < LowLatencyLayout::kNumSets; ++set) {
+    EXPECT_EQ(large.set(set), small.set(set));
+    EXPECT_LE(large.set(set) + large.set_bytes(), large.set(set) + large.set_stride()) << "the call fits its half";
+    EXPECT_LE(small.set(set) + small.set_bytes(), small.set(set) + small.set_stride());
+  }
+  EXPECT_EQ(large.set(1), large.set(0) + large.set_stride());
+  EXPECT_LE(large.set(1) + large.set_stride(), kBase + region);
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, LowLatencyLayoutTest,
                          ::testing::Values(Shape{1, 8, 1, 128}, Shape{2, 256, 128, 7168}, Shape{8, 256, 128, 7168},
                                            Shape{8, 64, 17, 2048}, Shape{4, 1024, 256, 8192}));

@@ -155,7 +155,8 @@ __device__ void send_partial(const device::Window& window, const LowLatencyCombi
     for (int k = 0; k < kMaxLowLatencyTopk; ++k) {
       if (k >= num_topk) break;  // uniform
       const size_t from = __shfl_sync(0xffffffffu, my_row, k);
-      if ((local_pairs & (1u << k)) && v < vectors) raw[k] = __ldg(x + from + v);
+      // Lanes past the row sum zeros: LogFMT's group reductions then see only whole idle groups.
+      if (local_pairs & (1u << k)) raw[k] = v < vectors ? __ldg(x + from + v) : make_int4(0, 0, 0, 0);
     }
     // Each product rounded, added in k order (the reference's).
     float sum[kBf16PerVector] = {};

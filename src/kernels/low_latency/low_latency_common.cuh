@@ -32,7 +32,8 @@ __device__ __forceinline__ LowLatencyLaunch begin_low_latency_launch(const Windo
                                                                      const kernels::LowLatencyCommon& common,
                                                                      const KernelContext& context) {
   const LowLatencyLayout layout =
-      LowLatencyLayout::of(common.region_offset, context.num_ranks, common.num_experts, common.max_tokens, common.hidden);
+      LowLatencyLayout::of(common.region_offset, context.num_ranks, common.num_experts, common.max_tokens, common.hidden,
+                           common.region_bytes);
   return LowLatencyLaunch{layout, *window.own<uint64_t>(layout.epoch(common.set_index)) + 1};
 }
 

@@ -17,6 +17,7 @@ enum LowLatencyPhase : unsigned { kSendPhase = 1u, kReceivePhase = 2u };
 
 struct LowLatencyCommon {
   size_t region_offset = 0;  // from each rank's buffer base to its low-latency region
+  size_t region_bytes = 0;   // the region's size (num_rdma_bytes): where each set starts
   int set_index = 0;
   int num_experts = 0;
   int max_tokens = 0;        // M
