@@ -97,6 +97,13 @@ class Buffer {
   // Collective: resets the low-latency flags (after a failed call, or to reuse the region).
   void clean_low_latency_buffer(int num_max_dispatch_tokens_per_rank, int hidden, int num_experts,
                                 cudaStream_t stream);
+  // Shrink mode (BufferOptions::enable_shrink), deep_ep's names. Each rank has its own mask; the
+  // changes are ordered on `stream` before the low-latency calls that follow on it. A masked rank
+  // is sent nothing and awaited for nothing, and its experts add nothing to combines.
+  void low_latency_update_mask_buffer(int rank_to_mask, bool mask, cudaStream_t stream);
+  // Writes int32 [num_ranks] on this Buffer's device: 1 for a masked rank, 0 otherwise.
+  void low_latency_query_mask_buffer(const TensorView& mask_status, cudaStream_t stream);
+  void low_latency_clean_mask_buffer(cudaStream_t stream);  // unmasks every rank
   // Bytes of num_rdma_bytes that low-latency calls of these shapes need.
   static int64_t low_latency_buffer_size_hint(int num_max_dispatch_tokens_per_rank, int hidden, int num_ranks,
                                               int num_experts);

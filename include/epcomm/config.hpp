@@ -37,6 +37,12 @@ struct BufferOptions {
   int num_qps_per_rank = 24;
   // Let low-latency traffic between ranks of one node use NVLink rather than RDMA.
   bool allow_nvlink_for_low_latency_mode = true;
+  // deep_ep's shrink mode (needs low_latency_mode): ranks can be masked
+  // (Buffer::low_latency_update_mask_buffer), and low-latency calls leave masked ranks out:
+  // nothing is sent to them, nothing awaited from them, their experts add nothing to a combine.
+  // A rank whose process dies, or that a low-latency wait gives up on after wait_timeout, is
+  // masked instead of failing the call (normal-mode calls still fail with a dead rank).
+  bool enable_shrink = false;
   // Test the path across nodes on one machine: split the ranks into this many equal groups
   // ("nodes") that reach each other only through the transport's put and signal, never by loads
   // or stores into each other's memory, as ranks of different nodes do. 1: off. Low-latency mode

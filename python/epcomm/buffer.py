@@ -63,8 +63,8 @@ class Buffer:
         import torch
         import torch.distributed as dist
 
-        if allow_mnnvl or use_fabric or enable_shrink or comm is not None:
-            raise ValueError("epcomm: allow_mnnvl, use_fabric, enable_shrink and comm are not supported in this build")
+        if allow_mnnvl or use_fabric or comm is not None:
+            raise ValueError("epcomm: allow_mnnvl, use_fabric and comm are not supported in this build")
         self.group = group
         self.rank = dist.get_rank(group)
         self.group_size = dist.get_world_size(group)
@@ -98,7 +98,7 @@ class Buffer:
                                  # its stream: it then uses the Buffer's own.
                                  output_allocator=self.allocator,
                                  warmup_stream=None if initialize_in_background else _torch.current_stream(),
-                                 comm_stream=self.comm_stream.cuda_stream)
+                                 comm_stream=self.comm_stream.cuda_stream, enable_shrink=enable_shrink)
 
     def __del__(self) -> None:
         # Wait (without the GIL) for a background initialisation before the runtime is torn down:
@@ -309,6 +309,21 @@ class Buffer:
         tensor keeps the runtime alive; it must not be used after destroy()."""
         return self.runtime.get_next_low_latency_combine_buffer(
             runtime_handle(handle, LowLatencyHandle, "low_latency_dispatch", "handle"))
+
+    def low_latency_update_mask_buffer(self, rank_to_mask: int, mask: bool = False) -> None:
+        """Shrink mode (``enable_shrink=True``): mask (or unmask) a rank in this rank's low-latency
+        calls: nothing is sent to it or awaited from it, and its experts add nothing to combines.
+        Local to this rank, ordered on the current stream."""
+        self.runtime.low_latency_update_mask_buffer(rank_to_mask, mask, _torch.current_stream())
+
+    def low_latency_query_mask_buffer(self, mask_status) -> None:
+        """Shrink mode: writes int32 [num_ranks] (a CUDA tensor): 1 for a masked rank, 0 otherwise,
+        on the current stream. Ranks that died or stayed silent past the wait bound are masked too."""
+        self.runtime.low_latency_query_mask_buffer(_torch.view(mask_status, "mask_status"), _torch.current_stream())
+
+    def low_latency_clean_mask_buffer(self) -> None:
+        """Shrink mode: unmasks every rank (on the current stream)."""
+        self.runtime.low_latency_clean_mask_buffer(_torch.current_stream())
 
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
         self.runtime.clean_low_latency_buffer(num_max_dispatch_tokens_per_rank, hidden, num_experts,

@@ -254,8 +254,10 @@ BufferOptions make_options(int64_t num_nvl_bytes, int64_t num_rdma_bytes, bool l
                            bool allow_nvlink_for_low_latency_mode, int device, bool preinitialize,
                            bool initialize_in_background, int64_t wait_timeout_ms, int emulated_nodes,
                            const WarmupShape& warmup_shape, std::shared_ptr<PythonAllocator> output_allocator,
-                           std::optional<uintptr_t> warmup_stream, std::optional<uintptr_t> comm_stream) {
+                           std::optional<uintptr_t> warmup_stream, std::optional<uintptr_t> comm_stream,
+                           bool enable_shrink) {
   BufferOptions options;
+  options.enable_shrink = enable_shrink;
   options.emulated_nodes = emulated_nodes;
   options.num_nvl_bytes = num_nvl_bytes;
   options.num_rdma_bytes = num_rdma_bytes;
@@ -286,6 +288,7 @@ nb::dict buffer_defaults(const BufferOptions& defaults) {
   values["initialize_in_background"] = defaults.initialize_in_background;
   values["wait_timeout_ms"] = static_cast<int64_t>(defaults.wait_timeout.count());
   values["emulated_nodes"] = defaults.emulated_nodes;
+  values["enable_shrink"] = defaults.enable_shrink;
   return values;
 }
 
@@ -302,11 +305,11 @@ void bind_buffer(nb::module_& m) {
               bool low_latency_mode, int num_qps_per_rank, bool allow_nvlink, int device, bool preinitialize,
               bool in_background, int64_t wait_timeout_ms, int emulated_nodes, const WarmupShape& warmup_shape,
               std::shared_ptr<PythonAllocator> output_allocator, std::optional<uintptr_t> warmup_stream,
-              std::optional<uintptr_t> comm_stream) {
+              std::optional<uintptr_t> comm_stream, bool enable_shrink) {
              const BufferOptions options =
                  make_options(num_nvl_bytes, num_rdma_bytes, low_latency_mode, num_qps_per_rank, allow_nvlink, device,
                               preinitialize, in_background, wait_timeout_ms, emulated_nodes, warmup_shape,
-                              std::move(output_allocator), warmup_stream, comm_stream);
+                              std::move(output_allocator), warmup_stream, comm_stream, enable_shrink);
              nb::gil_scoped_release release;  // the exchange calls back into Python from C++
              new (self) Buffer(std::move(bootstrap), options);
            },
@@ -319,7 +322,8 @@ void bind_buffer(nb::module_& m) {
            nb::arg("wait_timeout_ms") = static_cast<int64_t>(defaults.wait_timeout.count()),
            nb::arg("emulated_nodes") = defaults.emulated_nodes,
            nb::arg("warmup_shape") = WarmupShape{}, nb::arg("output_allocator").none() = nb::none(),
-           nb::arg("warmup_stream").none() = nb::none(), nb::arg("comm_stream").none() = nb::none())
+           nb::arg("warmup_stream").none() = nb::none(), nb::arg("comm_stream").none() = nb::none(),
+           nb::arg("enable_shrink") = defaults.enable_shrink)
       .def_prop_ro("rank", &Buffer::rank)
       .def_prop_ro("num_ranks", &Buffer::num_ranks)
       .def_prop_ro("device", &Buffer::device, nb::call_guard<nb::gil_scoped_release>())
@@ -432,6 +436,19 @@ void bind_buffer(nb::module_& m) {
            [](Buffer& b, int max_tokens, int hidden, int num_experts, uintptr_t stream) {
              b.clean_low_latency_buffer(max_tokens, hidden, num_experts, as_stream(stream));
            },
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("low_latency_update_mask_buffer",
+           [](Buffer& b, int rank_to_mask, bool mask, uintptr_t stream) {
+             b.low_latency_update_mask_buffer(rank_to_mask, mask, as_stream(stream));
+           },
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("low_latency_query_mask_buffer",
+           [](Buffer& b, const TensorView& mask_status, uintptr_t stream) {
+             b.low_latency_query_mask_buffer(mask_status, as_stream(stream));
+           },
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("low_latency_clean_mask_buffer",
+           [](Buffer& b, uintptr_t stream) { b.low_latency_clean_mask_buffer(as_stream(stream)); },
            nb::call_guard<nb::gil_scoped_release>());
 }
 

@@ -56,4 +56,24 @@ __device__ __forceinline__ bool wait_at_least(const uint64_t* flag, uint64_t exp
   return false;
 }
 
+// Shrink mode's wait (low-latency calls, BufferOptions::enable_shrink): as wait_at_least, but it
+// also ends, returning false, once `*masked` is non-zero (the caller, the host's watchdog or
+// another wait masked the peer), and after the context's timeout it masks the peer instead of
+// reporting: in shrink mode a silent peer is left out of the call, not an error.
+__device__ __forceinline__ bool wait_unless_masked(const uint64_t* flag, uint64_t expected, int32_t* masked,
+                                                   const KernelContext& context) {
+  if (ld_relaxed_sys(masked) != 0) return false;
+  if (ld_acquire_sys(flag) >= expected) return true;
+  const uint64_t start_ns = global_timer_ns();
+  for (uint64_t polls = 1;; ++polls) {
+    if (ld_relaxed_sys(flag) >= expected) return ld_acquire_sys(flag) >= expected;
+    if (polls % kPollsPerTimerRead != 0) continue;
+    if (ld_relaxed_sys(masked) != 0) return false;
+    if (global_timer_ns() - start_ns > context.wait_timeout_ns) {
+      atomicExch(masked, 1);
+      return false;
+    }
+  }
+}
+
 }  // namespace epcomm::device

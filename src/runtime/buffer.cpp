@@ -98,6 +98,17 @@ void Buffer::Impl::initialize(int caller_device, bool background) {
     layout_workspace = detail::DeviceAllocation(LayoutWorkspace::kTotalBytes);
     EPCOMM_CUDA_CHECK(cudaMemset(layout_workspace.get(), 0, LayoutWorkspace::kTotalBytes));
     outputs = options.output_allocator ? options.output_allocator : make_stream_ordered_allocator();
+    if (options.enable_shrink) {
+      low_latency_mask = detail::DeviceAllocation(sizeof(int32_t) * kMaxNvlPeers);
+      EPCOMM_CUDA_CHECK(cudaMemset(low_latency_mask.get(), 0, sizeof(int32_t) * kMaxNvlPeers));
+      mask_values = detail::MappedHostMemory(2 * sizeof(int32_t));
+      static_cast<int32_t*>(mask_values.host())[0] = 0;
+      static_cast<int32_t*>(mask_values.host())[1] = 1;
+      EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&mask_stream, cudaStreamNonBlocking));
+      mask_stream_lifetime = std::shared_ptr<void>(mask_stream, [](void* stream) {
+        EPCOMM_CUDA_WARN(cudaStreamDestroy(static_cast<cudaStream_t>(stream)));
+      });
+    }
   }
   const InitPhaseTimer phase(*this, "allocate, exchange and map peer buffers");
   // Every rank must have asked for the same things, or collective steps (warmup) would take
@@ -108,14 +119,23 @@ void Buffer::Impl::initialize(int caller_device, bool background) {
   transport_options.emulated_nodes = options.emulated_nodes;
   transport_options.agreed = join_message(
       "num_nvl_bytes=", options.num_nvl_bytes, " num_rdma_bytes=", options.num_rdma_bytes, " low_latency_mode=",
-      options.low_latency_mode, " preinitialize=", options.preinitialize, " emulated_nodes=", options.emulated_nodes,
+      options.low_latency_mode, " enable_shrink=", options.enable_shrink, " preinitialize=", options.preinitialize,
+      " emulated_nodes=", options.emulated_nodes,
       " warmup_shape=", options.warmup_shape.num_tokens, "/", options.warmup_shape.num_low_latency_tokens, "/",
       options.warmup_shape.hidden, "/", options.warmup_shape.num_topk, "/", options.warmup_shape.num_experts);
   transport = detail::make_transport(*bootstrap, transport_options);
   if (bootstrap->num_ranks() > 1) {
     watchdog = std::make_unique<detail::PeerWatchdog>(
         transport->local_processes(),
-        [this](const std::vector<detail::DeadProcess>& dead) { errors.mark_peers_dead(dead); }, kPeerWatchInterval);
+        [this](const std::vector<detail::DeadProcess>& dead) {
+          if (!options.enable_shrink) {
+            errors.mark_peers_dead(dead);
+            return;
+          }
+          errors.mark_peers_dead(dead, /*stop_waits=*/false);  // normal-mode calls still fail
+          mask_dead_ranks(dead);
+        },
+        kPeerWatchInterval);
   }
   // After the agreement: every rank has the same options now, so every rank fails here alike.
   detail::check_warmup_fits(options, bootstrap->num_ranks());
@@ -259,7 +279,8 @@ void Buffer::barrier(cudaStream_t stream) {
 void Buffer::check_device_errors() {
   if (!impl_) return;
   impl_->wait_until_ready();
-  impl_->errors.raise_if_recorded();
+  // In shrink mode a dead rank is masked, not an error (Buffer::low_latency_query_mask_buffer).
+  impl_->errors.raise_if_recorded(/*dead_peers_fatal=*/!impl_->options.enable_shrink);
 }
 
 void Buffer::synchronize(cudaStream_t stream) {

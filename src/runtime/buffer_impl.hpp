@@ -55,8 +55,15 @@ struct Buffer::Impl {
   detail::DeviceErrorLog errors;
   BufferLayout layout;                        // where each region of every rank's buffer starts
   std::unique_ptr<detail::Transport> transport;  // null before initialisation and after destroy()
+  // Shrink mode: int32 [R], non-zero for a masked rank; the low-latency kernels read it. The
+  // watchdog masks dead ranks through mask_stream, from its own thread, from mask_values (pinned);
+  // declared before the watchdog, so they outlive it.
+  detail::DeviceAllocation low_latency_mask;
+  detail::MappedHostMemory mask_values;       // int32 {0, 1}: what the host copies into the mask
+  cudaStream_t mask_stream = nullptr;
+  std::shared_ptr<void> mask_stream_lifetime;
   // Watches the processes of the ranks on this host while the transport lives; declared after
-  // `errors`, which it writes to, so it stops first.
+  // `errors` and the mask, which it writes to, so it stops first.
   std::unique_ptr<detail::PeerWatchdog> watchdog;
   detail::DeviceAllocation layout_workspace;  // LayoutWorkspace, zeroed once
   detail::MappedHostMemory notify_results;    // NotifyResults, read by the host after a notify
@@ -135,12 +142,15 @@ struct Buffer::Impl {
   }
 
   // Every operation starts here: a Buffer that was destroyed, or whose earlier kernel recorded a
-  // failure, refuses to go on.
-  void begin(const char* op) {
+  // failure, refuses to go on. In shrink mode a dead rank does not stop low-latency calls (it is
+  // masked); `low_latency` says whether the operation is one.
+  void begin(const char* op, bool low_latency = false) {
     wait_until_ready();
     if (!transport) fail(ErrorCode::kInvalidArgument, op, ": the Buffer was destroyed");
-    errors.raise_if_recorded();
+    errors.raise_if_recorded(/*dead_peers_fatal=*/!(low_latency && options.enable_shrink));
   }
+  int32_t* shrink_mask() const { return options.enable_shrink ? static_cast<int32_t*>(low_latency_mask.get()) : nullptr; }
+  void mask_dead_ranks(const std::vector<detail::DeadProcess>& dead);
 };
 
 }  // namespace epcomm

@@ -27,6 +27,10 @@ void BufferOptions::validate(int num_ranks) const {
          " without low_latency_mode requests the NVSHMEM (RDMA) transport for normal mode across nodes, which "
          "this build does not include yet; use num_rdma_bytes=0 inside one node");
   }
+  if (enable_shrink && !low_latency_mode) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: enable_shrink=true needs low_latency_mode=true (it masks ranks in "
+                                      "low-latency calls)");
+  }
   if (num_rdma_bytes % static_cast<int64_t>(kRegionAlignment) != 0) {
     fail(ErrorCode::kInvalidArgument, "Buffer: num_rdma_bytes=", num_rdma_bytes, " must be a multiple of ",
          kRegionAlignment);

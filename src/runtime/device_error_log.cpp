@@ -100,8 +100,8 @@ void DeviceErrorLog::raise_if_out_of_step() {
   }
 }
 
-void DeviceErrorLog::raise_if_recorded() {
-  raise_if_unusable();
+void DeviceErrorLog::raise_if_recorded(bool dead_peers_fatal) {
+  raise_if_unusable(dead_peers_fatal);
   if (host_record() == nullptr) return;  // not allocated yet: no kernel can have written
   // Pairs with the kernel's release store of `kind`, written after every other field.
   const int32_t kind = __atomic_load_n(&host_record()->kind, __ATOMIC_ACQUIRE);
@@ -127,7 +127,7 @@ void DeviceErrorLog::raise_if_recorded() {
   throw Error(code, message);
 }
 
-void DeviceErrorLog::mark_peers_dead(const std::vector<DeadProcess>& dead) {
+void DeviceErrorLog::mark_peers_dead(const std::vector<DeadProcess>& dead, bool stop_waits) {
   if (dead.empty() || death_reported_.exchange(true)) return;  // the first report is the one kept
   std::string names;
   for (size_t i = 0; i < dead.size(); ++i) {
@@ -137,11 +137,13 @@ void DeviceErrorLog::mark_peers_dead(const std::vector<DeadProcess>& dead) {
   dead_peers_ = std::move(names);
   peer_died_.store(true, std::memory_order_release);  // publishes dead_peers_ to raise_if_unusable()
   // Pairs with the relaxed polls of every bounded wait (device/bounded_wait.cuh).
-  if (host_record() != nullptr) __atomic_store_n(&host_record()->failed_peer, dead.front().rank + 1, __ATOMIC_RELEASE);
+  if (stop_waits && host_record() != nullptr) {
+    __atomic_store_n(&host_record()->failed_peer, dead.front().rank + 1, __ATOMIC_RELEASE);
+  }
 }
 
-void DeviceErrorLog::raise_if_unusable() const {
-  if (peer_died()) {
+void DeviceErrorLog::raise_if_unusable(bool dead_peers_fatal) const {
+  if (dead_peers_fatal && peer_died()) {
     const bool several = dead_peers_.find(" and ") != std::string::npos;
     fail(ErrorCode::kPeerFailed, several ? "the processes of " : "the process of ", dead_peers_,
          " ended while this Buffer was in use (killed, crashed, or exited without destroying it); every call on "

@@ -24,18 +24,21 @@ class DeviceErrorLog {
   int32_t* device_claim() const { return static_cast<int32_t*>(claim_.get()); }
   // If a kernel recorded a failure: clears the record and throws it as an epcomm::Error. A
   // timeout is sticky: every later call throws too (the ranks' shared state is out of step).
-  void raise_if_recorded();
+  // dead_peers_fatal = false: a dead peer is not raised (shrink mode's low-latency calls).
+  void raise_if_recorded(bool dead_peers_fatal = true);
   // raise_if_recorded() only for what leaves every rank out of step (a wait that timed out, a dead
   // peer); other recorded errors (bad input on this rank) wait for the next call's start, so that a
   // rank never stops alone inside a collective step its peers go on with.
   void raise_if_out_of_step();
-  void raise_if_unusable() const;
+  void raise_if_unusable(bool dead_peers_fatal = true) const;
   // A failure the host found itself (a host-side wait timed out) that leaves the ranks out of step.
   void mark_unusable(const std::string& message) { sticky_failure_ = message; }
   // The processes of `dead` died (at least one). Safe from any thread (the watchdog's): every GPU
   // wait of this rank gives up at its next check, and every later call raises
   // ErrorCode::kPeerFailed naming them. Only the first report counts.
-  void mark_peers_dead(const std::vector<DeadProcess>& dead);
+  // stop_waits = false (shrink mode): GPU waits go on (the dead ranks are masked instead); later
+  // calls raise only where dead peers are fatal.
+  void mark_peers_dead(const std::vector<DeadProcess>& dead, bool stop_waits = true);
   bool peer_died() const { return peer_died_.load(std::memory_order_acquire); }
 
   static std::string describe(const DeviceErrorRecord& record);

@@ -69,6 +69,7 @@ kernels::LowLatencyCommon common_args(const Buffer::Impl& impl, int set_index, i
   common.num_tokens = num_tokens;
   common.num_topk = num_topk;
   common.topk_idx = topk_idx;
+  common.mask = impl.shrink_mask();
   return common;
 }
 
@@ -109,7 +110,7 @@ int64_t Buffer::low_latency_buffer_size_hint(int num_max_dispatch_tokens_per_ran
 
 LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchArgs& args, Allocator& allocator,
                                                       const CallOptions& call) {
-  impl_->begin(kDispatchOp);
+  impl_->begin(kDispatchOp, /*low_latency=*/true);
   Impl& impl = *impl_;
   const auto profiled = impl.profile_call(kDispatchOp, call.stream);
   const int ranks = num_ranks();
@@ -238,7 +239,7 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
 
 LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs& args, Allocator& allocator,
                                                     const CallOptions& call) {
-  impl_->begin(kCombineOp);
+  impl_->begin(kCombineOp, /*low_latency=*/true);
   Impl& impl = *impl_;
   const auto profiled = impl.profile_call(kCombineOp, call.stream);
   if (args.handle == nullptr || args.handle->empty() || args.handle->state_->owner != impl.id) {
@@ -350,6 +351,57 @@ void Buffer::clean_low_latency_buffer(int num_max_dispatch_tokens_per_rank, int 
   EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
   impl_->low_latency_calls = 0;
   impl_->bootstrap->barrier();
+}
+
+void Buffer::Impl::mask_dead_ranks(const std::vector<detail::DeadProcess>& dead) {
+  // From the watchdog's thread, while kernels may be waiting for these ranks: a copy on a stream
+  // of its own lands while they run, and their waits see it (device/bounded_wait.cuh).
+  detail::ScopedDevice scoped(device);
+  const int32_t* masked = static_cast<const int32_t*>(mask_values.host()) + 1;
+  for (const detail::DeadProcess& process : dead) {
+    EPCOMM_CUDA_WARN(cudaMemcpyAsync(static_cast<int32_t*>(low_latency_mask.get()) + process.rank, masked,
+                                     sizeof(int32_t), cudaMemcpyHostToDevice, mask_stream));
+  }
+  EPCOMM_CUDA_WARN(cudaStreamSynchronize(mask_stream));
+}
+
+namespace {
+
+void require_shrink(const char* op, const Buffer::Impl& impl) {
+  if (!impl.options.enable_shrink) {
+    fail(ErrorCode::kInvalidArgument, op, ": the Buffer was made without enable_shrink=true (shrink mode)");
+  }
+}
+
+}  // namespace
+
+void Buffer::low_latency_update_mask_buffer(int rank_to_mask, bool mask, cudaStream_t stream) {
+  constexpr const char* kOp = "low_latency_update_mask_buffer";
+  impl_->begin(kOp, /*low_latency=*/true);
+  require_shrink(kOp, *impl_);
+  detail::require_in_range(kOp, "rank_to_mask", rank_to_mask, 0, num_ranks() - 1);
+  detail::ScopedDevice scoped(impl_->device);
+  const int32_t* value = static_cast<const int32_t*>(impl_->mask_values.host()) + (mask ? 1 : 0);
+  EPCOMM_CUDA_CHECK(cudaMemcpyAsync(static_cast<int32_t*>(impl_->low_latency_mask.get()) + rank_to_mask, value,
+                                    sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+}
+
+void Buffer::low_latency_query_mask_buffer(const TensorView& mask_status, cudaStream_t stream) {
+  constexpr const char* kOp = "low_latency_query_mask_buffer";
+  impl_->begin(kOp, /*low_latency=*/true);
+  require_shrink(kOp, *impl_);
+  detail::require_device_tensor(impl_->device, kOp, "mask_status", mask_status, {DType::kInt32}, {num_ranks()});
+  detail::ScopedDevice scoped(impl_->device);
+  EPCOMM_CUDA_CHECK(cudaMemcpyAsync(mask_status.data, impl_->low_latency_mask.get(), sizeof(int32_t) * num_ranks(),
+                                    cudaMemcpyDeviceToDevice, stream));
+}
+
+void Buffer::low_latency_clean_mask_buffer(cudaStream_t stream) {
+  constexpr const char* kOp = "low_latency_clean_mask_buffer";
+  impl_->begin(kOp, /*low_latency=*/true);
+  require_shrink(kOp, *impl_);
+  detail::ScopedDevice scoped(impl_->device);
+  EPCOMM_CUDA_CHECK(cudaMemsetAsync(impl_->low_latency_mask.get(), 0, sizeof(int32_t) * num_ranks(), stream));
 }
 
 void RecvHook::operator()(cudaStream_t stream, bool use_stream) const {

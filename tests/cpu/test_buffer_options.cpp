@@ -94,6 +94,29 @@ TEST(BufferOptions, LowLatencyRegionIsAllowedInsideOneNode) {
   EXPECT_NE(validation_error(options, 8).find("num_rdma_bytes=1000 must be a multiple of 128"), std::string::npos);
 }
 
+TEST(BufferOptions, ShrinkModeNeedsLowLatencyMode) {
+  BufferOptions options;
+  options.enable_shrink = true;
+  EXPECT_NE(validation_error(options, 8).find("enable_shrink=true needs low_latency_mode=true"), std::string::npos);
+  options.low_latency_mode = true;
+  EXPECT_EQ(validation_error(options, 8), "");
+}
+
+// Shrink mode: a dead peer is kept (named by later normal-mode calls) but does not fail the
+// low-latency ones, whose waits go on (the dead rank is masked on the device instead).
+TEST(DeviceErrorLog, InShrinkModeADeadPeerIsFatalOnlyWhereAsked) {
+  detail::DeviceErrorLog log;
+  log.mark_peers_dead({{2, 99}}, /*stop_waits=*/false);
+  EXPECT_NO_THROW(log.raise_if_recorded(/*dead_peers_fatal=*/false));
+  try {
+    log.raise_if_recorded();
+    FAIL() << "a dead peer was not raised";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::kPeerFailed);
+    EXPECT_NE(std::string(error.what()).find("rank 2 (pid 99)"), std::string::npos) << error.what();
+  }
+}
+
 TEST(BufferOptions, WarmupShapeIsCheckedFieldByField) {
   BufferOptions options;
   options.low_latency_mode = true;

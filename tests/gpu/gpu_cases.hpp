@@ -13,6 +13,7 @@ void run_timeout_case(RankHarness& harness);
 void run_peer_death_case(RankHarness& harness);
 void run_peer_death_in_dispatch_case(RankHarness& harness);
 void run_peer_death_in_low_latency_case(RankHarness& harness);
+void run_peer_death_in_shrink_case(RankHarness& harness);
 void run_cold_start_case(RankHarness& harness);
 void run_normal_case(RankHarness& harness);
 void run_low_latency_case(RankHarness& harness);

@@ -22,6 +22,7 @@ constexpr Case kCases[] = {
     {"peer_death", epcomm::testing::run_peer_death_case},
     {"peer_death_in_dispatch", epcomm::testing::run_peer_death_in_dispatch_case},
     {"peer_death_in_low_latency", epcomm::testing::run_peer_death_in_low_latency_case},
+    {"peer_death_in_shrink", epcomm::testing::run_peer_death_in_shrink_case},
     {"cold_start", epcomm::testing::run_cold_start_case},
     {"normal", epcomm::testing::run_normal_case},
     {"low_latency", epcomm::testing::run_low_latency_case},

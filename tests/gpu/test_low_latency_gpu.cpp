@@ -733,6 +733,89 @@ void check_errors(Context& ctx) {
   }
 }
 
+// Shrink mode: every rank but the last masks the last one, which masks every other rank. The
+// others' round leaves it out: its tokens are not received and its experts add nothing (the
+// reference with its tokens removed and every id of its experts made -1). The mask reads back,
+// cleans, and a full round is exact again. Bad mask arguments are named.
+void check_shrink(RankHarness& harness, cudaStream_t stream, int emulated_nodes) {
+  constexpr Scenario s{"shrink bf16 h2048 T32 top4", Cast::kBf16, 2048, 32, 4, 8, 128, 0};
+  const int ranks = harness.num_ranks(), me = harness.rank(), masked = ranks - 1;
+  if (me == 0) {
+    std::printf("low_latency: shrink mode (%d ranks)\n", ranks);
+    std::fflush(stdout);
+  }
+  BufferOptions options;
+  options.emulated_nodes = emulated_nodes;
+  options.low_latency_mode = true;
+  options.enable_shrink = true;
+  options.num_rdma_bytes = Buffer::low_latency_buffer_size_hint(s.max_tokens, s.hidden, ranks, experts_of(s, ranks));
+  options.wait_timeout = kWaitTimeout;
+  Buffer buffer(harness.bootstrap(), options);
+  Context ctx{harness, buffer, stream, {0, 0, 0}};
+  prepare(ctx, s);
+
+  DeviceBytes status(sizeof(int32_t) * ranks);
+  const TensorView status_view = TensorView::contiguous(status.get(), DType::kInt32, {ranks});
+  expect_error_with(harness, ErrorCode::kInvalidArgument, {"rank_to_mask", std::to_string(ranks)},
+                    [&] { buffer.low_latency_update_mask_buffer(ranks, true, stream); }, "masking rank R");
+  expect_error_with(harness, ErrorCode::kInvalidArgument, {"mask_status"},
+                    [&] { buffer.low_latency_query_mask_buffer(TensorView::contiguous(status.get(), DType::kInt64, {1}), stream); },
+                    "query into an int64 tensor");
+  const auto mask_reads = [&](const std::vector<int32_t>& want, const std::string& what) {
+    buffer.low_latency_query_mask_buffer(status_view, stream);
+    buffer.synchronize(stream);
+    expect_equal(harness, what, download<int32_t>(status_view), want, 1);
+  };
+
+  if (ranks > 1) {
+    std::vector<int32_t> want(ranks, 0);
+    if (me == masked) {
+      for (int r = 0; r < ranks; ++r) {
+        if (r != me) buffer.low_latency_update_mask_buffer(r, true, stream);
+      }
+      want.assign(ranks, 1);
+      want[me] = 0;
+    } else {
+      buffer.low_latency_update_mask_buffer(masked, true, stream);
+      want[masked] = 1;
+    }
+    mask_reads(want, "the mask after masking");
+
+    std::vector<reference::LowLatencyRankInput> world(ranks), left(ranks);
+    for (int r = 0; r < ranks; ++r) world[r] = make_input(s, kSeed ^ 0x5a1f7u, r, ranks);
+    const reference::ExpertPartition partition(experts_of(s, ranks), ranks);
+    for (int r = 0; r < ranks; ++r) {
+      left[r] = world[r];
+      if (r == masked) left[r] = reference::LowLatencyRankInput{};
+      for (int64_t& id : left[r].topk_idx) id = id >= 0 && partition.owner(id) == masked ? -1 : id;
+    }
+    std::vector<reference::LowLatencyRankDispatched> dispatched = reference::low_latency_dispatch(left, partition, shape_of(s));
+    std::vector<std::vector<uint16_t>> outputs(ranks);
+    for (int d = 0; d < ranks; ++d) outputs[d] = make_expert_outputs(s, kSeed, d, dispatched[d].recv_src_token);
+    Round round;
+    round.combined = reference::low_latency_combine(left, outputs, partition, shape_of(s))[me];
+    round.input = world[me];  // what this rank calls with: the masking leaves the rest out
+    round.dispatched = dispatched[me];
+    round.expert_outputs = outputs[me];
+    const RoundTensors tensors(s, round);
+    PoisoningAllocator allocator(kPoisonByte);
+    CallOptions call;
+    call.stream = stream;
+    const LowLatencyDispatchResult got = buffer.low_latency_dispatch(tensors.dispatch_args(s, ranks), allocator, call);
+    const LowLatencyCombineResult combined =
+        buffer.low_latency_combine(tensors.combine_args(s, ranks, got.handle), allocator, call);
+    buffer.synchronize(stream);
+    if (me != masked) {
+      check_dispatch(harness, "shrink dispatch without the masked rank", s, ranks, got, round.dispatched);
+      check_combined(harness, "shrink combine without the masked rank", s, combined.combined_x.view, round);
+    }
+    buffer.low_latency_clean_mask_buffer(stream);
+    mask_reads(std::vector<int32_t>(ranks, 0), "the mask after cleaning");
+  }
+  run_scenario(ctx, s, kSeed + 15731u);  // every rank in again: exact
+  EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 }  // namespace
 
 void run_low_latency_suite(RankHarness& harness, int emulated_nodes) {
@@ -762,6 +845,7 @@ void run_low_latency_suite(RankHarness& harness, int emulated_nodes) {
     run_scenario(ctx, after, kSeed + 104729u);
     EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
   }
+  check_shrink(harness, stream, emulated_nodes);
 }
 
 void run_low_latency_case(RankHarness& harness) { run_low_latency_suite(harness, 1); }

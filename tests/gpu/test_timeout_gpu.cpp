@@ -13,6 +13,7 @@
 #include "epcomm/buffer.hpp"
 #include "gpu/gpu_cases.hpp"
 #include "support/device_bytes.hpp"
+#include "support/download.hpp"
 
 namespace epcomm::testing {
 
@@ -176,6 +177,80 @@ void run_death_in_call(RankHarness& harness, bool in_low_latency) {
 }  // namespace
 
 void run_peer_death_in_dispatch_case(RankHarness& harness) { run_death_in_call(harness, false); }
+
+// Shrink mode: the last rank dies while the others make low-latency calls. They finish within 5 s
+// without an error, the dead rank masked and its rows absent; a normal-mode call still names it.
+void run_peer_death_in_shrink_case(RankHarness& harness) {
+  const int ranks = harness.num_ranks();
+  if (ranks < 2) {
+    harness.check(true, "a single rank has no peer to lose");
+    return;
+  }
+  constexpr int kTokens = 16, kHidden = 256, kTopk = 2;
+  const int experts = 2 * ranks, dying = ranks - 1;
+  BufferOptions options;
+  options.wait_timeout = std::chrono::seconds(60);
+  options.low_latency_mode = true;
+  options.enable_shrink = true;
+  options.num_rdma_bytes = Buffer::low_latency_buffer_size_hint(kTokens, kHidden, ranks, experts);
+  Buffer buffer(harness.bootstrap(), options);
+
+  DeviceBytes x(kTokens * kHidden * sizeof(uint16_t)), topk_idx(kTokens * kTopk * sizeof(int64_t));
+  DeviceBytes weights(kTokens * kTopk * sizeof(float)), status(ranks * sizeof(int32_t));
+  x.upload(std::vector<uint16_t>(kTokens * kHidden, 0x3F80));  // 1.0
+  weights.upload(std::vector<float>(kTokens * kTopk, 0.5f));
+  std::vector<int64_t> ids(kTokens * kTopk);
+  for (int t = 0; t < kTokens; ++t) {
+    for (int k = 0; k < kTopk; ++k) ids[t * kTopk + k] = (t + k * ranks + harness.rank()) % experts;
+  }
+  topk_idx.upload(ids);
+  const auto allocator = make_stream_ordered_allocator();
+  LowLatencyDispatchArgs args;
+  args.x = TensorView::contiguous(x.get(), DType::kBFloat16, {kTokens, kHidden});
+  args.topk_idx = TensorView::contiguous(topk_idx.get(), DType::kInt64, {kTokens, kTopk});
+  args.num_max_dispatch_tokens_per_rank = kTokens;
+  args.num_experts = experts;
+  args.use_fp8 = false;
+  buffer.synchronize(nullptr);
+  harness.bootstrap()->barrier();  // every rank holds a working Buffer
+  if (harness.rank() == dying) {
+    std::fflush(stdout);
+    _exit(0);  // as a killed process: no destroy(), no goodbye
+  }
+  const auto start = std::chrono::steady_clock::now();
+  bool finished = false;
+  LowLatencyDispatchResult dispatched;
+  try {
+    dispatched = buffer.low_latency_dispatch(args, *allocator);
+    LowLatencyCombineArgs combine;
+    combine.x = dispatched.recv_x.view;
+    combine.topk_idx = args.topk_idx;
+    combine.topk_weights = TensorView::contiguous(weights.get(), DType::kFloat32, {kTokens, kTopk});
+    combine.handle = &dispatched.handle;
+    (void)buffer.low_latency_combine(combine, *allocator);
+    buffer.synchronize(nullptr);
+    finished = true;
+  } catch (const Error& error) {
+    harness.check(false, std::string("low-latency calls with a dead rank in shrink mode: ") + error.what());
+  }
+  const auto waited = std::chrono::steady_clock::now() - start;
+  harness.check(finished && waited < std::chrono::seconds(5),
+                "the low-latency calls finished within 5 s of the death (took " +
+                    std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()) + " ms)");
+  if (finished) {
+    buffer.low_latency_query_mask_buffer(TensorView::contiguous(status.get(), DType::kInt32, {ranks}), nullptr);
+    buffer.synchronize(nullptr);
+    const std::vector<int32_t> mask = download<int32_t>(TensorView::contiguous(status.get(), DType::kInt32, {ranks}));
+    harness.check(mask[dying] != 0, "the dead rank is masked");
+    const std::vector<int32_t> from = download<int32_t>(dispatched.handle.recv_count_from());
+    bool none_from_dead = true;
+    for (size_t e = 0; e < from.size() / ranks; ++e) none_from_dead = none_from_dead && from[e * ranks + dying] == 0;
+    harness.check(none_from_dead, "no rows came from the dead rank");
+  }
+  harness.expect_error(ErrorCode::kPeerFailed, "rank " + std::to_string(dying) + " (pid ",
+                       [&] { buffer.barrier(nullptr); }, "a normal-mode call with the dead rank");
+  buffer.destroy();
+}
 void run_peer_death_in_low_latency_case(RankHarness& harness) { run_death_in_call(harness, true); }
 
 }  // namespace epcomm::testing

@@ -94,7 +94,9 @@ __device__ void send_weights(const device::Window& window, const LowLatencyCombi
                              const KernelContext& context, const LowLatencyLayout& layout, uint64_t epoch) {
   const LowLatencyCommon& common = args.common;
   const size_t bytes = static_cast<size_t>(common.num_tokens) * common.num_topk * sizeof(float);
+  const uint32_t masked = device::masked_ranks(common, context.num_ranks);  // shrink mode: sent nothing
   for (int rank = device::warp_id(); rank < context.num_ranks; rank += kLowLatencyWarpsPerBlock) {
+    if (masked & (1u << rank)) continue;
     if (bytes > 0) window.put(rank, layout.weights(common.set_index, context.rank), args.topk_weights, bytes);
     window.quiet();  // the publish rule, within this warp: puts complete, __syncwarp, one signal
     __syncwarp();
@@ -108,11 +110,12 @@ __device__ void send_weights(const device::Window& window, const LowLatencyCombi
 
 // The weighted sum, over this rank's experts, of token `token` of `source`, for chunks
 // [first_chunk, first_chunk + kChunksPerItem) of the row, into the source's slot for this rank.
-// `weights_seen` (bit s) spares the warp a second wait for source s's weights.
+// `weights_seen` (bit s) spares the warp a second wait for source s's weights; `left_out` (bit s):
+// shrink mode gave up on source s (masked, or silent past the wait bound), which gets nothing.
 template <bool kLogfmt>
 __device__ void send_partial(const device::Window& window, const LowLatencyCombineKernelArgs& args,
                              const KernelContext& context, const LowLatencyLayout& layout, uint64_t epoch, int source,
-                             int token, int first_chunk, uint32_t& weights_seen) {
+                             int token, int first_chunk, uint32_t& weights_seen, uint32_t& left_out) {
   const LowLatencyCommon& common = args.common;
   const int lane = device::lane_id();
   const int num_topk = common.num_topk;
@@ -127,16 +130,19 @@ __device__ void send_partial(const device::Window& window, const LowLatencyCombi
   const uint32_t local_pairs = __ballot_sync(0xffffffffu, here);
   if (local_pairs == 0) return;
   if (!(weights_seen & (1u << source))) {
+    int arrived = 1;
     if (lane == 0) {
       const size_t flag = layout.weights_flag(common.set_index, source);
       const device::WaitSite site{DeviceOp::kLowLatencyCombine, WaitTarget::kLowLatencyFlag, source, -1};
       // An acquire: pairs with the source's signal after its weights; __syncwarp orders the other
       // lanes' reads after it.
-      device::wait_for_peer(window, flag, epoch << 32, context, site, nullptr);
+      arrived = device::wait_for_peer(window, flag, epoch << 32, context, site, nullptr, common.mask) ? 1 : 0;
     }
     __syncwarp();
     weights_seen |= 1u << source;
+    if (common.mask != nullptr && !__shfl_sync(0xffffffffu, arrived, 0)) left_out |= 1u << source;
   }
+  if (left_out & (1u << source)) return;
   const float my_weight =
       here ? __ldcg(window.own<const float>(layout.weights(common.set_index, source)) + token * num_topk + lane) : 0.0f;
   const size_t expert_rows = layout.combine_rows() / layout.experts_per_rank;
@@ -214,12 +220,14 @@ __device__ void send_partials(const device::Window& window, const LowLatencyComb
   const int items = common.max_tokens * context.num_ranks * groups;  // (token, source, group of chunks)
   const int warps = gridDim.x * kLowLatencyWarpsPerBlock;
   uint32_t weights_seen = 0;
+  uint32_t left_out = device::masked_ranks(common, context.num_ranks);  // shrink mode: masked sources get nothing
   for (int item = blockIdx.x * kLowLatencyWarpsPerBlock + device::warp_id(); item < items; item += warps) {
     const int group = item % groups;
     const int source = (item / groups) % context.num_ranks;
     const int token = item / groups / context.num_ranks;
-    if (token >= tokens_from[source]) continue;
-    send_partial<kLogfmt>(window, args, context, layout, epoch, source, token, group * kChunksPerItem, weights_seen);
+    if (token >= tokens_from[source] || (left_out & (1u << source))) continue;
+    send_partial<kLogfmt>(window, args, context, layout, epoch, source, token, group * kChunksPerItem, weights_seen,
+                          left_out);
   }
 }
 
@@ -232,8 +240,10 @@ __device__ void reduce_chunk(const device::Window& window, const LowLatencyCombi
   int64_t my_expert = -1;
   if (lane < common.num_topk) my_expert = common.topk_idx[static_cast<int64_t>(token) * common.num_topk + lane];
   const bool valid = my_expert >= 0 && my_expert < common.num_experts;
+  // Shrink mode: a masked owner's experts add nothing (deep_ep's rule; weights not renormalised).
   const uint32_t owners =
-      __reduce_or_sync(0xffffffffu, valid ? 1u << static_cast<int>(my_expert / layout.experts_per_rank) : 0u);
+      __reduce_or_sync(0xffffffffu, valid ? 1u << static_cast<int>(my_expert / layout.experts_per_rank) : 0u) &
+      ~device::masked_ranks(common, context.num_ranks);
   const int vectors = common.hidden / kBf16PerVector;
   const int v = chunk * kChunkVectors + lane;
   int4 raw[kMaxNvlPeers];
@@ -261,14 +271,15 @@ __device__ void reduce_chunk(const device::Window& window, const LowLatencyCombi
 // reduce_chunk for sums that may travel as LogFMT: per owner, the lane's group's (L_min, step) and
 // both of the lane's possible encodings are loaded at once (one round trip), then decoded.
 __device__ void reduce_logfmt_chunk(const device::Window& window, const LowLatencyCombineKernelArgs& args,
-                                    const LowLatencyLayout& layout, int token, int chunk) {
+                                    const KernelContext& context, const LowLatencyLayout& layout, int token, int chunk) {
   const LowLatencyCommon& common = args.common;
   const int lane = device::lane_id();
   int64_t my_expert = -1;
   if (lane < common.num_topk) my_expert = common.topk_idx[static_cast<int64_t>(token) * common.num_topk + lane];
   const bool valid = my_expert >= 0 && my_expert < common.num_experts;
   const uint32_t owners =
-      __reduce_or_sync(0xffffffffu, valid ? 1u << static_cast<int>(my_expert / layout.experts_per_rank) : 0u);
+      __reduce_or_sync(0xffffffffu, valid ? 1u << static_cast<int>(my_expert / layout.experts_per_rank) : 0u) &
+      ~device::masked_ranks(common, context.num_ranks);
   const int vectors = common.hidden / kBf16PerVector;
   const int v = chunk * kChunkVectors + lane;
   if (v >= vectors) return;
@@ -336,7 +347,7 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
     send_partials<kLogfmt>(window, args, context, layout, epoch);
     window.quiet();  // the publish rule: puts complete, the election's barrier, then one signal
     if (device::last_block_to_arrive(window.own<uint32_t>(layout.send_blocks_done(common.set_index))) &&
-        threadIdx.x < context.num_ranks) {
+        threadIdx.x < context.num_ranks && !device::is_masked(common, threadIdx.x)) {
       const int source = threadIdx.x;
       // Pairs with the source's wait on this flag before it reads this rank's partial sums.
       window.signal(source, layout.combine_flag(common.set_index, context.rank),
@@ -348,8 +359,9 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
       const int owner = threadIdx.x;
       const device::WaitSite site{DeviceOp::kLowLatencyCombine, WaitTarget::kLowLatencyFlag, owner, -1};
       // Every block waits; the first counts the cost, once per rank.
+      // Shrink mode: a masked owner is not waited for, and one silent past the bound is masked.
       device::wait_for_peer(window, layout.combine_flag(common.set_index, owner), epoch << 32, context, site,
-                            blockIdx.x == 0 ? args.wait_cost_stats : nullptr);
+                            blockIdx.x == 0 ? args.wait_cost_stats : nullptr, common.mask);
     }
     __syncthreads();  // the acquires above order every warp's reads of the partial sums
     const int warps = gridDim.x * kLowLatencyWarpsPerBlock;
@@ -357,7 +369,7 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
     for (int item = blockIdx.x * kLowLatencyWarpsPerBlock + device::warp_id(); item < common.num_tokens * chunks;
          item += warps) {
       if (kLogfmt) {
-        reduce_logfmt_chunk(window, args, layout, item / chunks, item % chunks);
+        reduce_logfmt_chunk(window, args, context, layout, item / chunks, item % chunks);
       } else {
         reduce_chunk(window, args, context, layout, item / chunks, item % chunks);
       }

@@ -8,6 +8,7 @@
 #include "common/low_latency_layout.hpp"
 #include "device/last_block.cuh"
 #include "device/memory_ordering.cuh"
+#include "device/warp_ops.cuh"
 #include "kernels/low_latency/low_latency_launchers.hpp"
 #include "transport/window.cuh"
 
@@ -38,14 +39,33 @@ __device__ __forceinline__ LowLatencyLaunch begin_low_latency_launch(const Windo
 }
 
 // window.wait for a peer's flag, adding the SM clock cycles it took to cost_stats[site.peer] when
-// the caller asked for them (deep_ep's wait_recv_cost_stats; clock64 as deep_ep counts).
-__device__ __forceinline__ void wait_for_peer(const Window& window, size_t own_offset, uint64_t expected,
-                                              const KernelContext& context, const WaitSite& site, int64_t* cost_stats) {
+// the caller asked for them (deep_ep's wait_recv_cost_stats; clock64 as deep_ep counts). In shrink
+// mode (mask non-null) a masked peer is not waited for, and one that stays silent past the wait
+// bound is masked (bounded_wait.cuh). Returns whether the flag arrived.
+__device__ __forceinline__ bool wait_for_peer(const Window& window, size_t own_offset, uint64_t expected,
+                                              const KernelContext& context, const WaitSite& site, int64_t* cost_stats,
+                                              int32_t* mask) {
   const long long start = clock64();
-  window.wait(own_offset, expected, context, site);
+  const bool arrived = mask == nullptr ? window.wait(own_offset, expected, context, site)
+                                       : wait_unless_masked(window.own<uint64_t>(own_offset), expected, mask + site.peer, context);
   if (cost_stats != nullptr) {
     atomicAdd(reinterpret_cast<unsigned long long*>(cost_stats + site.peer), static_cast<unsigned long long>(clock64() - start));
   }
+  return arrived;
+}
+
+// Shrink mode: bit r set when rank r is masked (0 outside shrink mode). Every lane of the warp
+// calls it; it reads the mask anew (the host's watchdog or a wait may mask a rank meanwhile).
+__device__ __forceinline__ uint32_t masked_ranks(const kernels::LowLatencyCommon& common, int num_ranks) {
+  if (common.mask == nullptr) return 0;
+  const int lane = lane_id();
+  const bool masked = lane < num_ranks && ld_relaxed_sys(common.mask + lane) != 0;
+  return __ballot_sync(0xffffffffu, masked);
+}
+
+// Shrink mode: whether `rank` is masked, for one thread.
+__device__ __forceinline__ bool is_masked(const kernels::LowLatencyCommon& common, int rank) {
+  return common.mask != nullptr && ld_relaxed_sys(common.mask + rank) != 0;
 }
 
 }  // namespace epcomm::device

@@ -70,7 +70,9 @@ __device__ void send_routing(const device::Window& window, const LowLatencyDispa
   }
   const size_t bytes = static_cast<size_t>(num_pairs) * sizeof(int32_t);
   constexpr int kFields = static_cast<int>(CallField::kCount);
+  const uint32_t masked = device::masked_ranks(common, context.num_ranks);  // shrink mode: sent nothing
   for (int rank = device::warp_id(); rank < context.num_ranks; rank += kLowLatencyWarpsPerBlock) {
+    if (masked & (1u << rank)) continue;
     if (bytes > 0) window.put(rank, layout.routing(common.set_index, context.rank), ids, bytes);
     // This call's signature, for the receiver to check against its own (a lane per field).
     const int field = device::lane_id();
@@ -174,9 +176,10 @@ __device__ void send_chunk(const device::Window& window, const LowLatencyDispatc
   int64_t my_expert = -1;
   if (lane < common.num_topk) my_expert = common.topk_idx[static_cast<int64_t>(token) * common.num_topk + lane];
   const bool valid = my_expert >= 0 && my_expert < common.num_experts;  // a bad id is block 0's to report
-  // Bit r: rank r owns one of the token's experts.
+  // Bit r: rank r owns one of the token's experts (and is not masked, in shrink mode).
   const uint32_t ranks =
-      __reduce_or_sync(0xffffffffu, valid ? 1u << static_cast<int>(my_expert / layout.experts_per_rank) : 0u);
+      __reduce_or_sync(0xffffffffu, valid ? 1u << static_cast<int>(my_expert / layout.experts_per_rank) : 0u) &
+      ~device::masked_ranks(common, context.num_ranks);
   if (ranks == 0) return;
   if (args.use_fp8) cast_chunk(args, chunk);
 
@@ -321,12 +324,13 @@ __device__ void receive_expert(const device::Window& window, const LowLatencyDis
     const size_t address = layout.dispatch_flag(common.set_index, source);
     const device::WaitSite site{DeviceOp::kLowLatencyDispatch, WaitTarget::kLowLatencyFlag, source, local_expert};
     // The cost counts once per (expert, source), as deep_ep's.
-    device::wait_for_peer(window, address, epoch << 32, context, site, args.wait_cost_stats);
+    // Shrink mode: a masked source is not waited for, and one silent past the bound is masked.
+    const bool waited = device::wait_for_peer(window, address, epoch << 32, context, site, args.wait_cost_stats, common.mask);
     // Pairs with the source's signal; the __syncthreads below orders the team's reads after it.
     const uint64_t flag = device::ld_acquire_sys(window.own<uint64_t>(address));
     // A timed-out wait leaves an old epoch, a source that made another call its own layout: take no
-    // tokens from either (the error is recorded).
-    const bool arrived = (flag >> 32) == epoch;
+    // tokens from either (the error is recorded); nor from a masked source.
+    const bool arrived = waited && (flag >> 32) == epoch;
     const bool same_call = arrived && same_call_as(window, args, context, layout, source);
     source_tokens[source] = same_call ? min(static_cast<int>(flag & 0xffffffffu), common.max_tokens) : 0;
   }
@@ -441,7 +445,7 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
     }
     window.quiet();  // the publish rule: puts complete, the election's barrier, then one signal
     if (device::last_block_to_arrive(window.own<uint32_t>(layout.send_blocks_done(common.set_index))) &&
-        threadIdx.x < context.num_ranks) {
+        threadIdx.x < context.num_ranks && !device::is_masked(common, threadIdx.x)) {
       // Pairs with each rank's wait on this flag before it reads the tokens and routing.
       window.signal(threadIdx.x, layout.dispatch_flag(common.set_index, context.rank),
                     pack_flag(epoch, static_cast<uint32_t>(common.num_tokens)));

@@ -25,6 +25,7 @@ struct LowLatencyCommon {
   int num_tokens = 0;        // this rank's T
   int num_topk = 0;
   const int64_t* topk_idx = nullptr;  // [T, K]
+  int32_t* mask = nullptr;            // shrink mode: [R], non-zero for a masked rank (else null)
   int num_blocks = 0;
 };
 
