@@ -99,7 +99,9 @@ class Buffer {
                                 cudaStream_t stream);
   // Shrink mode (BufferOptions::enable_shrink), deep_ep's names. Each rank has its own mask; the
   // changes are ordered on `stream` before the low-latency calls that follow on it. A masked rank
-  // is sent nothing and awaited for nothing, and its experts add nothing to combines.
+  // is sent nothing and awaited for nothing, and its experts add nothing to combines. Change the
+  // mask between rounds, not between a dispatch and its combine (the combine reuses the dispatch's
+  // routing). A rank that dies is masked by the Buffer and stays masked (a clean keeps it).
   void low_latency_update_mask_buffer(int rank_to_mask, bool mask, cudaStream_t stream);
   // Writes int32 [num_ranks] on this Buffer's device: 1 for a masked rank, 0 otherwise.
   void low_latency_query_mask_buffer(const TensorView& mask_status, cudaStream_t stream);

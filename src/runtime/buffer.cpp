@@ -128,14 +128,16 @@ void Buffer::Impl::initialize(int caller_device, bool background) {
     watchdog = std::make_unique<detail::PeerWatchdog>(
         transport->local_processes(),
         [this](const std::vector<detail::DeadProcess>& dead) {
-          if (!options.enable_shrink) {
+          // Every wait that is not shrink mode's gives up; later calls fail, except low-latency
+          // ones in shrink mode, where the dead ranks are masked instead.
+          try {
             errors.mark_peers_dead(dead);
-            return;
+            if (options.enable_shrink) mask_dead_ranks(dead);
+          } catch (const std::exception& error) {  // the watchdog's thread must not throw
+            std::fprintf(stderr, "epcomm: marking dead ranks failed: %s\n", error.what());
           }
-          errors.mark_peers_dead(dead, /*stop_waits=*/false);  // normal-mode calls still fail
-          mask_dead_ranks(dead);
         },
-        kPeerWatchInterval);
+        kPeerWatchInterval, /*keep_watching=*/options.enable_shrink);
   }
   // After the agreement: every rank has the same options now, so every rank fails here alike.
   detail::check_warmup_fits(options, bootstrap->num_ranks());

@@ -7,6 +7,7 @@
 #include <exception>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <optional>
 
 #include "common/kernel_context.hpp"
@@ -62,6 +63,8 @@ struct Buffer::Impl {
   detail::MappedHostMemory mask_values;       // int32 {0, 1}: what the host copies into the mask
   cudaStream_t mask_stream = nullptr;
   std::shared_ptr<void> mask_stream_lifetime;
+  std::mutex dead_ranks_mutex;
+  std::vector<int> dead_ranks;                // every rank the watchdog found dead (shrink mode)
   // Watches the processes of the ranks on this host while the transport lives; declared after
   // `errors` and the mask, which it writes to, so it stops first.
   std::unique_ptr<detail::PeerWatchdog> watchdog;
@@ -150,7 +153,8 @@ struct Buffer::Impl {
     errors.raise_if_recorded(/*dead_peers_fatal=*/!(low_latency && options.enable_shrink));
   }
   int32_t* shrink_mask() const { return options.enable_shrink ? static_cast<int32_t*>(low_latency_mask.get()) : nullptr; }
-  void mask_dead_ranks(const std::vector<detail::DeadProcess>& dead);
+  void mask_dead_ranks(const std::vector<detail::DeadProcess>& dead);  // from the watchdog's thread
+  void keep_dead_ranks_masked(cudaStream_t stream);  // before a low-latency launch: survives a clean
 };
 
 }  // namespace epcomm

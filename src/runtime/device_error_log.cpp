@@ -127,7 +127,7 @@ void DeviceErrorLog::raise_if_recorded(bool dead_peers_fatal) {
   throw Error(code, message);
 }
 
-void DeviceErrorLog::mark_peers_dead(const std::vector<DeadProcess>& dead, bool stop_waits) {
+void DeviceErrorLog::mark_peers_dead(const std::vector<DeadProcess>& dead) {
   if (dead.empty() || death_reported_.exchange(true)) return;  // the first report is the one kept
   std::string names;
   for (size_t i = 0; i < dead.size(); ++i) {
@@ -137,9 +137,7 @@ void DeviceErrorLog::mark_peers_dead(const std::vector<DeadProcess>& dead, bool 
   dead_peers_ = std::move(names);
   peer_died_.store(true, std::memory_order_release);  // publishes dead_peers_ to raise_if_unusable()
   // Pairs with the relaxed polls of every bounded wait (device/bounded_wait.cuh).
-  if (stop_waits && host_record() != nullptr) {
-    __atomic_store_n(&host_record()->failed_peer, dead.front().rank + 1, __ATOMIC_RELEASE);
-  }
+  if (host_record() != nullptr) __atomic_store_n(&host_record()->failed_peer, dead.front().rank + 1, __ATOMIC_RELEASE);
 }
 
 void DeviceErrorLog::raise_if_unusable(bool dead_peers_fatal) const {

@@ -36,9 +36,8 @@ class DeviceErrorLog {
   // The processes of `dead` died (at least one). Safe from any thread (the watchdog's): every GPU
   // wait of this rank gives up at its next check, and every later call raises
   // ErrorCode::kPeerFailed naming them. Only the first report counts.
-  // stop_waits = false (shrink mode): GPU waits go on (the dead ranks are masked instead); later
-  // calls raise only where dead peers are fatal.
-  void mark_peers_dead(const std::vector<DeadProcess>& dead, bool stop_waits = true);
+  // (Shrink mode's low-latency waits do not read it: they end when the dead rank is masked.)
+  void mark_peers_dead(const std::vector<DeadProcess>& dead);
   bool peer_died() const { return peer_died_.load(std::memory_order_acquire); }
 
   static std::string describe(const DeviceErrorRecord& record);

@@ -218,6 +218,7 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
   const PeerWindow window = impl.window();
   const KernelContext context = impl.context();
   const unsigned phases = args.return_recv_hook ? kernels::kSendPhase : (kernels::kSendPhase | kernels::kReceivePhase);
+  impl.keep_dead_ranks_masked(call.stream);  // shrink mode: a clean does not bring them back
   kernels::launch_low_latency_dispatch(window, kernel, phases, context, call.stream);
   if (args.return_recv_hook) {
     // The hook keeps the outputs alive until it has launched the receive.
@@ -302,6 +303,7 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
   const PeerWindow window = impl.window();
   const KernelContext context = impl.context();
   const unsigned phases = args.return_recv_hook ? kernels::kSendPhase : (kernels::kSendPhase | kernels::kReceivePhase);
+  impl.keep_dead_ranks_masked(call.stream);
   kernels::launch_low_latency_combine(window, kernel, phases, context, call.stream);
   if (args.return_recv_hook) {
     auto keep = std::make_shared<LowLatencyCombineResult>(result);
@@ -354,15 +356,30 @@ void Buffer::clean_low_latency_buffer(int num_max_dispatch_tokens_per_rank, int 
 }
 
 void Buffer::Impl::mask_dead_ranks(const std::vector<detail::DeadProcess>& dead) {
-  // From the watchdog's thread, while kernels may be waiting for these ranks: a copy on a stream
-  // of its own lands while they run, and their waits see it (device/bounded_wait.cuh).
-  detail::ScopedDevice scoped(device);
+  {
+    const std::lock_guard<std::mutex> lock(dead_ranks_mutex);
+    for (const detail::DeadProcess& process : dead) dead_ranks.push_back(process.rank);
+  }
+  // From the watchdog's thread (ours: set its device, restore nothing), while kernels may be
+  // waiting for these ranks: a copy on a stream of its own lands while they run, and their waits
+  // see it (device/bounded_wait.cuh). Failures are only warned about: this thread must not throw.
+  EPCOMM_CUDA_WARN(cudaSetDevice(device));
   const int32_t* masked = static_cast<const int32_t*>(mask_values.host()) + 1;
   for (const detail::DeadProcess& process : dead) {
     EPCOMM_CUDA_WARN(cudaMemcpyAsync(static_cast<int32_t*>(low_latency_mask.get()) + process.rank, masked,
                                      sizeof(int32_t), cudaMemcpyHostToDevice, mask_stream));
   }
   EPCOMM_CUDA_WARN(cudaStreamSynchronize(mask_stream));
+}
+
+void Buffer::Impl::keep_dead_ranks_masked(cudaStream_t stream) {
+  if (!options.enable_shrink || !errors.peer_died()) return;
+  const std::lock_guard<std::mutex> lock(dead_ranks_mutex);
+  const int32_t* masked = static_cast<const int32_t*>(mask_values.host()) + 1;
+  for (const int rank : dead_ranks) {
+    EPCOMM_CUDA_CHECK(cudaMemcpyAsync(static_cast<int32_t*>(low_latency_mask.get()) + rank, masked, sizeof(int32_t),
+                                      cudaMemcpyHostToDevice, stream));
+  }
 }
 
 namespace {

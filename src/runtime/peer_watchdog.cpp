@@ -4,8 +4,13 @@
 
 namespace epcomm::detail {
 
-PeerWatchdog::PeerWatchdog(std::vector<ProcessIdentity> peers, OnDeath on_death, std::chrono::milliseconds interval)
-    : peers_(std::move(peers)), on_death_(std::move(on_death)), interval_(interval), thread_([this] { watch(); }) {}
+PeerWatchdog::PeerWatchdog(std::vector<ProcessIdentity> peers, OnDeath on_death, std::chrono::milliseconds interval,
+                           bool keep_watching)
+    : peers_(std::move(peers)),
+      on_death_(std::move(on_death)),
+      interval_(interval),
+      keep_watching_(keep_watching),
+      thread_([this] { watch(); }) {}
 
 PeerWatchdog::~PeerWatchdog() {
   {
@@ -18,15 +23,17 @@ PeerWatchdog::~PeerWatchdog() {
 
 void PeerWatchdog::watch() {
   std::unique_lock<std::mutex> lock(mutex_);
+  std::vector<bool> reported(peers_.size(), false);
   while (!wake_.wait_for(lock, interval_, [this] { return stopping_; })) {
     std::vector<DeadProcess> dead;
     for (size_t rank = 0; rank < peers_.size(); ++rank) {
-      if (!process_alive(peers_[rank])) dead.push_back({static_cast<int>(rank), peers_[rank].pid});
+      if (reported[rank] || process_alive(peers_[rank])) continue;
+      dead.push_back({static_cast<int>(rank), peers_[rank].pid});
+      reported[rank] = true;
     }
-    if (!dead.empty()) {
-      on_death_(dead);
-      return;
-    }
+    if (dead.empty()) continue;
+    on_death_(dead);
+    if (!keep_watching_) return;
   }
 }
 

@@ -18,10 +18,12 @@ namespace epcomm::detail {
 class PeerWatchdog {
  public:
   using OnDeath = std::function<void(const std::vector<DeadProcess>& dead)>;
-  // Watches `peers` (indexed by rank) every `interval` on a thread of its own; calls `on_death`
-  // once, from that thread, with every rank found dead in the first check that finds any (ranks
-  // that die within one interval of each other cannot be ordered), then stops watching.
-  PeerWatchdog(std::vector<ProcessIdentity> peers, OnDeath on_death, std::chrono::milliseconds interval);
+  // Watches `peers` (indexed by rank) every `interval` on a thread of its own; calls `on_death`,
+  // from that thread, with every rank found dead in the first check that finds any (ranks that
+  // die within one interval of each other cannot be ordered), then stops watching, or with
+  // `keep_watching` goes on and reports each later death once (shrink mode: the job goes on).
+  PeerWatchdog(std::vector<ProcessIdentity> peers, OnDeath on_death, std::chrono::milliseconds interval,
+               bool keep_watching = false);
   ~PeerWatchdog();  // stops the thread and joins it
   PeerWatchdog(const PeerWatchdog&) = delete;
   PeerWatchdog& operator=(const PeerWatchdog&) = delete;
@@ -32,6 +34,7 @@ class PeerWatchdog {
   std::vector<ProcessIdentity> peers_;
   OnDeath on_death_;
   std::chrono::milliseconds interval_;
+  bool keep_watching_;
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;

@@ -103,10 +103,10 @@ TEST(BufferOptions, ShrinkModeNeedsLowLatencyMode) {
 }
 
 // Shrink mode: a dead peer is kept (named by later normal-mode calls) but does not fail the
-// low-latency ones, whose waits go on (the dead rank is masked on the device instead).
+// low-latency ones (the dead rank is masked on the device instead).
 TEST(DeviceErrorLog, InShrinkModeADeadPeerIsFatalOnlyWhereAsked) {
   detail::DeviceErrorLog log;
-  log.mark_peers_dead({{2, 99}}, /*stop_waits=*/false);
+  log.mark_peers_dead({{2, 99}});
   EXPECT_NO_THROW(log.raise_if_recorded(/*dead_peers_fatal=*/false));
   try {
     log.raise_if_recorded();

@@ -23,6 +23,7 @@ namespace {
 constexpr int kBf16PerVector = 8;
 constexpr int kChunkVectors = kWarpSize;  // one 16-byte vector per lane
 constexpr int kChunksPerItem = 4;         // a sending warp's share of a row: 1024 channels
+constexpr int kPairsInFlight = 8;         // a sending lane's loads in flight: top-8 in one run
 constexpr int kLanesPerGroup = kLogfmtChannelsPerGroup / kBf16PerVector;  // 16: a LogFMT group
 constexpr size_t kGroupRowBytes = kLogfmtChannelsPerGroup * sizeof(__nv_bfloat16);  // 256: a group's place in a row
 
@@ -126,7 +127,11 @@ __device__ void send_partial(const device::Window& window, const LowLatencyCombi
     row = args.routing.pair_row[pair];
   }
   const int first_expert = context.rank * layout.experts_per_rank;
-  const bool here = expert >= first_expert && expert < first_expert + layout.experts_per_rank && row >= 0;
+  const size_t expert_rows_bound = layout.combine_rows() / layout.experts_per_rank;
+  // row < 0: the pair was dropped (past M); the bound guards rows a shrink-mode dispatch left
+  // unwritten for a source masked during it (that source is masked here too and gets nothing).
+  const bool here = expert >= first_expert && expert < first_expert + layout.experts_per_rank && row >= 0 &&
+                    static_cast<size_t>(row) < expert_rows_bound;
   const uint32_t local_pairs = __ballot_sync(0xffffffffu, here);
   if (local_pairs == 0) return;
   if (!(weights_seen & (1u << source))) {
@@ -156,24 +161,29 @@ __device__ void send_partial(const device::Window& window, const LowLatencyCombi
   const int last_chunk = min(first_chunk + kChunksPerItem, (vectors + kChunkVectors - 1) / kChunkVectors);
   for (int chunk = first_chunk; chunk < last_chunk; ++chunk) {
     const int v = chunk * kChunkVectors + lane;
-    int4 raw[kMaxLowLatencyTopk];
-#pragma unroll
-    for (int k = 0; k < kMaxLowLatencyTopk; ++k) {
-      if (k >= num_topk) break;  // uniform
-      const size_t from = __shfl_sync(0xffffffffu, my_row, k);
-      // Lanes past the row sum zeros: LogFMT's group reductions then see only whole idle groups.
-      if (local_pairs & (1u << k)) raw[k] = v < vectors ? __ldg(x + from + v) : make_int4(0, 0, 0, 0);
-    }
-    // Each product rounded, added in k order (the reference's).
+    // Each product rounded, added in k order (the reference's). The pairs go in runs of
+    // kPairsInFlight, each run's loads issued before its adds (registers for all 16 would spill).
     float sum[kBf16PerVector] = {};
+    for (int first = 0; first < num_topk; first += kPairsInFlight) {
+      int4 raw[kPairsInFlight];
 #pragma unroll
-    for (int k = 0; k < kMaxLowLatencyTopk; ++k) {
-      if (k >= num_topk) break;
-      const float weight = __shfl_sync(0xffffffffu, my_weight, k);
-      if (!(local_pairs & (1u << k))) continue;
-      const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&raw[k]);
+      for (int i = 0; i < kPairsInFlight; ++i) {
+        const int k = first + i;
+        if (k >= num_topk) break;  // uniform
+        const size_t from = __shfl_sync(0xffffffffu, my_row, k);
+        // Lanes past the row sum zeros: LogFMT's group reductions then see only whole idle groups.
+        if (local_pairs & (1u << k)) raw[i] = v < vectors ? __ldg(x + from + v) : make_int4(0, 0, 0, 0);
+      }
 #pragma unroll
-      for (int j = 0; j < kBf16PerVector; ++j) sum[j] = __fadd_rn(sum[j], __fmul_rn(weight, __bfloat162float(values[j])));
+      for (int i = 0; i < kPairsInFlight; ++i) {
+        const int k = first + i;
+        if (k >= num_topk) break;
+        const float weight = __shfl_sync(0xffffffffu, my_weight, k);
+        if (!(local_pairs & (1u << k))) continue;
+        const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&raw[i]);
+#pragma unroll
+        for (int j = 0; j < kBf16PerVector; ++j) sum[j] = __fadd_rn(sum[j], __fmul_rn(weight, __bfloat162float(values[j])));
+      }
     }
     int4 packed;
     __nv_bfloat16* result = reinterpret_cast<__nv_bfloat16*>(&packed);
@@ -234,16 +244,16 @@ __device__ void send_partials(const device::Window& window, const LowLatencyComb
 // A warp adds one chunk of one token: the partial sums of the ranks holding its experts, loads all
 // issued before any add, summed in rank order.
 __device__ void reduce_chunk(const device::Window& window, const LowLatencyCombineKernelArgs& args,
-                             const KernelContext& context, const LowLatencyLayout& layout, int token, int chunk) {
+                             const LowLatencyLayout& layout, uint32_t counted, int token, int chunk) {
   const LowLatencyCommon& common = args.common;
   const int lane = device::lane_id();
   int64_t my_expert = -1;
   if (lane < common.num_topk) my_expert = common.topk_idx[static_cast<int64_t>(token) * common.num_topk + lane];
   const bool valid = my_expert >= 0 && my_expert < common.num_experts;
-  // Shrink mode: a masked owner's experts add nothing (deep_ep's rule; weights not renormalised).
+  // `counted`: the owners whose sums arrived (shrink mode); a masked owner's experts add nothing
+  // (deep_ep's rule; the weights are not renormalised).
   const uint32_t owners =
-      __reduce_or_sync(0xffffffffu, valid ? 1u << static_cast<int>(my_expert / layout.experts_per_rank) : 0u) &
-      ~device::masked_ranks(common, context.num_ranks);
+      __reduce_or_sync(0xffffffffu, valid ? 1u << static_cast<int>(my_expert / layout.experts_per_rank) : 0u) & counted;
   const int vectors = common.hidden / kBf16PerVector;
   const int v = chunk * kChunkVectors + lane;
   int4 raw[kMaxNvlPeers];
@@ -271,15 +281,14 @@ __device__ void reduce_chunk(const device::Window& window, const LowLatencyCombi
 // reduce_chunk for sums that may travel as LogFMT: per owner, the lane's group's (L_min, step) and
 // both of the lane's possible encodings are loaded at once (one round trip), then decoded.
 __device__ void reduce_logfmt_chunk(const device::Window& window, const LowLatencyCombineKernelArgs& args,
-                                    const KernelContext& context, const LowLatencyLayout& layout, int token, int chunk) {
+                                    const LowLatencyLayout& layout, uint32_t counted, int token, int chunk) {
   const LowLatencyCommon& common = args.common;
   const int lane = device::lane_id();
   int64_t my_expert = -1;
   if (lane < common.num_topk) my_expert = common.topk_idx[static_cast<int64_t>(token) * common.num_topk + lane];
   const bool valid = my_expert >= 0 && my_expert < common.num_experts;
   const uint32_t owners =
-      __reduce_or_sync(0xffffffffu, valid ? 1u << static_cast<int>(my_expert / layout.experts_per_rank) : 0u) &
-      ~device::masked_ranks(common, context.num_ranks);
+      __reduce_or_sync(0xffffffffu, valid ? 1u << static_cast<int>(my_expert / layout.experts_per_rank) : 0u) & counted;
   const int vectors = common.hidden / kBf16PerVector;
   const int v = chunk * kChunkVectors + lane;
   if (v >= vectors) return;
@@ -355,23 +364,32 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
     }
   }
   if (phases & kReceivePhase) {
+    // The owners whose sums this block waited for: its reductions use these, so a rank masked
+    // while the block waited (its process died) is left out of every token of the block alike.
+    __shared__ uint32_t arrived_owners;
+    if (threadIdx.x == 0) arrived_owners = 0;
+    __syncthreads();
     if (threadIdx.x < context.num_ranks) {
       const int owner = threadIdx.x;
       const device::WaitSite site{DeviceOp::kLowLatencyCombine, WaitTarget::kLowLatencyFlag, owner, -1};
       // Every block waits; the first counts the cost, once per rank.
       // Shrink mode: a masked owner is not waited for, and one silent past the bound is masked.
-      device::wait_for_peer(window, layout.combine_flag(common.set_index, owner), epoch << 32, context, site,
-                            blockIdx.x == 0 ? args.wait_cost_stats : nullptr, common.mask);
+      if (device::wait_for_peer(window, layout.combine_flag(common.set_index, owner), epoch << 32, context, site,
+                                blockIdx.x == 0 ? args.wait_cost_stats : nullptr, common.mask)) {
+        atomicOr(&arrived_owners, 1u << owner);
+      }
     }
     __syncthreads();  // the acquires above order every warp's reads of the partial sums
     const int warps = gridDim.x * kLowLatencyWarpsPerBlock;
     const int chunks = (common.hidden / kBf16PerVector + kChunkVectors - 1) / kChunkVectors;
     for (int item = blockIdx.x * kLowLatencyWarpsPerBlock + device::warp_id(); item < common.num_tokens * chunks;
          item += warps) {
+      // Outside shrink mode every owner counts (a failed wait is an error recorded already).
+      const uint32_t counted = common.mask != nullptr ? arrived_owners : ~0u;
       if (kLogfmt) {
-        reduce_logfmt_chunk(window, args, context, layout, item / chunks, item % chunks);
+        reduce_logfmt_chunk(window, args, layout, counted, item / chunks, item % chunks);
       } else {
-        reduce_chunk(window, args, context, layout, item / chunks, item % chunks);
+        reduce_chunk(window, args, layout, counted, item / chunks, item % chunks);
       }
     }
     device::finish_receive_phase(window, layout, common.set_index, epoch);
