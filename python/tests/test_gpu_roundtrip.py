@@ -201,3 +201,69 @@ def test_round_trips(num_ranks: int) -> None:
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     mp.spawn(_rank_main, args=(num_ranks, _free_port()), nprocs=num_ranks, join=True)
+
+
+def _shrink_main(rank: int, num_ranks: int, port: int) -> None:
+    """deep_ep's shrink mode: every rank but the last masks the last one, which masks the others;
+    the others' low-latency round leaves it out (its experts add nothing), the mask reads back and
+    cleans, and a round with everyone is exact again."""
+    import torch
+    import torch.distributed as dist
+
+    import epcomm
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=num_ranks)
+    tokens, hidden, topk, experts_per_rank = 32, 1024, 4, 4
+    experts = experts_per_rank * num_ranks
+    buffer = epcomm.Buffer(dist.group.WORLD, low_latency_mode=True, enable_shrink=True,
+                           num_rdma_bytes=epcomm.Buffer.get_low_latency_rdma_size_hint(tokens, hidden, num_ranks, experts))
+    generator = torch.Generator(device="cpu").manual_seed(4321 + rank)
+    x = (torch.randn(tokens, hidden, generator=generator) * 0.125).to(torch.bfloat16).cuda()
+    topk_idx = torch.rand(tokens, experts, generator=generator).topk(topk, dim=1).indices.to(torch.int64).cuda()
+    weights = torch.rand(tokens, topk, generator=generator).cuda()
+    last = num_ranks - 1
+    status = torch.empty(num_ranks, dtype=torch.int32, device="cuda")
+
+    def round_trip():
+        received, _, handle, _, _ = buffer.low_latency_dispatch(x, topk_idx, tokens, experts, use_fp8=False)
+        out, _, _ = buffer.low_latency_combine(received, topk_idx, weights, handle)
+        torch.cuda.synchronize()
+        return out
+
+    if num_ranks > 1:
+        masked = [r for r in range(num_ranks) if r != rank] if rank == last else [last]
+        for r in masked:
+            buffer.low_latency_update_mask_buffer(r, True)
+        buffer.low_latency_query_mask_buffer(status)
+        expected_mask = torch.zeros(num_ranks, dtype=torch.int32)
+        expected_mask[masked] = 1
+        assert torch.equal(status.cpu(), expected_mask), f"rank {rank}: mask {status.tolist()}"
+        out = round_trip()
+        if rank != last:
+            kept = torch.where((topk_idx // experts_per_rank) == last, -1, topk_idx)
+            expected = low_latency_combined(torch, x, weights, kept, experts_per_rank, num_ranks)
+            assert torch.equal(out, expected), f"rank {rank}: the round without the masked rank differs"
+        buffer.low_latency_clean_mask_buffer()
+        buffer.low_latency_query_mask_buffer(status)
+        assert int(status.abs().sum()) == 0, f"rank {rank}: mask after clean {status.tolist()}"
+    with pytest.raises(ValueError, match="rank_to_mask"):
+        buffer.low_latency_update_mask_buffer(num_ranks, True)
+    expected = low_latency_combined(torch, x, weights, topk_idx, experts_per_rank, num_ranks)
+    assert torch.equal(round_trip(), expected), f"rank {rank}: the round with every rank differs"
+    buffer.destroy()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("num_ranks", [1, 2, 4])
+def test_shrink_mode_leaves_masked_ranks_out(num_ranks: int) -> None:
+    if not _gpu_available():
+        pytest.skip("no CUDA GPU")
+    import torch
+
+    if num_ranks > torch.cuda.device_count() and not _mps_active():
+        pytest.skip(f"{num_ranks} ranks on {torch.cuda.device_count()} GPU(s) need MPS to run at the same time")
+    import torch.multiprocessing as mp
+
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    mp.spawn(_shrink_main, args=(num_ranks, _free_port()), nprocs=num_ranks, join=True)
