@@ -1,14 +1,16 @@
 // Low-latency dispatch: each token travels once to every rank that holds one of its experts, and
 // the receiver fans it out to its experts' rows, cast to FP8 on the way if asked.
 //
-// Send phase (all blocks): each warp takes a chunk of a token's row: reads it once, casts it into
-// this rank's staging message of the token, and puts the staged chunk into the token's slot on
-// every rank that owns one of its experts. Block 0 first puts this rank's top-k ids to every rank
-// (the receiver's routing) and counts pairs per expert. The last block to finish signals every
-// rank (epoch, T).
+// Send phase: block 0 puts this rank's top-k ids (the receiver's routing) and its call signature
+// to every rank, counting pairs per expert; the other blocks' warps each take a chunk of a
+// token's row: read it once, cast it, and store it into the token's slot on every rank that owns
+// one of its experts (from registers where the peer is direct, else a put from this rank's
+// staging message). The last block to finish signals every rank (epoch, T). In shrink mode masked
+// ranks are sent nothing.
 // Receive phase: one block per local expert (strided), a team of warps per source rank. The team
-// waits for its source's flag, finds the source's pairs that name the expert (in (token, k) order,
-// from the routing), and copies those tokens into the expert's rows, packed in source order.
+// waits for its source's flag (checking its signature), finds the source's pairs that name the
+// expert (in (token, k) order, from the routing), and copies those tokens into the expert's rows,
+// packed in source order.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
