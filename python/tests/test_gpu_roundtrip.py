@@ -189,8 +189,8 @@ def _mps_active() -> bool:
     return os.path.exists(os.path.join(pipe, "control"))
 
 
-@pytest.mark.parametrize("num_ranks", [1, 2, 4])
-def test_round_trips(num_ranks: int) -> None:
+def _spawn(main, num_ranks: int) -> None:
+    """Runs main(rank, num_ranks, port) in num_ranks processes, or skips saying why it cannot."""
     if not _gpu_available():
         pytest.skip("no CUDA GPU")
     import torch
@@ -200,7 +200,12 @@ def test_round_trips(num_ranks: int) -> None:
     import torch.multiprocessing as mp
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    mp.spawn(_rank_main, args=(num_ranks, _free_port()), nprocs=num_ranks, join=True)
+    mp.spawn(main, args=(num_ranks, _free_port()), nprocs=num_ranks, join=True)
+
+
+@pytest.mark.parametrize("num_ranks", [1, 2, 4])
+def test_round_trips(num_ranks: int) -> None:
+    _spawn(_rank_main, num_ranks)
 
 
 def _shrink_main(rank: int, num_ranks: int, port: int) -> None:
@@ -257,13 +262,4 @@ def _shrink_main(rank: int, num_ranks: int, port: int) -> None:
 
 @pytest.mark.parametrize("num_ranks", [1, 2, 4])
 def test_shrink_mode_leaves_masked_ranks_out(num_ranks: int) -> None:
-    if not _gpu_available():
-        pytest.skip("no CUDA GPU")
-    import torch
-
-    if num_ranks > torch.cuda.device_count() and not _mps_active():
-        pytest.skip(f"{num_ranks} ranks on {torch.cuda.device_count()} GPU(s) need MPS to run at the same time")
-    import torch.multiprocessing as mp
-
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    mp.spawn(_shrink_main, args=(num_ranks, _free_port()), nprocs=num_ranks, join=True)
+    _spawn(_shrink_main, num_ranks)

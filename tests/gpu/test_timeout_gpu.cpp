@@ -45,6 +45,22 @@ void run_timeout_case(RankHarness& harness) {
 }  // namespace epcomm::testing
 
 namespace epcomm::testing {
+namespace {
+
+// Once every rank holds a working Buffer, the last rank exits as if killed (no destroy(), no
+// goodbye); the others return its rank.
+int kill_last_rank(RankHarness& harness, Buffer& buffer) {
+  const int dying = harness.num_ranks() - 1;
+  buffer.synchronize(nullptr);
+  harness.bootstrap()->barrier();  // every rank holds a working Buffer
+  if (harness.rank() == dying) {
+    std::fflush(stdout);
+    _exit(0);
+  }
+  return dying;
+}
+
+}  // namespace
 
 // A rank whose process dies while the others wait on it: the host watchdog notices, every wait
 // gives up, and the call fails with an error naming the dead rank within a few seconds, though
@@ -55,17 +71,11 @@ void run_peer_death_case(RankHarness& harness) {
     harness.check(true, "a single rank has no peer to lose");
     return;
   }
-  const int dying = ranks - 1;
   BufferOptions options;
   options.wait_timeout = std::chrono::seconds(60);
   Buffer buffer(harness.bootstrap(), options);
   buffer.barrier(nullptr);
-  buffer.synchronize(nullptr);
-  harness.bootstrap()->barrier();  // every rank holds a working Buffer
-  if (harness.rank() == dying) {
-    std::fflush(stdout);
-    _exit(0);  // as a killed process: no destroy(), no goodbye
-  }
+  const int dying = kill_last_rank(harness, buffer);
   const auto start = std::chrono::steady_clock::now();
   // Ranks past these checks exit: a slow rank may find them dead in the same watchdog check as
   // `dying` and name them all; `dying` must be among them.
@@ -99,13 +109,7 @@ namespace {
 // `call`, which must fail with the dead rank named within 5 s (the wait bound is a minute).
 void expect_death_noticed(RankHarness& harness, Buffer& buffer, const std::string& what,
                           const std::function<void()>& call) {
-  const int dying = harness.num_ranks() - 1;
-  buffer.synchronize(nullptr);
-  harness.bootstrap()->barrier();  // every rank holds a working Buffer
-  if (harness.rank() == dying) {
-    std::fflush(stdout);
-    _exit(0);  // no destroy(), no goodbye
-  }
+  const int dying = kill_last_rank(harness, buffer);
   const auto start = std::chrono::steady_clock::now();
   // Ranks that pass this check exit too: a slow rank may find them dead in the same watchdog check
   // as `dying`, and then names them all; `dying` must be among them.
@@ -116,6 +120,38 @@ void expect_death_noticed(RankHarness& harness, Buffer& buffer, const std::strin
                     std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()) + " ms)");
 }
 
+// The small call the death tests make: 16 tokens of 1.0, top-2 of 2 experts per rank, spread over
+// every rank.
+struct SmallCall {
+  static constexpr int kTokens = 16, kHidden = 256, kTopk = 2;
+  explicit SmallCall(RankHarness& harness)
+      : experts(2 * harness.num_ranks()),
+        x(kTokens * kHidden * sizeof(uint16_t)),
+        topk_idx(kTokens * kTopk * sizeof(int64_t)) {
+    x.upload(std::vector<uint16_t>(kTokens * kHidden, 0x3F80));  // 1.0
+    std::vector<int64_t> ids(kTokens * kTopk);
+    for (int t = 0; t < kTokens; ++t) {
+      for (int k = 0; k < kTopk; ++k) ids[t * kTopk + k] = (t + k * harness.num_ranks() + harness.rank()) % experts;
+    }
+    topk_idx.upload(ids);
+  }
+  TensorView x_view() const { return TensorView::contiguous(x.get(), DType::kBFloat16, {kTokens, kHidden}); }
+  TensorView topk_view() const { return TensorView::contiguous(topk_idx.get(), DType::kInt64, {kTokens, kTopk}); }
+  LowLatencyDispatchArgs low_latency_args() const {
+    LowLatencyDispatchArgs args;
+    args.x = x_view();
+    args.topk_idx = topk_view();
+    args.num_max_dispatch_tokens_per_rank = kTokens;
+    args.num_experts = experts;
+    args.use_fp8 = false;
+    return args;
+  }
+  int64_t low_latency_bytes(int ranks) const { return Buffer::low_latency_buffer_size_hint(kTokens, kHidden, ranks, experts); }
+
+  int experts;
+  DeviceBytes x, topk_idx;
+};
+
 // A rank dies while the others are inside a normal dispatch (its notify step waits for the dead
 // rank), or inside a low-latency dispatch (its receive waits for the dead rank's flags).
 void run_death_in_call(RankHarness& harness, bool in_low_latency) {
@@ -124,30 +160,18 @@ void run_death_in_call(RankHarness& harness, bool in_low_latency) {
     harness.check(true, "a single rank has no peer to lose");
     return;
   }
-  constexpr int kTokens = 16, kHidden = 256, kTopk = 2;
-  const int experts = 2 * ranks;
+  const SmallCall small(harness);
+  constexpr int kTokens = SmallCall::kTokens, kHidden = SmallCall::kHidden;
+  const int experts = small.experts;
   BufferOptions options;
   options.wait_timeout = std::chrono::seconds(60);
   options.num_nvl_bytes = default_dispatch_config(ranks).nvl_buffer_size_hint(kHidden * 2, ranks);
   options.low_latency_mode = true;
-  options.num_rdma_bytes = Buffer::low_latency_buffer_size_hint(kTokens, kHidden, ranks, experts);
+  options.num_rdma_bytes = small.low_latency_bytes(ranks);
   Buffer buffer(harness.bootstrap(), options);
-
-  DeviceBytes x(kTokens * kHidden * sizeof(uint16_t)), topk_idx(kTokens * kTopk * sizeof(int64_t));
-  x.upload(std::vector<uint16_t>(kTokens * kHidden, 0x3F80));  // 1.0
-  std::vector<int64_t> ids(kTokens * kTopk);
-  for (int t = 0; t < kTokens; ++t) {
-    for (int k = 0; k < kTopk; ++k) ids[t * kTopk + k] = (t + k * ranks + harness.rank()) % experts;
-  }
-  topk_idx.upload(ids);
   const auto allocator = make_stream_ordered_allocator();
   if (in_low_latency) {
-    LowLatencyDispatchArgs args;
-    args.x = TensorView::contiguous(x.get(), DType::kBFloat16, {kTokens, kHidden});
-    args.topk_idx = TensorView::contiguous(topk_idx.get(), DType::kInt64, {kTokens, kTopk});
-    args.num_max_dispatch_tokens_per_rank = kTokens;
-    args.num_experts = experts;
-    args.use_fp8 = false;
+    const LowLatencyDispatchArgs args = small.low_latency_args();
     expect_death_noticed(harness, buffer, "a low-latency dispatch waiting for a dead rank", [&] {
       (void)buffer.low_latency_dispatch(args, *allocator);
       buffer.synchronize(nullptr);
@@ -155,8 +179,8 @@ void run_death_in_call(RankHarness& harness, bool in_low_latency) {
   } else {
     DeviceBytes per_rank(ranks * sizeof(int32_t)), per_expert(experts * sizeof(int32_t)), in_rank(kTokens * ranks);
     DispatchArgs args;
-    args.x = TensorView::contiguous(x.get(), DType::kBFloat16, {kTokens, kHidden});
-    args.topk_idx = TensorView::contiguous(topk_idx.get(), DType::kInt64, {kTokens, kTopk});
+    args.x = small.x_view();
+    args.topk_idx = small.topk_view();
     args.num_tokens_per_rank = TensorView::contiguous(per_rank.get(), DType::kInt32, {ranks});
     args.num_tokens_per_expert = TensorView::contiguous(per_expert.get(), DType::kInt32, {experts});
     args.is_token_in_rank = TensorView::contiguous(in_rank.get(), DType::kBool, {kTokens, ranks});
@@ -186,37 +210,19 @@ void run_peer_death_in_shrink_case(RankHarness& harness) {
     harness.check(true, "a single rank has no peer to lose");
     return;
   }
-  constexpr int kTokens = 16, kHidden = 256, kTopk = 2;
-  const int experts = 2 * ranks, dying = ranks - 1;
+  const SmallCall small(harness);
+  constexpr int kTokens = SmallCall::kTokens, kTopk = SmallCall::kTopk;
   BufferOptions options;
   options.wait_timeout = std::chrono::seconds(60);
   options.low_latency_mode = true;
   options.enable_shrink = true;
-  options.num_rdma_bytes = Buffer::low_latency_buffer_size_hint(kTokens, kHidden, ranks, experts);
+  options.num_rdma_bytes = small.low_latency_bytes(ranks);
   Buffer buffer(harness.bootstrap(), options);
-
-  DeviceBytes x(kTokens * kHidden * sizeof(uint16_t)), topk_idx(kTokens * kTopk * sizeof(int64_t));
   DeviceBytes weights(kTokens * kTopk * sizeof(float)), status(ranks * sizeof(int32_t));
-  x.upload(std::vector<uint16_t>(kTokens * kHidden, 0x3F80));  // 1.0
   weights.upload(std::vector<float>(kTokens * kTopk, 0.5f));
-  std::vector<int64_t> ids(kTokens * kTopk);
-  for (int t = 0; t < kTokens; ++t) {
-    for (int k = 0; k < kTopk; ++k) ids[t * kTopk + k] = (t + k * ranks + harness.rank()) % experts;
-  }
-  topk_idx.upload(ids);
   const auto allocator = make_stream_ordered_allocator();
-  LowLatencyDispatchArgs args;
-  args.x = TensorView::contiguous(x.get(), DType::kBFloat16, {kTokens, kHidden});
-  args.topk_idx = TensorView::contiguous(topk_idx.get(), DType::kInt64, {kTokens, kTopk});
-  args.num_max_dispatch_tokens_per_rank = kTokens;
-  args.num_experts = experts;
-  args.use_fp8 = false;
-  buffer.synchronize(nullptr);
-  harness.bootstrap()->barrier();  // every rank holds a working Buffer
-  if (harness.rank() == dying) {
-    std::fflush(stdout);
-    _exit(0);  // as a killed process: no destroy(), no goodbye
-  }
+  const LowLatencyDispatchArgs args = small.low_latency_args();
+  const int dying = kill_last_rank(harness, buffer);
   const auto start = std::chrono::steady_clock::now();
   bool finished = false;
   LowLatencyDispatchResult dispatched;

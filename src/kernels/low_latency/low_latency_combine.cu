@@ -20,7 +20,6 @@
 namespace epcomm::kernels {
 namespace {
 
-constexpr int kBf16PerVector = 8;
 constexpr int kChunkVectors = kWarpSize;  // one 16-byte vector per lane
 constexpr int kChunksPerItem = 4;         // a sending warp's share of a row: 1024 channels
 constexpr int kPairsInFlight = 8;         // a sending lane's loads in flight: top-8 in one run
@@ -185,10 +184,7 @@ __device__ void send_partial(const device::Window& window, const LowLatencyCombi
         for (int j = 0; j < kBf16PerVector; ++j) sum[j] = __fadd_rn(sum[j], __fmul_rn(weight, __bfloat162float(values[j])));
       }
     }
-    int4 packed;
-    __nv_bfloat16* result = reinterpret_cast<__nv_bfloat16*>(&packed);
-#pragma unroll
-    for (int j = 0; j < kBf16PerVector; ++j) result[j] = __float2bfloat16_rn(sum[j]);
+    const int4 packed = device::pack_bf16(sum);
     // A direct peer takes the sum from registers, the others a put from the partials staging.
     const LogfmtLane logfmt = kLogfmt ? encode_logfmt(packed) : LogfmtLane{};
     size_t group_bytes = 0;
@@ -247,13 +243,9 @@ __device__ void reduce_chunk(const device::Window& window, const LowLatencyCombi
                              const LowLatencyLayout& layout, uint32_t counted, int token, int chunk) {
   const LowLatencyCommon& common = args.common;
   const int lane = device::lane_id();
-  int64_t my_expert = -1;
-  if (lane < common.num_topk) my_expert = common.topk_idx[static_cast<int64_t>(token) * common.num_topk + lane];
-  const bool valid = my_expert >= 0 && my_expert < common.num_experts;
   // `counted`: the owners whose sums arrived (shrink mode); a masked owner's experts add nothing
   // (deep_ep's rule; the weights are not renormalised).
-  const uint32_t owners =
-      __reduce_or_sync(0xffffffffu, valid ? 1u << static_cast<int>(my_expert / layout.experts_per_rank) : 0u) & counted;
+  const uint32_t owners = device::ranks_of_token(common, layout, token) & counted;
   const int vectors = common.hidden / kBf16PerVector;
   const int v = chunk * kChunkVectors + lane;
   int4 raw[kMaxNvlPeers];
@@ -271,11 +263,7 @@ __device__ void reduce_chunk(const device::Window& window, const LowLatencyCombi
 #pragma unroll
     for (int j = 0; j < kBf16PerVector; ++j) sum[j] = __fadd_rn(sum[j], __bfloat162float(values[j]));
   }
-  int4 packed;
-  __nv_bfloat16* result = reinterpret_cast<__nv_bfloat16*>(&packed);
-#pragma unroll
-  for (int j = 0; j < kBf16PerVector; ++j) result[j] = __float2bfloat16_rn(sum[j]);
-  static_cast<int4*>(args.out)[static_cast<int64_t>(token) * vectors + v] = packed;
+  static_cast<int4*>(args.out)[static_cast<int64_t>(token) * vectors + v] = device::pack_bf16(sum);
 }
 
 // reduce_chunk for sums that may travel as LogFMT: per owner, the lane's group's (L_min, step) and
@@ -284,11 +272,7 @@ __device__ void reduce_logfmt_chunk(const device::Window& window, const LowLaten
                                     const LowLatencyLayout& layout, uint32_t counted, int token, int chunk) {
   const LowLatencyCommon& common = args.common;
   const int lane = device::lane_id();
-  int64_t my_expert = -1;
-  if (lane < common.num_topk) my_expert = common.topk_idx[static_cast<int64_t>(token) * common.num_topk + lane];
-  const bool valid = my_expert >= 0 && my_expert < common.num_experts;
-  const uint32_t owners =
-      __reduce_or_sync(0xffffffffu, valid ? 1u << static_cast<int>(my_expert / layout.experts_per_rank) : 0u) & counted;
+  const uint32_t owners = device::ranks_of_token(common, layout, token) & counted;
   const int vectors = common.hidden / kBf16PerVector;
   const int v = chunk * kChunkVectors + lane;
   if (v >= vectors) return;
@@ -327,11 +311,7 @@ __device__ void reduce_logfmt_chunk(const device::Window& window, const LowLaten
       sum[j] = __fadd_rn(sum[j], value);
     }
   }
-  int4 packed;
-  __nv_bfloat16* result = reinterpret_cast<__nv_bfloat16*>(&packed);
-#pragma unroll
-  for (int j = 0; j < kBf16PerVector; ++j) result[j] = __float2bfloat16_rn(sum[j]);
-  static_cast<int4*>(args.out)[static_cast<int64_t>(token) * vectors + v] = packed;
+  static_cast<int4*>(args.out)[static_cast<int64_t>(token) * vectors + v] = device::pack_bf16(sum);
 }
 
 }  // namespace

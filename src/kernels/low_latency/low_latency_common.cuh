@@ -5,12 +5,18 @@
 // NVLink joins (emulated nodes today, NVSHMEM across nodes later).
 #pragma once
 
+#include <cuda_bf16.h>
+
 #include "common/low_latency_layout.hpp"
 #include "device/last_block.cuh"
 #include "device/memory_ordering.cuh"
 #include "device/warp_ops.cuh"
 #include "kernels/low_latency/low_latency_launchers.hpp"
 #include "transport/window.cuh"
+
+namespace epcomm::kernels {
+inline constexpr int kBf16PerVector = 8;  // BF16 values in one 16-byte vector
+}  // namespace epcomm::kernels
 
 namespace epcomm::device {
 
@@ -52,6 +58,25 @@ __device__ __forceinline__ bool wait_for_peer(const Window& window, size_t own_o
     atomicAdd(reinterpret_cast<unsigned long long*>(cost_stats + site.peer), static_cast<unsigned long long>(clock64() - start));
   }
   return arrived;
+}
+
+// Bit r: rank r owns one of `token`'s experts (ids out of range count for none; the dispatch's
+// block 0 reports them). Every lane of the warp calls it.
+__device__ __forceinline__ uint32_t ranks_of_token(const kernels::LowLatencyCommon& common,
+                                                   const LowLatencyLayout& layout, int token) {
+  int64_t expert = -1;
+  if (lane_id() < common.num_topk) expert = common.topk_idx[static_cast<int64_t>(token) * common.num_topk + lane_id()];
+  const bool valid = expert >= 0 && expert < common.num_experts;
+  return __reduce_or_sync(0xffffffffu, valid ? 1u << static_cast<int>(expert / layout.experts_per_rank) : 0u);
+}
+
+// Eight float sums rounded to BF16, as one 16-byte vector.
+__device__ __forceinline__ int4 pack_bf16(const float (&sum)[kernels::kBf16PerVector]) {
+  int4 packed;
+  __nv_bfloat16* result = reinterpret_cast<__nv_bfloat16*>(&packed);
+#pragma unroll
+  for (int j = 0; j < kernels::kBf16PerVector; ++j) result[j] = __float2bfloat16_rn(sum[j]);
+  return packed;
 }
 
 // Shrink mode: bit r set when rank r is masked (0 outside shrink mode). Every lane of the warp

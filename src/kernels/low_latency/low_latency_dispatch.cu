@@ -22,7 +22,6 @@
 namespace epcomm::kernels {
 namespace {
 
-constexpr int kBf16PerVector = 8;                    // one int4
 constexpr int kLanesPerScaleGroup = kFp8ChannelsPerScale / kBf16PerVector;  // 16
 constexpr float kE4M3Max = 448.0f;
 constexpr float kFp8AmaxFloor = 1e-4f;
@@ -175,13 +174,9 @@ __device__ void send_chunk(const device::Window& window, const LowLatencyDispatc
     const int v = chunk.begin + step * kWarpSize + lane;
     chunk.bf16[step] = v < chunk.end ? row[v] : make_int4(0, 0, 0, 0);
   }
-  int64_t my_expert = -1;
-  if (lane < common.num_topk) my_expert = common.topk_idx[static_cast<int64_t>(token) * common.num_topk + lane];
-  const bool valid = my_expert >= 0 && my_expert < common.num_experts;  // a bad id is block 0's to report
   // Bit r: rank r owns one of the token's experts (and is not masked, in shrink mode).
   const uint32_t ranks =
-      __reduce_or_sync(0xffffffffu, valid ? 1u << static_cast<int>(my_expert / layout.experts_per_rank) : 0u) &
-      ~device::masked_ranks(common, context.num_ranks);
+      device::ranks_of_token(common, layout, token) & ~device::masked_ranks(common, context.num_ranks);
   if (ranks == 0) return;
   if (args.use_fp8) cast_chunk(args, chunk);
 
