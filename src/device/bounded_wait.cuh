@@ -2,6 +2,8 @@
 // every timeout says who waited on whom for what.
 #pragma once
 
+#include <cstdio>
+
 #include "common/constants.hpp"
 #include "device/device_report.cuh"
 #include "device/memory_ordering.cuh"
@@ -59,9 +61,10 @@ __device__ __forceinline__ bool wait_at_least(const uint64_t* flag, uint64_t exp
 // Shrink mode's wait (low-latency calls, BufferOptions::enable_shrink): as wait_at_least, but it
 // also ends, returning false, once `*masked` is non-zero (the caller, the host's watchdog or
 // another wait masked the peer), and after the context's timeout it masks the peer instead of
-// reporting: in shrink mode a silent peer is left out of the call, not an error.
+// recording an error: in shrink mode a silent peer is left out of the call. It still says who
+// waited on whom for what, on stderr (deep_ep prints the same warning); the mask shows the rest.
 __device__ __forceinline__ bool wait_unless_masked(const uint64_t* flag, uint64_t expected, int32_t* masked,
-                                                   const KernelContext& context) {
+                                                   const KernelContext& context, const WaitSite& site) {
   if (ld_relaxed_sys(masked) != 0) return false;
   if (ld_acquire_sys(flag) >= expected) return true;
   const uint64_t start_ns = global_timer_ns();
@@ -70,7 +73,10 @@ __device__ __forceinline__ bool wait_unless_masked(const uint64_t* flag, uint64_
     if (polls % kPollsPerTimerRead != 0) continue;
     if (ld_relaxed_sys(masked) != 0) return false;
     if (global_timer_ns() - start_ns > context.wait_timeout_ns) {
-      atomicExch(masked, 1);
+      if (atomicExch(masked, 1) == 0) {  // the first wait to give up on this peer says so
+        printf("epcomm: rank %d masked rank %d (shrink mode): no %s flag from it within the wait bound\n",
+               context.rank, site.peer, site.op == DeviceOp::kLowLatencyCombine ? "low-latency combine" : "low-latency dispatch");
+      }
       return false;
     }
   }

@@ -53,7 +53,7 @@ __device__ __forceinline__ bool wait_for_peer(const Window& window, size_t own_o
                                               int32_t* mask) {
   const long long start = clock64();
   const bool arrived = mask == nullptr ? window.wait(own_offset, expected, context, site)
-                                       : wait_unless_masked(window.own<uint64_t>(own_offset), expected, mask + site.peer, context);
+                                       : wait_unless_masked(window.own<uint64_t>(own_offset), expected, mask + site.peer, context, site);
   if (cost_stats != nullptr) {
     atomicAdd(reinterpret_cast<unsigned long long*>(cost_stats + site.peer), static_cast<unsigned long long>(clock64() - start));
   }
