@@ -290,7 +290,7 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
   kernels::LowLatencyCombineKernelArgs kernel;
   kernel.common = common_args(impl, set_index, state.num_experts, state.max_tokens, state.hidden, state.num_tokens,
                               state.num_topk, args.topk_idx.ptr<int64_t>());
-  // Work: a warp per (source token, 256-channel chunk) to send, per (token, chunk) to receive.
+  // Work, for sizing the grid: about a warp per (source token, 256-channel chunk).
   const int64_t chunks = (state.hidden / 8 + kWarpSize - 1) / kWarpSize;
   kernel.common.num_blocks =
       low_latency_blocks(impl, static_cast<int>(std::max<int64_t>(1, rows * chunks / kLowLatencyWarpsPerBlock)));
