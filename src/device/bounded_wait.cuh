@@ -58,6 +58,13 @@ __device__ __forceinline__ bool wait_at_least(const uint64_t* flag, uint64_t exp
   return false;
 }
 
+// Shrink mode's warning that `waiter` gave up on `peer`. Out of line: a printf needs a stack
+// frame, which inlined into a kernel would cost it registers (spills) outside shrink mode too.
+__device__ inline __noinline__ void warn_peer_masked(int waiter, int peer, DeviceOp op) {
+  printf("epcomm: rank %d masked rank %d (shrink mode): no %s flag from it within the wait bound\n", waiter, peer,
+         op == DeviceOp::kLowLatencyCombine ? "low-latency combine" : "low-latency dispatch");
+}
+
 // Shrink mode's wait (low-latency calls, BufferOptions::enable_shrink): as wait_at_least, but it
 // also ends, returning false, once `*masked` is non-zero (the caller, the host's watchdog or
 // another wait masked the peer), and after the context's timeout it masks the peer instead of
@@ -73,10 +80,8 @@ __device__ __forceinline__ bool wait_unless_masked(const uint64_t* flag, uint64_
     if (polls % kPollsPerTimerRead != 0) continue;
     if (ld_relaxed_sys(masked) != 0) return false;
     if (global_timer_ns() - start_ns > context.wait_timeout_ns) {
-      if (atomicExch(masked, 1) == 0) {  // the first wait to give up on this peer says so
-        printf("epcomm: rank %d masked rank %d (shrink mode): no %s flag from it within the wait bound\n",
-               context.rank, site.peer, site.op == DeviceOp::kLowLatencyCombine ? "low-latency combine" : "low-latency dispatch");
-      }
+      // The first wait to give up on this peer says so.
+      if (atomicExch(masked, 1) == 0) warn_peer_masked(context.rank, site.peer, site.op);
       return false;
     }
   }

@@ -90,11 +90,12 @@ __device__ size_t write_sum(char* slot, size_t meta, int v, const int4& packed, 
 }
 
 // Block 0: this rank's weights [T][K] to every rank, each put followed by its own signal.
+template <bool kShrink>
 __device__ void send_weights(const device::Window& window, const LowLatencyCombineKernelArgs& args,
                              const KernelContext& context, const LowLatencyLayout& layout, uint64_t epoch) {
   const LowLatencyCommon& common = args.common;
   const size_t bytes = static_cast<size_t>(common.num_tokens) * common.num_topk * sizeof(float);
-  const uint32_t masked = device::masked_ranks(common, context.num_ranks);  // shrink mode: sent nothing
+  const uint32_t masked = device::masked_ranks<kShrink>(common, context.num_ranks);  // shrink mode: sent nothing
   for (int rank = device::warp_id(); rank < context.num_ranks; rank += kLowLatencyWarpsPerBlock) {
     if (masked & (1u << rank)) continue;
     if (bytes > 0) window.put(rank, layout.weights(common.set_index, context.rank), args.topk_weights, bytes);
@@ -112,7 +113,7 @@ __device__ void send_weights(const device::Window& window, const LowLatencyCombi
 // [first_chunk, first_chunk + kChunksPerItem) of the row, into the source's slot for this rank.
 // `weights_seen` (bit s) spares the warp a second wait for source s's weights; `left_out` (bit s):
 // shrink mode gave up on source s (masked, or silent past the wait bound), which gets nothing.
-template <bool kLogfmt>
+template <bool kLogfmt, bool kShrink>
 __device__ void send_partial(const device::Window& window, const LowLatencyCombineKernelArgs& args,
                              const KernelContext& context, const LowLatencyLayout& layout, uint64_t epoch, int source,
                              int token, int first_chunk, uint32_t& weights_seen, uint32_t& left_out) {
@@ -140,11 +141,11 @@ __device__ void send_partial(const device::Window& window, const LowLatencyCombi
       const device::WaitSite site{DeviceOp::kLowLatencyCombine, WaitTarget::kLowLatencyFlag, source, -1};
       // An acquire: pairs with the source's signal after its weights; __syncwarp orders the other
       // lanes' reads after it.
-      arrived = device::wait_for_peer(window, flag, epoch << 32, context, site, nullptr, common.mask) ? 1 : 0;
+      arrived = device::wait_for_peer(window, flag, epoch << 32, context, site, nullptr, device::shrink_mask<kShrink>(common)) ? 1 : 0;
     }
     __syncwarp();
     weights_seen |= 1u << source;
-    if (common.mask != nullptr && !__shfl_sync(0xffffffffu, arrived, 0)) left_out |= 1u << source;
+    if (kShrink && !__shfl_sync(0xffffffffu, arrived, 0)) left_out |= 1u << source;
   }
   if (left_out & (1u << source)) return;
   const float my_weight =
@@ -214,7 +215,7 @@ __device__ void send_partial(const device::Window& window, const LowLatencyCombi
   }
 }
 
-template <bool kLogfmt>
+template <bool kLogfmt, bool kShrink>
 __device__ void send_partials(const device::Window& window, const LowLatencyCombineKernelArgs& args,
                               const KernelContext& context, const LowLatencyLayout& layout, uint64_t epoch) {
   __shared__ int32_t tokens_from[kMaxNvlPeers];
@@ -226,13 +227,13 @@ __device__ void send_partials(const device::Window& window, const LowLatencyComb
   const int items = common.max_tokens * context.num_ranks * groups;  // (token, source, group of chunks)
   const int warps = gridDim.x * kLowLatencyWarpsPerBlock;
   uint32_t weights_seen = 0;
-  uint32_t left_out = device::masked_ranks(common, context.num_ranks);  // shrink mode: masked sources get nothing
+  uint32_t left_out = device::masked_ranks<kShrink>(common, context.num_ranks);  // shrink mode: masked sources get nothing
   for (int item = blockIdx.x * kLowLatencyWarpsPerBlock + device::warp_id(); item < items; item += warps) {
     const int group = item % groups;
     const int source = (item / groups) % context.num_ranks;
     const int token = item / groups / context.num_ranks;
     if (token >= tokens_from[source] || (left_out & (1u << source))) continue;
-    send_partial<kLogfmt>(window, args, context, layout, epoch, source, token, group * kChunksPerItem, weights_seen,
+    send_partial<kLogfmt, kShrink>(window, args, context, layout, epoch, source, token, group * kChunksPerItem, weights_seen,
                           left_out);
   }
 }
@@ -320,8 +321,8 @@ __device__ void reduce_logfmt_chunk(const device::Window& window, const LowLaten
 namespace low_latency {
 
 // kLogfmt: the sums travel as LogFMT where it applies (its own instance keeps the BF16 one's
-// registers free).
-template <bool kLogfmt>
+// registers free). kShrink: shrink mode (the mask is read; device::shrink_mask).
+template <bool kLogfmt, bool kShrink>
 __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
     combine(const __grid_constant__ PeerWindow peers, const __grid_constant__ LowLatencyCombineKernelArgs args,
             unsigned phases, KernelContext context) {
@@ -332,11 +333,11 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
   const uint64_t epoch = launch.epoch;
 
   if (phases & kSendPhase) {
-    if (blockIdx.x == 0) send_weights(window, args, context, layout, epoch);
-    send_partials<kLogfmt>(window, args, context, layout, epoch);
+    if (blockIdx.x == 0) send_weights<kShrink>(window, args, context, layout, epoch);
+    send_partials<kLogfmt, kShrink>(window, args, context, layout, epoch);
     window.quiet();  // the publish rule: puts complete, the election's barrier, then one signal
     if (device::last_block_to_arrive(window.own<uint32_t>(layout.send_blocks_done(common.set_index))) &&
-        threadIdx.x < context.num_ranks && !device::is_masked(common, threadIdx.x)) {
+        threadIdx.x < context.num_ranks && !device::is_masked<kShrink>(common, threadIdx.x)) {
       const int source = threadIdx.x;
       // Pairs with the source's wait on this flag before it reads this rank's partial sums.
       window.signal(source, layout.combine_flag(common.set_index, context.rank),
@@ -355,7 +356,7 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
       // Every block waits; the first counts the cost, once per rank.
       // Shrink mode: a masked owner is not waited for, and one silent past the bound is masked.
       if (device::wait_for_peer(window, layout.combine_flag(common.set_index, owner), epoch << 32, context, site,
-                                blockIdx.x == 0 ? args.wait_cost_stats : nullptr, common.mask)) {
+                                blockIdx.x == 0 ? args.wait_cost_stats : nullptr, device::shrink_mask<kShrink>(common))) {
         atomicOr(&arrived_owners, 1u << owner);
       }
     }
@@ -365,7 +366,7 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
     for (int item = blockIdx.x * kLowLatencyWarpsPerBlock + device::warp_id(); item < common.num_tokens * chunks;
          item += warps) {
       // Outside shrink mode every owner counts (a failed wait is an error recorded already).
-      const uint32_t counted = common.mask != nullptr ? arrived_owners : ~0u;
+      const uint32_t counted = kShrink ? arrived_owners : ~0u;
       if (kLogfmt) {
         reduce_logfmt_chunk(window, args, layout, counted, item / chunks, item % chunks);
       } else {
@@ -380,15 +381,19 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
 
 void launch_low_latency_combine(const PeerWindow& window, const LowLatencyCombineKernelArgs& args, unsigned phases,
                                 const KernelContext& context, cudaStream_t stream) {
-  const auto kernel = args.use_logfmt ? low_latency::combine<true> : low_latency::combine<false>;
+  const bool shrink = args.common.mask != nullptr;
+  const auto kernel = args.use_logfmt ? (shrink ? low_latency::combine<true, true> : low_latency::combine<true, false>)
+                                      : (shrink ? low_latency::combine<false, true> : low_latency::combine<false, false>);
   kernel<<<args.common.num_blocks, kLowLatencyThreadsPerBlock, 0, stream>>>(window, args, phases, context);
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }
 
 void load_low_latency_combine_kernel_module() {
   cudaFuncAttributes attributes;
-  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, low_latency::combine<false>));
-  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, low_latency::combine<true>));
+  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, low_latency::combine<false, false>));
+  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, low_latency::combine<true, false>));
+  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, low_latency::combine<false, true>));
+  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, low_latency::combine<true, true>));
 }
 
 }  // namespace epcomm::kernels

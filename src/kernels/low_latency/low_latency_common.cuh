@@ -79,18 +79,28 @@ __device__ __forceinline__ int4 pack_bf16(const float (&sum)[kernels::kBf16PerVe
   return packed;
 }
 
+// Shrink mode's mask as a kernel instance sees it. The kernels are compiled with and without
+// shrink mode (kShrink): outside it every check below folds away, where reading a null mask at run
+// time cost the kernels registers and about 1 us per call (2 x H200, 2 ranks).
+template <bool kShrink>
+__device__ __forceinline__ int32_t* shrink_mask(const kernels::LowLatencyCommon& common) {
+  return kShrink ? common.mask : nullptr;
+}
+
 // Shrink mode: bit r set when rank r is masked (0 outside shrink mode). Every lane of the warp
 // calls it; it reads the mask anew (the host's watchdog or a wait may mask a rank meanwhile).
+template <bool kShrink>
 __device__ __forceinline__ uint32_t masked_ranks(const kernels::LowLatencyCommon& common, int num_ranks) {
-  if (common.mask == nullptr) return 0;
+  if (!kShrink) return 0;
   const int lane = lane_id();
   const bool masked = lane < num_ranks && ld_relaxed_sys(common.mask + lane) != 0;
   return __ballot_sync(0xffffffffu, masked);
 }
 
 // Shrink mode: whether `rank` is masked, for one thread.
+template <bool kShrink>
 __device__ __forceinline__ bool is_masked(const kernels::LowLatencyCommon& common, int rank) {
-  return common.mask != nullptr && ld_relaxed_sys(common.mask + rank) != 0;
+  return kShrink && ld_relaxed_sys(common.mask + rank) != 0;
 }
 
 }  // namespace epcomm::device

@@ -41,6 +41,7 @@ __device__ __forceinline__ float group_scale(float amax, bool round_scale) {
 // as -1) into the ids staging, put to every rank's routing slot for this rank. Counting pairs per
 // expert on the way: only a token naming one expert twice can make more than M of them, which the
 // receiver would drop; this rank, which made the call, reports it.
+template <bool kShrink>
 __device__ void send_routing(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
                              const KernelContext& context, const LowLatencyLayout& layout) {
   const LowLatencyCommon& common = args.common;
@@ -71,7 +72,7 @@ __device__ void send_routing(const device::Window& window, const LowLatencyDispa
   }
   const size_t bytes = static_cast<size_t>(num_pairs) * sizeof(int32_t);
   constexpr int kFields = static_cast<int>(CallField::kCount);
-  const uint32_t masked = device::masked_ranks(common, context.num_ranks);  // shrink mode: sent nothing
+  const uint32_t masked = device::masked_ranks<kShrink>(common, context.num_ranks);  // shrink mode: sent nothing
   for (int rank = device::warp_id(); rank < context.num_ranks; rank += kLowLatencyWarpsPerBlock) {
     if (masked & (1u << rank)) continue;
     if (bytes > 0) window.put(rank, layout.routing(common.set_index, context.rank), ids, bytes);
@@ -159,6 +160,7 @@ __device__ void write_chunk(const LowLatencyDispatchKernelArgs& args, const Chun
   }
 }
 
+template <bool kShrink>
 __device__ void send_chunk(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
                            const KernelContext& context, const LowLatencyLayout& layout, int token, int chunk_index) {
   const LowLatencyCommon& common = args.common;
@@ -176,7 +178,7 @@ __device__ void send_chunk(const device::Window& window, const LowLatencyDispatc
   }
   // Bit r: rank r owns one of the token's experts (and is not masked, in shrink mode).
   const uint32_t ranks =
-      device::ranks_of_token(common, layout, token) & ~device::masked_ranks(common, context.num_ranks);
+      device::ranks_of_token(common, layout, token) & ~device::masked_ranks<kShrink>(common, context.num_ranks);
   if (ranks == 0) return;
   if (args.use_fp8) cast_chunk(args, chunk);
 
@@ -215,13 +217,18 @@ __device__ void send_chunk(const device::Window& window, const LowLatencyDispatc
 }
 
 // Whether `source` made the same dispatch call as this rank (its signature arrived with its flag);
-// reports the first difference.
+// reports the first difference. The whole warp calls it, a lane per field, so that the fields
+// cost one round trip, not one each.
 __device__ bool same_call_as(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
                              const KernelContext& context, const LowLatencyLayout& layout, int source) {
+  constexpr int kFields = static_cast<int>(CallField::kCount);
+  static_assert(kFields <= kWarpSize, "a lane per signature field");
+  const int field = device::lane_id();
   const int32_t* theirs = window.own<int32_t>(layout.signature(args.common.set_index, source));
-  for (int field = 0; field < static_cast<int>(CallField::kCount); ++field) {
-    const int32_t value = __ldcg(theirs + field);
-    if (value == args.signature.values[field]) continue;
+  const int32_t value = field < kFields ? __ldcg(theirs + field) : 0;
+  const uint32_t differing = __ballot_sync(0xffffffffu, field < kFields && value != args.signature.values[field]);
+  if (differing == 0) return true;
+  if (field == __ffs(differing) - 1) {
     device::ErrorDetails details;
     details.kind = DeviceErrorKind::kCallMismatch;
     details.op = DeviceOp::kLowLatencyDispatch;
@@ -230,9 +237,8 @@ __device__ bool same_call_as(const device::Window& window, const LowLatencyDispa
     details.expected = args.signature.values[field];
     details.observed = value;
     device::report_error(context, details);
-    return false;
   }
-  return true;
+  return false;
 }
 
 // A receiving team walks its source's tokens in windows of one token per lane.
@@ -301,10 +307,12 @@ __device__ void copy_received_row(const device::Window& window, const LowLatency
 // naming the expert, in (token, k) order, follow those of sources 0..s-1. A team of warps per
 // source waits for its flag and counts the matches in each window of 32 tokens; after one block
 // barrier, each warp knows where its windows' rows start and copies each match to its row.
+template <bool kShrink>
 __device__ void receive_expert(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
                                const KernelContext& context, const LowLatencyLayout& layout, int local_expert,
                                uint64_t epoch) {
   __shared__ int32_t source_tokens[kMaxNvlPeers];
+  __shared__ bool source_arrived[kMaxNvlPeers];
   __shared__ int32_t window_matches[kMaxNvlPeers][kMaxTokenWindows];
   const LowLatencyCommon& common = args.common;
   const int num_ranks = context.num_ranks;
@@ -322,14 +330,15 @@ __device__ void receive_expert(const device::Window& window, const LowLatencyDis
     const device::WaitSite site{DeviceOp::kLowLatencyDispatch, WaitTarget::kLowLatencyFlag, source, local_expert};
     // The cost counts once per (expert, source), as deep_ep's.
     // Shrink mode: a masked source is not waited for, and one silent past the bound is masked.
-    const bool waited = device::wait_for_peer(window, address, epoch << 32, context, site, args.wait_cost_stats, common.mask);
+    const bool waited = device::wait_for_peer(window, address, epoch << 32, context, site, args.wait_cost_stats,
+                                                device::shrink_mask<kShrink>(common));
     // Pairs with the source's signal; the __syncthreads below orders the team's reads after it.
     const uint64_t flag = device::ld_acquire_sys(window.own<uint64_t>(address));
-    // A timed-out wait leaves an old epoch, a source that made another call its own layout: take no
-    // tokens from either (the error is recorded); nor from a masked source.
+    // A timed-out wait leaves an old epoch: take no tokens (the error is recorded); nor from a
+    // masked source.
     const bool arrived = waited && (flag >> 32) == epoch;
-    const bool same_call = arrived && same_call_as(window, args, context, layout, source);
-    source_tokens[source] = same_call ? min(static_cast<int>(flag & 0xffffffffu), common.max_tokens) : 0;
+    source_arrived[source] = arrived;
+    source_tokens[source] = arrived ? min(static_cast<int>(flag & 0xffffffffu), common.max_tokens) : 0;
   }
   __syncthreads();
   const int tokens = in_team ? source_tokens[source] : 0;
@@ -384,6 +393,12 @@ __device__ void receive_expert(const device::Window& window, const LowLatencyDis
       window_row += window_matches[source][skipped];
     }
   }
+  // The source's signature is checked off the copy's path, by the team's last warp (idle when the
+  // source sent few tokens): a source whose call differs is reported, and that call's outputs are
+  // unspecified. Reads and writes stay inside this rank's own layout of its own set either way.
+  if (in_team && warp_in_team == warps_per_source - 1 && source_arrived[source]) {
+    same_call_as(window, args, context, layout, source);
+  }
   if (in_team && local_expert == 0) {
     // The first expert's block keeps each source's routing for the combine (the set is reused).
     int32_t* kept = args.routing.topk + pairs_of_source;
@@ -419,6 +434,8 @@ __device__ void receive_expert(const device::Window& window, const LowLatencyDis
 // benchmark tools find kernels by "::dispatch" / "::combine").
 namespace low_latency {
 
+// kShrink: shrink mode (the mask is read; device::shrink_mask).
+template <bool kShrink>
 __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
     dispatch(const __grid_constant__ PeerWindow peers, const __grid_constant__ LowLatencyDispatchKernelArgs args,
              unsigned phases, KernelContext context) {
@@ -431,18 +448,18 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
   if (phases & kSendPhase) {
     // Block 0 sends the routing; the rows go through the other blocks (all of them when alone),
     // so that no row waits behind the routing.
-    if (blockIdx.x == 0) send_routing(window, args, context, layout);
+    if (blockIdx.x == 0) send_routing<kShrink>(window, args, context, layout);
     const int row_blocks = gridDim.x > 1 ? gridDim.x - 1 : 1;
     const int row_block = gridDim.x > 1 ? static_cast<int>(blockIdx.x) - 1 : 0;
     const int warps = row_blocks * kLowLatencyWarpsPerBlock;
     const int chunks = (common.hidden / kBf16PerVector + kChunkVectors - 1) / kChunkVectors;
     for (int item = row_block * kLowLatencyWarpsPerBlock + device::warp_id();
          row_block >= 0 && item < common.num_tokens * chunks; item += warps) {
-      send_chunk(window, args, context, layout, item / chunks, item % chunks);
+      send_chunk<kShrink>(window, args, context, layout, item / chunks, item % chunks);
     }
     window.quiet();  // the publish rule: puts complete, the election's barrier, then one signal
     if (device::last_block_to_arrive(window.own<uint32_t>(layout.send_blocks_done(common.set_index))) &&
-        threadIdx.x < context.num_ranks && !device::is_masked(common, threadIdx.x)) {
+        threadIdx.x < context.num_ranks && !device::is_masked<kShrink>(common, threadIdx.x)) {
       // Pairs with each rank's wait on this flag before it reads the tokens and routing.
       window.signal(threadIdx.x, layout.dispatch_flag(common.set_index, context.rank),
                     pack_flag(epoch, static_cast<uint32_t>(common.num_tokens)));
@@ -450,7 +467,7 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
   }
   if (phases & kReceivePhase) {
     for (int local = blockIdx.x; local < layout.experts_per_rank; local += gridDim.x) {
-      receive_expert(window, args, context, layout, local, epoch);
+      receive_expert<kShrink>(window, args, context, layout, local, epoch);
     }
     device::finish_receive_phase(window, layout, common.set_index, epoch);
   }
@@ -460,13 +477,15 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
 
 void launch_low_latency_dispatch(const PeerWindow& window, const LowLatencyDispatchKernelArgs& args, unsigned phases,
                                  const KernelContext& context, cudaStream_t stream) {
-  low_latency::dispatch<<<args.common.num_blocks, kLowLatencyThreadsPerBlock, 0, stream>>>(window, args, phases, context);
+  const auto kernel = args.common.mask != nullptr ? low_latency::dispatch<true> : low_latency::dispatch<false>;
+  kernel<<<args.common.num_blocks, kLowLatencyThreadsPerBlock, 0, stream>>>(window, args, phases, context);
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }
 
 void load_low_latency_dispatch_kernel_module() {
   cudaFuncAttributes attributes;
-  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, low_latency::dispatch));
+  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, low_latency::dispatch<false>));
+  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, low_latency::dispatch<true>));
 }
 
 }  // namespace epcomm::kernels
