@@ -55,6 +55,9 @@ inline constexpr int kMaxLowLatencyTopk = 16;
 inline constexpr int kMaxLowLatencyExperts = 1024;
 // Every block plans the slots of all (token, k) pairs in shared memory.
 inline constexpr int kMaxLowLatencyPairs = 8192;
+// Blocks of one low-latency launch at most: each owns an epoch slot per buffer set
+// (common/low_latency_layout.hpp).
+inline constexpr int kMaxLowLatencyBlocks = 512;
 inline constexpr int kUe8m0GroupsPerInt = 4;
 // A warp sends one chunk of a token's row at a time: this many 16-byte vectors (512 BF16
 // channels, four FP8 scale groups).

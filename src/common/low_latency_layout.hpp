@@ -20,8 +20,9 @@
 //   combine_input [E_local][R*M] x row_stride   the zero-copy combine input, dense bf16
 //
 // Before the sets, a control block at fixed offsets (independent of the call's shapes): per set,
-// the epoch (owner only), the counters that elect the last block of a send and of a receive
-// phase, and the flags, each (epoch << 32) | count, signalled by the rank named:
+// the epoch (owner only; one copy per block of a launch, so that advancing it needs no election),
+// the counter that elects the last block of a send phase, and the flags, each
+// (epoch << 32) | count, signalled by the rank named:
 //   dispatch_flags [set][source] u64   source's tokens, routing and T are here
 //   weights_flags  [set][source] u64   source's combine weights and T are here
 //   combine_flags  [set][owner] u64    owner's weighted sums for this rank's tokens are here
@@ -42,11 +43,12 @@ namespace epcomm {
 
 struct LowLatencyLayout {
   static constexpr int kNumSets = 2;
-  static constexpr size_t kEpochOffset = 0;                                        // u64 [kNumSets]
-  static constexpr size_t kSendBlocksDoneOffset = kNumSets * sizeof(uint64_t);     // u32 [kNumSets]
-  static constexpr size_t kRecvBlocksDoneOffset = kSendBlocksDoneOffset + kNumSets * sizeof(uint32_t);
+  static constexpr size_t kEpochOffset = 0;  // u64 [kNumSets][kMaxLowLatencyBlocks]
+  static constexpr size_t kEpochsBytes = sizeof(uint64_t) * kNumSets * kMaxLowLatencyBlocks;
+  static constexpr size_t kSendBlocksDoneOffset = kEpochOffset + kEpochsBytes;  // u32 [kNumSets]
   static constexpr size_t kFlagsBytes = sizeof(uint64_t) * kNumSets * kMaxNvlPeers;  // one kind of flag
-  static constexpr size_t kDispatchFlagsOffset = kRegionAlignment;
+  static constexpr size_t kDispatchFlagsOffset =
+      (kSendBlocksDoneOffset + kNumSets * sizeof(uint32_t) + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
   static constexpr size_t kWeightsFlagsOffset = kDispatchFlagsOffset + kFlagsBytes;
   static constexpr size_t kCombineFlagsOffset = kWeightsFlagsOffset + kFlagsBytes;
   static constexpr size_t kSignaturesOffset = kCombineFlagsOffset + kFlagsBytes;
@@ -126,13 +128,13 @@ struct LowLatencyLayout {
   // Offsets from a rank's buffer base.
   EPCOMM_HOST_DEVICE size_t set_stride() const { return set_space != 0 ? set_space : set_bytes(); }
   EPCOMM_HOST_DEVICE size_t set(int set_index) const { return base + kControlBytes + set_index * set_stride(); }
-  EPCOMM_HOST_DEVICE size_t epoch(int set_index) const { return base + kEpochOffset + set_index * sizeof(uint64_t); }
-  // Counters that elect the last block of a send phase and of a receive phase of one launch.
+  // Block `block`'s copy of the set's epoch (every slot holds the same value between launches).
+  EPCOMM_HOST_DEVICE size_t epoch(int set_index, int block) const {
+    return base + kEpochOffset + (static_cast<size_t>(set_index) * kMaxLowLatencyBlocks + block) * sizeof(uint64_t);
+  }
+  // The counter that elects the last block of a send phase of one launch.
   EPCOMM_HOST_DEVICE size_t send_blocks_done(int set_index) const {
     return base + kSendBlocksDoneOffset + set_index * sizeof(uint32_t);
-  }
-  EPCOMM_HOST_DEVICE size_t recv_blocks_done(int set_index) const {
-    return base + kRecvBlocksDoneOffset + set_index * sizeof(uint32_t);
   }
   // Dispatch: token `token` of `source`, as received (on the receiver).
   EPCOMM_HOST_DEVICE size_t token(int set_index, int source, int token_index) const {

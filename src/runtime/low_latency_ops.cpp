@@ -1,5 +1,7 @@
 // Buffer's low-latency operations: argument checks, buffer-set alternation, output allocation,
 // launches, and the receive hooks of hook mode. Nothing here waits on the host.
+#include <algorithm>
+
 #include "common/low_latency_layout.hpp"
 #include "kernels/low_latency/low_latency_launchers.hpp"
 #include "runtime/buffer_impl.hpp"
@@ -54,7 +56,7 @@ void validate_shapes(const char* op, int num_ranks, int max_tokens, int hidden, 
 // (every block of every rank sharing it must be resident at once, or waits could starve).
 int low_latency_blocks(const Buffer::Impl& impl, int work_items) {
   const int share = std::max(1, impl.num_device_sms / std::max(1, impl.transport->ranks_on_my_device()));
-  return std::max(1, std::min(share, work_items));
+  return std::max(1, std::min({share, work_items, kMaxLowLatencyBlocks}));
 }
 
 kernels::LowLatencyCommon common_args(const Buffer::Impl& impl, int set_index, int num_experts, int max_tokens,

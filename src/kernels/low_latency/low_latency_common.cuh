@@ -20,11 +20,17 @@ inline constexpr int kBf16PerVector = 8;  // BF16 values in one 16-byte vector
 
 namespace epcomm::device {
 
-// After the receive phase: the set's epoch advances once every block has read the old one.
+// After the receive phase: the set's epoch advances. Each block keeps its own copy (slot b), so
+// no block waits for the others: block b, once its threads have read slot b, writes the new epoch
+// into slots b, b + G, b + 2G, ... (G blocks): every slot advances once per launch whatever the
+// grid, and no block of this launch reads a slot another writes. The next launch, later in the
+// stream or after the stream's order reaches it (the kernel boundary), reads its slot anew.
 __device__ __forceinline__ void finish_receive_phase(const Window& window, const LowLatencyLayout& layout, int set_index,
                                                      uint64_t epoch) {
-  if (last_block_to_arrive(window.own<uint32_t>(layout.recv_blocks_done(set_index))) && threadIdx.x == 0) {
-    *window.own<uint64_t>(layout.epoch(set_index)) = epoch;
+  __syncthreads();  // every thread of the block has read slot blockIdx.x (begin_low_latency_launch)
+  if (threadIdx.x != 0) return;
+  for (int slot = blockIdx.x; slot < kMaxLowLatencyBlocks; slot += gridDim.x) {
+    *window.own<uint64_t>(layout.epoch(set_index, slot)) = epoch;
   }
 }
 
@@ -41,7 +47,7 @@ __device__ __forceinline__ LowLatencyLaunch begin_low_latency_launch(const Windo
   const LowLatencyLayout layout =
       LowLatencyLayout::of(common.region_offset, context.num_ranks, common.num_experts, common.max_tokens, common.hidden,
                            common.region_bytes);
-  return LowLatencyLaunch{layout, *window.own<uint64_t>(layout.epoch(common.set_index)) + 1};
+  return LowLatencyLaunch{layout, *window.own<uint64_t>(layout.epoch(common.set_index, blockIdx.x)) + 1};
 }
 
 // window.wait for a peer's flag, adding the SM clock cycles it took to cost_stats[site.peer] when
