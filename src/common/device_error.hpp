@@ -34,12 +34,17 @@ enum class CallField : int32_t {
   kHasTopkIdx,
   kHasTopkWeights,
   kMaxTokens,        // num_max_dispatch_tokens_per_rank (low-latency mode; 0 in normal mode)
+  kDispatchNumber,   // normal mode: which of the Buffer's dispatches made the routing (a new
+                     // dispatch's own number; a combine's or cached dispatch's handle's); 0 in
+                     // low-latency mode
   kCount,
 };
 
 // One rank's values of what every rank of a call must agree on, indexed by CallField.
 struct CallSignature {
   int32_t values[static_cast<int>(CallField::kCount)];
+
+  void set(CallField field, int64_t value) { values[static_cast<int>(field)] = static_cast<int32_t>(value); }
 };
 
 // Which operation a kernel was running.

@@ -5,11 +5,14 @@
 //   [ control block                                                  ][ rings: num_nvl_bytes ]
 //     barrier_signal[kMaxNvlPeers]    written by peers at a barrier
 //     barrier_epoch, notify_parity    written by the owner only
+//     call_verdict                    owner only: a checked barrier's verdict on the call after it
 //     ring_tail[channel][writer]      positions a writer has filled in my ring (channel, writer)
 //     ring_head[channel][reader]      positions a reader has emptied of my writes to it
 //     ring_sent[channel][reader]      owner-only copy of what I have written to each reader
 //     ring_consumed[channel][writer]  owner-only copy of what I have read from each writer
 //     notify_slots[2][source]         counts each source sends in the notify step (double-buffered)
+//     call_signatures[2][source]      the call each source makes after a checked barrier (by the
+//                                     barrier's epoch parity)
 //
 // Ring positions only ever grow, across every dispatch and combine: a ring (channel, writer) has
 // one writer and one reader, so both sides agree on positions without ever resetting them.
@@ -38,19 +41,21 @@ struct NvlLayout {
   static constexpr size_t kBarrierSignalsOffset = 0;
   static constexpr size_t kBarrierEpochOffset = kBarrierSignalsOffset + kMaxNvlPeers * sizeof(uint64_t);
   static constexpr size_t kNotifyParityOffset = kBarrierEpochOffset + sizeof(uint64_t);
+  static constexpr size_t kCallVerdictOffset = kNotifyParityOffset + sizeof(uint64_t);
   static constexpr size_t kRingTailOffset = kRegionAlignment;
   static constexpr size_t kRingHeadOffset = kRingTailOffset + sizeof(Counters);
   static constexpr size_t kRingSentOffset = kRingHeadOffset + sizeof(Counters);
   static constexpr size_t kRingConsumedOffset = kRingSentOffset + sizeof(Counters);
   static constexpr size_t kNotifySlotsOffset = kRingConsumedOffset + sizeof(Counters);
   static constexpr size_t kNotifySlotBytes = (sizeof(NotifySlot) + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
-  static constexpr size_t kControlEnd = kNotifySlotsOffset + 2 * kMaxNvlPeers * kNotifySlotBytes;
+  static constexpr size_t kCallSignaturesOffset = kNotifySlotsOffset + 2 * kMaxNvlPeers * kNotifySlotBytes;
+  static constexpr size_t kControlEnd = kCallSignaturesOffset + 2 * kMaxNvlPeers * sizeof(CallSignature);
   static constexpr size_t kPageBytes = 4096;
   static constexpr size_t kControlBytes = (kControlEnd + kPageBytes - 1) / kPageBytes * kPageBytes;
   // The rings (normal-mode user data, num_nvl_bytes) start right after the control block.
   static constexpr size_t kDataOffset = kControlBytes;
 
-  static_assert(kNotifyParityOffset + sizeof(uint64_t) <= kRingTailOffset, "control header overflow");
+  static_assert(kCallVerdictOffset + sizeof(int32_t) <= kRingTailOffset, "control header overflow");
 
   // Every function returns an offset from the start of a rank's buffer (the same on every rank).
   EPCOMM_HOST_DEVICE static constexpr size_t barrier_signal(int source_rank) {
@@ -58,6 +63,10 @@ struct NvlLayout {
   }
   EPCOMM_HOST_DEVICE static constexpr size_t barrier_epoch() { return kBarrierEpochOffset; }
   EPCOMM_HOST_DEVICE static constexpr size_t notify_parity() { return kNotifyParityOffset; }
+  EPCOMM_HOST_DEVICE static constexpr size_t call_verdict() { return kCallVerdictOffset; }
+  EPCOMM_HOST_DEVICE static constexpr size_t call_signature(uint64_t parity, int source_rank) {
+    return kCallSignaturesOffset + (parity * kMaxNvlPeers + source_rank) * sizeof(CallSignature);
+  }
   EPCOMM_HOST_DEVICE static constexpr size_t ring_tail(int channel, int writer) { return counter(kRingTailOffset, channel, writer); }
   EPCOMM_HOST_DEVICE static constexpr size_t ring_head(int channel, int reader) { return counter(kRingHeadOffset, channel, reader); }
   EPCOMM_HOST_DEVICE static constexpr size_t ring_sent(int channel, int reader) { return counter(kRingSentOffset, channel, reader); }

@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "common/device_error.hpp"
 #include "common/kernel_context.hpp"
 #include "transport/window.hpp"
 
@@ -33,6 +34,17 @@ void launch_dispatch_layout(const DispatchLayoutArgs& args, int max_blocks, cons
 // Every rank waits until every rank has arrived; orders all earlier stream work on this rank
 // before later stream work on every rank.
 void launch_nvl_barrier(const PeerWindow& window, const KernelContext& context, cudaStream_t stream);
+
+// A call every rank must make alike (a combine, a cached dispatch), checked at the barrier before it.
+struct CallCheck {
+  CallSignature signature{};             // this rank's call, compared with every peer's
+  DeviceOp op = DeviceOp::kBarrier;      // the call, for the error a difference records
+  const int32_t* prior_verdict = nullptr;  // the handle's dispatch verdict (nonzero: that dispatch failed)
+};
+// The barrier above, which also leaves in this rank's NvlLayout::call_verdict() 0 when every rank
+// made the same call (and the prior verdict was 0), else 1, recording the first difference.
+void launch_checked_barrier(const PeerWindow& window, const CallCheck& check, const KernelContext& context,
+                            cudaStream_t stream);
 
 // Writes `bytes_per_peer` bytes from `source` into every rank's user region at offset
 // rank * bytes_per_peer: the all-to-all traffic pattern of dispatch, with nothing else.

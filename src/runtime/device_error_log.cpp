@@ -34,6 +34,7 @@ const char* call_field_name(CallField field) {
     case CallField::kHasTopkIdx: return "topk_idx given";
     case CallField::kHasTopkWeights: return "topk_weights given";
     case CallField::kMaxTokens: return "num_max_dispatch_tokens_per_rank";
+    case CallField::kDispatchNumber: return "dispatch number (this dispatch's, or the handle's)";
     case CallField::kCount: break;
   }
   return "(unknown field)";

@@ -79,12 +79,11 @@ kernels::LowLatencyCommon common_args(const Buffer::Impl& impl, int set_index, i
 // its own values.
 CallSignature call_signature(int hidden, int max_tokens, int num_experts, int num_topk, bool use_fp8, bool use_ue8m0) {
   CallSignature signature{};
-  auto set = [&](CallField field, int64_t value) { signature.values[static_cast<int>(field)] = static_cast<int32_t>(value); };
-  set(CallField::kRowBytes, static_cast<int64_t>(hidden) * (use_fp8 ? 1 : 2));
-  set(CallField::kNumScales, !use_fp8 ? 0 : hidden / (kFp8ChannelsPerScale * (use_ue8m0 ? kUe8m0GroupsPerInt : 1)));
-  set(CallField::kNumTopk, num_topk);
-  set(CallField::kNumExperts, num_experts);
-  set(CallField::kMaxTokens, max_tokens);
+  signature.set(CallField::kRowBytes, static_cast<int64_t>(hidden) * (use_fp8 ? 1 : 2));
+  signature.set(CallField::kNumScales, !use_fp8 ? 0 : hidden / (kFp8ChannelsPerScale * (use_ue8m0 ? kUe8m0GroupsPerInt : 1)));
+  signature.set(CallField::kNumTopk, num_topk);
+  signature.set(CallField::kNumExperts, num_experts);
+  signature.set(CallField::kMaxTokens, max_tokens);
   return signature;
 }
 

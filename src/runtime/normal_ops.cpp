@@ -203,31 +203,60 @@ DispatchShape validate_dispatch(const Buffer::Impl& impl, const DispatchArgs& ar
   return shape;
 }
 
-// What every rank of this dispatch must agree on; the notify step compares it across ranks.
-CallSignature call_signature(const DispatchArgs& args, const DispatchShape& shape) {
+// What every rank of this dispatch must agree on; the notify step (a new routing) or the checked
+// barrier (a cached one) compares it across ranks. `dispatch_number`: the routing's dispatch.
+CallSignature call_signature(const DispatchArgs& args, const DispatchShape& shape, int32_t dispatch_number) {
   CallSignature signature{};
-  auto set = [&](CallField field, int64_t value) { signature.values[static_cast<int>(field)] = static_cast<int32_t>(value); };
-  set(CallField::kRowBytes, shape.row_bytes);
-  set(CallField::kNumScales, shape.num_scales);
-  set(CallField::kNumTopk, shape.num_topk);
-  set(CallField::kNumExperts, shape.num_experts);
-  set(CallField::kNumChannels, args.config.num_channels());
-  set(CallField::kRingCapacity, args.config.num_max_nvl_chunked_recv_tokens);
-  set(CallField::kHasTopkIdx, given(args.topk_idx));
-  set(CallField::kHasTopkWeights, given(args.topk_weights));
+  signature.set(CallField::kRowBytes, shape.row_bytes);
+  signature.set(CallField::kNumScales, shape.num_scales);
+  signature.set(CallField::kNumTopk, shape.num_topk);
+  signature.set(CallField::kNumExperts, shape.num_experts);
+  signature.set(CallField::kNumChannels, args.config.num_channels());
+  signature.set(CallField::kRingCapacity, args.config.num_max_nvl_chunked_recv_tokens);
+  signature.set(CallField::kHasTopkIdx, given(args.topk_idx));
+  signature.set(CallField::kHasTopkWeights, given(args.topk_weights));
+  signature.set(CallField::kDispatchNumber, dispatch_number);
   return signature;
+}
+
+// What every rank of a combine must agree on (each lays out its rows in its peers' rings by these).
+CallSignature combine_signature(const detail::DispatchHandleState& routing, int hidden, int num_topk,
+                                const Config& config) {
+  CallSignature signature{};
+  signature.set(CallField::kRowBytes, static_cast<int64_t>(hidden) * static_cast<int64_t>(sizeof(uint16_t)));  // BF16
+  signature.set(CallField::kNumTopk, num_topk);
+  signature.set(CallField::kNumExperts, routing.num_experts);
+  signature.set(CallField::kNumChannels, config.num_channels());
+  signature.set(CallField::kRingCapacity, config.num_max_nvl_chunked_recv_tokens);
+  signature.set(CallField::kHasTopkWeights, num_topk > 0);
+  signature.set(CallField::kDispatchNumber, routing.dispatch_number);
+  return signature;
+}
+
+// The barrier before a call that reuses a dispatch's routing (a combine, a cached dispatch), with
+// every rank's call compared on the way; the kernel after it reads the verdict it leaves.
+const int32_t* checked_barrier(const Buffer::Impl& impl, const CallSignature& signature, DeviceOp op,
+                               const detail::DispatchHandleState& routing, cudaStream_t comm) {
+  kernels::CallCheck check;
+  check.signature = signature;
+  check.op = op;
+  check.prior_verdict = routing.verdict.view.ptr<int32_t>();
+  const PeerWindow window = impl.window();
+  kernels::launch_checked_barrier(window, check, impl.context(), comm);
+  return reinterpret_cast<const int32_t*>(window.bases[window.rank] + NvlLayout::call_verdict());
 }
 
 // Step 1 of a dispatch: the routing of this call in the handle. A new routing runs the notify step
 // (counts exchanged between ranks; unless the outputs are worst-case sized, the host waits for the
-// received counts); a cached one only needs every rank past its previous call (a barrier).
-void notify(Buffer::Impl& impl, const DispatchArgs& args, const DispatchShape& shape, bool host_waits,
-            const detail::DispatchHandleState* cached, detail::DispatchHandleState& state, Allocator& allocator,
-            cudaStream_t comm) {
+// received counts); a cached one only needs every rank past its previous call (a checked barrier).
+// Returns the verdict the dispatch kernel reads: nonzero when the ranks made different calls.
+const int32_t* notify(Buffer::Impl& impl, const DispatchArgs& args, const DispatchShape& shape, bool host_waits,
+                      const detail::DispatchHandleState* cached, detail::DispatchHandleState& state,
+                      Allocator& allocator, cudaStream_t comm) {
   const KernelContext context = impl.context();
   if (cached != nullptr) {
-    kernels::launch_nvl_barrier(impl.window(), context, comm);
-    return;
+    return checked_barrier(impl, call_signature(args, shape, cached->dispatch_number), DeviceOp::kDispatch, *cached,
+                           comm);
   }
   const int ranks = impl.bootstrap->num_ranks();
   const int channels = args.config.num_channels();
@@ -256,7 +285,8 @@ void notify(Buffer::Impl& impl, const DispatchArgs& args, const DispatchShape& s
   notify.expert_alignment = args.expert_alignment;
   notify.recv_channel_prefix = state.recv_channel_prefix.view.ptr<int32_t>();
   notify.rank_prefix_matrix = state.rank_prefix_matrix.view.ptr<int32_t>();
-  notify.signature = call_signature(args, shape);
+  state.dispatch_number = ++impl.dispatches_made;
+  notify.signature = call_signature(args, shape, state.dispatch_number);
   notify.verdict = state.verdict.view.ptr<int32_t>();
   notify.num_recv_tokens_per_expert = state.num_recv_tokens_per_expert_device.view.ptr<int32_t>();
   if (host_waits) {
@@ -282,6 +312,7 @@ void notify(Buffer::Impl& impl, const DispatchArgs& args, const DispatchShape& s
   }
   state.recv_src_idx = std::move(
       detail::allocate_together(allocator, {detail::piece(DType::kInt32, {state.num_rows})}, comm, impl.comm_stream_lifetime)[0]);
+  return state.verdict.view.ptr<int32_t>();
 }
 
 // Step 2: the caller's outputs, sized by the rows the notify step found (or the worst case).
@@ -299,7 +330,8 @@ DispatchResult allocate_outputs(const DispatchArgs& args, const DispatchShape& s
 
 // Step 3: the dispatch kernel, from the caller's inputs into the outputs, by the handle's routing.
 void launch(const Buffer::Impl& impl, const DispatchArgs& args, const DispatchShape& shape, bool cached,
-            const detail::DispatchHandleState& state, const DispatchResult& result, cudaStream_t comm) {
+            const detail::DispatchHandleState& state, const int32_t* verdict, const DispatchResult& result,
+            cudaStream_t comm) {
   kernels::DispatchKernelArgs kernel;
   kernel.x = args.x.data;
   kernel.row_bytes = static_cast<size_t>(shape.row_bytes);
@@ -322,7 +354,7 @@ void launch(const Buffer::Impl& impl, const DispatchArgs& args, const DispatchSh
   // A cached dispatch replays known routing: the source indices and positions are already there.
   kernel.recv_src_idx = cached ? nullptr : state.recv_src_idx.view.ptr<int32_t>();
   kernel.send_position = cached ? nullptr : state.send_position.view.ptr<int32_t>();
-  kernel.verdict = state.verdict.view.ptr<int32_t>();
+  kernel.verdict = verdict;
   kernel.ring = ring_args(args.config);
   kernels::launch_dispatch(impl.window(), kernel, impl.context(), comm);
 }
@@ -362,10 +394,10 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, 
     state->num_worst_tokens = args.num_worst_tokens;
   }
   const CallStreams streams(impl.comm_stream, call);
-  notify(impl, args, shape, host_waits, cached, *state, allocator, streams.comm());
+  const int32_t* verdict = notify(impl, args, shape, host_waits, cached, *state, allocator, streams.comm());
   DispatchResult result = allocate_outputs(args, shape, state->num_rows, allocator, streams.allocation());
   streams.order_after_allocations();
-  launch(impl, args, shape, cached != nullptr, *state, result, streams.comm());
+  launch(impl, args, shape, cached != nullptr, *state, verdict, result, streams.comm());
 
   result.num_recv_tokens_per_expert_device = state->num_recv_tokens_per_expert_device;
   result.num_recv_tokens_per_expert = state->num_recv_tokens_per_expert;
@@ -423,8 +455,10 @@ CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, con
   }
   streams.order_after_allocations();
 
-  // Every rank must have finished its previous call before rings are laid out for this one.
-  kernels::launch_nvl_barrier(impl.window(), context, streams.comm());
+  // Every rank must have finished its previous call before rings are laid out for this one, and
+  // every rank must make this same call: the checked barrier sees to both.
+  const int32_t* verdict = checked_barrier(impl, combine_signature(state, hidden, num_topk, args.config),
+                                           DeviceOp::kCombine, state, streams.comm());
   kernels::CombineKernelArgs kernel;
   kernel.x = args.x.data;
   kernel.hidden = hidden;
@@ -434,7 +468,7 @@ CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, con
   kernel.bias1 = given(args.bias1) ? args.bias1.data : nullptr;
   kernel.recv_channel_prefix = state.recv_channel_prefix.view.ptr<int32_t>();
   kernel.send_position = state.send_position.view.ptr<int32_t>();
-  kernel.verdict = state.verdict.view.ptr<int32_t>();
+  kernel.verdict = verdict;
   kernel.num_tokens = state.num_tokens;
   kernel.num_rows = state.num_rows;
   kernel.combined_x = result.combined_x.view.data;

@@ -266,5 +266,34 @@ TEST(DeviceErrorLog, CallMismatchMessageNamesBothRanksTheFieldAndTheirValues) {
   EXPECT_NE(message.find("this call's outputs are unspecified"), std::string::npos) << message;
 }
 
+// A combine whose ranks pass handles of different dispatches: the checked barrier names both
+// dispatch numbers, and nothing was sent.
+TEST(DeviceErrorLog, CombineWithAnotherDispatchsHandleNamesBothDispatchNumbers) {
+  DeviceErrorRecord record{};
+  record.kind = static_cast<int32_t>(DeviceErrorKind::kCallMismatch);
+  record.op = static_cast<int32_t>(DeviceOp::kCombine);
+  record.rank = 1;
+  record.peer = 0;
+  record.index0 = static_cast<int64_t>(CallField::kDispatchNumber);
+  record.expected = 7;
+  record.observed = 6;
+  const std::string message = detail::DeviceErrorLog::describe(record);
+  EXPECT_NE(message.find("rank 1: combine: rank 0 called with dispatch number (this dispatch's, or the handle's) = 6, "
+                         "rank 1 with 7: every rank must make the same call (nothing was sent)"),
+            std::string::npos)
+      << message;
+}
+
+// Every field a rank can disagree on has a name in the message.
+TEST(DeviceErrorLog, EveryCallFieldHasAName) {
+  for (int field = 0; field < static_cast<int>(CallField::kCount); ++field) {
+    DeviceErrorRecord record{};
+    record.kind = static_cast<int32_t>(DeviceErrorKind::kCallMismatch);
+    record.op = static_cast<int32_t>(DeviceOp::kDispatch);
+    record.index0 = field;
+    EXPECT_EQ(detail::DeviceErrorLog::describe(record).find("(unknown field)"), std::string::npos) << "field " << field;
+  }
+}
+
 }  // namespace
 }  // namespace epcomm

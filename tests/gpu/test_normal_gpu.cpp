@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <optional>
 
 #include "common/constants.hpp"
@@ -692,6 +693,54 @@ void check_argument_errors(Context& ctx) {
   harness.expect_error(ErrorCode::kInvalidArgument, "config.num_sms=" + std::to_string(other_sms) + " must equal", [&] {
     (void)buffer.combine(combine_args, *allocator);
   }, "combine num_sms differs from the dispatch's");
+
+  // Ranks that disagree about a combine or a cached dispatch: the checked barrier before it gives
+  // every rank an error naming a rank, the field and both values (at the next check: the host does
+  // not wait), nothing is sent, and the good calls after them are exact ("after errors").
+  if (ranks > 1) {
+    const DispatchResult second = buffer.dispatch(good, *allocator);  // the same routing, dispatch number + 1
+    buffer.synchronize(buffer.comm_stream());
+    const auto expect_disagreement = [&](const std::string& fragment, const std::function<void()>& call,
+                                         const std::string& what) {
+      harness.expect_error(ErrorCode::kInvalidArgument, fragment, [&] {
+        call();
+        buffer.synchronize(nullptr);
+      }, what);
+      harness.bootstrap()->barrier();  // every rank has seen its own error before the next call
+    };
+    CombineArgs agreed;
+    agreed.x = result.recv_x.view;
+    agreed.handle = &result.handle;
+    agreed.config = ctx.default_config;
+    CombineArgs mine = agreed;
+    if (harness.rank() == 0) mine.x = TensorView::contiguous(result.recv_x.view.data, DType::kBFloat16, {rows, s.hidden / 2});
+    expect_disagreement("called with row bytes (hidden x element size) = ", [&] { (void)buffer.combine(mine, *allocator); },
+                        "combine: ranks disagreeing on hidden");
+    mine = agreed;
+    if (harness.rank() == 0) mine.topk_weights = result.recv_topk_weights.view;
+    expect_disagreement("called with num_topk = ", [&] { (void)buffer.combine(mine, *allocator); },
+                        "combine: ranks disagreeing on topk_weights");
+    mine = agreed;
+    if (harness.rank() == ranks - 1) mine.config.num_max_nvl_chunked_recv_tokens = agreed.config.num_max_nvl_chunked_recv_tokens * 2;
+    expect_disagreement("config.num_max_nvl_chunked_recv_tokens = ", [&] { (void)buffer.combine(mine, *allocator); },
+                        "combine: ranks disagreeing on the ring size");
+    mine = agreed;
+    if (harness.rank() == 0) {
+      mine.x = second.recv_x.view;
+      mine.handle = &second.handle;
+    }
+    expect_disagreement("called with dispatch number (this dispatch's, or the handle's) = ",
+                        [&] { (void)buffer.combine(mine, *allocator); }, "combine: ranks passing different dispatches' handles");
+    DispatchArgs cached = good;
+    cached.handle = &result.handle;
+    if (harness.rank() == 0) cached.x = TensorView::contiguous(inputs.x.get(), DType::kBFloat16, {tokens, s.hidden / 2});
+    expect_disagreement("called with row bytes (hidden x element size) = ", [&] { (void)buffer.dispatch(cached, *allocator); },
+                        "cached dispatch: ranks disagreeing on hidden");
+    cached = good;
+    cached.handle = harness.rank() == 0 ? &second.handle : &result.handle;
+    expect_disagreement("called with dispatch number (this dispatch's, or the handle's) = ",
+                        [&] { (void)buffer.dispatch(cached, *allocator); }, "cached dispatch: ranks passing different handles");
+  }
 
   // A Buffer whose rings cannot hold 7168-wide rows (collective construction and destruction).
   BufferOptions small_options;

@@ -1,4 +1,6 @@
-// The stand-alone cross-rank barrier kernel (Buffer::barrier, and before combine).
+// The stand-alone cross-rank barrier kernel (Buffer::barrier), and the checked barrier before a
+// combine or a cached dispatch: the same barrier, with each rank's call signature exchanged on the
+// way and compared after it.
 #include "common/cuda_check.hpp"
 #include "kernels/common/block_barrier.cuh"
 #include "kernels/launchers.hpp"
@@ -6,9 +8,61 @@
 namespace epcomm::kernels {
 namespace {
 
+constexpr int kFields = static_cast<int>(CallField::kCount);
+
 __global__ void nvl_barrier_kernel(const __grid_constant__ PeerWindow peers, KernelContext context) {
   const device::Window window(peers);
   device::block_barrier(window, context, DeviceOp::kBarrier);
+}
+
+// Thread `peer` puts this rank's signature into the peer's slot for the barrier's parity; the
+// barrier's fence and signal publish it, and after the barrier each thread compares its peer's
+// slot with this rank's call. A difference anywhere (every rank of a differing pair sees it, so
+// every rank decides alike), a timed-out barrier or a routing the dispatch already found bad makes
+// the verdict nonzero, and the kernel that follows sends nothing.
+__global__ void checked_barrier_kernel(const __grid_constant__ PeerWindow peers, const __grid_constant__ CallCheck check,
+                                       KernelContext context) {
+  const device::Window window(peers);
+  const int peer = static_cast<int>(threadIdx.x);
+  // The parity of the epoch the barrier below is about to use (only it writes the epoch, after).
+  const uint64_t parity = (*window.own<uint64_t>(NvlLayout::barrier_epoch()) + 1) & 1u;
+  if (peer < context.num_ranks) {
+    for (int field = 0; field < kFields; ++field) {
+      window.put_value(peer, NvlLayout::call_signature(parity, context.rank) + field * sizeof(int32_t),
+                       check.signature.values[field]);
+    }
+    window.quiet();  // the publish rule: the barrier's __syncthreads, fence and signal follow
+  }
+  // A peer's slot is not overwritten before it is read here: the peer's next checked barrier uses
+  // the other parity, and the one after waits for this rank's next barrier.
+  const bool arrived = device::block_barrier(window, context, check.op);
+  bool differs = false;
+  if (peer < context.num_ranks && arrived) {
+    // The barrier's acquire wait on this peer's signal orders the reads after the peer's puts; all
+    // fields are loaded before any is compared (one round trip, not one per field).
+    const int32_t* slot = window.own<int32_t>(NvlLayout::call_signature(parity, peer));
+    int32_t theirs[kFields];
+#pragma unroll
+    for (int field = 0; field < kFields; ++field) theirs[field] = slot[field];
+#pragma unroll
+    for (int field = 0; field < kFields; ++field) {
+      const int32_t value = theirs[field];
+      if (differs || value == check.signature.values[field]) continue;
+      differs = true;
+      device::ErrorDetails details;
+      details.kind = DeviceErrorKind::kCallMismatch;
+      details.op = check.op;
+      details.peer = peer;
+      details.index0 = field;
+      details.expected = check.signature.values[field];
+      details.observed = value;
+      device::report_error(context, details);
+    }
+  }
+  const int disagreed = __syncthreads_or(differs || !arrived);
+  if (threadIdx.x == 0) {
+    *window.own<int32_t>(NvlLayout::call_verdict()) = disagreed || (check.prior_verdict != nullptr && *check.prior_verdict != 0);
+  }
 }
 
 }  // namespace
@@ -18,9 +72,16 @@ void launch_nvl_barrier(const PeerWindow& window, const KernelContext& context, 
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }
 
+void launch_checked_barrier(const PeerWindow& window, const CallCheck& check, const KernelContext& context,
+                            cudaStream_t stream) {
+  checked_barrier_kernel<<<1, kWarpSize, 0, stream>>>(window, check, context);
+  EPCOMM_CUDA_CHECK(cudaGetLastError());
+}
+
 void load_barrier_kernel_module() {
   cudaFuncAttributes attributes;
   EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, nvl_barrier_kernel));
+  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, checked_barrier_kernel));
 }
 
 }  // namespace epcomm::kernels
