@@ -24,6 +24,14 @@ struct WarmupShape {
   bool empty() const { return num_tokens == 0 && num_low_latency_tokens == 0; }
 };
 
+// How a Buffer's ranks reach each other (BufferOptions::transport).
+enum class TransportKind {
+  kAuto,     // CUDA IPC when every rank runs on this host, NVSHMEM when they span hosts
+  kIpc,      // CUDA IPC: the ranks of one host
+  kNvshmem,  // NVSHMEM (its P2P transport inside a node, RDMA across nodes); needs a build with
+             // NVSHMEM (README, "Across nodes")
+};
+
 struct BufferOptions {
   // Bytes of the NVLink buffer each rank allocates and shares with its peers over CUDA IPC.
   int64_t num_nvl_bytes = 0;
@@ -48,6 +56,10 @@ struct BufferOptions {
   // or stores into each other's memory, as ranks of different nodes do. 1: off. Low-latency mode
   // only (num_nvl_bytes must be 0); every rank passes the same value.
   int emulated_nodes = 1;
+  // Which transport joins the ranks; every rank passes the same. kNvshmem on one host runs
+  // NVSHMEM's P2P transport, and with emulated_nodes its put path carries the traffic between the
+  // emulated nodes (the NVSHMEM path across nodes, tested on one machine).
+  TransportKind transport = TransportKind::kAuto;
   // CUDA device of this rank; -1 uses the device current at construction.
   int device = -1;
   // Do every one-time cost (module loading, peer mapping first touch, a dummy round of each mode)

@@ -11,8 +11,8 @@
 //     ring_sent[channel][reader]      owner-only copy of what I have written to each reader
 //     ring_consumed[channel][writer]  owner-only copy of what I have read from each writer
 //     notify_slots[2][source]         counts each source sends in the notify step (double-buffered)
-//     call_signatures[2][source]      the call each source makes after a checked barrier (by the
-//                                     barrier's epoch parity)
+//     call_slots[2][source]           the call each source makes after a checked barrier, stamped
+//                                     with that barrier's epoch (slots by the epoch's parity)
 //
 // Ring positions only ever grow, across every dispatch and combine: a ring (channel, writer) has
 // one writer and one reader, so both sides agree on positions without ever resetting them.
@@ -35,6 +35,12 @@ struct NotifySlot {
   int32_t expert_counts[kMaxLocalExperts];   // (token, k) pairs for each of my local experts
 };
 
+// What a source tells a destination at a checked barrier (kernels/common/barrier.cu).
+struct CheckedCallSlot {
+  uint64_t barrier_epoch;   // the barrier it was written at: an older one means no checked call
+  CallSignature signature;  // the source's call
+};
+
 struct NvlLayout {
   using Counters = uint64_t[kMaxChannels][kMaxNvlPeers];
 
@@ -48,8 +54,8 @@ struct NvlLayout {
   static constexpr size_t kRingConsumedOffset = kRingSentOffset + sizeof(Counters);
   static constexpr size_t kNotifySlotsOffset = kRingConsumedOffset + sizeof(Counters);
   static constexpr size_t kNotifySlotBytes = (sizeof(NotifySlot) + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
-  static constexpr size_t kCallSignaturesOffset = kNotifySlotsOffset + 2 * kMaxNvlPeers * kNotifySlotBytes;
-  static constexpr size_t kControlEnd = kCallSignaturesOffset + 2 * kMaxNvlPeers * sizeof(CallSignature);
+  static constexpr size_t kCallSlotsOffset = kNotifySlotsOffset + 2 * kMaxNvlPeers * kNotifySlotBytes;
+  static constexpr size_t kControlEnd = kCallSlotsOffset + 2 * kMaxNvlPeers * sizeof(CheckedCallSlot);
   static constexpr size_t kPageBytes = 4096;
   static constexpr size_t kControlBytes = (kControlEnd + kPageBytes - 1) / kPageBytes * kPageBytes;
   // The rings (normal-mode user data, num_nvl_bytes) start right after the control block.
@@ -64,8 +70,8 @@ struct NvlLayout {
   EPCOMM_HOST_DEVICE static constexpr size_t barrier_epoch() { return kBarrierEpochOffset; }
   EPCOMM_HOST_DEVICE static constexpr size_t notify_parity() { return kNotifyParityOffset; }
   EPCOMM_HOST_DEVICE static constexpr size_t call_verdict() { return kCallVerdictOffset; }
-  EPCOMM_HOST_DEVICE static constexpr size_t call_signature(uint64_t parity, int source_rank) {
-    return kCallSignaturesOffset + (parity * kMaxNvlPeers + source_rank) * sizeof(CallSignature);
+  EPCOMM_HOST_DEVICE static constexpr size_t call_slot(uint64_t parity, int source_rank) {
+    return kCallSlotsOffset + (parity * kMaxNvlPeers + source_rank) * sizeof(CheckedCallSlot);
   }
   EPCOMM_HOST_DEVICE static constexpr size_t ring_tail(int channel, int writer) { return counter(kRingTailOffset, channel, writer); }
   EPCOMM_HOST_DEVICE static constexpr size_t ring_head(int channel, int reader) { return counter(kRingHeadOffset, channel, reader); }

@@ -11,6 +11,7 @@
 #include "epcomm/error.hpp"
 #include "epcomm_build_info.hpp"
 #include "kernels/launchers.hpp"
+#include "runtime/backend.hpp"
 #include "runtime/buffer_impl.hpp"
 #include "common/cuda_check.hpp"
 #include "runtime/validate.hpp"
@@ -120,10 +121,12 @@ void Buffer::Impl::initialize(int caller_device, bool background) {
   transport_options.agreed = join_message(
       "num_nvl_bytes=", options.num_nvl_bytes, " num_rdma_bytes=", options.num_rdma_bytes, " low_latency_mode=",
       options.low_latency_mode, " enable_shrink=", options.enable_shrink, " preinitialize=", options.preinitialize,
-      " emulated_nodes=", options.emulated_nodes,
+      " emulated_nodes=", options.emulated_nodes, " transport=", static_cast<int>(options.transport),
       " warmup_shape=", options.warmup_shape.num_tokens, "/", options.warmup_shape.num_low_latency_tokens, "/",
       options.warmup_shape.hidden, "/", options.warmup_shape.num_topk, "/", options.warmup_shape.num_experts);
-  transport = detail::make_transport(*bootstrap, transport_options);
+  detail::Backend backend = detail::connect(*bootstrap, transport_options, options.transport);
+  transport = std::move(backend.transport);
+  kernels = backend.kernels;
   if (bootstrap->num_ranks() > 1) {
     watchdog = std::make_unique<detail::PeerWatchdog>(
         transport->local_processes(),
@@ -274,7 +277,7 @@ void Buffer::barrier(cudaStream_t stream) {
   impl_->begin("barrier");
   detail::ScopedDevice scoped(impl_->device);
   Event::record(stream).wait(impl_->comm_stream);
-  kernels::launch_nvl_barrier(impl_->window(), impl_->context(), impl_->comm_stream);
+  impl_->kernels->nvl_barrier(impl_->window(), impl_->context(), impl_->comm_stream);
   Event::record(impl_->comm_stream).wait(stream);
 }
 
@@ -316,7 +319,7 @@ void Buffer::copy_to_all_ranks(const void* source, size_t bytes_per_rank, int nu
   const cudaStream_t comm = impl_->comm_stream;
   Event::record(stream).wait(comm);
   // The leading barrier keeps the copy off rings a peer may still be reading (a combine).
-  kernels::launch_nvl_barrier(impl_->window(), impl_->context(), comm);
+  impl_->kernels->nvl_barrier(impl_->window(), impl_->context(), comm);
   if (path == CopyPath::kSmKernel) {
     kernels::launch_peer_copy(impl_->window(), source, bytes_per_rank, num_sms, impl_->context(), comm);
   } else if (path == CopyPath::kTma) {
@@ -329,7 +332,7 @@ void Buffer::copy_to_all_ranks(const void* source, size_t bytes_per_rank, int nu
       EPCOMM_CUDA_CHECK(cudaMemcpyAsync(window.bases[peer] + offset, source, bytes_per_rank, cudaMemcpyDeviceToDevice, comm));
     }
   }
-  kernels::launch_nvl_barrier(impl_->window(), impl_->context(), comm);
+  impl_->kernels->nvl_barrier(impl_->window(), impl_->context(), comm);
   Event::record(comm).wait(stream);
 }
 

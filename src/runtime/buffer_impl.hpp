@@ -19,6 +19,7 @@
 #include "runtime/profiler.hpp"
 #include "runtime/scoped_device.hpp"
 #include "common/buffer_layout.hpp"
+#include "kernels/kernel_table.hpp"
 #include "transport/transport.hpp"
 
 namespace epcomm {
@@ -56,6 +57,7 @@ struct Buffer::Impl {
   detail::DeviceErrorLog errors;
   BufferLayout layout;                        // where each region of every rank's buffer starts
   std::unique_ptr<detail::Transport> transport;  // null before initialisation and after destroy()
+  const kernels::KernelTable* kernels = nullptr;  // the transport's kernels that cross ranks
   // Shrink mode: int32 [R], non-zero for a masked rank; the low-latency kernels read it. The
   // watchdog masks dead ranks through mask_stream, from its own thread, from mask_values (pinned);
   // declared before the watchdog, so they outlive it.
@@ -71,7 +73,7 @@ struct Buffer::Impl {
   detail::DeviceAllocation layout_workspace;  // LayoutWorkspace, zeroed once
   detail::MappedHostMemory notify_results;    // NotifyResults, read by the host after a notify
   uint64_t notify_sequence = 0;               // last sequence number a host-waited notify published
-  int32_t dispatches_made = 0;                // new-routing dispatches launched: every rank counts alike
+  uint32_t dispatches_made = 0;               // new-routing dispatches launched: every rank counts alike (wraps)
   cudaStream_t comm_stream = nullptr;         // every normal-mode call runs here
   // Destroys comm_stream (when created here, not options.comm_stream) once the Buffer and every
   // handle tensor are gone: those are freed in that stream's order, maybe after the Buffer.

@@ -35,6 +35,7 @@ const char* call_field_name(CallField field) {
     case CallField::kHasTopkWeights: return "topk_weights given";
     case CallField::kMaxTokens: return "num_max_dispatch_tokens_per_rank";
     case CallField::kDispatchNumber: return "dispatch number (this dispatch's, or the handle's)";
+    case CallField::kOperation: return "operation";
     case CallField::kCount: break;
   }
   return "(unknown field)";
@@ -82,6 +83,13 @@ std::string DeviceErrorLog::describe(const DeviceErrorRecord& record) {
                     op == DeviceOp::kLowLatencyDispatch ? " (a token names one expert twice?)" : "",
                     "; the rows past it were dropped");
     case DeviceErrorKind::kCallMismatch:
+      if (static_cast<CallField>(record.index0) == CallField::kOperation) {
+        const auto theirs = static_cast<DeviceOp>(record.observed);
+        return join_message("rank ", record.rank, ": ", device_op_name(op), ": rank ", record.peer, " made ",
+                            theirs == DeviceOp::kNone ? "no call that is checked there" : device_op_name(theirs),
+                            " where rank ", record.rank, " made ", device_op_name(static_cast<DeviceOp>(record.expected)),
+                            ": every rank must make the same call (nothing was sent)");
+      }
       return join_message("rank ", record.rank, ": ", device_op_name(op), ": rank ", record.peer, " called with ",
                           call_field_name(static_cast<CallField>(record.index0)), " = ", record.observed, ", rank ",
                           record.rank, " with ", record.expected, ": every rank must make the same call",

@@ -16,7 +16,7 @@ struct DispatchHandleState {
   int num_rows = 0;             // rows of every recv tensor
   int num_recv_tokens = -1;     // -1 in worst-case mode
   int num_worst_tokens = 0;
-  int32_t dispatch_number = 0;  // which of the Buffer's dispatches made it (the same on every rank)
+  uint32_t dispatch_number = 0;  // which of the Buffer's dispatches made it (the same on every rank)
   // Freed in the order of the Buffer's communication stream, which each tensor's storage keeps
   // alive: a handle (or a result's copy of a tensor) may outlive the Buffer.
   Tensor recv_channel_prefix;   // int32 [R, C + 1]

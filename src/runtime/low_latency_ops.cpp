@@ -84,6 +84,7 @@ CallSignature call_signature(int hidden, int max_tokens, int num_experts, int nu
   signature.set(CallField::kNumTopk, num_topk);
   signature.set(CallField::kNumExperts, num_experts);
   signature.set(CallField::kMaxTokens, max_tokens);
+  signature.set(CallField::kOperation, static_cast<int32_t>(DeviceOp::kLowLatencyDispatch));
   return signature;
 }
 
@@ -220,18 +221,19 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
   const KernelContext context = impl.context();
   const unsigned phases = args.return_recv_hook ? kernels::kSendPhase : (kernels::kSendPhase | kernels::kReceivePhase);
   impl.keep_dead_ranks_masked(call.stream);  // shrink mode: a clean does not bring them back
-  kernels::launch_low_latency_dispatch(window, kernel, phases, context, call.stream);
+  impl.kernels->low_latency_dispatch(window, kernel, phases, context, call.stream);
   if (args.return_recv_hook) {
     // The hook keeps the outputs alive until it has launched the receive.
     auto keep = std::make_shared<LowLatencyDispatchResult>(result);
     std::shared_ptr<const detail::LowLatencyHandleState> handle_state = state;  // the receive writes into it
     const cudaStream_t default_stream = call.stream;
     const int device = impl.device;
-    result.hook = RecvHook([window, kernel, context, keep, handle_state, default_stream, device,
+    const auto launch = impl.kernels->low_latency_dispatch;  // the plugin, if any, stays loaded
+    result.hook = RecvHook([window, kernel, context, keep, handle_state, default_stream, device, launch,
                             alive = impl.alive](cudaStream_t stream) {
       require_alive(*alive);
       detail::ScopedDevice hook_device(device);
-      kernels::launch_low_latency_dispatch(window, kernel, kernels::kReceivePhase, context, stream ? stream : default_stream);
+      launch(window, kernel, kernels::kReceivePhase, context, stream ? stream : default_stream);
     });
   }
   result.handle = LowLatencyHandle(std::move(state));
@@ -305,17 +307,18 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
   const KernelContext context = impl.context();
   const unsigned phases = args.return_recv_hook ? kernels::kSendPhase : (kernels::kSendPhase | kernels::kReceivePhase);
   impl.keep_dead_ranks_masked(call.stream);
-  kernels::launch_low_latency_combine(window, kernel, phases, context, call.stream);
+  impl.kernels->low_latency_combine(window, kernel, phases, context, call.stream);
   if (args.return_recv_hook) {
     auto keep = std::make_shared<LowLatencyCombineResult>(result);
     auto handle_state = args.handle->state_;
     const cudaStream_t default_stream = call.stream;
     const int device = impl.device;
-    result.hook = RecvHook([window, kernel, context, keep, handle_state, default_stream, device,
+    const auto launch = impl.kernels->low_latency_combine;  // the plugin, if any, stays loaded
+    result.hook = RecvHook([window, kernel, context, keep, handle_state, default_stream, device, launch,
                             alive = impl.alive](cudaStream_t stream) {
       require_alive(*alive);
       detail::ScopedDevice hook_device(device);
-      kernels::launch_low_latency_combine(window, kernel, kernels::kReceivePhase, context, stream ? stream : default_stream);
+      launch(window, kernel, kernels::kReceivePhase, context, stream ? stream : default_stream);
     });
   }
   result.event = finish(call);

@@ -205,7 +205,7 @@ DispatchShape validate_dispatch(const Buffer::Impl& impl, const DispatchArgs& ar
 
 // What every rank of this dispatch must agree on; the notify step (a new routing) or the checked
 // barrier (a cached one) compares it across ranks. `dispatch_number`: the routing's dispatch.
-CallSignature call_signature(const DispatchArgs& args, const DispatchShape& shape, int32_t dispatch_number) {
+CallSignature call_signature(const DispatchArgs& args, const DispatchShape& shape, uint32_t dispatch_number) {
   CallSignature signature{};
   signature.set(CallField::kRowBytes, shape.row_bytes);
   signature.set(CallField::kNumScales, shape.num_scales);
@@ -216,6 +216,7 @@ CallSignature call_signature(const DispatchArgs& args, const DispatchShape& shap
   signature.set(CallField::kHasTopkIdx, given(args.topk_idx));
   signature.set(CallField::kHasTopkWeights, given(args.topk_weights));
   signature.set(CallField::kDispatchNumber, dispatch_number);
+  signature.set(CallField::kOperation, static_cast<int32_t>(DeviceOp::kDispatch));
   return signature;
 }
 
@@ -230,6 +231,7 @@ CallSignature combine_signature(const detail::DispatchHandleState& routing, int 
   signature.set(CallField::kRingCapacity, config.num_max_nvl_chunked_recv_tokens);
   signature.set(CallField::kHasTopkWeights, num_topk > 0);
   signature.set(CallField::kDispatchNumber, routing.dispatch_number);
+  signature.set(CallField::kOperation, static_cast<int32_t>(DeviceOp::kCombine));
   return signature;
 }
 
@@ -242,7 +244,7 @@ const int32_t* checked_barrier(const Buffer::Impl& impl, const CallSignature& si
   check.op = op;
   check.prior_verdict = routing.verdict.view.ptr<int32_t>();
   const PeerWindow window = impl.window();
-  kernels::launch_checked_barrier(window, check, impl.context(), comm);
+  impl.kernels->checked_barrier(window, check, impl.context(), comm);
   return reinterpret_cast<const int32_t*>(window.bases[window.rank] + NvlLayout::call_verdict());
 }
 

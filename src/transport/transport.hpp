@@ -2,9 +2,11 @@
 // hands kernels the window through which they reach them (transport/window.cuh), and tears it
 // all down collectively. Buffer holds one; kernels see only the PeerWindow.
 //
-// Adding a transport (NVSHMEM across nodes, NCCL's device API): implement this class, give its
-// device half the operations of window.cuh with the same ordering guarantees, and choose it in
-// make_transport. Kernels and the runtime above do not change.
+// Adding a transport (NCCL's device API, say): implement this class, give its device half the
+// operations of window.cuh with the same ordering guarantees, compile the kernel table's kernels
+// against it (kernels/kernel_table.hpp), and choose it in runtime/backend.cpp. Kernels and the
+// runtime above do not change. CUDA IPC (transport/ipc) and NVSHMEM (transport/nvshmem, built
+// into a plugin) are the two there are.
 #pragma once
 
 #include <cstddef>
@@ -55,8 +57,5 @@ class Transport {
   int ranks_on_my_device_ = 1;
   std::vector<ProcessIdentity> local_processes_;
 };
-
-// Collective over `bootstrap`: every rank calls it with the same options.
-std::unique_ptr<Transport> make_transport(Bootstrap& bootstrap, const TransportOptions& options);
 
 }  // namespace epcomm::detail

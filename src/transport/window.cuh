@@ -25,10 +25,12 @@
 // earlier kernel of the stream is covered only if the signalling thread calls fence() first.
 // The reader waits on the flag (acquire) and reads only after that.
 //
-// Over CUDA IPC every operation is a load or store through the mapping. An NVSHMEM window keeps
-// the same operations (nvshmem_ptr, nvshmemx_putmem_nbi_warp, nvshmemx_signal_op,
-// nvshmem_signal_wait_until, nvshmem_quiet, nvshmem_fence), so a kernel written against this
-// contract runs across nodes unchanged.
+// Over CUDA IPC every operation is a load or store through the mapping. Compiled with
+// EPCOMM_WINDOW_NVSHMEM (the NVSHMEM plugin's copy of the kernels), a rank in
+// PeerWindow::nvshmem_ranks is reached by NVSHMEM's device API instead: put is
+// nvshmemx_putmem_nbi_warp, put_value nvshmem_uint{32,64}_p, signal nvshmemx_signal_op (SET),
+// quiet nvshmem_quiet; direct ranks (nvshmem_ptr) stay loads and stores. So a kernel written
+// against this contract runs across nodes unchanged.
 #pragma once
 
 #include <cstddef>
@@ -39,6 +41,11 @@
 #include "device/memory_ordering.cuh"
 #include "device/warp_ops.cuh"
 #include "transport/window.hpp"
+
+#if defined(EPCOMM_WINDOW_NVSHMEM)
+#include <nvshmem.h>
+#include <nvshmemx.h>
+#endif
 
 namespace epcomm::device {
 
@@ -63,16 +70,41 @@ class Window {
   // Every lane of the warp calls it with the same arguments. `bytes` and both addresses are
   // multiples of 4; 16-byte vectors are used when all three allow.
   __device__ void put(int peer, size_t offset, const void* source, size_t bytes) const {
+#if defined(EPCOMM_WINDOW_NVSHMEM)
+    if (by_nvshmem(peer)) {
+      // NVSHMEM needs `source` in its symmetric heap or registered once it goes over a network
+      // (P2P takes any device memory): the kernels put from their staging areas.
+      nvshmemx_putmem_nbi_warp(peers_.bases[peer] + offset, source, bytes, peer);
+      return;
+    }
+#endif
     warp_copy_any(peers_.bases[peer] + offset, source, bytes);
   }
 
   template <typename T>
   __device__ void put_value(int peer, size_t offset, T value) const {
+#if defined(EPCOMM_WINDOW_NVSHMEM)
+    if (by_nvshmem(peer)) {
+      static_assert(sizeof(T) == sizeof(uint32_t) || sizeof(T) == sizeof(uint64_t), "put_value: 4 or 8 bytes");
+      if constexpr (sizeof(T) == sizeof(uint32_t)) {
+        nvshmem_uint32_p(reinterpret_cast<uint32_t*>(peers_.bases[peer] + offset), bit_cast<uint32_t>(value), peer);
+      } else {
+        nvshmem_uint64_p(reinterpret_cast<uint64_t*>(peers_.bases[peer] + offset), bit_cast<uint64_t>(value), peer);
+      }
+      return;
+    }
+#endif
     *reinterpret_cast<T*>(peers_.bases[peer] + offset) = value;
   }
 
   // Pairs with the reader's wait() on the same flag.
   __device__ void signal(int peer, size_t offset, uint64_t value) const {
+#if defined(EPCOMM_WINDOW_NVSHMEM)
+    if (by_nvshmem(peer)) {
+      nvshmemx_signal_op(reinterpret_cast<uint64_t*>(peers_.bases[peer] + offset), value, NVSHMEM_SIGNAL_SET, peer);
+      return;
+    }
+#endif
     st_release_sys(reinterpret_cast<uint64_t*>(peers_.bases[peer] + offset), value);
   }
 
@@ -80,10 +112,25 @@ class Window {
     return wait_at_least(own<uint64_t>(own_offset), expected, context, site);
   }
 
-  __device__ void quiet() const { asm volatile("" ::: "memory"); }
+  __device__ void quiet() const {
+#if defined(EPCOMM_WINDOW_NVSHMEM)
+    if (peers_.nvshmem_ranks != 0) nvshmem_quiet();  // this thread's NVSHMEM puts are complete
+#endif
+    asm volatile("" ::: "memory");
+  }
   __device__ void fence() const { fence_acq_rel_sys(); }
 
  private:
+  __device__ bool by_nvshmem(int peer) const { return ((peers_.nvshmem_ranks >> peer) & 1u) != 0; }
+
+  template <typename To, typename From>
+  __device__ static To bit_cast(From value) {
+    static_assert(sizeof(To) == sizeof(From), "bit_cast: same size");
+    To result;
+    memcpy(&result, &value, sizeof(To));
+    return result;
+  }
+
   const PeerWindow& peers_;
 };
 

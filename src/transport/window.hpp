@@ -19,6 +19,10 @@ struct PeerWindow {
   // reached only by put and signal, as a rank of another node is (emulated nodes do this on
   // purpose; see BufferOptions::emulated_nodes).
   uint32_t direct_ranks = 0;
+  // Bit r: rank r is reached through NVSHMEM's put and signal (PE r), not through stores; its
+  // entry in `bases` is then this rank's own symmetric address, which names the same place on
+  // every PE. Set only by the NVSHMEM transport, for ranks that are not direct.
+  uint32_t nvshmem_ranks = 0;
   int rank = 0;
   int num_ranks = 0;
 

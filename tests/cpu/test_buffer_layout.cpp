@@ -33,14 +33,14 @@ TEST(NvlLayout, RingSlotsStartAfterTheControlBlock) {
   EXPECT_LT(NvlLayout::notify_slot(1, kMaxNvlPeers - 1) + sizeof(NotifySlot), NvlLayout::kControlEnd + 1);
 }
 
-// The checked barrier's signature slots: one per (parity, source), apart, after the notify slots
-// and inside the control block; the verdict word in the owner-only header.
-TEST(NvlLayout, CallSignatureSlotsAreApartAndInsideTheControlBlock) {
-  EXPECT_GE(NvlLayout::call_signature(0, 0), NvlLayout::notify_slot(1, kMaxNvlPeers - 1) + sizeof(NotifySlot));
-  EXPECT_EQ(NvlLayout::call_signature(0, 1) - NvlLayout::call_signature(0, 0), sizeof(CallSignature));
-  EXPECT_EQ(NvlLayout::call_signature(1, 0), NvlLayout::call_signature(0, kMaxNvlPeers - 1) + sizeof(CallSignature));
-  EXPECT_LE(NvlLayout::call_signature(1, kMaxNvlPeers - 1) + sizeof(CallSignature), NvlLayout::kControlEnd);
-  EXPECT_EQ(NvlLayout::call_signature(1, 3) % sizeof(int32_t), 0u);
+// The checked barrier's slots: one per (parity, source), apart, after the notify slots and
+// inside the control block, their epochs 8-byte aligned; the verdict word in the owner-only header.
+TEST(NvlLayout, CheckedCallSlotsAreApartAndInsideTheControlBlock) {
+  EXPECT_GE(NvlLayout::call_slot(0, 0), NvlLayout::notify_slot(1, kMaxNvlPeers - 1) + sizeof(NotifySlot));
+  EXPECT_EQ(NvlLayout::call_slot(0, 1) - NvlLayout::call_slot(0, 0), sizeof(CheckedCallSlot));
+  EXPECT_EQ(NvlLayout::call_slot(1, 0), NvlLayout::call_slot(0, kMaxNvlPeers - 1) + sizeof(CheckedCallSlot));
+  EXPECT_LE(NvlLayout::call_slot(1, kMaxNvlPeers - 1) + sizeof(CheckedCallSlot), NvlLayout::kControlEnd);
+  EXPECT_EQ(NvlLayout::call_slot(1, 3) % sizeof(uint64_t), 0u);
   EXPECT_GE(NvlLayout::call_verdict(), NvlLayout::notify_parity() + sizeof(uint64_t));
   EXPECT_LE(NvlLayout::call_verdict() + sizeof(int32_t), NvlLayout::ring_tail(0, 0));
 }

@@ -284,6 +284,24 @@ TEST(DeviceErrorLog, CombineWithAnotherDispatchsHandleNamesBothDispatchNumbers) 
       << message;
 }
 
+// A peer that reached the checked barrier by another way (a plain barrier) made no checked call.
+TEST(DeviceErrorLog, APeerWithoutACheckedCallIsNamed) {
+  DeviceErrorRecord record{};
+  record.kind = static_cast<int32_t>(DeviceErrorKind::kCallMismatch);
+  record.op = static_cast<int32_t>(DeviceOp::kCombine);
+  record.rank = 0;
+  record.peer = 3;
+  record.index0 = static_cast<int64_t>(CallField::kOperation);
+  record.expected = static_cast<int64_t>(DeviceOp::kCombine);
+  record.observed = static_cast<int64_t>(DeviceOp::kNone);
+  EXPECT_EQ(detail::DeviceErrorLog::describe(record),
+            "rank 0: combine: rank 3 made no call that is checked there where rank 0 made combine: every rank must "
+            "make the same call (nothing was sent)");
+  record.observed = static_cast<int64_t>(DeviceOp::kDispatch);
+  EXPECT_NE(detail::DeviceErrorLog::describe(record).find("rank 3 made dispatch where rank 0 made combine"),
+            std::string::npos);
+}
+
 // Every field a rank can disagree on has a name in the message.
 TEST(DeviceErrorLog, EveryCallFieldHasAName) {
   for (int field = 0; field < static_cast<int>(CallField::kCount); ++field) {

@@ -1,6 +1,8 @@
 // The stand-alone cross-rank barrier kernel (Buffer::barrier), and the checked barrier before a
 // combine or a cached dispatch: the same barrier, with each rank's call signature exchanged on the
 // way and compared after it.
+#include <cstddef>
+
 #include "common/cuda_check.hpp"
 #include "kernels/common/block_barrier.cuh"
 #include "kernels/launchers.hpp"
@@ -15,22 +17,27 @@ __global__ void nvl_barrier_kernel(const __grid_constant__ PeerWindow peers, Ker
   device::block_barrier(window, context, DeviceOp::kBarrier);
 }
 
-// Thread `peer` puts this rank's signature into the peer's slot for the barrier's parity; the
-// barrier's fence and signal publish it, and after the barrier each thread compares its peer's
-// slot with this rank's call. A difference anywhere (every rank of a differing pair sees it, so
-// every rank decides alike), a timed-out barrier or a routing the dispatch already found bad makes
-// the verdict nonzero, and the kernel that follows sends nothing.
+// Thread `peer` puts this rank's signature, stamped with the barrier's epoch, into the peer's slot
+// for the epoch's parity; the barrier's fence and signal publish it, and after the barrier each
+// thread compares its peer's slot with this rank's call. A slot of an older barrier means the
+// peer reached this one by another way (a plain barrier, a notify): it made no checked call. A
+// difference anywhere (every rank of a differing pair sees it, so every rank decides alike), a
+// timed-out barrier or a routing the dispatch already found bad makes the verdict nonzero, and
+// the kernel that follows sends nothing.
 __global__ void checked_barrier_kernel(const __grid_constant__ PeerWindow peers, const __grid_constant__ CallCheck check,
                                        KernelContext context) {
   const device::Window window(peers);
   const int peer = static_cast<int>(threadIdx.x);
-  // The parity of the epoch the barrier below is about to use (only it writes the epoch, after).
-  const uint64_t parity = (*window.own<uint64_t>(NvlLayout::barrier_epoch()) + 1) & 1u;
+  // The epoch the barrier below is about to use (only it writes the epoch, after).
+  const uint64_t epoch = *window.own<uint64_t>(NvlLayout::barrier_epoch()) + 1;
+  const uint64_t parity = epoch & 1u;
   if (peer < context.num_ranks) {
+    const size_t slot = NvlLayout::call_slot(parity, context.rank);
     for (int field = 0; field < kFields; ++field) {
-      window.put_value(peer, NvlLayout::call_signature(parity, context.rank) + field * sizeof(int32_t),
+      window.put_value(peer, slot + offsetof(CheckedCallSlot, signature) + field * sizeof(int32_t),
                        check.signature.values[field]);
     }
+    window.put_value(peer, slot + offsetof(CheckedCallSlot, barrier_epoch), epoch);
     window.quiet();  // the publish rule: the barrier's __syncthreads, fence and signal follow
   }
   // A peer's slot is not overwritten before it is read here: the peer's next checked barrier uses
@@ -40,10 +47,12 @@ __global__ void checked_barrier_kernel(const __grid_constant__ PeerWindow peers,
   if (peer < context.num_ranks && arrived) {
     // The barrier's acquire wait on this peer's signal orders the reads after the peer's puts; all
     // fields are loaded before any is compared (one round trip, not one per field).
-    const int32_t* slot = window.own<int32_t>(NvlLayout::call_signature(parity, peer));
+    const CheckedCallSlot* slot = window.own<CheckedCallSlot>(NvlLayout::call_slot(parity, peer));
     int32_t theirs[kFields];
 #pragma unroll
-    for (int field = 0; field < kFields; ++field) theirs[field] = slot[field];
+    for (int field = 0; field < kFields; ++field) theirs[field] = slot->signature.values[field];
+    // An older stamp: the peer made no checked call here (its operation reads as kNone).
+    if (slot->barrier_epoch != epoch) theirs[static_cast<int>(CallField::kOperation)] = static_cast<int32_t>(DeviceOp::kNone);
 #pragma unroll
     for (int field = 0; field < kFields; ++field) {
       const int32_t value = theirs[field];

@@ -381,6 +381,7 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
 
 void launch_low_latency_combine(const PeerWindow& window, const LowLatencyCombineKernelArgs& args, unsigned phases,
                                 const KernelContext& context, cudaStream_t stream) {
+  require_epoch_slots(args.common.num_blocks);
   const bool shrink = args.common.mask != nullptr;
   const auto kernel = args.use_logfmt ? (shrink ? low_latency::combine<true, true> : low_latency::combine<true, false>)
                                       : (shrink ? low_latency::combine<false, true> : low_latency::combine<false, false>);

@@ -8,6 +8,7 @@
 #include <cuda_bf16.h>
 
 #include "common/low_latency_layout.hpp"
+#include "epcomm/error.hpp"
 #include "device/last_block.cuh"
 #include "device/memory_ordering.cuh"
 #include "device/warp_ops.cuh"
@@ -16,6 +17,15 @@
 
 namespace epcomm::kernels {
 inline constexpr int kBf16PerVector = 8;  // BF16 values in one 16-byte vector
+
+// Host side, before a launch: every block needs an epoch slot (the runtime sizes grids below
+// kMaxLowLatencyBlocks; this guards the launchers themselves).
+inline void require_epoch_slots(int num_blocks) {
+  if (num_blocks < 1 || num_blocks > kMaxLowLatencyBlocks) {
+    fail(ErrorCode::kInternal, "low-latency launch of ", num_blocks, " blocks: 1 to ", kMaxLowLatencyBlocks,
+         " have epoch slots");
+  }
+}
 }  // namespace epcomm::kernels
 
 namespace epcomm::device {
@@ -25,6 +35,9 @@ namespace epcomm::device {
 // into slots b, b + G, b + 2G, ... (G blocks): every slot advances once per launch whatever the
 // grid, and no block of this launch reads a slot another writes. The next launch, later in the
 // stream or after the stream's order reaches it (the kernel boundary), reads its slot anew.
+// The rule for callers: a block calls it only after it saw this rank's own send's flag of this
+// epoch (a hook's send may run on another stream, and its blocks read the same slots; the flag
+// comes after the last of them).
 __device__ __forceinline__ void finish_receive_phase(const Window& window, const LowLatencyLayout& layout, int set_index,
                                                      uint64_t epoch) {
   __syncthreads();  // every thread of the block has read slot blockIdx.x (begin_low_latency_launch)

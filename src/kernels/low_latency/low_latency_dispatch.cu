@@ -469,6 +469,13 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
     for (int local = blockIdx.x; local < layout.experts_per_rank; local += gridDim.x) {
       receive_expert<kShrink>(window, args, context, layout, local, epoch);
     }
+    // A block with no expert waited for no flag. Before it advances its epoch copies, this rank's
+    // own send must be past reading them (a hook's send may still run on another stream): its
+    // flag to this rank says so, as every other block's wait did (finish_receive_phase's rule).
+    if (blockIdx.x >= layout.experts_per_rank && threadIdx.x == 0) {
+      const device::WaitSite site{DeviceOp::kLowLatencyDispatch, WaitTarget::kLowLatencyFlag, context.rank, -1};
+      window.wait(layout.dispatch_flag(common.set_index, context.rank), epoch << 32, context, site);
+    }
     device::finish_receive_phase(window, layout, common.set_index, epoch);
   }
 }
@@ -477,6 +484,7 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
 
 void launch_low_latency_dispatch(const PeerWindow& window, const LowLatencyDispatchKernelArgs& args, unsigned phases,
                                  const KernelContext& context, cudaStream_t stream) {
+  require_epoch_slots(args.common.num_blocks);
   const auto kernel = args.common.mask != nullptr ? low_latency::dispatch<true> : low_latency::dispatch<false>;
   kernel<<<args.common.num_blocks, kLowLatencyThreadsPerBlock, 0, stream>>>(window, args, phases, context);
   EPCOMM_CUDA_CHECK(cudaGetLastError());

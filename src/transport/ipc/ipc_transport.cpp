@@ -1,7 +1,5 @@
 #include "transport/ipc/ipc_transport.hpp"
 
-#include <unistd.h>
-
 #include <cstring>
 #include <utility>
 
@@ -10,20 +8,6 @@
 
 namespace epcomm::detail {
 namespace {
-
-constexpr size_t kHostNameBytes = 64;
-constexpr size_t kBusIdBytes = 32;
-constexpr size_t kAgreedBytes = 256;
-
-// What each rank publishes so peers can map its buffer and detect a mismatched setup.
-struct IpcExport {
-  cudaIpcMemHandle_t handle;
-  uint64_t total_bytes;
-  ProcessIdentity process;
-  char host_name[kHostNameBytes];
-  char pci_bus_id[kBusIdBytes];
-  char agreed[kAgreedBytes];
-};
 
 // The emulated node of `rank`: ranks are split into `nodes` equal, contiguous groups.
 int node_of(int rank, int num_ranks, int nodes) { return rank / (num_ranks / nodes); }
@@ -39,56 +23,30 @@ IpcMapping& IpcMapping::operator=(IpcMapping&& other) noexcept {
   return *this;
 }
 
-IpcTransport::IpcTransport(Bootstrap& bootstrap, const TransportOptions& options)
+IpcTransport::IpcTransport(Bootstrap& bootstrap, const TransportOptions& options, const std::vector<RankCensus>& census)
     : local_(options.layout.total_bytes()) {
   const int rank = bootstrap.rank();
   const int num_ranks = bootstrap.num_ranks();
-  const size_t total_bytes = options.layout.total_bytes();
-  EPCOMM_CUDA_CHECK(cudaMemset(local_.get(), 0, total_bytes));
+  const RankCensus& mine = census[rank];
+  for (int peer = 0; peer < num_ranks; ++peer) {
+    if (std::strncmp(census[peer].host_name, mine.host_name, RankCensus::kHostNameBytes) != 0) {
+      fail(ErrorCode::kUnsupported, "Buffer: rank ", peer, " runs on host '", census[peer].host_name, "' and rank ",
+           rank, " on '", mine.host_name, "'; CUDA IPC reaches the ranks of one host only (use the NVSHMEM transport)");
+    }
+  }
+  EPCOMM_CUDA_CHECK(cudaMemset(local_.get(), 0, options.layout.total_bytes()));
   EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());  // zeroed before any peer learns the handle
 
-  IpcExport mine{};
-  EPCOMM_CUDA_CHECK(cudaIpcGetMemHandle(&mine.handle, local_.get()));
-  mine.total_bytes = total_bytes;
-  mine.process = current_process();
-  gethostname(mine.host_name, kHostNameBytes - 1);
-  EPCOMM_CUDA_CHECK(cudaDeviceGetPCIBusId(mine.pci_bus_id, kBusIdBytes, options.device));
-  std::strncpy(mine.agreed, options.agreed.c_str(), kAgreedBytes - 1);
+  cudaIpcMemHandle_t handle;
+  EPCOMM_CUDA_CHECK(cudaIpcGetMemHandle(&handle, local_.get()));
+  std::vector<cudaIpcMemHandle_t> handles(num_ranks);
+  bootstrap.allgather(&handle, handles.data(), sizeof(cudaIpcMemHandle_t));
 
-  std::vector<IpcExport> all(num_ranks);
-  bootstrap.allgather(&mine, all.data(), sizeof(IpcExport));
-  for (IpcExport& theirs : all) {  // text from other processes is printed: make sure it ends
-    theirs.host_name[kHostNameBytes - 1] = '\0';
-    theirs.pci_bus_id[kBusIdBytes - 1] = '\0';
-    theirs.agreed[kAgreedBytes - 1] = '\0';
-  }
-
-  for (int peer = 0; peer < num_ranks; ++peer) {
-    const IpcExport& theirs = all[peer];
-    if (theirs.total_bytes != total_bytes || std::strncmp(theirs.agreed, mine.agreed, kAgreedBytes) != 0) {
-      fail(ErrorCode::kInvalidArgument, "Buffer: rank ", peer, " was created with {", theirs.agreed, "} but rank ", rank,
-           " with {", mine.agreed, "}; every rank must pass the same options");
-    }
-    if (std::strncmp(theirs.host_name, mine.host_name, kHostNameBytes) != 0) {
-      fail(ErrorCode::kUnsupported, "Buffer: rank ", peer, " runs on host '", theirs.host_name, "' and rank ", rank,
-           " on '", mine.host_name, "'; ranks on several hosts need the NVSHMEM transport, not in this build yet");
-    }
-  }
-
-  ranks_on_my_device_ = 0;
-  for (int peer = 0; peer < num_ranks; ++peer) {
-    if (std::strncmp(all[peer].pci_bus_id, mine.pci_bus_id, kBusIdBytes) == 0) ++ranks_on_my_device_;
-  }
-
+  ranks_on_my_device_ = ranks_on_device_of(census, rank);
+  // One host: every peer's process can be watched, from the same pid namespace.
+  local_processes_ = watchable_processes(census, rank);
   window_.rank = rank;
   window_.num_ranks = num_ranks;
-  // One host: every peer's process can be watched, from the same pid namespace.
-  local_processes_.resize(num_ranks);
-  for (int peer = 0; peer < num_ranks; ++peer) {
-    if (peer != rank && all[peer].process.pid_namespace == mine.process.pid_namespace) {
-      local_processes_[peer] = all[peer].process;
-    }
-  }
   mappings_.resize(num_ranks);
   for (int peer = 0; peer < num_ranks; ++peer) {
     if (node_of(peer, num_ranks, options.emulated_nodes) == node_of(rank, num_ranks, options.emulated_nodes)) {
@@ -99,10 +57,10 @@ IpcTransport::IpcTransport(Bootstrap& bootstrap, const TransportOptions& options
       continue;
     }
     void* mapped = nullptr;
-    const cudaError_t status = cudaIpcOpenMemHandle(&mapped, all[peer].handle, cudaIpcMemLazyEnablePeerAccess);
+    const cudaError_t status = cudaIpcOpenMemHandle(&mapped, handles[peer], cudaIpcMemLazyEnablePeerAccess);
     if (status != cudaSuccess) {
       fail(ErrorCode::kCudaError, "Buffer: rank ", rank, " (GPU ", mine.pci_bus_id, ") cannot map the buffer of rank ",
-           peer, " (GPU ", all[peer].pci_bus_id, "): cudaIpcOpenMemHandle: ", cudaGetErrorString(status),
+           peer, " (GPU ", census[peer].pci_bus_id, "): cudaIpcOpenMemHandle: ", cudaGetErrorString(status),
            ". Are both GPUs visible to this process and connected by NVLink or PCIe peer access?");
     }
     mappings_[peer] = IpcMapping(mapped);
@@ -121,10 +79,6 @@ void IpcTransport::abandon() {
   mappings_.clear();
   window_ = PeerWindow{};
   local_.leak();
-}
-
-std::unique_ptr<Transport> make_transport(Bootstrap& bootstrap, const TransportOptions& options) {
-  return std::make_unique<IpcTransport>(bootstrap, options);
 }
 
 }  // namespace epcomm::detail

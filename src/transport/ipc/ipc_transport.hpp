@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/device_allocation.hpp"
+#include "transport/rank_census.hpp"
 #include "transport/transport.hpp"
 
 namespace epcomm::detail {
@@ -26,8 +27,9 @@ class IpcMapping {
 
 class IpcTransport final : public Transport {
  public:
-  // Collective. The buffer is zeroed before any peer can see it, so signals start at 0.
-  IpcTransport(Bootstrap& bootstrap, const TransportOptions& options);
+  // Collective. The buffer is zeroed before any peer can see it, so signals start at 0. Every rank
+  // must run on this host (census: take_census's).
+  IpcTransport(Bootstrap& bootstrap, const TransportOptions& options, const std::vector<RankCensus>& census);
   void release_collectively(Bootstrap& bootstrap) override;
   void abandon() override;
 

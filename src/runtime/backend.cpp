@@ -1,0 +1,111 @@
+#include "runtime/backend.hpp"
+
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "epcomm/error.hpp"
+#include "runtime/nvshmem_plugin.hpp"
+#include "transport/ipc/ipc_transport.hpp"
+#include "transport/rank_census.hpp"
+
+namespace epcomm::detail {
+namespace {
+
+// Where the plugin is looked for: EPCOMM_NVSHMEM_PLUGIN, else beside the library (or Python
+// extension) this code is linked into.
+std::string plugin_path() {
+  if (const char* path = std::getenv("EPCOMM_NVSHMEM_PLUGIN"); path != nullptr && path[0] != '\0') return path;
+  Dl_info info{};
+  std::string directory = ".";
+  if (dladdr(reinterpret_cast<const void*>(&plugin_path), &info) != 0 && info.dli_fname != nullptr) {
+    directory = info.dli_fname;
+    const size_t slash = directory.rfind('/');
+    directory = slash == std::string::npos ? "." : directory.substr(0, slash);
+  }
+  return directory + "/" + kNvshmemPluginFile;
+}
+
+const NvshmemPlugin* open_plugin(std::string& why) {
+#if !defined(EPCOMM_HAVE_NVSHMEM_PLUGIN)
+  why = "this build of epcomm has no NVSHMEM (CMake found none: pip install nvidia-nvshmem-cu13 or set NVSHMEM_HOME, "
+        "then rebuild; README, \"Across nodes\")";
+  return nullptr;
+#else
+  const std::string path = plugin_path();
+  void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (library == nullptr) {
+    const char* error = dlerror();
+    why = join_message("cannot load the NVSHMEM plugin ", path, ": ", error != nullptr ? error : "unknown error",
+                       " (is NVSHMEM's libnvshmem_host.so.3 where the plugin was built against?)");
+    return nullptr;
+  }
+  using Entry = const NvshmemPlugin* (*)();
+  const auto entry = reinterpret_cast<Entry>(dlsym(library, kNvshmemPluginEntry));
+  const NvshmemPlugin* plugin = entry != nullptr ? entry() : nullptr;
+  if (plugin == nullptr) {
+    why = join_message(path, " has no ", kNvshmemPluginEntry, ": not an epcomm NVSHMEM plugin");
+  } else if (plugin->abi != kNvshmemPluginAbi || std::strcmp(plugin->epcomm_version, EPCOMM_VERSION_STRING) != 0) {
+    why = join_message(path, " is from epcomm ", plugin->epcomm_version, " (plugin ABI ", plugin->abi, "), this is ",
+                       EPCOMM_VERSION_STRING, " (ABI ", kNvshmemPluginAbi, "): rebuild them together");
+    plugin = nullptr;
+  }
+  if (plugin == nullptr) dlclose(library);  // a loaded plugin stays for the process's life
+  return plugin;
+#endif
+}
+
+// A rank's view of which transport the ranks need, for the message when it is unavailable.
+std::string why_nvshmem(const std::vector<RankCensus>& census, int rank, TransportKind kind) {
+  if (kind == TransportKind::kNvshmem) return "BufferOptions::transport asks for NVSHMEM";
+  for (size_t peer = 0; peer < census.size(); ++peer) {
+    if (std::strncmp(census[peer].host_name, census[rank].host_name, RankCensus::kHostNameBytes) != 0) {
+      return join_message("rank ", peer, " runs on host '", census[peer].host_name, "' and rank ", rank, " on '",
+                          census[rank].host_name, "': ranks on several hosts need the NVSHMEM transport");
+    }
+  }
+  return "the ranks need the NVSHMEM transport";
+}
+
+}  // namespace
+
+const NvshmemPlugin* load_nvshmem_plugin(std::string& why) {
+  static std::once_flag once;
+  static const NvshmemPlugin* plugin = nullptr;
+  static std::string failure;
+  std::call_once(once, [] { plugin = open_plugin(failure); });
+  why = failure;
+  return plugin;
+}
+
+Backend connect(Bootstrap& bootstrap, const TransportOptions& options, TransportKind kind) {
+  const int rank = bootstrap.rank();
+  const RankCensus mine = describe_this_rank(options.device, options.layout.total_bytes(), options.agreed.c_str());
+  const std::vector<RankCensus> census = take_census(bootstrap, mine);
+  const bool nvshmem = kind == TransportKind::kNvshmem || (kind == TransportKind::kAuto && !one_host(census, rank));
+  Backend backend;
+  if (!nvshmem) {
+    backend.transport = std::make_unique<IpcTransport>(bootstrap, options, census);
+    backend.kernels = &kernels::builtin_kernels();
+    return backend;
+  }
+  // Every rank loads the plugin before any starts NVSHMEM, which would wait for the others.
+  std::string why;
+  const NvshmemPlugin* plugin = load_nvshmem_plugin(why);
+  const int32_t loaded = plugin != nullptr ? 1 : 0;
+  std::vector<int32_t> all_loaded(bootstrap.num_ranks());
+  bootstrap.allgather(&loaded, all_loaded.data(), sizeof(int32_t));
+  for (int peer = 0; peer < bootstrap.num_ranks(); ++peer) {
+    if (all_loaded[peer] != 0) continue;
+    if (plugin == nullptr) fail(ErrorCode::kUnsupported, "Buffer: ", why_nvshmem(census, rank, kind), ", but ", why);
+    fail(ErrorCode::kUnsupported, "Buffer: ", why_nvshmem(census, rank, kind), ", but rank ", peer,
+         " cannot load the NVSHMEM plugin (its error says why)");
+  }
+  backend.transport = plugin->make_transport(bootstrap, options, census);
+  backend.kernels = plugin->kernels;
+  return backend;
+}
+
+}  // namespace epcomm::detail

@@ -1,0 +1,73 @@
+#include "transport/rank_census.hpp"
+
+#include <unistd.h>
+
+#include <cstring>
+
+#include "common/cuda_check.hpp"
+#include "epcomm/error.hpp"
+
+namespace epcomm::detail {
+
+RankCensus describe_this_rank(int device, uint64_t total_bytes, const char* agreed) {
+  RankCensus mine;
+  mine.total_bytes = total_bytes;
+  mine.process = current_process();
+  gethostname(mine.host_name, RankCensus::kHostNameBytes - 1);
+  EPCOMM_CUDA_CHECK(cudaDeviceGetPCIBusId(mine.pci_bus_id, RankCensus::kBusIdBytes, device));
+  std::strncpy(mine.agreed, agreed, RankCensus::kAgreedBytes - 1);
+  return mine;
+}
+
+std::vector<RankCensus> take_census(Bootstrap& bootstrap, const RankCensus& mine) {
+  std::vector<RankCensus> all(bootstrap.num_ranks());
+  bootstrap.allgather(&mine, all.data(), sizeof(RankCensus));
+  for (RankCensus& theirs : all) {
+    theirs.host_name[RankCensus::kHostNameBytes - 1] = '\0';
+    theirs.pci_bus_id[RankCensus::kBusIdBytes - 1] = '\0';
+    theirs.agreed[RankCensus::kAgreedBytes - 1] = '\0';
+  }
+  for (int peer = 0; peer < bootstrap.num_ranks(); ++peer) {
+    const RankCensus& theirs = all[peer];
+    if (theirs.total_bytes != mine.total_bytes ||
+        std::strncmp(theirs.agreed, mine.agreed, RankCensus::kAgreedBytes) != 0) {
+      fail(ErrorCode::kInvalidArgument, "Buffer: rank ", peer, " was created with {", theirs.agreed, "} (",
+           theirs.total_bytes, " bytes) but rank ", bootstrap.rank(), " with {", mine.agreed, "} (", mine.total_bytes,
+           " bytes); every rank must pass the same options");
+    }
+  }
+  return all;
+}
+
+bool one_host(const std::vector<RankCensus>& census, int rank) {
+  for (const RankCensus& theirs : census) {
+    if (std::strncmp(theirs.host_name, census[rank].host_name, RankCensus::kHostNameBytes) != 0) return false;
+  }
+  return true;
+}
+
+int ranks_on_device_of(const std::vector<RankCensus>& census, int rank) {
+  int ranks = 0;
+  for (const RankCensus& theirs : census) {
+    if (std::strncmp(theirs.pci_bus_id, census[rank].pci_bus_id, RankCensus::kBusIdBytes) == 0 &&
+        std::strncmp(theirs.host_name, census[rank].host_name, RankCensus::kHostNameBytes) == 0) {
+      ++ranks;
+    }
+  }
+  return ranks;
+}
+
+std::vector<ProcessIdentity> watchable_processes(const std::vector<RankCensus>& census, int rank) {
+  std::vector<ProcessIdentity> processes(census.size());
+  const RankCensus& mine = census[rank];
+  for (size_t peer = 0; peer < census.size(); ++peer) {
+    const RankCensus& theirs = census[peer];
+    if (static_cast<int>(peer) != rank && theirs.process.pid_namespace == mine.process.pid_namespace &&
+        std::strncmp(theirs.host_name, mine.host_name, RankCensus::kHostNameBytes) == 0) {
+      processes[peer] = theirs.process;
+    }
+  }
+  return processes;
+}
+
+}  // namespace epcomm::detail

@@ -1,0 +1,43 @@
+// What every rank tells the others when a transport is created, whichever transport it is: its
+// host, GPU and process, the options it was created with, and its buffer's size. Transports read
+// it to check the ranks agree, to find which ranks share a host or a GPU, and which processes
+// this host can watch; the choice of transport (one host or several) is made from it too.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "common/process_identity.hpp"
+#include "epcomm/bootstrap.hpp"
+
+namespace epcomm::detail {
+
+struct RankCensus {
+  static constexpr size_t kHostNameBytes = 64;
+  static constexpr size_t kBusIdBytes = 32;
+  static constexpr size_t kAgreedBytes = 256;
+
+  uint64_t total_bytes = 0;
+  ProcessIdentity process;
+  char host_name[kHostNameBytes] = {};
+  char pci_bus_id[kBusIdBytes] = {};
+  char agreed[kAgreedBytes] = {};
+};
+
+// This rank's entry: `agreed` summarises the options every rank must pass alike.
+RankCensus describe_this_rank(int device, uint64_t total_bytes, const char* agreed);
+
+// Collective: every rank's entry, text fields NUL-terminated (they come from other processes and
+// are printed). Fails, naming both ranks and their values, when a rank was created with other
+// options or another buffer size than this one.
+std::vector<RankCensus> take_census(Bootstrap& bootstrap, const RankCensus& mine);
+
+// Whether every rank runs on this rank's host.
+bool one_host(const std::vector<RankCensus>& census, int rank);
+// Ranks (this one included) whose GPU is this rank's.
+int ranks_on_device_of(const std::vector<RankCensus>& census, int rank);
+// The processes this rank can watch: peers on its host in its pid namespace (pid 0 elsewhere).
+std::vector<ProcessIdentity> watchable_processes(const std::vector<RankCensus>& census, int rank);
+
+}  // namespace epcomm::detail
