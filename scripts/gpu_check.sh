@@ -53,6 +53,13 @@ export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAS
 } >"$results/machine.txt" 2>&1
 
 export EPCOMM_BUILD_DIR=${EPCOMM_BUILD_DIR:-build-gpu}
+# NVSHMEM for the plugin (the low_latency_nvshmem case): the wheel of a Python environment that
+# has it, when NVSHMEM_HOME is not set (CMake also asks the python3 on PATH).
+if [ -z "${NVSHMEM_HOME:-}" ]; then
+  for candidate in ${VIRTUAL_ENV:+$VIRTUAL_ENV/lib/python3*/site-packages/nvidia/nvshmem} /opt/*/.venv/lib/python3*/site-packages/nvidia/nvshmem; do
+    if [ -f "$candidate/include/nvshmem.h" ]; then export NVSHMEM_HOME=$candidate; break; fi
+  done
+fi
 if wants build || wants tests || wants bench || wants sweep || wants cold || wants sanitize || wants soak; then
   cmake_args=()
   [ -d .deps/googletest ] && cmake_args+=(-DEPCOMM_GTEST_SOURCE_DIR="$PWD/.deps/googletest")

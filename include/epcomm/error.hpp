@@ -24,7 +24,9 @@ enum class ErrorCode {
 
 const char* error_code_name(ErrorCode code);
 
-class Error : public std::runtime_error {
+// Visible by default even where a library hides its symbols: the NVSHMEM plugin, a shared object
+// of its own, throws it, and a catch elsewhere must see the same type.
+class __attribute__((visibility("default"))) Error : public std::runtime_error {
  public:
   Error(ErrorCode code, const std::string& message)
       : std::runtime_error(std::string(error_code_name(code)) + ": " + message), code_(code) {}

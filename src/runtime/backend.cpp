@@ -30,11 +30,30 @@ std::string plugin_path() {
 
 const NvshmemPlugin* open_plugin(std::string& why) {
 #if !defined(EPCOMM_HAVE_NVSHMEM_PLUGIN)
-  why = "this build of epcomm has no NVSHMEM (CMake found none: pip install nvidia-nvshmem-cu13 or set NVSHMEM_HOME, "
-        "then rebuild; README, \"Across nodes\")";
-  return nullptr;
-#else
-  const std::string path = plugin_path();
+  if (std::getenv("EPCOMM_NVSHMEM_PLUGIN") == nullptr) {
+    why = "this build of epcomm has no NVSHMEM (CMake found none: pip install nvidia-nvshmem-cu13 or set "
+          "NVSHMEM_HOME, then rebuild; README, \"Across nodes\")";
+    return nullptr;
+  }
+#endif
+  return load_nvshmem_plugin_from(plugin_path(), why);
+}
+
+// A rank's view of which transport the ranks need, for the message when it is unavailable.
+std::string why_nvshmem(const std::vector<RankCensus>& census, int rank, TransportKind kind) {
+  if (kind == TransportKind::kNvshmem) return "BufferOptions::transport asks for NVSHMEM";
+  for (size_t peer = 0; peer < census.size(); ++peer) {
+    if (std::strncmp(census[peer].host_name, census[rank].host_name, RankCensus::kHostNameBytes) != 0) {
+      return join_message("rank ", peer, " runs on host '", census[peer].host_name, "' and rank ", rank, " on '",
+                          census[rank].host_name, "': ranks on several hosts need the NVSHMEM transport");
+    }
+  }
+  return "the ranks need the NVSHMEM transport";
+}
+
+}  // namespace
+
+const NvshmemPlugin* load_nvshmem_plugin_from(const std::string& path, std::string& why) {
   void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (library == nullptr) {
     const char* error = dlerror();
@@ -54,22 +73,7 @@ const NvshmemPlugin* open_plugin(std::string& why) {
   }
   if (plugin == nullptr) dlclose(library);  // a loaded plugin stays for the process's life
   return plugin;
-#endif
 }
-
-// A rank's view of which transport the ranks need, for the message when it is unavailable.
-std::string why_nvshmem(const std::vector<RankCensus>& census, int rank, TransportKind kind) {
-  if (kind == TransportKind::kNvshmem) return "BufferOptions::transport asks for NVSHMEM";
-  for (size_t peer = 0; peer < census.size(); ++peer) {
-    if (std::strncmp(census[peer].host_name, census[rank].host_name, RankCensus::kHostNameBytes) != 0) {
-      return join_message("rank ", peer, " runs on host '", census[peer].host_name, "' and rank ", rank, " on '",
-                          census[rank].host_name, "': ranks on several hosts need the NVSHMEM transport");
-    }
-  }
-  return "the ranks need the NVSHMEM transport";
-}
-
-}  // namespace
 
 const NvshmemPlugin* load_nvshmem_plugin(std::string& why) {
   static std::once_flag once;

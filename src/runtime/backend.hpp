@@ -11,6 +11,8 @@
 
 namespace epcomm::detail {
 
+struct NvshmemPlugin;
+
 struct Backend {
   std::unique_ptr<Transport> transport;
   const kernels::KernelTable* kernels = nullptr;
@@ -25,6 +27,8 @@ Backend connect(Bootstrap& bootstrap, const TransportOptions& options, Transport
 // The NVSHMEM plugin of this build (loaded once per process), or null with `why` set: not built,
 // not found where it should be (next to libepcomm, or EPCOMM_NVSHMEM_PLUGIN), or from another
 // build.
-const struct NvshmemPlugin* load_nvshmem_plugin(std::string& why);
+const NvshmemPlugin* load_nvshmem_plugin(std::string& why);
+// The plugin at `path`, not cached (tests), or null with `why` set.
+const NvshmemPlugin* load_nvshmem_plugin_from(const std::string& path, std::string& why);
 
 }  // namespace epcomm::detail

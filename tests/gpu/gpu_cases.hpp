@@ -18,6 +18,7 @@ void run_cold_start_case(RankHarness& harness);
 void run_normal_case(RankHarness& harness);
 void run_low_latency_case(RankHarness& harness);
 void run_low_latency_emulated_case(RankHarness& harness);
+void run_low_latency_nvshmem_case(RankHarness& harness);
 void run_soak_case(RankHarness& harness);
 
 }  // namespace epcomm::testing

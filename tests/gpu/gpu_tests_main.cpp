@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "gpu/gpu_cases.hpp"
+#include "runtime/backend.hpp"
 
 namespace {
 
@@ -12,6 +13,7 @@ struct Case {
   const char* name;
   void (*run)(epcomm::testing::RankHarness&);
   const char* on_request_only = nullptr;  // an environment variable that must be set for it to run
+  bool needs_nvshmem = false;             // runs only where the NVSHMEM plugin loads
 };
 
 constexpr Case kCases[] = {
@@ -27,6 +29,7 @@ constexpr Case kCases[] = {
     {"normal", epcomm::testing::run_normal_case},
     {"low_latency", epcomm::testing::run_low_latency_case},
     {"low_latency_emulated", epcomm::testing::run_low_latency_emulated_case},
+    {"low_latency_nvshmem", epcomm::testing::run_low_latency_nvshmem_case, nullptr, true},
     {"soak", epcomm::testing::run_soak_case, "EPCOMM_SOAK_CALLS"},
 };
 
@@ -55,6 +58,13 @@ int main(int argc, char** argv) {
   if (selected->on_request_only != nullptr && std::getenv(selected->on_request_only) == nullptr) {
     std::printf("SKIPPED: GPU test '%s' runs only on request: set %s\n", selected->name, selected->on_request_only);
     return epcomm::testing::kExitSkipped;
+  }
+  if (selected->needs_nvshmem) {
+    std::string why;
+    if (epcomm::detail::load_nvshmem_plugin(why) == nullptr) {
+      std::printf("SKIPPED: GPU test '%s' needs the NVSHMEM plugin: %s\n", selected->name, why.c_str());
+      return epcomm::testing::kExitSkipped;
+    }
   }
   try {
     epcomm::testing::RankHarness harness;

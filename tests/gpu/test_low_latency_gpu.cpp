@@ -737,7 +737,7 @@ void check_errors(Context& ctx) {
 // others' round leaves it out: its tokens are not received and its experts add nothing (the
 // reference with its tokens removed and every id of its experts made -1). The mask reads back,
 // cleans, and a full round is exact again. Bad mask arguments are named.
-void check_shrink(RankHarness& harness, cudaStream_t stream, int emulated_nodes) {
+void check_shrink(RankHarness& harness, cudaStream_t stream, int emulated_nodes, TransportKind transport) {
   constexpr Scenario s{"shrink bf16 h2048 T32 top4", Cast::kBf16, 2048, 32, 4, 8, 128, 0};
   const int ranks = harness.num_ranks(), me = harness.rank(), masked = ranks - 1;
   if (me == 0) {
@@ -746,6 +746,7 @@ void check_shrink(RankHarness& harness, cudaStream_t stream, int emulated_nodes)
   }
   BufferOptions options;
   options.emulated_nodes = emulated_nodes;
+  options.transport = transport;
   options.low_latency_mode = true;
   options.enable_shrink = true;
   options.num_rdma_bytes = Buffer::low_latency_buffer_size_hint(s.max_tokens, s.hidden, ranks, experts_of(s, ranks));
@@ -818,10 +819,12 @@ void check_shrink(RankHarness& harness, cudaStream_t stream, int emulated_nodes)
 
 }  // namespace
 
-void run_low_latency_suite(RankHarness& harness, int emulated_nodes) {
+void run_low_latency_suite(RankHarness& harness, int emulated_nodes,
+                           TransportKind transport = TransportKind::kAuto) {
   const int ranks = harness.num_ranks();
   BufferOptions options;
   options.emulated_nodes = emulated_nodes;
+  options.transport = transport;
   options.preinitialize = emulated_nodes > 1;  // the warmup's first touch of every peer goes by put there
   options.num_nvl_bytes = 0;
   options.low_latency_mode = true;
@@ -845,7 +848,7 @@ void run_low_latency_suite(RankHarness& harness, int emulated_nodes) {
     run_scenario(ctx, after, kSeed + 104729u);
     EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
   }
-  check_shrink(harness, stream, emulated_nodes);
+  check_shrink(harness, stream, emulated_nodes, transport);
 }
 
 void run_low_latency_case(RankHarness& harness) { run_low_latency_suite(harness, 1); }
@@ -865,6 +868,16 @@ void run_low_latency_emulated_case(RankHarness& harness) {
   normal.emulated_nodes = 2;
   expect_error_with(harness, ErrorCode::kUnsupported, {"emulated_nodes=2", "normal mode across nodes"},
                     [&] { Buffer refused(harness.bootstrap(), normal); }, "normal-mode Buffer across emulated nodes");
+}
+
+// The suite over the NVSHMEM transport (the plugin): first with every rank direct (NVSHMEM's P2P
+// mappings), then, with an even rank count, across two emulated nodes, where the ranks of the
+// other half are reached by NVSHMEM's put and signal (its P2P transport carries them here, the
+// network would across real nodes).
+void run_low_latency_nvshmem_case(RankHarness& harness) {
+  run_low_latency_suite(harness, 1, TransportKind::kNvshmem);
+  const int ranks = harness.num_ranks();
+  if (ranks >= 2 && ranks % 2 == 0) run_low_latency_suite(harness, 2, TransportKind::kNvshmem);
 }
 
 }  // namespace epcomm::testing

@@ -7,13 +7,6 @@
 #include "epcomm/error.hpp"
 
 namespace epcomm::detail {
-namespace {
-
-// The emulated node of `rank`: ranks are split into `nodes` equal, contiguous groups.
-int node_of(int rank, int num_ranks, int nodes) { return rank / (num_ranks / nodes); }
-
-}  // namespace
-
 IpcMapping::~IpcMapping() {
   if (pointer_ != nullptr) EPCOMM_CUDA_WARN(cudaIpcCloseMemHandle(pointer_));
 }
@@ -49,7 +42,7 @@ IpcTransport::IpcTransport(Bootstrap& bootstrap, const TransportOptions& options
   window_.num_ranks = num_ranks;
   mappings_.resize(num_ranks);
   for (int peer = 0; peer < num_ranks; ++peer) {
-    if (node_of(peer, num_ranks, options.emulated_nodes) == node_of(rank, num_ranks, options.emulated_nodes)) {
+    if (emulated_node(peer, num_ranks, options.emulated_nodes) == emulated_node(rank, num_ranks, options.emulated_nodes)) {
       window_.direct_ranks |= 1u << peer;
     }
     if (peer == rank) {
