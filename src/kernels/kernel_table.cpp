@@ -7,6 +7,7 @@ namespace epcomm::kernels {
 void load_barrier_kernel_module();
 void load_low_latency_dispatch_kernel_module();
 void load_low_latency_combine_kernel_module();
+void load_peer_copy_kernel_module();
 
 namespace {
 
@@ -14,13 +15,14 @@ void load_cross_rank_kernel_modules() {
   load_barrier_kernel_module();
   load_low_latency_dispatch_kernel_module();
   load_low_latency_combine_kernel_module();
+  load_peer_copy_kernel_module();
 }
 
 }  // namespace
 
 const KernelTable& builtin_kernels() {
-  static const KernelTable table{launch_nvl_barrier, launch_checked_barrier, launch_low_latency_dispatch,
-                                 launch_low_latency_combine, load_cross_rank_kernel_modules};
+  static const KernelTable table{launch_nvl_barrier,         launch_checked_barrier, launch_low_latency_dispatch,
+                                 launch_low_latency_combine, launch_peer_copy,       load_cross_rank_kernel_modules};
   return table;
 }
 

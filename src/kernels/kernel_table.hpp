@@ -19,6 +19,9 @@ struct KernelTable {
                                const KernelContext& context, cudaStream_t stream);
   void (*low_latency_combine)(const PeerWindow& window, const LowLatencyCombineKernelArgs& args, unsigned phases,
                               const KernelContext& context, cudaStream_t stream);
+  // The all-to-all copy (copy_to_all_ranks, the warmup's first touch of every peer).
+  void (*peer_copy)(const PeerWindow& window, const void* source, size_t bytes_per_peer, int num_blocks,
+                    const KernelContext& context, cudaStream_t stream);
   // Loads the modules of the kernels above (kernel_modules.cpp says why).
   void (*load_modules)();
 };

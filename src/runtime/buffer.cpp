@@ -315,13 +315,17 @@ void Buffer::copy_to_all_ranks(const void* source, size_t bytes_per_rank, int nu
     fail(ErrorCode::kUnsupported, kOp, ": CopyPath::kTma needs every rank direct (emulated_nodes=",
          impl_->options.emulated_nodes, ")");
   }
+  if (path == CopyPath::kCopyEngine && impl_->window().nvshmem_ranks != 0) {
+    fail(ErrorCode::kUnsupported, kOp, ": the copy engines reach only mapped peers; some ranks are reached by NVSHMEM's "
+         "put (use CopyPath::kSmKernel)");
+  }
   detail::ScopedDevice scoped(impl_->device);
   const cudaStream_t comm = impl_->comm_stream;
   Event::record(stream).wait(comm);
   // The leading barrier keeps the copy off rings a peer may still be reading (a combine).
   impl_->kernels->nvl_barrier(impl_->window(), impl_->context(), comm);
   if (path == CopyPath::kSmKernel) {
-    kernels::launch_peer_copy(impl_->window(), source, bytes_per_rank, num_sms, impl_->context(), comm);
+    impl_->kernels->peer_copy(impl_->window(), source, bytes_per_rank, num_sms, impl_->context(), comm);
   } else if (path == CopyPath::kTma) {
     kernels::launch_peer_copy_tma(impl_->window(), source, bytes_per_rank, num_sms, impl_->context(), comm);
   } else {

@@ -197,6 +197,7 @@ void Buffer::warm_up(cudaStream_t stream) {
   {
     const Timer phase(impl, "load kernel modules");
     kernels::load_all_kernel_modules();
+    impl.kernels->load_modules();  // the NVSHMEM plugin's own, when it is the transport's
   }
   {
     // Each rank's first access through an IPC mapping pays for mapping its pages: write every
@@ -211,8 +212,8 @@ void Buffer::warm_up(cudaStream_t stream) {
       detail::DeviceAllocation source(bytes_per_rank);
       EPCOMM_CUDA_CHECK(cudaMemsetAsync(source.get(), 0, bytes_per_rank, stream));
       Event::record(stream).wait(impl.comm_stream);
-      kernels::launch_peer_copy(impl.window(), source.get(), bytes_per_rank, std::min(impl.num_device_sms, kCopyWarmupSms),
-                                impl.context(), impl.comm_stream);
+      impl.kernels->peer_copy(impl.window(), source.get(), bytes_per_rank, std::min(impl.num_device_sms, kCopyWarmupSms),
+                              impl.context(), impl.comm_stream);
       Event::record(impl.comm_stream).wait(stream);
       barrier(stream);
       synchronize(stream);
