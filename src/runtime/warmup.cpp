@@ -209,10 +209,11 @@ void Buffer::warm_up(cudaStream_t stream) {
     const size_t bytes_per_rank = user_bytes / ranks / kVectorBytes * kVectorBytes;
     barrier(stream);
     if (ranks > 1 && bytes_per_rank > 0) {
-      detail::DeviceAllocation source(bytes_per_rank);
-      EPCOMM_CUDA_CHECK(cudaMemsetAsync(source.get(), 0, bytes_per_rank, stream));
+      // The bytes are this rank's own slice of its buffer, whatever they hold (nothing there is
+      // live): a put source inside the buffer is registered memory for any transport.
+      const char* source = impl.local_base() + BufferLayout::nvl_offset() + static_cast<size_t>(impl.window().rank) * bytes_per_rank;
       Event::record(stream).wait(impl.comm_stream);
-      impl.kernels->peer_copy(impl.window(), source.get(), bytes_per_rank, std::min(impl.num_device_sms, kCopyWarmupSms),
+      impl.kernels->peer_copy(impl.window(), source, bytes_per_rank, std::min(impl.num_device_sms, kCopyWarmupSms),
                               impl.context(), impl.comm_stream);
       Event::record(impl.comm_stream).wait(stream);
       barrier(stream);

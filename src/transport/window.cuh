@@ -28,9 +28,13 @@
 // Over CUDA IPC every operation is a load or store through the mapping. Compiled with
 // EPCOMM_WINDOW_NVSHMEM (the NVSHMEM plugin's copy of the kernels), a rank in
 // PeerWindow::nvshmem_ranks is reached by NVSHMEM's device API instead: put is
-// nvshmemx_putmem_nbi_warp, put_value nvshmem_uint{32,64}_p, signal nvshmemx_signal_op (SET),
-// quiet nvshmem_quiet; direct ranks (nvshmem_ptr) stay loads and stores. So a kernel written
-// against this contract runs across nodes unchanged.
+// nvshmemx_putmem_nbi_warp, put_value nvshmem_uint{32,64}_p, and signal is nvshmem_quiet then
+// nvshmemx_signal_op (SET) from the one signalling thread: after the publish rule's barrier, that
+// quiet completes every thread's puts (IBGDA and the proxy drain the whole PE; over P2P it is a
+// system fence, cumulative over the barrier), so quiet() itself stays an ordering point and the
+// cost is paid once per signal, not per putting thread. fence() also completes NVSHMEM puts.
+// Direct ranks (nvshmem_ptr) stay loads and stores. So a kernel written against this contract
+// runs across nodes unchanged.
 #pragma once
 
 #include <cstddef>
@@ -101,6 +105,7 @@ class Window {
   __device__ void signal(int peer, size_t offset, uint64_t value) const {
 #if defined(EPCOMM_WINDOW_NVSHMEM)
     if (by_nvshmem(peer)) {
+      nvshmem_quiet();  // the puts the barrier ordered before this signal are complete
       nvshmemx_signal_op(reinterpret_cast<uint64_t*>(peers_.bases[peer] + offset), value, NVSHMEM_SIGNAL_SET, peer);
       return;
     }
@@ -112,13 +117,14 @@ class Window {
     return wait_at_least(own<uint64_t>(own_offset), expected, context, site);
   }
 
-  __device__ void quiet() const {
+  // Ordering only, in both builds: signal() completes NVSHMEM puts (see the top of this file).
+  __device__ void quiet() const { asm volatile("" ::: "memory"); }
+  __device__ void fence() const {
 #if defined(EPCOMM_WINDOW_NVSHMEM)
-    if (peers_.nvshmem_ranks != 0) nvshmem_quiet();  // this thread's NVSHMEM puts are complete
+    if (peers_.nvshmem_ranks != 0) nvshmem_quiet();  // puts of earlier kernels of the stream too
 #endif
-    asm volatile("" ::: "memory");
+    fence_acq_rel_sys();
   }
-  __device__ void fence() const { fence_acq_rel_sys(); }
 
  private:
   __device__ bool by_nvshmem(int peer) const { return ((peers_.nvshmem_ranks >> peer) & 1u) != 0; }

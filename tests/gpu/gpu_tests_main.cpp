@@ -62,8 +62,14 @@ int main(int argc, char** argv) {
   if (selected->needs_nvshmem) {
     std::string why;
     if (epcomm::detail::load_nvshmem_plugin(why) == nullptr) {
+#if defined(EPCOMM_HAVE_NVSHMEM_PLUGIN)
+      std::printf("FAILED: GPU test '%s': this build made the NVSHMEM plugin, but it does not load: %s\n",
+                  selected->name, why.c_str());
+      return 1;
+#else
       std::printf("SKIPPED: GPU test '%s' needs the NVSHMEM plugin: %s\n", selected->name, why.c_str());
       return epcomm::testing::kExitSkipped;
+#endif
     }
   }
   try {

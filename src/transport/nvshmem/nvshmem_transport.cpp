@@ -41,6 +41,7 @@ void start_nvshmem(Bootstrap& bootstrap, const TransportOptions& options, const 
                       kHeapGranularity;
   default_env("NVSHMEM_SYMMETRIC_SIZE", std::to_string(heap));
   default_env("NVSHMEM_DISABLE_NVLS", "1");  // NVLink multicast stays off
+  default_env("NVSHMEM_DISABLE_NCCL", "1");  // NCCL refuses several ranks on one GPU (MPS)
   if (one_host(census, rank)) {
     // One host: P2P carries everything, and NVSHMEM's own bootstrap meets on loopback.
     default_env("NVSHMEM_REMOTE_TRANSPORT", "none");
@@ -54,7 +55,14 @@ void start_nvshmem(Bootstrap& bootstrap, const TransportOptions& options, const 
   bootstrap.allgather(&mine, ids.data(), sizeof(nvshmemx_uniqueid_t));
   nvshmemx_init_attr_t attributes = NVSHMEMX_INIT_ATTR_INITIALIZER;
   nvshmemx_set_attr_uniqueid_args(rank, bootstrap.num_ranks(), &ids[0], &attributes);
-  const int status = nvshmemx_init_attr(NVSHMEMX_INIT_WITH_UNIQUEID, &attributes);
+  // nvshmemx_init_attr, but returning its status: the header's inline version exits the process
+  // on failure, which would leave the other ranks waiting instead of failing.
+  nvshmemx_init_init_attr_ver_only(attributes);
+  const nvshmemi_version_t version = {NVSHMEM_VENDOR_MAJOR_VERSION, NVSHMEM_VENDOR_MINOR_VERSION,
+                                      NVSHMEM_VENDOR_PATCH_VERSION};
+  int provided = 0;
+  const int status =
+      nvshmemi_init_thread(NVSHMEM_THREAD_SERIALIZED, &provided, NVSHMEMX_INIT_WITH_UNIQUEID, &attributes, version);
   if (status != 0) {
     fail(ErrorCode::kUnsupported, "Buffer: NVSHMEM failed to start on rank ", rank, " (nvshmemx_init_attr: ", status,
          "; NVSHMEM_DEBUG=INFO says why)");
@@ -92,7 +100,8 @@ NvshmemTransport::NvshmemTransport(Bootstrap& bootstrap, const TransportOptions&
     symmetric_ = nvshmem_malloc(total_bytes);
     if (symmetric_ == nullptr) {
       fail(ErrorCode::kCudaError, "Buffer: nvshmem_malloc(", total_bytes, ") failed on rank ", rank,
-           ": NVSHMEM's symmetric heap is too small (set NVSHMEM_SYMMETRIC_SIZE above the Buffers' total)");
+           ": NVSHMEM's symmetric heap (NVSHMEM_SYMMETRIC_SIZE, sized from the first Buffer unless set) or the "
+           "device's memory is exhausted");
     }
   }
   EPCOMM_CUDA_CHECK(cudaMemset(symmetric_, 0, total_bytes));
@@ -126,6 +135,7 @@ NvshmemTransport::~NvshmemTransport() = default;
 void NvshmemTransport::release_collectively(Bootstrap& bootstrap) {
   window_ = PeerWindow{};
   bootstrap.barrier();  // no peer still reaches this buffer
+  std::lock_guard<std::mutex> lock(session().mutex);  // NVSHMEM's host calls, one thread at a time
   nvshmem_free(symmetric_);  // collective
   symmetric_ = nullptr;
 }
