@@ -228,6 +228,38 @@ TEST(CheckEnvCollect, NvshmemPathVariable) {
   }
 }
 
+TEST(CheckEnvCollect, PluginPathVariable) {
+  {
+    const ScopedEnv path("EPCOMM_NVSHMEM_PLUGIN", "/nonexistent/libepcomm_nvshmem.so");
+    const PluginInfo info = find_plugin();
+    if (!info.found) {
+      EXPECT_TRUE(contains(info.detail, "/nonexistent/libepcomm_nvshmem.so")) << info.detail;
+    }
+  }
+  {
+    // A library that loads but has no entry point is named as not a plugin.
+    const ScopedEnv path("EPCOMM_NVSHMEM_PLUGIN", "libc.so.6");
+    const std::vector<std::string> candidates = plugin_candidates();
+    ASSERT_FALSE(candidates.empty());
+    EXPECT_EQ(candidates.front(), "libc.so.6");
+    const PluginInfo info = find_plugin();
+    if (!info.found) {
+      EXPECT_TRUE(contains(info.detail, "libc.so.6: not an epcomm NVSHMEM plugin")) << info.detail;
+    }
+  }
+}
+
+TEST(CheckEnvAdvice, NvshmemWithoutThePluginSaysToRebuild) {
+  EnvironmentReport report = hopper_node(2);
+  report.nvshmem.found = true;
+  report.nvshmem.version = "3.4.5";
+  report.plugin.detail = "no libepcomm_nvshmem.so beside this build";
+  const std::vector<Advice> advice = advise(report, 2);
+  EXPECT_NE(find_advice(advice, Severity::kInfo, "epcomm's NVSHMEM plugin is not"), nullptr) << describe(advice);
+  report.plugin.found = true;
+  EXPECT_EQ(find_advice(advise(report, 2), Severity::kInfo, "plugin is not"), nullptr);
+}
+
 TEST(CheckEnvCollect, NvshmemFromNvshmemHomeAndPipWheels) {
   namespace fs = std::filesystem;
   const TempDir root;
@@ -375,6 +407,7 @@ TEST(CheckEnvAdvice, InternodeAbsenceIsOnlyInformation) {
 
   EnvironmentReport equipped = hopper_node(1);
   equipped.nvshmem = {true, "/opt/nvshmem/lib/libnvshmem_host.so.3", "3.2.5", ""};
+  equipped.plugin = {true, "/opt/epcomm/lib/libepcomm_nvshmem.so", "3.2.5", ""};
   equipped.infiniband = {{"mlx5_0", {{"1", "1: DOWN"}}}};
   const std::vector<Advice> down = advise(equipped, 1);
   EXPECT_EQ(find_advice(down, Severity::kInfo, "NVSHMEM"), nullptr) << describe(down);

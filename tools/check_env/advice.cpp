@@ -162,15 +162,18 @@ void advise_internode(const EnvironmentReport& report, std::vector<Advice>& advi
   if (!report.nvshmem.found) {
     add(advice, Severity::kInfo,
         "NVSHMEM was not found (" + report.nvshmem.detail +
-            "): it is needed only between nodes, which this build of epcomm does not "
-            "support yet. To check a copy outside the loader's path, set "
-            "EPCOMM_NVSHMEM_LIB to its libnvshmem_host.so.3.");
+            "): it is needed only between hosts (the NVSHMEM transport; pip install nvidia-nvshmem-cu13). "
+            "To check a copy outside the loader's path, set EPCOMM_NVSHMEM_LIB to its libnvshmem_host.so.3.");
+  } else if (!report.plugin.found) {
+    add(advice, Severity::kInfo,
+        "NVSHMEM " + report.nvshmem.version + " is here but epcomm's NVSHMEM plugin is not (" + report.plugin.detail +
+            "): ranks on several hosts need it. Rebuild epcomm with NVSHMEM_HOME set to NVSHMEM's folder.");
   }
   if (report.infiniband.empty()) {
     add(advice, Severity::kInfo,
         "no InfiniBand devices" + (report.infiniband_error.empty() ? "" : " (" + report.infiniband_error + ")") +
-            ": this machine can run epcomm within the node only, which is all this "
-            "build supports.");
+            ": this machine can run epcomm within the node only (across hosts, NVSHMEM needs a network "
+            "it can use: InfiniBand or RoCE with GPUDirect RDMA).");
     return;
   }
   const bool any_active =
@@ -181,7 +184,7 @@ void advise_internode(const EnvironmentReport& report, std::vector<Advice>& advi
   if (!any_active) {
     add(advice, Severity::kInfo,
         "InfiniBand devices are present but no port is ACTIVE: traffic between "
-        "nodes could not flow (not needed by this single-node build).");
+        "hosts could not flow (not needed within one node).");
   }
 }
 

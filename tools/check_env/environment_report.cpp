@@ -1,6 +1,7 @@
 #include "check_env/environment_report.hpp"
 
 #include "common/gpu_presence.hpp"
+#include "runtime/nvshmem_plugin.hpp"
 
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -366,6 +367,50 @@ NvshmemInfo find_nvshmem() {
   return info;
 }
 
+std::vector<std::string> plugin_candidates() {
+  std::vector<std::string> candidates;
+  if (const std::string path = environment_value("EPCOMM_NVSHMEM_PLUGIN"); !path.empty()) candidates.push_back(path);
+  std::error_code error;
+  const std::filesystem::path program = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (!error) {
+    const std::filesystem::path parent = program.parent_path().parent_path();
+    for (const std::filesystem::path& candidate : {parent / detail::kNvshmemPluginFile, parent / "lib" / detail::kNvshmemPluginFile}) {
+      if (std::filesystem::exists(candidate, error)) candidates.push_back(candidate.string());
+    }
+  }
+  return candidates;
+}
+
+PluginInfo find_plugin() {
+  PluginInfo info;
+  const std::vector<std::string> candidates = plugin_candidates();
+  if (candidates.empty()) {
+    info.detail = "no libepcomm_nvshmem.so beside this build (CMake builds it when it finds NVSHMEM; "
+                  "EPCOMM_NVSHMEM_PLUGIN names one elsewhere)";
+    return info;
+  }
+  for (const std::string& candidate : candidates) {
+    const SharedLibrary library(candidate);
+    if (!library.ok()) {
+      append_error(info.detail, library.error());
+      continue;
+    }
+    using Entry = const detail::NvshmemPlugin* (*)();
+    const auto entry = library.symbol<Entry>(detail::kNvshmemPluginEntry);
+    const detail::NvshmemPlugin* plugin = entry != nullptr ? entry() : nullptr;
+    if (plugin == nullptr) {
+      append_error(info.detail, candidate + ": not an epcomm NVSHMEM plugin");
+      continue;
+    }
+    info.found = true;
+    info.detail.clear();
+    info.path = candidate;
+    info.nvshmem_version = plugin->nvshmem_version != nullptr ? plugin->nvshmem_version : "unknown";
+    return info;
+  }
+  return info;
+}
+
 std::string cuda_version_string(int version) {
   if (version <= 0) return "none";
   return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
@@ -386,6 +431,7 @@ EnvironmentReport collect_environment_report() {
   report.mps_pipe_directory = mps_pipe_directory();
   report.mps_active = mps_control_pipe_exists(report.mps_pipe_directory);
   report.nvshmem = find_nvshmem();
+  report.plugin = find_plugin();
   report.infiniband = collect_infiniband(kInfinibandSysfsRoot, &report.infiniband_error);
   report.environment = collect_relevant_environment(environ);
   return report;

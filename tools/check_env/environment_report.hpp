@@ -41,6 +41,14 @@ struct NvshmemInfo {
   std::string detail;   // when not found: what was tried and why each attempt failed
 };
 
+// epcomm's NVSHMEM plugin (libepcomm_nvshmem.so): what a Buffer across hosts would load.
+struct PluginInfo {
+  bool found = false;
+  std::string path;             // where it was loaded from
+  std::string nvshmem_version;  // the NVSHMEM it was built against
+  std::string detail;           // when not found: where it was looked for and why it did not load
+};
+
 struct InfinibandPort {
   std::string port;   // "1"
   std::string state;  // sysfs text, e.g. "4: ACTIVE"; "unknown" if unreadable
@@ -63,6 +71,7 @@ struct EnvironmentReport {
   bool mps_active = false;
   std::string mps_pipe_directory;  // where the MPS control pipe was looked for
   NvshmemInfo nvshmem;
+  PluginInfo plugin;
   std::vector<InfinibandDevice> infiniband;
   std::string infiniband_error;                                  // why no devices could be listed, if none were
   std::vector<std::pair<std::string, std::string>> environment;  // relevant variables, sorted by name
@@ -101,6 +110,13 @@ std::vector<std::string> nvshmem_candidates();
 
 // Loads the first candidate that loads and reads its version.
 NvshmemInfo find_nvshmem();
+
+// Where epcomm's NVSHMEM plugin may be, in the order tried: $EPCOMM_NVSHMEM_PLUGIN, then beside
+// this program's folder (a build folder: build/tools/.. ) and in ../lib (an installed prefix).
+std::vector<std::string> plugin_candidates();
+
+// Loads the first candidate that is an epcomm NVSHMEM plugin and reads what it was built against.
+PluginInfo find_plugin();
 
 // 13000 -> "13.0", 12080 -> "12.8"; "none" for 0.
 std::string cuda_version_string(int version);

@@ -125,6 +125,12 @@ void format_services(std::ostringstream& out, const EnvironmentReport& report) {
   } else {
     out << kIndent << "not found: " << report.nvshmem.detail << "\n";
   }
+  if (report.plugin.found) {
+    out << kIndent << "epcomm's plugin: " << report.plugin.path << " (built against NVSHMEM "
+        << report.plugin.nvshmem_version << ")\n";
+  } else {
+    out << kIndent << "epcomm's plugin: none: " << report.plugin.detail << "\n";
+  }
 
   section(out, "InfiniBand");
   if (report.infiniband.empty()) {
@@ -249,6 +255,14 @@ std::string format_report_json(const EnvironmentReport& report, const std::vecto
   } else {
     nvshmem.set("detail", report.nvshmem.detail);
   }
+  Record plugin;
+  plugin.set("found", report.plugin.found);
+  if (report.plugin.found) {
+    plugin.set("path", report.plugin.path).set("nvshmem_version", report.plugin.nvshmem_version);
+  } else {
+    plugin.set("detail", report.plugin.detail);
+  }
+  nvshmem.set_json("plugin", plugin.to_json());
 
   Record root;
   root.set("intended_ranks", intended_ranks)
