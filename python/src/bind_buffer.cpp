@@ -250,13 +250,22 @@ void bind_types(nb::module_& m) {
 
 namespace {
 
+// "auto", "ipc" or "nvshmem" (BufferOptions::transport).
+TransportKind transport_kind(const std::string& name) {
+  if (name == "auto") return TransportKind::kAuto;
+  if (name == "ipc") return TransportKind::kIpc;
+  if (name == "nvshmem") return TransportKind::kNvshmem;
+  fail(ErrorCode::kInvalidArgument, "Buffer: transport='", name, "' must be 'auto', 'ipc' or 'nvshmem'");
+}
+
 BufferOptions make_options(int64_t num_nvl_bytes, int64_t num_rdma_bytes, bool low_latency_mode, int num_qps_per_rank,
                            bool allow_nvlink_for_low_latency_mode, int device, bool preinitialize,
                            bool initialize_in_background, int64_t wait_timeout_ms, int emulated_nodes,
                            const WarmupShape& warmup_shape, std::shared_ptr<PythonAllocator> output_allocator,
                            std::optional<uintptr_t> warmup_stream, std::optional<uintptr_t> comm_stream,
-                           bool enable_shrink) {
+                           bool enable_shrink, const std::string& transport) {
   BufferOptions options;
+  options.transport = transport_kind(transport);
   options.enable_shrink = enable_shrink;
   options.emulated_nodes = emulated_nodes;
   options.num_nvl_bytes = num_nvl_bytes;
@@ -305,11 +314,11 @@ void bind_buffer(nb::module_& m) {
               bool low_latency_mode, int num_qps_per_rank, bool allow_nvlink, int device, bool preinitialize,
               bool in_background, int64_t wait_timeout_ms, int emulated_nodes, const WarmupShape& warmup_shape,
               std::shared_ptr<PythonAllocator> output_allocator, std::optional<uintptr_t> warmup_stream,
-              std::optional<uintptr_t> comm_stream, bool enable_shrink) {
+              std::optional<uintptr_t> comm_stream, bool enable_shrink, const std::string& transport) {
              const BufferOptions options =
                  make_options(num_nvl_bytes, num_rdma_bytes, low_latency_mode, num_qps_per_rank, allow_nvlink, device,
                               preinitialize, in_background, wait_timeout_ms, emulated_nodes, warmup_shape,
-                              std::move(output_allocator), warmup_stream, comm_stream, enable_shrink);
+                              std::move(output_allocator), warmup_stream, comm_stream, enable_shrink, transport);
              nb::gil_scoped_release release;  // the exchange calls back into Python from C++
              new (self) Buffer(std::move(bootstrap), options);
            },
@@ -323,7 +332,7 @@ void bind_buffer(nb::module_& m) {
            nb::arg("emulated_nodes") = defaults.emulated_nodes,
            nb::arg("warmup_shape") = WarmupShape{}, nb::arg("output_allocator").none() = nb::none(),
            nb::arg("warmup_stream").none() = nb::none(), nb::arg("comm_stream").none() = nb::none(),
-           nb::arg("enable_shrink") = defaults.enable_shrink)
+           nb::arg("enable_shrink") = defaults.enable_shrink, nb::arg("transport") = "auto")
       .def_prop_ro("rank", &Buffer::rank)
       .def_prop_ro("num_ranks", &Buffer::num_ranks)
       .def_prop_ro("device", &Buffer::device, nb::call_guard<nb::gil_scoped_release>())

@@ -125,6 +125,12 @@ def test_single_rank_exchange_round_trips_through_python():
         _C.Buffer(bootstrap, num_nvl_bytes=1 << 20)
 
 
+def test_transport_names_are_checked():
+    bootstrap = _C.Bootstrap(0, 1, lambda data: data, lambda: None)
+    with pytest.raises(ValueError, match="transport='rdma' must be 'auto', 'ipc' or 'nvshmem'"):
+        _C.Buffer(bootstrap, num_nvl_bytes=1 << 20, transport="rdma")
+
+
 def test_background_initialisation_raises_at_the_first_call():
     if gpu_usable():
         pytest.skip("the no-GPU error path needs a machine without a GPU")
