@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include <cuda_runtime_api.h>
 
@@ -31,6 +32,9 @@ enum class TransportKind {
   kNvshmem,  // NVSHMEM (its P2P transport inside a node, RDMA across nodes); needs a build with
              // NVSHMEM (README, "Across nodes")
 };
+// "auto", "ipc" or "nvshmem" (as tools and the Python binding spell them); anything else throws
+// InvalidArgument naming `what` and the value.
+TransportKind parse_transport_kind(const std::string& name, const char* what = "transport");
 
 struct BufferOptions {
   // Bytes of the NVLink buffer each rank allocates and shares with its peers over CUDA IPC.

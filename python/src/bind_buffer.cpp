@@ -250,14 +250,6 @@ void bind_types(nb::module_& m) {
 
 namespace {
 
-// "auto", "ipc" or "nvshmem" (BufferOptions::transport).
-TransportKind transport_kind(const std::string& name) {
-  if (name == "auto") return TransportKind::kAuto;
-  if (name == "ipc") return TransportKind::kIpc;
-  if (name == "nvshmem") return TransportKind::kNvshmem;
-  fail(ErrorCode::kInvalidArgument, "Buffer: transport='", name, "' must be 'auto', 'ipc' or 'nvshmem'");
-}
-
 BufferOptions make_options(int64_t num_nvl_bytes, int64_t num_rdma_bytes, bool low_latency_mode, int num_qps_per_rank,
                            bool allow_nvlink_for_low_latency_mode, int device, bool preinitialize,
                            bool initialize_in_background, int64_t wait_timeout_ms, int emulated_nodes,
@@ -265,7 +257,7 @@ BufferOptions make_options(int64_t num_nvl_bytes, int64_t num_rdma_bytes, bool l
                            std::optional<uintptr_t> warmup_stream, std::optional<uintptr_t> comm_stream,
                            bool enable_shrink, const std::string& transport) {
   BufferOptions options;
-  options.transport = transport_kind(transport);
+  options.transport = parse_transport_kind(transport, "Buffer: transport");
   options.enable_shrink = enable_shrink;
   options.emulated_nodes = emulated_nodes;
   options.num_nvl_bytes = num_nvl_bytes;

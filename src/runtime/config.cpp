@@ -88,6 +88,13 @@ void BufferOptions::validate(int num_ranks) const {
   }
 }
 
+TransportKind parse_transport_kind(const std::string& name, const char* what) {
+  if (name == "auto") return TransportKind::kAuto;
+  if (name == "ipc") return TransportKind::kIpc;
+  if (name == "nvshmem") return TransportKind::kNvshmem;
+  fail(ErrorCode::kInvalidArgument, what, "='", name, "' must be 'auto', 'ipc' or 'nvshmem'");
+}
+
 void Config::validate() const {
   // Even, as deep_ep requires (its channels are SM pairs); here each SM is a channel of its own.
   if (num_sms < 2 || num_sms % 2 != 0 || num_sms > kMaxChannels) {

@@ -198,7 +198,7 @@ void bench_low_latency(BenchContext& context, double copy_gbps) {
         .set("median_us", timing.median_us)
         .set("p99_us", timing.p99_us)
         .set("gbps", gbps)
-        .set("roofline_ratio", gbps / copy_gbps)
+        .set("roofline_ratio", copy_gbps > 0 ? std::optional<double>(gbps / copy_gbps) : std::nullopt)
         .set("correct", correct);
     context.sink.write(record);
   };

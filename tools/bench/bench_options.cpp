@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "common/constants.hpp"
+#include "epcomm/config.hpp"
 #include "epcomm/error.hpp"
 
 namespace epcomm::bench {
@@ -58,6 +59,9 @@ const char* bench_usage() {
          "                    with --sms, every (SMs, ring) pair\n"
          "  --token-sweep A,B,...  also time normal mode (default config) at these tokens per rank\n"
          "  --skip-normal     skip normal-mode dispatch and combine\n"
+         "  --transport T     auto (default: CUDA IPC on one host), ipc or nvshmem (the NVSHMEM plugin)\n"
+         "  --nodes N         split the ranks into N emulated nodes reached by put and signal; > 1\n"
+         "                    times layout and the low-latency ops only (normal mode needs one node)\n"
          "  --cold            cold start: --trials trials in fresh processes, with and without\n"
          "                    preinitialize; init time by phase, first / second / steady call of each op\n"
          "  --trials N        cold-start trials (default 3)\n"
@@ -97,6 +101,11 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
        }},
       {"--cold-pause-ms", [&](const std::string& v) { options.cold_pause_ms = static_cast<int>(parse_integer("--cold-pause-ms", v, 0, 10000)); }},
       {"--out", [&](const std::string& v) { options.out_path = v; }},
+      {"--transport", [&](const std::string& v) {
+         (void)parse_transport_kind(v, "epcomm-bench: --transport");  // names a bad value
+         options.transport = v;
+       }},
+      {"--nodes", [&](const std::string& v) { options.nodes = static_cast<int>(parse_integer("--nodes", v, 1, 8)); }},
       {"--sms", [&](const std::string& v) { options.sms_list = parse_list("--sms", v, 2, kMaxChannels); }},
       {"--rings", [&](const std::string& v) { options.ring_list = parse_list("--rings", v, kMinRingTokens, 1 << 16); }},
       {"--token-sweep", [&](const std::string& v) { options.token_sweep = parse_list("--token-sweep", v, 1, 1 << 20); }},
@@ -131,6 +140,13 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
     fail(ErrorCode::kInvalidArgument, "epcomm-bench: --ll-tokens ", options.low_latency_tokens, " exceeds --tokens ",
          options.num_tokens, " (the low-latency benchmark uses the first --ll-tokens tokens)");
   }
+  if (options.num_ranks % options.nodes != 0) {
+    fail(ErrorCode::kInvalidArgument, "epcomm-bench: --nodes ", options.nodes, " must divide --ranks ", options.num_ranks);
+  }
+  if (options.nodes > 1 && options.cold) {
+    fail(ErrorCode::kInvalidArgument, "epcomm-bench: --cold runs normal mode, which needs one node (--nodes ",
+         options.nodes, ")");
+  }
   if (options.num_topk > options.num_experts) {
     fail(ErrorCode::kInvalidArgument, "epcomm-bench: --topk ", options.num_topk, " exceeds --experts ", options.num_experts);
   }
@@ -151,6 +167,7 @@ std::vector<std::string> to_arguments(const BenchOptions& options) {
   if (!options.ring_list.empty()) args.insert(args.end(), {"--rings", join_list(options.ring_list)});
   if (!options.token_sweep.empty()) args.insert(args.end(), {"--token-sweep", join_list(options.token_sweep)});
   if (options.skip_normal) args.push_back("--skip-normal");
+  args.insert(args.end(), {"--transport", options.transport, "--nodes", std::to_string(options.nodes)});
   if (options.cold_trial >= 0) {
     args.insert(args.end(), {"--cold-trial", std::to_string(options.cold_trial), "--cold-preinitialize",
                              options.cold_preinitialize ? "1" : "0", "--cold-order", options.cold_order,

@@ -26,6 +26,11 @@ struct BenchOptions {
   std::vector<int> ring_list;  // --rings: ... and at each of these ring sizes (tokens), a grid with --sms
   std::vector<int> token_sweep;  // --token-sweep: also time normal mode at these tokens per rank
   bool skip_normal = false;  // time only layout, copy and low-latency mode
+  // How the ranks reach each other (BufferOptions::transport): "auto", "ipc" or "nvshmem"; and
+  // emulated nodes (BufferOptions::emulated_nodes): > 1 times the low-latency ops alone, between
+  // nodes reached by put and signal, against the same ranks' intranode numbers of another run.
+  std::string transport = "auto";
+  int nodes = 1;
   // --cold: trials of fresh processes, each timing init and the first / second / steady call of
   // every op, with and without preinitialize. The last two are set for the processes it starts.
   bool cold = false;

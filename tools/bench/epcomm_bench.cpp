@@ -96,25 +96,29 @@ int run_rank(const BenchOptions& options) {
   for (const Config& config : bench_configs(context)) {
     ring_bytes = std::max(ring_bytes, config.nvl_buffer_size_hint(static_cast<int64_t>(options.hidden) * 2, options.num_ranks));
   }
+  // Emulated nodes run the low-latency mode alone: no NVLink buffer, so no copy and no normal mode.
+  const bool one_node = options.nodes == 1;
   BufferOptions buffer_options;
   buffer_options.low_latency_mode = true;
   buffer_options.num_rdma_bytes = Buffer::low_latency_buffer_size_hint(options.low_latency_tokens, options.hidden,
                                                                        options.num_ranks, options.num_experts);
-  buffer_options.num_nvl_bytes = static_cast<int64_t>(
+  buffer_options.num_nvl_bytes = !one_node ? 0 : static_cast<int64_t>(
       (std::max<size_t>(bytes_per_peer * options.num_ranks, static_cast<size_t>(ring_bytes)) + kBufferSlackBytes) /
       kRegionAlignment * kRegionAlignment);
   buffer_options.preinitialize = true;
+  buffer_options.transport = parse_transport_kind(options.transport, "epcomm-bench: --transport");
+  buffer_options.emulated_nodes = options.nodes;
   Buffer buffer(context.bootstrap, buffer_options);
   context.buffer = &buffer;
   EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&context.stream, cudaStreamNonBlocking));
 
   bench_layout(context);
-  const double copy_gbps = bench_copy(context, bytes_per_peer);
+  const double copy_gbps = one_node ? bench_copy(context, bytes_per_peer) : 0.0;  // 0: no roofline ratio
   for (const Config& config : bench_configs(context)) {
-    if (options.skip_normal) break;
+    if (options.skip_normal || !one_node) break;
     bench_normal(context, copy_gbps, config);  // every config checked against the reference
   }
-  for (const int tokens : options.skip_normal ? std::vector<int>{} : options.token_sweep) {
+  for (const int tokens : options.skip_normal || !one_node ? std::vector<int>{} : options.token_sweep) {
     context.options.num_tokens = tokens;  // the records say which
     bench_normal(context, copy_gbps, bench_configs(context).front());
   }
@@ -184,6 +188,8 @@ Record BenchContext::base_record(const char* op, const char* mode) const {
       .set("ranks", options.num_ranks)
       .set("gpus", std::min(num_gpus, options.num_ranks))
       .set("setup", setup)
+      .set("transport", options.transport)
+      .set("nodes", options.nodes)
       .set("tokens", options.num_tokens)
       .set("hidden", options.hidden)
       .set("topk", options.num_topk)
