@@ -11,7 +11,8 @@
 //                                          its experts from them
 //   weights   [R][M * kMaxLowLatencyTopk]  combine: source s's top-k weights (float, [T][K])
 //   staging   [M] x message_stride         dispatch: this rank's tokens, cast once, put from here
-//   ids       [M * kMaxLowLatencyTopk]     dispatch: this rank's top-k ids as int32, put from here
+//   ids       [M * kMaxLowLatencyTopk]     dispatch: this rank's top-k ids as int32, put from here;
+//                                          combine: its weights, where a transport needs them staged
 //   partials  [R][M] x sum_stride          combine: this rank's weighted sum, over its experts, for
 //                                          each token of source s, put from here
 //   returned  [R][M] x sum_stride          combine: owner r's weighted sum for this rank's tokens:
@@ -150,6 +151,11 @@ struct LowLatencyLayout {
     return set(set_index) + staging_in_set() + static_cast<size_t>(token_index) * message_stride();
   }
   EPCOMM_HOST_DEVICE size_t ids(int set_index) const { return set(set_index) + ids_in_set(); }
+  // Combine: this rank's top-k weights, staged where a transport that puts only from registered
+  // memory (NVSHMEM over a network) needs them. The ids staging serves: the set's previous call
+  // was received before this one started (at most two calls in flight), and it used the ids only
+  // while sending.
+  EPCOMM_HOST_DEVICE size_t weights_staging(int set_index) const { return ids(set_index); }
   EPCOMM_HOST_DEVICE size_t partial(int set_index, int source, int token_index) const {
     return set(set_index) + partials_in_set() + (static_cast<size_t>(source) * max_tokens + token_index) * sum_stride();
   }

@@ -117,6 +117,16 @@ class Window {
     return wait_at_least(own<uint64_t>(own_offset), expected, context, site);
   }
 
+  // Whether put() needs its source inside this rank's buffer (registered memory): NVSHMEM's puts
+  // do once they go over a network; stores through a mapping never do.
+  __device__ bool puts_need_own_sources() const {
+#if defined(EPCOMM_WINDOW_NVSHMEM)
+    return peers_.nvshmem_ranks != 0;
+#else
+    return false;
+#endif
+  }
+
   // Ordering only, in both builds: signal() completes NVSHMEM puts (see the top of this file).
   __device__ void quiet() const { asm volatile("" ::: "memory"); }
   __device__ void fence() const {

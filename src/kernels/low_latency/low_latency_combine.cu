@@ -89,16 +89,25 @@ __device__ size_t write_sum(char* slot, size_t meta, int v, const int4& packed, 
   return kLogfmtGroupBytes;
 }
 
-// Block 0: this rank's weights [T][K] to every rank, each put followed by its own signal.
+// Block 0: this rank's weights [T][K] to every rank, each put followed by its own signal (from
+// the buffer's staging where the transport needs registered sources).
 template <bool kShrink>
 __device__ void send_weights(const device::Window& window, const LowLatencyCombineKernelArgs& args,
                              const KernelContext& context, const LowLatencyLayout& layout, uint64_t epoch) {
   const LowLatencyCommon& common = args.common;
-  const size_t bytes = static_cast<size_t>(common.num_tokens) * common.num_topk * sizeof(float);
+  const int values = common.num_tokens * common.num_topk;
+  const size_t bytes = static_cast<size_t>(values) * sizeof(float);
+  const float* weights = args.topk_weights;
+  if (window.puts_need_own_sources()) {  // uniform: the caller's tensor is not registered memory
+    float* staged = window.own<float>(layout.weights_staging(common.set_index));
+    for (int i = threadIdx.x; i < values; i += blockDim.x) staged[i] = weights[i];
+    __syncthreads();  // staged before any warp puts from it
+    weights = staged;
+  }
   const uint32_t masked = device::masked_ranks<kShrink>(common, context.num_ranks);  // shrink mode: sent nothing
   for (int rank = device::warp_id(); rank < context.num_ranks; rank += kLowLatencyWarpsPerBlock) {
     if (masked & (1u << rank)) continue;
-    if (bytes > 0) window.put(rank, layout.weights(common.set_index, context.rank), args.topk_weights, bytes);
+    if (bytes > 0) window.put(rank, layout.weights(common.set_index, context.rank), weights, bytes);
     window.quiet();  // the publish rule, within this warp: puts complete, __syncwarp, one signal
     __syncwarp();
     // Pairs with the owner's wait before it reads the weights.
