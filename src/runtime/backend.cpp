@@ -42,11 +42,9 @@ const NvshmemPlugin* open_plugin(std::string& why) {
 // A rank's view of which transport the ranks need, for the message when it is unavailable.
 std::string why_nvshmem(const std::vector<RankCensus>& census, int rank, TransportKind kind) {
   if (kind == TransportKind::kNvshmem) return "BufferOptions::transport asks for NVSHMEM";
-  for (size_t peer = 0; peer < census.size(); ++peer) {
-    if (std::strncmp(census[peer].host_name, census[rank].host_name, RankCensus::kHostNameBytes) != 0) {
-      return join_message("rank ", peer, " runs on host '", census[peer].host_name, "' and rank ", rank, " on '",
-                          census[rank].host_name, "': ranks on several hosts need the NVSHMEM transport");
-    }
+  if (const int elsewhere = first_rank_elsewhere(census, rank); elsewhere >= 0) {
+    return join_message("rank ", elsewhere, " runs on host '", census[elsewhere].host_name, "' and rank ", rank,
+                        " on '", census[rank].host_name, "': ranks on several hosts need the NVSHMEM transport");
   }
   return "the ranks need the NVSHMEM transport";
 }

@@ -39,18 +39,22 @@ std::vector<RankCensus> take_census(Bootstrap& bootstrap, const RankCensus& mine
   return all;
 }
 
-bool one_host(const std::vector<RankCensus>& census, int rank) {
-  for (const RankCensus& theirs : census) {
-    if (std::strncmp(theirs.host_name, census[rank].host_name, RankCensus::kHostNameBytes) != 0) return false;
+bool same_host(const RankCensus& a, const RankCensus& b) {
+  return std::strncmp(a.host_name, b.host_name, RankCensus::kHostNameBytes) == 0;
+}
+
+int first_rank_elsewhere(const std::vector<RankCensus>& census, int rank) {
+  for (size_t peer = 0; peer < census.size(); ++peer) {
+    if (!same_host(census[peer], census[rank])) return static_cast<int>(peer);
   }
-  return true;
+  return -1;
 }
 
 int ranks_on_device_of(const std::vector<RankCensus>& census, int rank) {
   int ranks = 0;
   for (const RankCensus& theirs : census) {
     if (std::strncmp(theirs.pci_bus_id, census[rank].pci_bus_id, RankCensus::kBusIdBytes) == 0 &&
-        std::strncmp(theirs.host_name, census[rank].host_name, RankCensus::kHostNameBytes) == 0) {
+        same_host(theirs, census[rank])) {
       ++ranks;
     }
   }
@@ -63,7 +67,7 @@ std::vector<ProcessIdentity> watchable_processes(const std::vector<RankCensus>& 
   for (size_t peer = 0; peer < census.size(); ++peer) {
     const RankCensus& theirs = census[peer];
     if (static_cast<int>(peer) != rank && theirs.process.pid_namespace == mine.process.pid_namespace &&
-        std::strncmp(theirs.host_name, mine.host_name, RankCensus::kHostNameBytes) == 0) {
+        same_host(theirs, mine)) {
       processes[peer] = theirs.process;
     }
   }

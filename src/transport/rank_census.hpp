@@ -33,8 +33,12 @@ RankCensus describe_this_rank(int device, uint64_t total_bytes, const char* agre
 // options or another buffer size than this one.
 std::vector<RankCensus> take_census(Bootstrap& bootstrap, const RankCensus& mine);
 
+// Whether two entries name the same host.
+bool same_host(const RankCensus& a, const RankCensus& b);
+// The first rank on another host than `rank`'s, or -1 when every rank runs on it.
+int first_rank_elsewhere(const std::vector<RankCensus>& census, int rank);
 // Whether every rank runs on this rank's host.
-bool one_host(const std::vector<RankCensus>& census, int rank);
+inline bool one_host(const std::vector<RankCensus>& census, int rank) { return first_rank_elsewhere(census, rank) < 0; }
 // Ranks (this one included) whose GPU is this rank's.
 int ranks_on_device_of(const std::vector<RankCensus>& census, int rank);
 // The emulated node of `rank` (TransportOptions::emulated_nodes): ranks split into `nodes` equal,

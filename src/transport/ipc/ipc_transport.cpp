@@ -1,6 +1,5 @@
 #include "transport/ipc/ipc_transport.hpp"
 
-#include <cstring>
 #include <utility>
 
 #include "common/cuda_check.hpp"
@@ -21,11 +20,10 @@ IpcTransport::IpcTransport(Bootstrap& bootstrap, const TransportOptions& options
   const int rank = bootstrap.rank();
   const int num_ranks = bootstrap.num_ranks();
   const RankCensus& mine = census[rank];
-  for (int peer = 0; peer < num_ranks; ++peer) {
-    if (std::strncmp(census[peer].host_name, mine.host_name, RankCensus::kHostNameBytes) != 0) {
-      fail(ErrorCode::kUnsupported, "Buffer: rank ", peer, " runs on host '", census[peer].host_name, "' and rank ",
-           rank, " on '", mine.host_name, "'; CUDA IPC reaches the ranks of one host only (use the NVSHMEM transport)");
-    }
+  if (const int elsewhere = first_rank_elsewhere(census, rank); elsewhere >= 0) {
+    fail(ErrorCode::kUnsupported, "Buffer: rank ", elsewhere, " runs on host '", census[elsewhere].host_name,
+         "' and rank ", rank, " on '", mine.host_name,
+         "'; CUDA IPC reaches the ranks of one host only (use the NVSHMEM transport)");
   }
   EPCOMM_CUDA_CHECK(cudaMemset(local_.get(), 0, options.layout.total_bytes()));
   EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());  // zeroed before any peer learns the handle
