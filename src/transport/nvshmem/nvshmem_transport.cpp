@@ -106,7 +106,10 @@ NvshmemTransport::NvshmemTransport(Bootstrap& bootstrap, const TransportOptions&
   }
   EPCOMM_CUDA_CHECK(cudaMemset(symmetric_, 0, total_bytes));
   EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
-  nvshmem_barrier_all();  // every rank's buffer is zeroed before any peer writes to it
+  // Every rank's buffer is zeroed before any peer writes to it: the bootstrap's barrier is bounded
+  // and names a missing rank, where nvshmem_barrier_all would wait for ever. (NVSHMEM's own
+  // collectives, its start and nvshmem_malloc / nvshmem_free, wait as NVSHMEM does.)
+  bootstrap.barrier();
 
   ranks_on_my_device_ = ranks_on_device_of(census, rank);
   local_processes_ = watchable_processes(census, rank);
