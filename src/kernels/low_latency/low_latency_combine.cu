@@ -242,8 +242,8 @@ __device__ void send_partials(const device::Window& window, const LowLatencyComb
     const int source = (item / groups) % context.num_ranks;
     const int token = item / groups / context.num_ranks;
     if (token >= tokens_from[source] || (left_out & (1u << source))) continue;
-    send_partial<kLogfmt, kShrink>(window, args, context, layout, epoch, source, token, group * kChunksPerItem, weights_seen,
-                          left_out);
+    send_partial<kLogfmt, kShrink>(window, args, context, layout, epoch, source, token, group * kChunksPerItem,
+                                   weights_seen, left_out);
   }
 }
 

@@ -393,10 +393,11 @@ __device__ void receive_expert(const device::Window& window, const LowLatencyDis
       window_row += window_matches[source][skipped];
     }
   }
-  // The source's signature is checked off the copy's path, by the team's last warp (idle when the
-  // source sent few tokens): a source whose call differs is reported, and that call's outputs are
-  // unspecified. Reads and writes stay inside this rank's own layout of its own set either way.
-  if (in_team && warp_in_team == warps_per_source - 1 && source_arrived[source]) {
+  // The source's signature is checked off the copy's path, once per source (by the first expert's
+  // block, the team's last warp, idle when the source sent few tokens): a source whose call differs
+  // is reported, and that call's outputs are unspecified. Reads and writes stay inside this rank's
+  // own layout of its own set either way.
+  if (in_team && local_expert == 0 && warp_in_team == warps_per_source - 1 && source_arrived[source]) {
     same_call_as(window, args, context, layout, source);
   }
   if (in_team && local_expert == 0) {
