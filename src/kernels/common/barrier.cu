@@ -53,8 +53,12 @@ __global__ void checked_barrier_kernel(const __grid_constant__ PeerWindow peers,
     for (int field = 0; field < kFields; ++field) theirs[field] = slot->signature.values[field];
     // An older stamp: the peer made no checked call here (its operation reads as kNone).
     if (slot->barrier_epoch != epoch) theirs[static_cast<int>(CallField::kOperation)] = static_cast<int32_t>(DeviceOp::kNone);
+    // The operation first (the last field): a peer in another call, or in none, is told so, not
+    // by whichever field its stale or other signature happens to differ in first.
+    constexpr int kOperation = static_cast<int>(CallField::kOperation);
 #pragma unroll
-    for (int field = 0; field < kFields; ++field) {
+    for (int i = 0; i < kFields; ++i) {
+      const int field = (kOperation + i) % kFields;
       const int32_t value = theirs[field];
       if (differs || value == check.signature.values[field]) continue;
       differs = true;
