@@ -40,8 +40,8 @@ struct BufferOptions {
   // Bytes of the NVLink buffer each rank allocates and shares with its peers over CUDA IPC.
   int64_t num_nvl_bytes = 0;
   // Bytes of the low-latency region (deep_ep's RDMA buffer; Buffer::low_latency_buffer_size_hint).
-  // Inside one node it is shared over CUDA IPC like the NVLink buffer. Without low_latency_mode it
-  // would be the NVSHMEM buffer of normal mode across nodes, which this build does not include yet.
+  // Shared like the NVLink buffer (CUDA IPC, or NVSHMEM's heap). Low-latency mode only: normal mode
+  // across nodes runs in the rings of num_nvl_bytes (nvl_buffer_size_hint with num_nodes).
   int64_t num_rdma_bytes = 0;
   // Prepare the low-latency mode's double-buffered per-expert receive buffers.
   bool low_latency_mode = false;
@@ -57,8 +57,8 @@ struct BufferOptions {
   bool enable_shrink = false;
   // Test the path across nodes on one machine: split the ranks into this many equal groups
   // ("nodes") that reach each other only through the transport's put and signal, never by loads
-  // or stores into each other's memory, as ranks of different nodes do. 1: off. Low-latency mode
-  // only (num_nvl_bytes must be 0); every rank passes the same value.
+  // or stores into each other's memory, as ranks of different nodes do. 1: off. Both modes (normal
+  // mode's rings are then staged: nvl_buffer_size_hint with num_nodes); every rank passes the same.
   int emulated_nodes = 1;
   // Which transport joins the ranks; every rank passes the same. kNvshmem on one host runs
   // NVSHMEM's P2P transport, and with emulated_nodes its put path carries the traffic between the
@@ -119,8 +119,12 @@ struct Config {
   void validate() const;  // throws InvalidArgument naming the field and value
   int num_channels() const { return num_sms; }
   // NVLink buffer bytes normal-mode dispatch and combine need with this config, for tokens of
-  // `hidden_bytes` (hidden x element size) among `num_ranks` ranks (deep_ep's hint).
-  int64_t nvl_buffer_size_hint(int64_t hidden_bytes, int num_ranks) const;
+  // `hidden_bytes` (hidden x element size) among `num_ranks` ranks (deep_ep's hint). With ranks
+  // on more than one node (`num_nodes` > 1, or emulated_nodes), the rings take twice as much: a
+  // sender stages what it puts to ranks of other nodes in its own buffer.
+  int64_t nvl_buffer_size_hint(int64_t hidden_bytes, int num_ranks, int num_nodes = 1) const;
+  // The same, said directly: `staged` when some rank is reached only by put.
+  int64_t ring_buffer_bytes(int64_t hidden_bytes, int num_ranks, bool staged) const;
 };
 
 // Configs tuned for each rank count (deep_ep's get_dispatch_config / get_combine_config).

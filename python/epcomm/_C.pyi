@@ -101,10 +101,10 @@ class Config:
 
     def validate(self) -> None: ...
 
-    def get_nvl_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int: ...
+    def get_nvl_buffer_size_hint(self, hidden_bytes: int, num_ranks: int, num_nodes: int = 1) -> int: ...
 
     def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
-        """0: normal mode across nodes is not in this build"""
+        """0: normal mode across nodes runs in the NVLink rings (get_nvl_buffer_size_hint with num_nodes)"""
 
 def cuda_device_count() -> int:
     """CUDA devices visible to this process (0 without a usable driver)."""

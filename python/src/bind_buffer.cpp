@@ -182,9 +182,11 @@ void bind_types(nb::module_& m) {
       .def_rw("num_max_rdma_chunked_send_tokens", &Config::num_max_rdma_chunked_send_tokens)
       .def_rw("num_max_rdma_chunked_recv_tokens", &Config::num_max_rdma_chunked_recv_tokens)
       .def("validate", &Config::validate)
-      .def("get_nvl_buffer_size_hint", &Config::nvl_buffer_size_hint, nb::arg("hidden_bytes"), nb::arg("num_ranks"))
+      .def("get_nvl_buffer_size_hint", &Config::nvl_buffer_size_hint, nb::arg("hidden_bytes"), nb::arg("num_ranks"),
+           nb::arg("num_nodes") = 1)
       .def("get_rdma_buffer_size_hint", [](const Config&, int64_t, int) { return int64_t{0}; },
-           nb::arg("hidden_bytes"), nb::arg("num_ranks"), "0: normal mode across nodes is not in this build");
+           nb::arg("hidden_bytes"), nb::arg("num_ranks"),
+           "0: normal mode across nodes runs in the NVLink rings (get_nvl_buffer_size_hint with num_nodes)");
   m.def("cuda_device_count", [] {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess) {

@@ -13,6 +13,13 @@
 //     notify_slots[2][source]         counts each source sends in the notify step (double-buffered)
 //     call_slots[2][source]           the call each source makes after a checked barrier, stamped
 //                                     with that barrier's epoch (slots by the epoch's parity)
+//     notify_staging[destination]     owner only: my notify slot for a destination reached by put,
+//                                     written here, then put whole into its notify_slots
+//
+// The rings: [channel][writer][capacity] slots this rank receives into; when some rank is reached
+// only by put (another node), then [channel][destination][capacity] slots in which this rank
+// stages what it puts into that destination's rings (RingLayout::staging_at): put needs its
+// source inside the registered buffer.
 //
 // Ring positions only ever grow, across every dispatch and combine: a ring (channel, writer) has
 // one writer and one reader, so both sides agree on positions without ever resetting them.
@@ -55,13 +62,15 @@ struct NvlLayout {
   static constexpr size_t kNotifySlotsOffset = kRingConsumedOffset + sizeof(Counters);
   static constexpr size_t kNotifySlotBytes = (sizeof(NotifySlot) + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
   static constexpr size_t kCallSlotsOffset = kNotifySlotsOffset + 2 * kMaxNvlPeers * kNotifySlotBytes;
-  static constexpr size_t kControlEnd = kCallSlotsOffset + 2 * kMaxNvlPeers * sizeof(CheckedCallSlot);
+  static constexpr size_t kNotifyStagingOffset = kCallSlotsOffset + 2 * kMaxNvlPeers * sizeof(CheckedCallSlot);
+  static constexpr size_t kControlEnd = kNotifyStagingOffset + kMaxNvlPeers * kNotifySlotBytes;
   static constexpr size_t kPageBytes = 4096;
   static constexpr size_t kControlBytes = (kControlEnd + kPageBytes - 1) / kPageBytes * kPageBytes;
   // The rings (normal-mode user data, num_nvl_bytes) start right after the control block.
   static constexpr size_t kDataOffset = kControlBytes;
 
   static_assert(kCallVerdictOffset + sizeof(int32_t) <= kRingTailOffset, "control header overflow");
+  static_assert(kNotifyStagingOffset % kRegionAlignment == 0, "staged notify slots are put whole: keep them aligned");
 
   // Every function returns an offset from the start of a rank's buffer (the same on every rank).
   EPCOMM_HOST_DEVICE static constexpr size_t barrier_signal(int source_rank) {
@@ -72,6 +81,9 @@ struct NvlLayout {
   EPCOMM_HOST_DEVICE static constexpr size_t call_verdict() { return kCallVerdictOffset; }
   EPCOMM_HOST_DEVICE static constexpr size_t call_slot(uint64_t parity, int source_rank) {
     return kCallSlotsOffset + (parity * kMaxNvlPeers + source_rank) * sizeof(CheckedCallSlot);
+  }
+  EPCOMM_HOST_DEVICE static constexpr size_t notify_staging(int destination) {
+    return kNotifyStagingOffset + destination * kNotifySlotBytes;
   }
   EPCOMM_HOST_DEVICE static constexpr size_t ring_tail(int channel, int writer) { return counter(kRingTailOffset, channel, writer); }
   EPCOMM_HOST_DEVICE static constexpr size_t ring_head(int channel, int reader) { return counter(kRingHeadOffset, channel, reader); }
@@ -124,20 +136,33 @@ struct SlotLayout {
   }
 };
 
-// The rings of one call inside the user data: [channel][writer][capacity] slots.
+// The rings of one call inside the user data: [channel][writer][capacity] receive slots, then, when
+// `staged`, [channel][destination][capacity] staging slots (see the top of this file).
 struct RingLayout {
   SlotLayout slot;
   int num_ranks = 0;
-  int capacity = 0;  // slots per ring
+  int num_channels = 0;
+  int capacity = 0;     // slots per ring
+  bool staged = false;  // some destination is reached by put: senders stage its slots
 
-  EPCOMM_HOST_DEVICE size_t total_bytes(int num_channels) const {
+  EPCOMM_HOST_DEVICE size_t receive_bytes() const {
     return static_cast<size_t>(num_channels) * num_ranks * capacity * slot.bytes;
   }
+  EPCOMM_HOST_DEVICE size_t total_bytes() const { return staged ? 2 * receive_bytes() : receive_bytes(); }
   // Offset from a rank's buffer base of slot `position` of ring (channel, writer).
   EPCOMM_HOST_DEVICE size_t slot_at(int channel, int writer, uint64_t position) const {
-    const size_t ring = static_cast<size_t>(channel) * num_ranks + writer;
-    const size_t index = ring * capacity + static_cast<size_t>(position % static_cast<uint64_t>(capacity));
-    return NvlLayout::kDataOffset + index * slot.bytes;
+    return NvlLayout::kDataOffset + index_of(channel, writer, position) * slot.bytes;
+  }
+  // Offset of the slot in which this rank stages position `position` of its ring (channel, me) at
+  // `destination`: the same index, in the staging half.
+  EPCOMM_HOST_DEVICE size_t staging_at(int channel, int destination, uint64_t position) const {
+    return NvlLayout::kDataOffset + receive_bytes() + index_of(channel, destination, position) * slot.bytes;
+  }
+
+ private:
+  EPCOMM_HOST_DEVICE size_t index_of(int channel, int rank, uint64_t position) const {
+    const size_t ring = static_cast<size_t>(channel) * num_ranks + rank;
+    return ring * capacity + static_cast<size_t>(position % static_cast<uint64_t>(capacity));
   }
 };
 

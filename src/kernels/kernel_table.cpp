@@ -8,6 +8,9 @@ void load_barrier_kernel_module();
 void load_low_latency_dispatch_kernel_module();
 void load_low_latency_combine_kernel_module();
 void load_peer_copy_kernel_module();
+void load_notify_dispatch_kernel_module();
+void load_dispatch_kernel_module();
+void load_combine_kernel_module();
 
 namespace {
 
@@ -16,13 +19,18 @@ void load_cross_rank_kernel_modules() {
   load_low_latency_dispatch_kernel_module();
   load_low_latency_combine_kernel_module();
   load_peer_copy_kernel_module();
+  load_notify_dispatch_kernel_module();
+  load_dispatch_kernel_module();
+  load_combine_kernel_module();
 }
 
 }  // namespace
 
 const KernelTable& builtin_kernels() {
-  static const KernelTable table{launch_nvl_barrier,         launch_checked_barrier, launch_low_latency_dispatch,
-                                 launch_low_latency_combine, launch_peer_copy,       load_cross_rank_kernel_modules};
+  static const KernelTable table{launch_nvl_barrier,          launch_checked_barrier,     launch_low_latency_dispatch,
+                                 launch_low_latency_combine,  launch_notify_dispatch,     launch_dispatch,
+                                 launch_combine,              normal_kernel_blocks_per_sm, launch_peer_copy,
+                                 load_cross_rank_kernel_modules};
   return table;
 }
 

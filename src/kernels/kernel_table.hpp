@@ -6,6 +6,7 @@
 // directly.
 #pragma once
 
+#include "kernels/intranode/intranode_launchers.hpp"
 #include "kernels/launchers.hpp"
 #include "kernels/low_latency/low_latency_launchers.hpp"
 
@@ -19,6 +20,15 @@ struct KernelTable {
                                const KernelContext& context, cudaStream_t stream);
   void (*low_latency_combine)(const PeerWindow& window, const LowLatencyCombineKernelArgs& args, unsigned phases,
                               const KernelContext& context, cudaStream_t stream);
+  // Normal mode (kernels/intranode): the notify step, dispatch and combine, and how many of their
+  // blocks one SM holds at once (every block of every rank sharing a GPU must be resident).
+  void (*notify_dispatch)(const PeerWindow& window, const NotifyDispatchArgs& args, const KernelContext& context,
+                          cudaStream_t stream);
+  void (*dispatch)(const PeerWindow& window, const DispatchKernelArgs& args, const KernelContext& context,
+                   cudaStream_t stream);
+  void (*combine)(const PeerWindow& window, const CombineKernelArgs& args, const KernelContext& context,
+                  cudaStream_t stream);
+  int (*normal_blocks_per_sm)();
   // The all-to-all copy (copy_to_all_ranks, the warmup's first touch of every peer).
   void (*peer_copy)(const PeerWindow& window, const void* source, size_t bytes_per_peer, int num_blocks,
                     const KernelContext& context, cudaStream_t stream);

@@ -140,6 +140,8 @@ struct Buffer::Impl {
   }
 
   const PeerWindow& window() const { return transport->window(); }
+  // Normal mode's rings are staged (nvl_layout.hpp) when some rank is reached only by put.
+  bool rings_staged() const { return !window().all_direct(); }
   char* local_base() const { return static_cast<char*>(transport->local_base()); }
 
   static uint64_t next_id() {

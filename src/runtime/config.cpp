@@ -24,8 +24,9 @@ void BufferOptions::validate(int num_ranks) const {
   }
   if (num_rdma_bytes > 0 && !low_latency_mode) {
     fail(ErrorCode::kUnsupported, "Buffer: num_rdma_bytes=", num_rdma_bytes,
-         " without low_latency_mode requests the NVSHMEM (RDMA) transport for normal mode across nodes, which "
-         "this build does not include yet; use num_rdma_bytes=0 inside one node");
+         " without low_latency_mode asks for deep_ep's RDMA buffer of normal mode across nodes; this version runs "
+         "normal mode across nodes in the rings of num_nvl_bytes (Config::nvl_buffer_size_hint with num_nodes) and "
+         "has no use for it: pass num_rdma_bytes=0");
   }
   if (enable_shrink && !low_latency_mode) {
     fail(ErrorCode::kInvalidArgument, "Buffer: enable_shrink=true needs low_latency_mode=true (it masks ranks in "
@@ -42,11 +43,6 @@ void BufferOptions::validate(int num_ranks) const {
   if (emulated_nodes < 1 || num_ranks % emulated_nodes != 0) {
     fail(ErrorCode::kInvalidArgument, "Buffer: emulated_nodes=", emulated_nodes, " must be at least 1 and divide num_ranks=",
          num_ranks);
-  }
-  if (emulated_nodes > 1 && num_nvl_bytes > 0) {
-    fail(ErrorCode::kUnsupported, "Buffer: emulated_nodes=", emulated_nodes, " with num_nvl_bytes=", num_nvl_bytes,
-         ": normal mode across nodes (RDMA with NVLink forwarding) is not in this build yet; emulated nodes run the "
-         "low-latency mode (num_nvl_bytes=0)");
   }
   if (wait_timeout.count() <= 0) {
     fail(ErrorCode::kInvalidArgument, "Buffer: wait_timeout=", wait_timeout.count(), " ms must be positive");
@@ -125,7 +121,15 @@ void Config::validate() const {
   }
 }
 
-int64_t Config::nvl_buffer_size_hint(int64_t hidden_bytes, int num_ranks) const {
+int64_t Config::nvl_buffer_size_hint(int64_t hidden_bytes, int num_ranks, int num_nodes) const {
+  if (num_nodes < 1 || num_nodes > num_ranks) {
+    fail(ErrorCode::kInvalidArgument, "Config::nvl_buffer_size_hint: num_nodes=", num_nodes, " must be in [1, num_ranks=",
+         num_ranks, "]");
+  }
+  return ring_buffer_bytes(hidden_bytes, num_ranks, /*staged=*/num_nodes > 1);
+}
+
+int64_t Config::ring_buffer_bytes(int64_t hidden_bytes, int num_ranks, bool staged) const {
   validate();
   // The larger of the two slot layouts, with room for the most metadata a call may carry.
   const int max_scales = static_cast<int>(hidden_bytes / kFp8ChannelsPerScale);
@@ -134,8 +138,10 @@ int64_t Config::nvl_buffer_size_hint(int64_t hidden_bytes, int num_ranks) const 
   RingLayout rings;
   rings.slot = dispatch_slot.bytes > combine_slot.bytes ? dispatch_slot : combine_slot;
   rings.num_ranks = num_ranks;
+  rings.num_channels = num_channels();
   rings.capacity = num_max_nvl_chunked_recv_tokens;
-  const size_t bytes = rings.total_bytes(num_channels());
+  rings.staged = staged;
+  const size_t bytes = rings.total_bytes();
   return static_cast<int64_t>((bytes + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment);
 }
 

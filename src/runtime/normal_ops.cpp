@@ -1,4 +1,4 @@
-// Buffer::dispatch and Buffer::combine (normal mode, inside one NVLink domain): argument checks,
+// Buffer::dispatch and Buffer::combine (normal mode, within a node or across nodes): argument checks,
 // stream ordering, the notify step with its bounded host wait, output allocation, kernel launches.
 #include <chrono>
 #include <thread>
@@ -60,30 +60,34 @@ Tensor allocate(Allocator& allocator, DType dtype, std::initializer_list<int64_t
   return allocator.allocate(dtype, shape, stream);
 }
 
+// The rings of a call with `slot`s: staged when some rank is reached only by put (nvl_layout.hpp).
+RingLayout ring_layout(const Buffer::Impl& impl, const SlotLayout& slot, const Config& config) {
+  RingLayout rings;
+  rings.slot = slot;
+  rings.num_ranks = impl.bootstrap->num_ranks();
+  rings.num_channels = config.num_channels();
+  rings.capacity = config.num_max_nvl_chunked_recv_tokens;
+  rings.staged = impl.rings_staged();
+  return rings;
+}
+
 void require_ring_fits(const char* op, const Buffer::Impl& impl, const RingLayout& rings, const Config& config,
                        int64_t row_bytes) {
-  const size_t needed = rings.total_bytes(config.num_channels());
+  const size_t needed = rings.total_bytes();
   if (needed > static_cast<size_t>(impl.options.num_nvl_bytes)) {
     fail(ErrorCode::kInvalidArgument, op, ": num_nvl_bytes=", impl.options.num_nvl_bytes, " is too small for rows of ",
          row_bytes, " bytes with num_sms=", config.num_sms, " and num_max_nvl_chunked_recv_tokens=",
-         config.num_max_nvl_chunked_recv_tokens, ": the rings need ", needed,
-         " bytes (Config::nvl_buffer_size_hint gives a size that fits every call)");
-  }
-}
-
-// The intranode kernels store rows straight into peers' rings: every rank must be direct.
-void require_direct_peers(const char* op, const Buffer::Impl& impl) {
-  if (!impl.window().all_direct()) {
-    fail(ErrorCode::kUnsupported, op, ": some ranks reach each other only by put (emulated_nodes=",
-         impl.options.emulated_nodes, "); normal mode across nodes is not in this build yet");
+         config.num_max_nvl_chunked_recv_tokens, ": the rings need ", needed, " bytes",
+         rings.staged ? " (twice the receive rings: ranks on other nodes are reached by put from staging rings)" : "",
+         " (Config::nvl_buffer_size_hint(hidden_bytes, num_ranks", rings.staged ? ", num_nodes" : "",
+         ") gives a size that fits every call)");
   }
 }
 
 // Every block of every rank on this GPU must be resident at once (see normal_kernel_blocks_per_sm).
 void require_resident(const char* op, const Buffer::Impl& impl, const Config& config) {
-  require_direct_peers(op, impl);
   const int sharing = impl.transport->ranks_on_my_device();
-  const int capacity = impl.num_device_sms * kernels::normal_kernel_blocks_per_sm();
+  const int capacity = impl.num_device_sms * impl.kernels->normal_blocks_per_sm();
   if (sharing * config.num_sms > capacity) {
     fail(ErrorCode::kInvalidArgument, op, ": config.num_sms=", config.num_sms, " with ", sharing,
          " ranks sharing this GPU needs ", sharing * config.num_sms, " resident blocks, but it holds ", capacity,
@@ -97,11 +101,12 @@ void require_vector_aligned(const char* op, const char* name, const TensorView& 
   }
 }
 
-kernels::RingArgs ring_args(const Config& config) {
+kernels::RingArgs ring_args(const Buffer::Impl& impl, const Config& config) {
   kernels::RingArgs ring;
   ring.num_channels = config.num_channels();
   ring.ring_capacity = config.num_max_nvl_chunked_recv_tokens;
   ring.send_chunk = config.num_max_nvl_chunked_send_tokens;
+  ring.staged = impl.rings_staged();
   return ring;
 }
 
@@ -295,7 +300,7 @@ const int32_t* notify(Buffer::Impl& impl, const DispatchArgs& args, const Dispat
     notify.host_results = static_cast<NotifyResults*>(impl.notify_results.device());
     notify.sequence = ++impl.notify_sequence;
   }
-  kernels::launch_notify_dispatch(impl.window(), notify, context, comm);
+  impl.kernels->notify_dispatch(impl.window(), notify, context, comm);
   if (host_waits) {
     wait_for_notify(impl, notify.sequence);
     const auto* results = static_cast<const NotifyResults*>(impl.notify_results.host());
@@ -357,8 +362,8 @@ void launch(const Buffer::Impl& impl, const DispatchArgs& args, const DispatchSh
   kernel.recv_src_idx = cached ? nullptr : state.recv_src_idx.view.ptr<int32_t>();
   kernel.send_position = cached ? nullptr : state.send_position.view.ptr<int32_t>();
   kernel.verdict = verdict;
-  kernel.ring = ring_args(args.config);
-  kernels::launch_dispatch(impl.window(), kernel, impl.context(), comm);
+  kernel.ring = ring_args(impl, args.config);
+  impl.kernels->dispatch(impl.window(), kernel, impl.context(), comm);
 }
 
 }  // namespace
@@ -376,10 +381,8 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, 
     fail(ErrorCode::kInvalidArgument, kDispatchOp, ": the stream is being captured into a CUDA graph, but dispatch "
          "waits on the host for received counts; pass num_worst_tokens > 0, or use a cached handle");
   }
-  RingLayout rings;
-  rings.slot = SlotLayout::dispatch(static_cast<size_t>(shape.row_bytes), shape.num_scales, shape.num_topk);
-  rings.num_ranks = ranks;
-  rings.capacity = args.config.num_max_nvl_chunked_recv_tokens;
+  const RingLayout rings = ring_layout(
+      impl, SlotLayout::dispatch(static_cast<size_t>(shape.row_bytes), shape.num_scales, shape.num_topk), args.config);
   require_ring_fits(kDispatchOp, impl, rings, args.config, shape.row_bytes);
   require_resident(kDispatchOp, impl, args.config);
 
@@ -437,10 +440,7 @@ CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, con
     fail(ErrorCode::kInvalidArgument, kCombineOp, ": config.num_sms=", args.config.num_sms,
          " must equal the dispatch's (", state.num_channels, "): combine runs on the dispatch's channels");
   }
-  RingLayout rings;
-  rings.slot = SlotLayout::combine(static_cast<size_t>(row_bytes), num_topk);
-  rings.num_ranks = num_ranks();
-  rings.capacity = args.config.num_max_nvl_chunked_recv_tokens;
+  const RingLayout rings = ring_layout(impl, SlotLayout::combine(static_cast<size_t>(row_bytes), num_topk), args.config);
   require_ring_fits(kCombineOp, impl, rings, args.config, row_bytes);
   require_resident(kCombineOp, impl, args.config);
   require_vector_aligned(kCombineOp, "x", args.x);
@@ -475,8 +475,8 @@ CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, con
   kernel.num_rows = state.num_rows;
   kernel.combined_x = result.combined_x.view.data;
   kernel.combined_topk_weights = result.combined_topk_weights.view.ptr<float>();
-  kernel.ring = ring_args(args.config);
-  kernels::launch_combine(impl.window(), kernel, context, streams.comm());
+  kernel.ring = ring_args(impl, args.config);
+  impl.kernels->combine(impl.window(), kernel, context, streams.comm());
   result.event = streams.finish();
   return result;
 }

@@ -35,12 +35,12 @@ Config small_round_config() {
 }
 
 // The config of a full-size normal round: the default rings on a few SMs, or the smallest rings
-// when those do not fit.
-Config full_size_config(int64_t num_nvl_bytes, int hidden, int num_ranks) {
+// when those do not fit. `staged`: some rank is reached only by put (nvl_layout.hpp).
+Config full_size_config(int64_t num_nvl_bytes, int hidden, int num_ranks, bool staged) {
   Config config;
   config.num_sms = kFullSizeRoundSms;
   const int64_t row_bytes = static_cast<int64_t>(hidden) * 2;
-  if (config.nvl_buffer_size_hint(row_bytes, num_ranks) > num_nvl_bytes) {
+  if (config.ring_buffer_bytes(row_bytes, num_ranks, staged) > num_nvl_bytes) {
     config.num_max_nvl_chunked_recv_tokens = kMinRingTokens;
   }
   return config;
@@ -163,8 +163,10 @@ namespace detail {
 void check_warmup_fits(const BufferOptions& options, int num_ranks) {
   const WarmupShape& shape = options.warmup_shape;
   if (shape.num_tokens > 0) {
-    const int64_t needed =
-        full_size_config(options.num_nvl_bytes, shape.hidden, num_ranks).nvl_buffer_size_hint(int64_t{shape.hidden} * 2, num_ranks);
+    // Staged as the options say (emulated nodes); across real nodes the warmup's call says so.
+    const bool staged = options.emulated_nodes > 1;
+    const int64_t needed = full_size_config(options.num_nvl_bytes, shape.hidden, num_ranks, staged)
+                               .ring_buffer_bytes(int64_t{shape.hidden} * 2, num_ranks, staged);
     if (needed > options.num_nvl_bytes) {
       fail(ErrorCode::kInvalidArgument, "Buffer: warmup_shape.hidden=", shape.hidden, " needs num_nvl_bytes >= ", needed,
            " for its normal-mode dummy round, but num_nvl_bytes=", options.num_nvl_bytes);
@@ -235,8 +237,9 @@ void Buffer::warm_up(cudaStream_t stream) {
   Allocator& outputs = *impl.outputs;
   const RoundShape small = small_round_shape(ranks);
   const Config small_config = small_round_config();
+  const bool staged = impl.rings_staged();
   const bool normal_fits =
-      impl.options.num_nvl_bytes >= small_config.nvl_buffer_size_hint(int64_t{kWarmupHidden} * 2, ranks);
+      impl.options.num_nvl_bytes >= small_config.ring_buffer_bytes(int64_t{kWarmupHidden} * 2, ranks, staged);
   const bool low_latency_fits =
       impl.options.low_latency_mode &&
       impl.options.num_rdma_bytes >= low_latency_buffer_size_hint(small.tokens, small.hidden, ranks, small.experts);
@@ -256,9 +259,10 @@ void Buffer::warm_up(cudaStream_t stream) {
   std::vector<bool> formats{false};
   if (shape.hidden % kFp8ChannelsPerScale == 0) formats.push_back(true);
   if (shape.num_tokens > 0) {
+    // Across real nodes a buffer too small for the staged rings fails here, naming what it needs.
     const Timer phase(impl, "full-size rounds: normal mode (output memory)");
     const RoundShape full{shape.num_tokens, shape.hidden, shape.num_topk, shape.num_experts};
-    const Config config = full_size_config(impl.options.num_nvl_bytes, shape.hidden, ranks);
+    const Config config = full_size_config(impl.options.num_nvl_bytes, shape.hidden, ranks, staged);
     for (const bool use_fp8 : formats) {
       RoundResults kept;
       for (int round = 0; round < kFullSizeRounds; ++round) {

@@ -45,6 +45,30 @@ TEST(NvlLayout, CheckedCallSlotsAreApartAndInsideTheControlBlock) {
   EXPECT_LE(NvlLayout::call_verdict() + sizeof(int32_t), NvlLayout::ring_tail(0, 0));
 }
 
+// Across nodes a sender stages what it puts: its staging rings follow the receive rings, each slot
+// at the same index as the slot it is put into, so a run of positions is one copy on both sides.
+TEST(NvlLayout, StagingRingsFollowTheReceiveRingsSlotForSlot) {
+  RingLayout ring;
+  ring.slot = SlotLayout::combine(7168 * 2, 8);
+  ring.num_ranks = 4;
+  ring.num_channels = 6;
+  ring.capacity = 64;
+  EXPECT_EQ(ring.total_bytes(), ring.receive_bytes());
+  ring.staged = true;
+  EXPECT_EQ(ring.total_bytes(), 2 * ring.receive_bytes());
+  EXPECT_EQ(ring.receive_bytes(), size_t{6} * 4 * 64 * ring.slot.bytes);
+  EXPECT_EQ(ring.staging_at(0, 0, 0), NvlLayout::kDataOffset + ring.receive_bytes());
+  for (const uint64_t position : {uint64_t{0}, uint64_t{63}, uint64_t{64}, uint64_t{1000}}) {
+    EXPECT_EQ(ring.staging_at(5, 3, position) - ring.staging_at(0, 0, 0), ring.slot_at(5, 3, position) - ring.slot_at(0, 0, 0));
+  }
+  EXPECT_EQ(ring.staging_at(5, 3, 63) + ring.slot.bytes, NvlLayout::kDataOffset + ring.total_bytes());
+  EXPECT_EQ(ring.staging_at(2, 1, 7) % kVectorBytes, 0u);
+  // The staged notify slots: inside the control block, after the checked barrier's, aligned.
+  EXPECT_GE(NvlLayout::notify_staging(0), NvlLayout::call_slot(1, kMaxNvlPeers - 1) + sizeof(CheckedCallSlot));
+  EXPECT_LE(NvlLayout::notify_staging(kMaxNvlPeers - 1) + NvlLayout::kNotifySlotBytes, NvlLayout::kControlEnd);
+  EXPECT_EQ(NvlLayout::notify_staging(3) % kRegionAlignment, 0u);
+}
+
 struct Shape {
   int ranks, experts, max_tokens, hidden;
 };

@@ -44,7 +44,7 @@ TEST(BufferOptions, BadFieldsAreNamedWithTheirValues) {
   EXPECT_NE(validation_error(options, 2).find("wait_timeout=0 ms"), std::string::npos);
 }
 
-TEST(BufferOptions, EmulatedNodesMustDivideTheRanksAndCarryNoNormalMode) {
+TEST(BufferOptions, EmulatedNodesMustDivideTheRanks) {
   BufferOptions options;
   options.low_latency_mode = true;
   options.num_rdma_bytes = 1 << 20;
@@ -55,13 +55,28 @@ TEST(BufferOptions, EmulatedNodesMustDivideTheRanksAndCarryNoNormalMode) {
   options.emulated_nodes = 0;
   EXPECT_NE(validation_error(options, 4).find("emulated_nodes=0"), std::string::npos);
   options.emulated_nodes = 2;
-  options.num_nvl_bytes = 1 << 20;
-  try {
-    options.validate(4);
-    FAIL() << "normal mode across emulated nodes was accepted";
-  } catch (const Error& error) {
-    EXPECT_EQ(error.code(), ErrorCode::kUnsupported);
-    EXPECT_NE(std::string(error.what()).find("normal mode across nodes"), std::string::npos);
+  options.num_nvl_bytes = 1 << 20;  // normal mode across (emulated) nodes: staged rings
+  EXPECT_EQ(validation_error(options, 4), "");
+}
+
+TEST(Config, RingsAcrossNodesAreStagedAndTakeTwiceTheBytes) {
+  const Config config = default_dispatch_config(8);
+  const int64_t one_node = config.nvl_buffer_size_hint(7168 * 2, 8);
+  const int64_t two_nodes = config.nvl_buffer_size_hint(7168 * 2, 8, 2);
+  EXPECT_EQ(config.nvl_buffer_size_hint(7168 * 2, 8, 3), two_nodes);  // any count above 1 stages alike
+  EXPECT_EQ(config.ring_buffer_bytes(7168 * 2, 8, true), two_nodes);
+  EXPECT_EQ(config.ring_buffer_bytes(7168 * 2, 8, false), one_node);
+  EXPECT_GE(two_nodes, 2 * one_node - static_cast<int64_t>(kRegionAlignment));
+  EXPECT_LE(two_nodes, 2 * one_node);
+  for (const int nodes : {0, 9}) {
+    try {
+      (void)config.nvl_buffer_size_hint(7168 * 2, 8, nodes);
+      FAIL() << nodes << " nodes of 8 ranks were accepted";
+    } catch (const Error& error) {
+      EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(error.what()).find("num_nodes=" + std::to_string(nodes) + " must be in [1, num_ranks=8]"),
+                std::string::npos);
+    }
   }
 }
 
@@ -73,7 +88,7 @@ TEST(BufferOptions, WhatThisBuildCannotDoIsUnsupported) {
     FAIL();
   } catch (const Error& error) {
     EXPECT_EQ(error.code(), ErrorCode::kUnsupported);
-    EXPECT_NE(std::string(error.what()).find("NVSHMEM"), std::string::npos);
+    EXPECT_NE(std::string(error.what()).find("num_rdma_bytes=0"), std::string::npos);
   }
   try {
     BufferOptions{}.validate(16);

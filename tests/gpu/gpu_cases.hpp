@@ -16,6 +16,8 @@ void run_peer_death_in_low_latency_case(RankHarness& harness);
 void run_peer_death_in_shrink_case(RankHarness& harness);
 void run_cold_start_case(RankHarness& harness);
 void run_normal_case(RankHarness& harness);
+void run_normal_emulated_case(RankHarness& harness);
+void run_normal_nvshmem_case(RankHarness& harness);
 void run_low_latency_case(RankHarness& harness);
 void run_low_latency_emulated_case(RankHarness& harness);
 void run_low_latency_nvshmem_case(RankHarness& harness);

@@ -27,6 +27,8 @@ constexpr Case kCases[] = {
     {"peer_death_in_shrink", epcomm::testing::run_peer_death_in_shrink_case},
     {"cold_start", epcomm::testing::run_cold_start_case},
     {"normal", epcomm::testing::run_normal_case},
+    {"normal_emulated", epcomm::testing::run_normal_emulated_case},
+    {"normal_nvshmem", epcomm::testing::run_normal_nvshmem_case, nullptr, true},
     {"low_latency", epcomm::testing::run_low_latency_case},
     {"low_latency_emulated", epcomm::testing::run_low_latency_emulated_case},
     {"low_latency_nvshmem", epcomm::testing::run_low_latency_nvshmem_case, nullptr, true},

@@ -862,12 +862,6 @@ void run_low_latency_emulated_case(RankHarness& harness) {
     return;
   }
   run_low_latency_suite(harness, 2);
-  // Normal mode needs every rank direct: a Buffer for it across emulated nodes is refused clearly.
-  BufferOptions normal;
-  normal.num_nvl_bytes = 1 << 20;
-  normal.emulated_nodes = 2;
-  expect_error_with(harness, ErrorCode::kUnsupported, {"emulated_nodes=2", "normal mode across nodes"},
-                    [&] { Buffer refused(harness.bootstrap(), normal); }, "normal-mode Buffer across emulated nodes");
 }
 
 // The suite over the NVSHMEM transport (the plugin): first with every rank direct (NVSHMEM's P2P

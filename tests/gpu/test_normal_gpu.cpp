@@ -783,11 +783,19 @@ void check_results_outlive_buffer(RankHarness& harness, const BufferOptions& opt
                 "a dispatch result (" + std::to_string(rows) + " rows) released after its Buffer");
 }
 
-void run_normal_case(RankHarness& harness) {
+// The suite on one Buffer: every scenario and the graph case; with `everything`, also the argument
+// errors and results that outlive their Buffer. `emulated_nodes` > 1 splits the ranks into nodes
+// that reach each other only by put (staged rings), over `transport`.
+void run_normal_suite(RankHarness& harness, int emulated_nodes, TransportKind transport, bool everything) {
   const int ranks = harness.num_ranks();
   int device = 0, sm_count = 0;
   EPCOMM_CUDA_CHECK(cudaGetDevice(&device));
   EPCOMM_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+  if (harness.rank() == 0) {
+    std::printf("normal suite: %d rank(s), %d node(s), transport %s\n", ranks, emulated_nodes,
+                transport == TransportKind::kNvshmem ? "nvshmem" : "default");
+    std::fflush(stdout);
+  }
 
   // All ranks may share one GPU (MPS) and every block of every rank must be resident at once: the
   // kernels run one 512-thread block per SM, so ranks * num_sms <= SMs.
@@ -803,12 +811,14 @@ void run_normal_case(RankHarness& harness) {
   wide_config.num_max_nvl_chunked_recv_tokens = 64;
 
   const int64_t max_row_bytes = int64_t{kMaxHidden} * 2;
-  const int64_t hint = std::max({default_config.nvl_buffer_size_hint(max_row_bytes, ranks),
-                                 small_config.nvl_buffer_size_hint(max_row_bytes, ranks),
-                                 wide_config.nvl_buffer_size_hint(max_row_bytes, ranks)});
+  const int64_t hint = std::max({default_config.nvl_buffer_size_hint(max_row_bytes, ranks, emulated_nodes),
+                                 small_config.nvl_buffer_size_hint(max_row_bytes, ranks, emulated_nodes),
+                                 wide_config.nvl_buffer_size_hint(max_row_bytes, ranks, emulated_nodes)});
   BufferOptions options;
   options.num_nvl_bytes = (hint + 127) / 128 * 128;
   options.wait_timeout = kWaitTimeout;
+  options.emulated_nodes = emulated_nodes;
+  options.transport = transport;
 
   cudaStream_t side_stream = nullptr;
   EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream, cudaStreamNonBlocking));
@@ -821,14 +831,59 @@ void run_normal_case(RankHarness& harness) {
     const std::vector<Scenario> all = scenarios();
     for (size_t i = 0; i < all.size(); ++i) run_scenario(ctx, all[i], kSeed + 7919u * (i + 1));
     run_graph_case(ctx);
-    check_argument_errors(ctx);
-    // Nothing was lost to the errors: a full round still matches the reference.
-    constexpr Scenario after{"after errors: bf16 h2048 uneven top8 sparse", false, 2048, -1, 8, Routing::kSparse,
-                             kPoison | kWorst};
-    run_scenario(ctx, after, kSeed + 104729u);
+    if (everything) {
+      check_argument_errors(ctx);
+      // Nothing was lost to the errors: a full round still matches the reference.
+      constexpr Scenario after{"after errors: bf16 h2048 uneven top8 sparse", false, 2048, -1, 8, Routing::kSparse,
+                               kPoison | kWorst};
+      run_scenario(ctx, after, kSeed + 104729u);
+    }
     EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
   }
-  check_results_outlive_buffer(harness, options, default_config);
+  if (everything) check_results_outlive_buffer(harness, options, default_config);
+}
+
+void run_normal_case(RankHarness& harness) { run_normal_suite(harness, 1, TransportKind::kAuto, true); }
+
+// Across nodes the rings are staged: a Buffer sized for one node's rings is refused, saying why,
+// before anything is sent.
+void check_staged_rings_must_fit(RankHarness& harness) {
+  constexpr Scenario s{"staged rings bf16 h7168 T8 top2", false, 7168, 8, 2, Routing::kPlain, 0};
+  const int ranks = harness.num_ranks();
+  const Config config = default_dispatch_config(ranks);
+  BufferOptions options;
+  options.num_nvl_bytes = (config.nvl_buffer_size_hint(int64_t{s.hidden} * 2, ranks) + 127) / 128 * 128;
+  options.wait_timeout = kWaitTimeout;
+  options.emulated_nodes = 2;
+  Buffer buffer(harness.bootstrap(), options);
+  RankTensors inputs(make_world(s, kSeed ^ 0x57a9edu, ranks, kXStream, kScalesStream)[harness.rank()], ranks);
+  inputs.launch_layout(buffer, s, nullptr);
+  buffer.synchronize(nullptr);
+  const std::shared_ptr<Allocator> allocator = make_stream_ordered_allocator();
+  harness.expect_error(ErrorCode::kInvalidArgument, "twice the receive rings",
+                       [&] { (void)buffer.dispatch(inputs.args(s, config, ranks), *allocator); },
+                       "a Buffer sized for one node's rings, across two nodes");
+}
+
+// Across two emulated nodes: ranks of the other half are reached only by put, from staged rings
+// (the path across real nodes, carried here by stores through the IPC mapping).
+void run_normal_emulated_case(RankHarness& harness) {
+  const int ranks = harness.num_ranks();
+  if (ranks < 2 || ranks % 2 != 0) {
+    std::printf("normal_emulated: %d rank(s) cannot form two emulated nodes; nothing to run\n", ranks);
+    return;
+  }
+  run_normal_suite(harness, 2, TransportKind::kAuto, false);
+  check_staged_rings_must_fit(harness);
+}
+
+// Over the NVSHMEM transport (the plugin): with an even rank count across two emulated nodes, where
+// the other half is reached by NVSHMEM's put and signal, then every rank direct (NVSHMEM's P2P
+// mappings). The staged Buffer comes first: NVSHMEM's heap is sized by the first Buffer.
+void run_normal_nvshmem_case(RankHarness& harness) {
+  const int ranks = harness.num_ranks();
+  if (ranks >= 2 && ranks % 2 == 0) run_normal_suite(harness, 2, TransportKind::kNvshmem, false);
+  run_normal_suite(harness, 1, TransportKind::kNvshmem, false);
 }
 
 }  // namespace epcomm::testing

@@ -60,8 +60,8 @@ const char* bench_usage() {
          "  --token-sweep A,B,...  also time normal mode (default config) at these tokens per rank\n"
          "  --skip-normal     skip normal-mode dispatch and combine\n"
          "  --transport T     auto (default: CUDA IPC on one host), ipc or nvshmem (the NVSHMEM plugin)\n"
-         "  --nodes N         split the ranks into N emulated nodes reached by put and signal; > 1\n"
-         "                    times layout and the low-latency ops only (normal mode needs one node)\n"
+         "  --nodes N         split the ranks into N emulated nodes reached by put and signal (normal\n"
+         "                    mode's rings staged); > 1 runs no copies, so records carry no roofline\n"
          "  --cold            cold start: --trials trials in fresh processes, with and without\n"
          "                    preinitialize; init time by phase, first / second / steady call of each op\n"
          "  --trials N        cold-start trials (default 3)\n"
@@ -144,8 +144,8 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
     fail(ErrorCode::kInvalidArgument, "epcomm-bench: --nodes ", options.nodes, " must divide --ranks ", options.num_ranks);
   }
   if (options.nodes > 1 && options.cold) {
-    fail(ErrorCode::kInvalidArgument, "epcomm-bench: --cold runs normal mode, which needs one node (--nodes ",
-         options.nodes, ")");
+    fail(ErrorCode::kInvalidArgument, "epcomm-bench: --cold measures one node only (--nodes ", options.nodes,
+         " was given)");
   }
   if (options.num_topk > options.num_experts) {
     fail(ErrorCode::kInvalidArgument, "epcomm-bench: --topk ", options.num_topk, " exceeds --experts ", options.num_experts);

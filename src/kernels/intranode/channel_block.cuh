@@ -88,6 +88,11 @@ __device__ __forceinline__ Team team_of_this_warp(const HalfPlan& plan, int num_
   return team;
 }
 
+// The one thread of the team that publishes its tail or head and keeps its ring counters.
+__device__ __forceinline__ bool is_team_leader(const Team& team) {
+  return team.warp_in_team == 0 && device::lane_id() == 0;
+}
+
 // Every warp of the team has reached this point (and its memory operations are ordered before
 // what the team does after it, at block scope).
 __device__ __forceinline__ void sync_team(const Team& team) {

@@ -1,4 +1,4 @@
-// Normal-mode combine inside one NVLink domain: the reverse of dispatch. Each channel has a sender
+// Normal-mode combine: the reverse of dispatch. Each channel has a sender
 // half-block and a receiver half-block (channel_block.cuh, kCombineChannelLayout):
 //   sender warps:   team g sends the rows this rank received from rank g on this channel back
 //                   into g's ring (channel, me), in row order.
@@ -6,8 +6,9 @@
 //                   (ascending), waits for its row and adds it in float, adds the biases, and
 //                   writes the BF16 result; after each window of tokens, frees slots.
 // A token's row from rank d sits at the token's dispatch position in the (channel, d) stream
-// (send_position), because rank d returns rows in the order it received them. Rows are direct
-// stores into the peer's ring; tails and heads are window signals (transport/window.cuh).
+// (send_position), because rank d returns rows in the order it received them. Rows are stored
+// into a direct peer's ring, or staged and put (ring_send.cuh); tails and heads are window
+// signals (transport/window.cuh).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "kernels/common/rank_bound.hpp"
 #include "kernels/intranode/channel_block.cuh"
 #include "kernels/intranode/intranode_launchers.hpp"
+#include "kernels/intranode/ring_send.cuh"
 #include "transport/window.cuh"
 
 namespace epcomm::kernels {
@@ -25,6 +27,7 @@ namespace {
 
 constexpr int kBf16PerVector = static_cast<int>(sizeof(int4) / sizeof(__nv_bfloat16));
 
+template <bool kStaged>
 __device__ void send_channel(const device::Window& window, const CombineKernelArgs& args, const KernelContext& context,
                              const RingLayout& ring, int channel, const Team& team) {
   const int destination = team.peer;
@@ -35,7 +38,6 @@ __device__ void send_channel(const device::Window& window, const CombineKernelAr
   uint64_t* own_sent = window.own<uint64_t>(NvlLayout::ring_sent(channel, destination));
   const uint64_t start = *own_sent;
   const int lane = device::lane_id();
-  const bool team_leader = team.warp_in_team == 0 && lane == 0;
   const device::WaitSite space_site{DeviceOp::kCombine, WaitTarget::kRingSpace, destination, channel};
 
   uint64_t published = 0;
@@ -50,7 +52,7 @@ __device__ void send_channel(const device::Window& window, const CombineKernelAr
       // Rows past x (more arrived than num_worst_tokens; reported by the dispatch) keep their slot
       // so positions stay in step, but nothing is read for them.
       if (row >= args.num_rows) continue;
-      char* slot = window.ptr(destination, ring.slot_at(channel, context.rank, start + done + i));
+      char* slot = sender_slot<kStaged>(window, ring, channel, destination, start + done + i);
       // The weight's load is issued before the row's, so both cost one round trip.
       const bool has_weight = args.topk_weights != nullptr && lane < args.num_topk;
       const float weight = has_weight ? args.topk_weights[row * args.num_topk + lane] : 0.0f;
@@ -59,13 +61,11 @@ __device__ void send_channel(const device::Window& window, const CombineKernelAr
     }
     done += step;
     if (done - published >= static_cast<uint64_t>(args.ring.send_chunk) || done == total) {
-      sync_team(team);  // every warp's slots are written
-      // Pairs with the receiver's wait on the tail.
-      if (team_leader) window.signal(destination, NvlLayout::ring_tail(channel, context.rank), start + done);
+      publish_slots<kStaged>(window, ring, team, channel, destination, start + published, start + done);
       published = done;
     }
   }
-  if (team_leader) *own_sent = start + total;
+  if (is_team_leader(team)) *own_sent = start + total;
 }
 
 // Adds one BF16 vector (8 channels) into `sum` in float.
@@ -212,10 +212,11 @@ __device__ void receive_channel(const device::Window& window, const CombineKerne
 
 }  // namespace
 
-// Named for profiler traces: "epcomm::kernels::intranode::combine<R>" says which op ran.
+// Named for profiler traces: "epcomm::kernels::intranode::combine<R, S>" says which op ran (R: the
+// rank bound; S: the rings are staged, some rank is on another node).
 namespace intranode {
 
-template <int kRankBound>
+template <int kRankBound, bool kStaged>
 __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
     combine(const __grid_constant__ PeerWindow peers, const __grid_constant__ CombineKernelArgs args,
             KernelContext context) {
@@ -225,12 +226,14 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
   RingLayout ring;
   ring.slot = SlotLayout::combine(static_cast<size_t>(args.hidden) * sizeof(__nv_bfloat16), args.num_topk);
   ring.num_ranks = context.num_ranks;
+  ring.num_channels = args.ring.num_channels;
   ring.capacity = args.ring.ring_capacity;
+  ring.staged = args.ring.staged;
 
   const HalfPlan plan = plan_of_this_warp(kCombineChannelLayout);
   if (plan.role == ChannelRole::kSender) {
     const Team team = team_of_this_warp(plan, context.num_ranks);
-    if (team.active) send_channel(window, args, context, ring, plan.channel, team);
+    if (team.active) send_channel<kStaged>(window, args, context, ring, plan.channel, team);
   } else {
     receive_channel<kRankBound>(window, args, context, ring, plan);
   }
@@ -240,8 +243,13 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
 
 void launch_combine(const PeerWindow& window, const CombineKernelArgs& args, const KernelContext& context,
                     cudaStream_t stream) {
+  const int blocks = channel_blocks(kCombineChannelLayout, args.ring.num_channels);
   with_rank_bound(context.num_ranks, [&](auto bound) {
-    intranode::combine<bound.value><<<channel_blocks(kCombineChannelLayout, args.ring.num_channels), kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
+    if (args.ring.staged) {
+      intranode::combine<bound.value, true><<<blocks, kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
+    } else {
+      intranode::combine<bound.value, false><<<blocks, kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
+    }
   });
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }
@@ -249,10 +257,12 @@ void launch_combine(const PeerWindow& window, const CombineKernelArgs& args, con
 int combine_blocks_per_sm() {
   int fewest = kNormalThreadsPerBlock;
   for_each_rank_bound([&](auto bound) {
-    int blocks = 0;
-    EPCOMM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, intranode::combine<bound.value>,
+    int direct = 0, staged = 0;
+    EPCOMM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&direct, intranode::combine<bound.value, false>,
                                                                     kNormalThreadsPerBlock, 0));
-    fewest = std::min(fewest, blocks);
+    EPCOMM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&staged, intranode::combine<bound.value, true>,
+                                                                    kNormalThreadsPerBlock, 0));
+    fewest = std::min({fewest, direct, staged});
   });
   return fewest;
 }
@@ -260,7 +270,8 @@ int combine_blocks_per_sm() {
 void load_combine_kernel_module() {
   for_each_rank_bound([](auto bound) {
     cudaFuncAttributes attributes;
-    EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, intranode::combine<bound.value>));
+    EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, intranode::combine<bound.value, false>));
+    EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, intranode::combine<bound.value, true>));
   });
 }
 

@@ -1,4 +1,4 @@
-// Normal-mode dispatch inside one NVLink domain.
+// Normal-mode dispatch.
 //
 // Tokens are split into channels (contiguous token ranges); each channel has a sender half-block
 // and a receiver half-block (channel_block.cuh, kDispatchChannelLayout):
@@ -7,8 +7,9 @@
 //   receiver warps: team g copies rows from my ring (channel, g) into the outputs, at the rows
 //                   the notify step assigned, then frees the slots.
 // Ring positions grow across calls (see nvl_layout.hpp); the tail a sender signals and the head a
-// receiver signals are the only synchronisation (transport/window.cuh: rows are direct stores
-// into the peer's ring, so every rank must be direct; the runtime checks it).
+// receiver signals are the only synchronisation (transport/window.cuh). Rows are stored straight
+// into a direct peer's ring, or staged and put into the ring of a peer on another node
+// (ring_send.cuh).
 //
 // A warp moves one token at a time and issues all of the token's loads (row and metadata) before
 // it stores any: the copy is bound by round trips to memory, so a token costs one, not one per
@@ -20,6 +21,7 @@
 #include "device/warp_ops.cuh"
 #include "kernels/intranode/channel_block.cuh"
 #include "kernels/intranode/intranode_launchers.hpp"
+#include "kernels/intranode/ring_send.cuh"
 #include "transport/window.cuh"
 
 namespace epcomm::kernels {
@@ -104,6 +106,7 @@ __device__ void send_token(const DispatchKernelArgs& args, const RingLayout& rin
   if (lane == 0) *reinterpret_cast<int32_t*>(slot + ring.slot.source_offset) = token;
 }
 
+template <bool kStaged>
 __device__ void send_channel(const device::Window& window, const DispatchKernelArgs& args, const KernelContext& context,
                              const RingLayout& ring, int channel, const Team& team) {
   const int destination = team.peer;
@@ -111,7 +114,6 @@ __device__ void send_channel(const device::Window& window, const DispatchKernelA
   const int end = device::channel_begin(channel + 1, args.num_tokens, args.ring.num_channels);
   const int experts_per_rank = args.num_experts / context.num_ranks;
   const int lane = device::lane_id();
-  const bool team_leader = team.warp_in_team == 0 && lane == 0;
 
   uint64_t* own_sent = window.own<uint64_t>(NvlLayout::ring_sent(channel, destination));
   const uint64_t start = *own_sent;
@@ -144,22 +146,17 @@ __device__ void send_channel(const device::Window& window, const DispatchKernelA
 
     for (int i = team.warp_in_team; i < count; i += team.warps) {
       const int token = first_token + __fns(mask, 0, i + 1);
-      char* slot = window.ptr(destination, ring.slot_at(channel, context.rank, start + sent + i));
+      char* slot = sender_slot<kStaged>(window, ring, channel, destination, start + sent + i);
       send_token(args, ring, slot, token, destination, experts_per_rank);
     }
     sent += count;
     if (sent - published >= static_cast<uint64_t>(args.ring.send_chunk)) {
-      sync_team(team);  // every warp's slots are written
-      // Pairs with the receiver's wait on the tail: the slots before it are complete.
-      if (team_leader) window.signal(destination, NvlLayout::ring_tail(channel, context.rank), start + sent);
+      publish_slots<kStaged>(window, ring, team, channel, destination, start + published, start + sent);
       published = sent;
     }
   }
-  sync_team(team);
-  if (team_leader) {
-    if (published != sent) window.signal(destination, NvlLayout::ring_tail(channel, context.rank), start + sent);
-    *own_sent = start + sent;
-  }
+  if (published != sent) publish_slots<kStaged>(window, ring, team, channel, destination, start + published, start + sent);
+  if (is_team_leader(team)) *own_sent = start + sent;
 }
 
 __device__ void receive_row(const DispatchKernelArgs& args, const RingLayout& ring, const char* slot, int64_t row) {
@@ -196,7 +193,7 @@ __device__ void receive_channel(const device::Window& window, const DispatchKern
   uint64_t* own_consumed = window.own<uint64_t>(NvlLayout::ring_consumed(channel, source));
   const uint64_t start = *own_consumed;
   const int lane = device::lane_id();
-  const bool team_leader = team.warp_in_team == 0 && lane == 0;
+  const bool team_leader = is_team_leader(team);
   const device::WaitSite data_site{DeviceOp::kDispatch, WaitTarget::kRingData, source, channel};
 
   for (uint64_t done = 0; done < expected;) {
@@ -249,9 +246,11 @@ __device__ void mark_unused_rows(const DispatchKernelArgs& args, const HalfPlan&
 
 }  // namespace
 
-// Named for profiler traces: "epcomm::kernels::intranode::dispatch" says which op ran.
+// Named for profiler traces: "epcomm::kernels::intranode::dispatch<S>" says which op ran (S: the
+// rings are staged, some rank is on another node).
 namespace intranode {
 
+template <bool kStaged>
 __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
     dispatch(const __grid_constant__ PeerWindow peers, const __grid_constant__ DispatchKernelArgs args,
              KernelContext context) {
@@ -261,12 +260,14 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
   RingLayout ring;
   ring.slot = SlotLayout::dispatch(args.row_bytes, args.num_scales, args.num_topk);
   ring.num_ranks = context.num_ranks;
+  ring.num_channels = args.ring.num_channels;
   ring.capacity = args.ring.ring_capacity;
+  ring.staged = args.ring.staged;
   const HalfPlan plan = plan_of_this_warp(kDispatchChannelLayout);
   const Team team = team_of_this_warp(plan, context.num_ranks);
 
   if (plan.role == ChannelRole::kSender) {
-    if (team.active) send_channel(window, args, context, ring, plan.channel, team);
+    if (team.active) send_channel<kStaged>(window, args, context, ring, plan.channel, team);
   } else {
     if (team.active) receive_channel(window, args, context, ring, plan, team);
     mark_unused_rows(args, plan, context);
@@ -277,21 +278,28 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
 
 void launch_dispatch(const PeerWindow& window, const DispatchKernelArgs& args, const KernelContext& context,
                      cudaStream_t stream) {
-  intranode::dispatch<<<channel_blocks(kDispatchChannelLayout, args.ring.num_channels), kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
+  const int blocks = channel_blocks(kDispatchChannelLayout, args.ring.num_channels);
+  if (args.ring.staged) {
+    intranode::dispatch<true><<<blocks, kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
+  } else {
+    intranode::dispatch<false><<<blocks, kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
+  }
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }
 
 int combine_blocks_per_sm();
 
 int normal_kernel_blocks_per_sm() {
-  int blocks = 0;
-  EPCOMM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, intranode::dispatch, kNormalThreadsPerBlock, 0));
-  return std::min(blocks, combine_blocks_per_sm());
+  int direct = 0, staged = 0;
+  EPCOMM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&direct, intranode::dispatch<false>, kNormalThreadsPerBlock, 0));
+  EPCOMM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&staged, intranode::dispatch<true>, kNormalThreadsPerBlock, 0));
+  return std::min({direct, staged, combine_blocks_per_sm()});
 }
 
 void load_dispatch_kernel_module() {
   cudaFuncAttributes attributes;
-  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, intranode::dispatch));
+  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, intranode::dispatch<false>));
+  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, intranode::dispatch<true>));
 }
 
 }  // namespace epcomm::kernels

@@ -1,5 +1,7 @@
-// Host entry points of the normal-mode kernels inside one NVLink domain: every rank must be direct
-// in the transport window (rows are stored straight into peers' rings).
+// Host entry points of the normal-mode kernels. Rows and counts are stored straight into the rings
+// and slots of direct ranks; a rank reached only by put (another node) gets them staged in this
+// rank's buffer and put at publish time (kernels/intranode/ring_send.cuh). Every rank is a peer of
+// every other: a token crosses the network once per destination rank, not once per node.
 #pragma once
 
 #include <cstddef>
@@ -39,6 +41,7 @@ struct RingArgs {
   int num_channels = 0;
   int ring_capacity = 0;  // slots per ring
   int send_chunk = 0;     // a sender publishes its tail once at least this many tokens are written
+  bool staged = false;    // some rank is reached only by put: senders stage its slots (RingLayout)
 };
 
 struct DispatchKernelArgs {

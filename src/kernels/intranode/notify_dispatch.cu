@@ -2,9 +2,10 @@
 // total, per channel and per local expert) it will send, then each destination turns what it
 // received into row offsets and counts.
 //
-// Counts go into peers' slots by direct stores (ptr): normal mode inside a node needs every rank
-// direct, which the runtime checks. One block. Roles in order: (1) write my counts into every peer's notify slot; (2) cross-rank
-// barrier; (3) read the slots addressed to me: per-(source, channel) row prefix for the
+// Counts go into a direct peer's slot by stores; a peer reached only by put (another node) gets
+// them written into this rank's staging copy of its slot, which is then put whole. One block.
+// Roles in order: (1) write my counts into every peer's notify slot (put the staged ones);
+// (2) cross-rank barrier, whose signals publish them; (3) read the slots addressed to me: per-(source, channel) row prefix for the
 // receivers, the rank prefix matrix and per-expert counts for the caller, whether every source
 // made the same call (a verdict the dispatch kernel reads), and (if the host waits) publish them.
 #include "common/cuda_check.hpp"
@@ -16,6 +17,26 @@
 
 namespace epcomm::kernels {
 namespace {
+
+// Where this rank writes its notify slot for `destination`: the destination's own slot when it is
+// direct, else the staging copy that put_staged_notify_slots() sends.
+__device__ __forceinline__ NotifySlot* slot_for(const device::Window& window, int destination, uint64_t parity) {
+  NotifySlot* direct = window.ptr<NotifySlot>(destination, NvlLayout::notify_slot(parity, window.rank()));
+  return direct != nullptr ? direct : window.own<NotifySlot>(NvlLayout::notify_staging(destination));
+}
+
+// (1, end) Every thread has written its fields; a warp per destination reached by put sends the
+// staged slot whole (kNotifySlotBytes: aligned, so the put moves 16-byte vectors). The barrier
+// that follows publishes it (its signal completes the puts).
+__device__ void put_staged_notify_slots(const device::Window& window, uint64_t parity, const KernelContext& context) {
+  __syncthreads();  // every field of every staged slot is written
+  for (int destination = device::warp_id(); destination < context.num_ranks; destination += kNormalWarpsPerBlock) {
+    if (window.is_direct(destination)) continue;
+    window.put(destination, NvlLayout::notify_slot(parity, context.rank),
+               window.own(NvlLayout::notify_staging(destination)), NvlLayout::kNotifySlotBytes);
+  }
+  window.quiet();
+}
 
 // (1) Tokens of each channel bound for each rank: warp per channel, lanes over tokens. The rows
 // read are also copied into the handle (`kept`): this pass reads them anyway, and a separate copy
@@ -41,7 +62,7 @@ __device__ void send_channel_counts(const device::Window& window, const bool* is
       if (rank >= context.num_ranks) break;
       const int total = device::warp_sum(counts[rank]);
       if (device::lane_id() == 0) {
-        window.ptr<NotifySlot>(rank, NvlLayout::notify_slot(parity, context.rank))->channel_counts[channel] = total;
+        slot_for(window, rank, parity)->channel_counts[channel] = total;
       }
     }
   }
@@ -65,21 +86,19 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
                       parity, context);
   for (int i = threadIdx.x; i < args.num_experts; i += blockDim.x) {
     const int destination = i / experts_per_rank;
-    window.ptr<NotifySlot>(destination, NvlLayout::notify_slot(parity, context.rank))->expert_counts[i % experts_per_rank] =
-        args.num_tokens_per_expert[i];
+    slot_for(window, destination, parity)->expert_counts[i % experts_per_rank] = args.num_tokens_per_expert[i];
   }
   // Every rank's count to every rank, so each rank can build the whole rank prefix matrix.
   for (int i = threadIdx.x; i < num_ranks * num_ranks; i += blockDim.x) {
     const int destination = i / num_ranks, rank = i % num_ranks;
-    window.ptr<NotifySlot>(destination, NvlLayout::notify_slot(parity, context.rank))->tokens_per_rank[rank] =
-        args.num_tokens_per_rank[rank];
+    slot_for(window, destination, parity)->tokens_per_rank[rank] = args.num_tokens_per_rank[rank];
   }
   // My call's signature, for every destination to compare with its own.
   constexpr int kFields = static_cast<int>(CallField::kCount);
   for (int i = threadIdx.x; i < num_ranks * kFields; i += blockDim.x) {
-    window.ptr<NotifySlot>(i / kFields, NvlLayout::notify_slot(parity, context.rank))->signature.values[i % kFields] =
-        args.signature.values[i % kFields];
+    slot_for(window, i / kFields, parity)->signature.values[i % kFields] = args.signature.values[i % kFields];
   }
+  put_staged_notify_slots(window, parity, context);
 
   // (2) After the barrier every source's counts for me are in my slots. If it timed out (the error
   // is recorded), go on as if every source sent nothing: the outputs stay well-formed (zero rows)
