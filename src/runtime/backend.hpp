@@ -1,5 +1,6 @@
 // How a Buffer reaches its peers: the transport, and the table of kernels that go with it (the
-// CUDA IPC transport with libepcomm's kernels, or the NVSHMEM plugin's transport with its own).
+// CUDA IPC transport with libepcomm's kernels; the NVSHMEM plugin's transport with its own when
+// some peer is reached by NVSHMEM's put, with libepcomm's when every peer is direct).
 #pragma once
 
 #include <memory>
