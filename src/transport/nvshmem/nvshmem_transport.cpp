@@ -97,6 +97,9 @@ NvshmemTransport::NvshmemTransport(Bootstrap& bootstrap, const TransportOptions&
     }
     // Collective on every PE, in the same order on every rank (Buffers are created collectively).
     // The heap was sized for the first Buffer (NVSHMEM_SYMMETRIC_SIZE, unless the caller set it).
+    // NVSHMEM's collectives wait without bound: every rank first meets at the bootstrap's bounded
+    // barrier, which names a rank that never comes, so only a death in between can still hang.
+    bootstrap.barrier();
     symmetric_ = nvshmem_malloc(total_bytes);
     if (symmetric_ == nullptr) {
       fail(ErrorCode::kCudaError, "Buffer: nvshmem_malloc(", total_bytes, ") failed on rank ", rank,
@@ -108,7 +111,8 @@ NvshmemTransport::NvshmemTransport(Bootstrap& bootstrap, const TransportOptions&
   EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
   // Every rank's buffer is zeroed before any peer writes to it: the bootstrap's barrier is bounded
   // and names a missing rank, where nvshmem_barrier_all would wait for ever. (NVSHMEM's own
-  // collectives, its start and nvshmem_malloc / nvshmem_free, wait as NVSHMEM does.)
+  // collectives, its start and nvshmem_malloc / nvshmem_free, each come right after a bounded
+  // exchange or barrier of the bootstrap.)
   bootstrap.barrier();
 
   ranks_on_my_device_ = ranks_on_device_of(census, rank);
