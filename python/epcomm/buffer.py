@@ -1,4 +1,4 @@
-"""deep_ep-compatible Buffer over epcomm's C++ runtime (inside one node, over NVLink)."""
+"""deep_ep-compatible Buffer over epcomm's C++ runtime (NVLink inside a node, NVSHMEM across nodes)."""
 
 import functools
 from typing import Any, Callable, Optional, Tuple, Union
@@ -30,8 +30,13 @@ class Buffer:
 
     ``group`` is a torch.distributed ProcessGroup (gloo or nccl) used only to exchange a few bytes
     at construction. Differences from deep_ep, all deliberate:
-      - everything runs inside one node (NVLink); num_rdma_bytes is the low-latency region, shared
-        over CUDA IPC like the NVLink buffer (across nodes needs NVSHMEM, not in this build);
+      - ``dispatch`` / ``combine`` run inside a node and, across nodes (NVSHMEM, picked when ranks
+        span hosts, or with ``transport="nvshmem"``), with every rank a peer of every other: the
+        rings then take ``Config.get_nvl_buffer_size_hint(hidden_bytes, num_ranks, num_nodes)``,
+        and there are no ``internode_*`` methods or RDMA buffer for them; num_rdma_bytes is the
+        low-latency region only; at most 8 ranks;
+      - ``emulated_nodes`` (epcomm's own) splits the ranks into nodes that reach each other only by
+        put and signal, to test the path across nodes on one machine;
       - handles are sequences with deep_ep's tuple entries (index, unpack, len; see
         epcomm.handles), but pass back the object itself: a tuple rebuilt from its entries
         cannot carry epcomm's routing; the channel entries count epcomm's channels (one per SM);
@@ -59,7 +64,8 @@ class Buffer:
                  preinitialize: bool = _C.BUFFER_DEFAULTS["preinitialize"],
                  initialize_in_background: bool = _C.BUFFER_DEFAULTS["initialize_in_background"],
                  wait_timeout_ms: int = _C.BUFFER_DEFAULTS["wait_timeout_ms"],
-                 warmup_shape: Optional[WarmupShape] = None) -> None:
+                 warmup_shape: Optional[WarmupShape] = None, transport: str = "auto",
+                 emulated_nodes: int = _C.BUFFER_DEFAULTS["emulated_nodes"]) -> None:
         import torch
         import torch.distributed as dist
 
@@ -98,7 +104,8 @@ class Buffer:
                                  # its stream: it then uses the Buffer's own.
                                  output_allocator=self.allocator,
                                  warmup_stream=None if initialize_in_background else _torch.current_stream(),
-                                 comm_stream=self.comm_stream.cuda_stream, enable_shrink=enable_shrink)
+                                 comm_stream=self.comm_stream.cuda_stream, enable_shrink=enable_shrink,
+                                 transport=transport, emulated_nodes=emulated_nodes)
 
     def __del__(self) -> None:
         # Wait (without the GIL) for a background initialisation before the runtime is torn down:

@@ -44,8 +44,17 @@ def test_defaults_come_from_cpp():
     assert defaults["emulated_nodes"] == 1
     signature = inspect.signature(epcomm.Buffer.__init__)
     for name in ("num_qps_per_rank", "allow_nvlink_for_low_latency_mode", "preinitialize", "initialize_in_background",
-                 "wait_timeout_ms"):
+                 "wait_timeout_ms", "emulated_nodes"):
         assert signature.parameters[name].default == defaults[name], name
+    assert signature.parameters["transport"].default == "auto"
+
+
+def test_rings_across_nodes_take_twice_the_bytes():
+    config = epcomm.Config()
+    one_node = config.get_nvl_buffer_size_hint(7168 * 2, 8)
+    assert config.get_nvl_buffer_size_hint(7168 * 2, 8, num_nodes=2) >= 2 * one_node - 128
+    with pytest.raises(ValueError, match="num_nodes=9 must be in"):
+        config.get_nvl_buffer_size_hint(7168 * 2, 8, num_nodes=9)
 
 
 def test_call_arguments_are_structs_filled_by_name():
