@@ -35,6 +35,7 @@ const char* call_field_name(CallField field) {
     case CallField::kHasTopkWeights: return "topk_weights given";
     case CallField::kMaxTokens: return "num_max_dispatch_tokens_per_rank";
     case CallField::kDispatchNumber: return "dispatch number (this dispatch's, or the handle's)";
+    case CallField::kSumFormat: return "use_logfmt";
     case CallField::kOperation: return "operation";
     case CallField::kCount: break;
   }
@@ -93,7 +94,9 @@ std::string DeviceErrorLog::describe(const DeviceErrorRecord& record) {
       return join_message("rank ", record.rank, ": ", device_op_name(op), ": rank ", record.peer, " called with ",
                           call_field_name(static_cast<CallField>(record.index0)), " = ", record.observed, ", rank ",
                           record.rank, " with ", record.expected, ": every rank must make the same call",
-                          op == DeviceOp::kLowLatencyDispatch ? " (this call's outputs are unspecified)" : " (nothing was sent)");
+                          op == DeviceOp::kLowLatencyDispatch || op == DeviceOp::kLowLatencyCombine
+                              ? " (this call's outputs are unspecified)"
+                              : " (nothing was sent)");
     case DeviceErrorKind::kNone:
       break;
   }

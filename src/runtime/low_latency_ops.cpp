@@ -88,6 +88,19 @@ CallSignature call_signature(int hidden, int max_tokens, int num_experts, int nu
   return signature;
 }
 
+// What every rank's combine must agree on: the shapes come from the handle (its dispatch was
+// checked), the sums' format from the call; a rank decodes its peers' sums by its own.
+CallSignature combine_signature(const detail::LowLatencyHandleState& state, bool use_logfmt) {
+  CallSignature signature{};
+  signature.set(CallField::kRowBytes, static_cast<int64_t>(state.hidden) * 2);  // BF16 expert outputs
+  signature.set(CallField::kNumTopk, state.num_topk);
+  signature.set(CallField::kNumExperts, state.num_experts);
+  signature.set(CallField::kMaxTokens, state.max_tokens);
+  signature.set(CallField::kSumFormat, use_logfmt ? 1 : 0);
+  signature.set(CallField::kOperation, static_cast<int32_t>(DeviceOp::kLowLatencyCombine));
+  return signature;
+}
+
 kernels::Routing routing_of(const detail::LowLatencyHandleState& state) {
   kernels::Routing routing;
   routing.tokens_from = state.tokens_from.view.ptr<int32_t>();
@@ -301,6 +314,7 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
   kernel.topk_weights = args.topk_weights.ptr<float>();
   kernel.routing = routing_of(state);
   kernel.use_logfmt = args.use_logfmt;
+  kernel.signature = combine_signature(state, args.use_logfmt);
   kernel.out = result.combined_x.view.data;
   kernel.wait_cost_stats = given(args.wait_recv_cost_stats) ? args.wait_recv_cost_stats.ptr<int64_t>() : nullptr;
   const PeerWindow window = impl.window();

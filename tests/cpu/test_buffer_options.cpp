@@ -281,6 +281,24 @@ TEST(DeviceErrorLog, CallMismatchMessageNamesBothRanksTheFieldAndTheirValues) {
   EXPECT_NE(message.find("this call's outputs are unspecified"), std::string::npos) << message;
 }
 
+// A low-latency combine whose ranks disagree on the sums' format: named, and its outputs are
+// unspecified (the sums were sent).
+TEST(DeviceErrorLog, LowLatencyCombineMismatchNamesUseLogfmt) {
+  DeviceErrorRecord record{};
+  record.kind = static_cast<int32_t>(DeviceErrorKind::kCallMismatch);
+  record.op = static_cast<int32_t>(DeviceOp::kLowLatencyCombine);
+  record.rank = 1;
+  record.peer = 0;
+  record.index0 = static_cast<int64_t>(CallField::kSumFormat);
+  record.expected = 0;
+  record.observed = 1;
+  const std::string message = detail::DeviceErrorLog::describe(record);
+  EXPECT_NE(message.find("rank 1: low_latency_combine: rank 0 called with use_logfmt = 1, rank 1 with 0: every rank "
+                         "must make the same call (this call's outputs are unspecified)"),
+            std::string::npos)
+      << message;
+}
+
 // A combine whose ranks pass handles of different dispatches: the checked barrier names both
 // dispatch numbers, and nothing was sent.
 TEST(DeviceErrorLog, CombineWithAnotherDispatchsHandleNamesBothDispatchNumbers) {

@@ -704,6 +704,29 @@ void check_errors(Context& ctx) {
     args = good;
     if (harness.rank() == 0) args.use_fp8 = false;
     expect_disagreement("row bytes", args, "ranks disagreeing on use_fp8");
+    // A combine whose ranks disagree on the sums' format: each token source checks every owner's
+    // call, so every rank is told (rank 0's sums would be decoded as BF16 by the others).
+    {
+      const LowLatencyDispatchResult dispatched = buffer.low_latency_dispatch(good, *allocator, call);
+      DeviceBytes outputs(static_cast<size_t>(s.experts_per_rank) * slots_of(s, ranks) * s.hidden * sizeof(uint16_t));
+      DeviceBytes weights(static_cast<size_t>(tokens) * s.topk * sizeof(float));
+      outputs.poison(0);
+      weights.poison(0);
+      LowLatencyCombineArgs combine;
+      combine.x = TensorView::contiguous(outputs.get(), DType::kBFloat16, {s.experts_per_rank, slots_of(s, ranks), s.hidden});
+      combine.topk_idx = TensorView::contiguous(ids.get(), DType::kInt64, {tokens, s.topk});
+      combine.topk_weights = TensorView::contiguous(weights.get(), DType::kFloat32, {tokens, s.topk});
+      combine.handle = &dispatched.handle;
+      combine.use_logfmt = harness.rank() == 0;
+      expect_error_with(harness, ErrorCode::kInvalidArgument,
+                        {"low_latency_combine", "use_logfmt = ", "every rank must make the same call"},
+                        [&] {
+                          (void)buffer.low_latency_combine(combine, *allocator, call);
+                          buffer.synchronize(ctx.stream);
+                        },
+                        "ranks disagreeing on use_logfmt in a combine");
+      EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
+    }
     constexpr Scenario after_disagreement{"after disagreeing calls: fp8 h2048 T4 top2 M8", Cast::kFp8, 2048, 4, 2, 8, 8,
                                           kSparse};
     run_scenario(ctx, after_disagreement, kSeed + 49979687u);

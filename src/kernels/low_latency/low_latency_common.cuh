@@ -9,6 +9,7 @@
 
 #include "common/low_latency_layout.hpp"
 #include "epcomm/error.hpp"
+#include "device/device_report.cuh"
 #include "device/last_block.cuh"
 #include "device/memory_ordering.cuh"
 #include "device/warp_ops.cuh"
@@ -96,6 +97,36 @@ __device__ __forceinline__ int4 pack_bf16(const float (&sum)[kernels::kBf16PerVe
 #pragma unroll
   for (int j = 0; j < kernels::kBf16PerVector; ++j) result[j] = __float2bfloat16_rn(sum[j]);
   return packed;
+}
+
+// Whether `peer` made the same call as this rank: its signature (CallSignature) arrived in this
+// rank's buffer before the flag the caller waited for; reports the first difference as `op`'s. A
+// lane per field (signature_field loads them), so that the fields cost one round trip, not one each.
+// Every lane of the warp calls it with its field's `theirs` (lanes past the fields: anything).
+__device__ __forceinline__ bool same_call_as(int32_t theirs, const CallSignature& mine, DeviceOp op, int peer,
+                                             const KernelContext& context) {
+  constexpr int kFields = static_cast<int>(CallField::kCount);
+  static_assert(kFields <= kWarpSize, "a lane per signature field");
+  const int field = lane_id();
+  const uint32_t differing = __ballot_sync(0xffffffffu, field < kFields && theirs != mine.values[field]);
+  if (differing == 0) return true;
+  if (field == __ffs(differing) - 1) {
+    ErrorDetails details;
+    details.kind = DeviceErrorKind::kCallMismatch;
+    details.op = op;
+    details.peer = peer;
+    details.index0 = field;
+    details.expected = mine.values[field];
+    details.observed = theirs;
+    report_error(context, details);
+  }
+  return false;
+}
+
+// The field of the signature at `offset` in this rank's buffer that this lane compares.
+__device__ __forceinline__ int32_t signature_field(const Window& window, size_t offset) {
+  const int field = lane_id();
+  return field < static_cast<int>(CallField::kCount) ? __ldcg(window.own<int32_t>(offset) + field) : 0;
 }
 
 // Shrink mode's mask as a kernel instance sees it. The kernels are compiled with and without

@@ -216,31 +216,6 @@ __device__ void send_chunk(const device::Window& window, const LowLatencyDispatc
   }
 }
 
-// Whether `source` made the same dispatch call as this rank (its signature arrived with its flag);
-// reports the first difference. The whole warp calls it, a lane per field, so that the fields
-// cost one round trip, not one each.
-__device__ bool same_call_as(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
-                             const KernelContext& context, const LowLatencyLayout& layout, int source) {
-  constexpr int kFields = static_cast<int>(CallField::kCount);
-  static_assert(kFields <= kWarpSize, "a lane per signature field");
-  const int field = device::lane_id();
-  const int32_t* theirs = window.own<int32_t>(layout.signature(args.common.set_index, source));
-  const int32_t value = field < kFields ? __ldcg(theirs + field) : 0;
-  const uint32_t differing = __ballot_sync(0xffffffffu, field < kFields && value != args.signature.values[field]);
-  if (differing == 0) return true;
-  if (field == __ffs(differing) - 1) {
-    device::ErrorDetails details;
-    details.kind = DeviceErrorKind::kCallMismatch;
-    details.op = DeviceOp::kLowLatencyDispatch;
-    details.peer = source;
-    details.index0 = field;
-    details.expected = args.signature.values[field];
-    details.observed = value;
-    device::report_error(context, details);
-  }
-  return false;
-}
-
 // A receiving team walks its source's tokens in windows of one token per lane.
 constexpr int kMaxTokenWindows = (kMaxLowLatencyPairs + kWarpSize - 1) / kWarpSize;
 // Loads in flight per lane while a received row is copied: 8 keeps the kernel free of spills,
@@ -398,7 +373,8 @@ __device__ void receive_expert(const device::Window& window, const LowLatencyDis
   // is reported, and that call's outputs are unspecified. Reads and writes stay inside this rank's
   // own layout of its own set either way.
   if (in_team && local_expert == 0 && warp_in_team == warps_per_source - 1 && source_arrived[source]) {
-    same_call_as(window, args, context, layout, source);
+    device::same_call_as(device::signature_field(window, layout.signature(common.set_index, source)), args.signature,
+                         DeviceOp::kLowLatencyDispatch, source, context);
   }
   if (in_team && local_expert == 0) {
     // The first expert's block keeps each source's routing for the combine (the set is reused).

@@ -62,6 +62,7 @@ struct LowLatencyCombineKernelArgs {
   const float* topk_weights = nullptr;    // [T, K]
   Routing routing;                        // the dispatch's
   bool use_logfmt = false;                // the sums travel as LogFMT where it applies (common/logfmt.hpp)
+  CallSignature signature{};              // this rank's combine, checked by every token source
   void* out = nullptr;                    // out: bf16 [T, hidden]
   int64_t* wait_cost_stats = nullptr;     // in/out [R]: cycles waited per rank, or null
 };
