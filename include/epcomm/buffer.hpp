@@ -51,6 +51,10 @@ class Buffer {
 
   int rank() const;
   int num_ranks() const;
+  // The nodes the ranks form (BufferOptions::ranks_per_node): deep_ep's RDMA ranks.
+  int num_nodes() const;
+  int node() const;        // this rank's node (deep_ep's rdma_rank)
+  int local_rank() const;  // this rank's index inside its node (deep_ep's nvl_rank)
   int device() const;
   const BufferOptions& options() const;
   bool is_available() const;  // false after destroy()

@@ -60,6 +60,11 @@ struct BufferOptions {
   // or stores into each other's memory, as ranks of different nodes do. 1: off. Both modes (normal
   // mode's rings are then staged: nvl_buffer_size_hint with num_nodes); every rank passes the same.
   int emulated_nodes = 1;
+  // Ranks per node (deep_ep's numbering: rank = node x ranks_per_node + local rank). 0: the
+  // consecutive ranks of one host form a node; > 0: this many, which must divide the ranks and
+  // share a host (e.g. to treat a host of two NVLink domains as two nodes). Every rank passes the
+  // same value; emulated_nodes, when given, must agree with it.
+  int ranks_per_node = 0;
   // Which transport joins the ranks; every rank passes the same. kNvshmem on one host runs
   // NVSHMEM's P2P transport, and with emulated_nodes its put path carries the traffic between the
   // emulated nodes (the NVSHMEM path across nodes, tested on one machine).

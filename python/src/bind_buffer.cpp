@@ -257,8 +257,9 @@ BufferOptions make_options(int64_t num_nvl_bytes, int64_t num_rdma_bytes, bool l
                            bool initialize_in_background, int64_t wait_timeout_ms, int emulated_nodes,
                            const WarmupShape& warmup_shape, std::shared_ptr<PythonAllocator> output_allocator,
                            std::optional<uintptr_t> warmup_stream, std::optional<uintptr_t> comm_stream,
-                           bool enable_shrink, const std::string& transport) {
+                           bool enable_shrink, const std::string& transport, int ranks_per_node) {
   BufferOptions options;
+  options.ranks_per_node = ranks_per_node;
   options.transport = parse_transport_kind(transport, "Buffer: transport");
   options.enable_shrink = enable_shrink;
   options.emulated_nodes = emulated_nodes;
@@ -291,6 +292,7 @@ nb::dict buffer_defaults(const BufferOptions& defaults) {
   values["initialize_in_background"] = defaults.initialize_in_background;
   values["wait_timeout_ms"] = static_cast<int64_t>(defaults.wait_timeout.count());
   values["emulated_nodes"] = defaults.emulated_nodes;
+  values["ranks_per_node"] = defaults.ranks_per_node;
   values["enable_shrink"] = defaults.enable_shrink;
   return values;
 }
@@ -308,11 +310,13 @@ void bind_buffer(nb::module_& m) {
               bool low_latency_mode, int num_qps_per_rank, bool allow_nvlink, int device, bool preinitialize,
               bool in_background, int64_t wait_timeout_ms, int emulated_nodes, const WarmupShape& warmup_shape,
               std::shared_ptr<PythonAllocator> output_allocator, std::optional<uintptr_t> warmup_stream,
-              std::optional<uintptr_t> comm_stream, bool enable_shrink, const std::string& transport) {
+              std::optional<uintptr_t> comm_stream, bool enable_shrink, const std::string& transport,
+              int ranks_per_node) {
              const BufferOptions options =
                  make_options(num_nvl_bytes, num_rdma_bytes, low_latency_mode, num_qps_per_rank, allow_nvlink, device,
                               preinitialize, in_background, wait_timeout_ms, emulated_nodes, warmup_shape,
-                              std::move(output_allocator), warmup_stream, comm_stream, enable_shrink, transport);
+                              std::move(output_allocator), warmup_stream, comm_stream, enable_shrink, transport,
+                              ranks_per_node);
              nb::gil_scoped_release release;  // the exchange calls back into Python from C++
              new (self) Buffer(std::move(bootstrap), options);
            },
@@ -326,15 +330,17 @@ void bind_buffer(nb::module_& m) {
            nb::arg("emulated_nodes") = defaults.emulated_nodes,
            nb::arg("warmup_shape") = WarmupShape{}, nb::arg("output_allocator").none() = nb::none(),
            nb::arg("warmup_stream").none() = nb::none(), nb::arg("comm_stream").none() = nb::none(),
-           nb::arg("enable_shrink") = defaults.enable_shrink, nb::arg("transport") = "auto")
+           nb::arg("enable_shrink") = defaults.enable_shrink, nb::arg("transport") = "auto",
+           nb::arg("ranks_per_node") = defaults.ranks_per_node)
       .def_prop_ro("rank", &Buffer::rank)
       .def_prop_ro("num_ranks", &Buffer::num_ranks)
       .def_prop_ro("device", &Buffer::device, nb::call_guard<nb::gil_scoped_release>())
-      // deep_ep's runtime queries, for code that reaches into Buffer.runtime. One node: one RDMA
-      // rank (0), whose root is this rank's node-local peer of the same index, i.e. this rank.
-      .def("get_num_rdma_ranks", [](const Buffer&) { return 1; })
-      .def("get_rdma_rank", [](const Buffer&) { return 0; })
-      .def("get_root_rdma_rank", [](const Buffer& b, bool global) { return global ? b.rank() : 0; }, nb::arg("global"))
+      // deep_ep's runtime queries, for code that reaches into Buffer.runtime: an RDMA rank is a
+      // node, and the root RDMA rank (global) is this rank's index inside its node.
+      .def("get_num_rdma_ranks", &Buffer::num_nodes, nb::call_guard<nb::gil_scoped_release>())
+      .def("get_rdma_rank", &Buffer::node, nb::call_guard<nb::gil_scoped_release>())
+      .def("get_root_rdma_rank", [](const Buffer& b, bool global) { return global ? b.local_rank() : 0; },
+           nb::arg("global"), nb::call_guard<nb::gil_scoped_release>())
       .def("get_local_device_id", &Buffer::device, nb::call_guard<nb::gil_scoped_release>())
       .def("is_available", &Buffer::is_available, nb::call_guard<nb::gil_scoped_release>())
       .def("comm_stream", [](const Buffer& b) { return reinterpret_cast<uintptr_t>(b.comm_stream()); },

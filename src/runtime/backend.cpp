@@ -86,8 +86,10 @@ Backend connect(Bootstrap& bootstrap, const TransportOptions& options, Transport
   const int rank = bootstrap.rank();
   const RankCensus mine = describe_this_rank(options.device, options.layout.total_bytes(), options.agreed.c_str());
   const std::vector<RankCensus> census = take_census(bootstrap, mine);
+  const Topology topology = find_topology(census, options.emulated_nodes, options.ranks_per_node);
   const bool nvshmem = kind == TransportKind::kNvshmem || (kind == TransportKind::kAuto && !one_host(census, rank));
   Backend backend;
+  backend.topology = topology;
   if (!nvshmem) {
     backend.transport = std::make_unique<IpcTransport>(bootstrap, options, census);
     backend.kernels = &kernels::builtin_kernels();

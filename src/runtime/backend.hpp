@@ -8,6 +8,7 @@
 
 #include "epcomm/config.hpp"
 #include "kernels/kernel_table.hpp"
+#include "transport/topology.hpp"
 #include "transport/transport.hpp"
 
 namespace epcomm::detail {
@@ -17,6 +18,7 @@ struct NvshmemPlugin;
 struct Backend {
   std::unique_ptr<Transport> transport;
   const kernels::KernelTable* kernels = nullptr;
+  Topology topology;  // from the same census, the same on every rank
 };
 
 // Collective over `bootstrap`: every rank describes itself (host, GPU, options), the ranks check

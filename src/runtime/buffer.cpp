@@ -118,15 +118,17 @@ void Buffer::Impl::initialize(int caller_device, bool background) {
   transport_options.device = device;
   transport_options.layout = layout;
   transport_options.emulated_nodes = options.emulated_nodes;
+  transport_options.ranks_per_node = options.ranks_per_node;
   transport_options.agreed = join_message(
       "num_nvl_bytes=", options.num_nvl_bytes, " num_rdma_bytes=", options.num_rdma_bytes, " low_latency_mode=",
       options.low_latency_mode, " enable_shrink=", options.enable_shrink, " preinitialize=", options.preinitialize,
-      " emulated_nodes=", options.emulated_nodes, " transport=", static_cast<int>(options.transport),
+      " emulated_nodes=", options.emulated_nodes, " ranks_per_node=", options.ranks_per_node, " transport=", static_cast<int>(options.transport),
       " warmup_shape=", options.warmup_shape.num_tokens, "/", options.warmup_shape.num_low_latency_tokens, "/",
       options.warmup_shape.hidden, "/", options.warmup_shape.num_topk, "/", options.warmup_shape.num_experts);
   detail::Backend backend = detail::connect(*bootstrap, transport_options, options.transport);
   transport = std::move(backend.transport);
   kernels = backend.kernels;
+  topology = backend.topology;
   if (bootstrap->num_ranks() > 1) {
     watchdog = std::make_unique<detail::PeerWatchdog>(
         transport->local_processes(),
@@ -180,6 +182,18 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
 
 int Buffer::rank() const { return impl_->bootstrap->rank(); }
 int Buffer::num_ranks() const { return impl_->bootstrap->num_ranks(); }
+int Buffer::num_nodes() const {
+  impl_->wait_until_ready();
+  return impl_->topology.num_nodes();
+}
+int Buffer::node() const {
+  impl_->wait_until_ready();
+  return impl_->topology.node_of(rank());
+}
+int Buffer::local_rank() const {
+  impl_->wait_until_ready();
+  return impl_->topology.local_rank(rank());
+}
 int Buffer::device() const {
   impl_->wait_until_ready();
   return impl_->device;

@@ -20,6 +20,7 @@
 #include "runtime/scoped_device.hpp"
 #include "common/buffer_layout.hpp"
 #include "kernels/kernel_table.hpp"
+#include "transport/topology.hpp"
 #include "transport/transport.hpp"
 
 namespace epcomm {
@@ -58,6 +59,7 @@ struct Buffer::Impl {
   BufferLayout layout;                        // where each region of every rank's buffer starts
   std::unique_ptr<detail::Transport> transport;  // null before initialisation and after destroy()
   const kernels::KernelTable* kernels = nullptr;  // the transport's kernels that cross ranks
+  detail::Topology topology;                      // which ranks form each node
   // Shrink mode: int32 [R], non-zero for a masked rank; the low-latency kernels read it. The
   // watchdog masks dead ranks through mask_stream, from its own thread, from mask_values (pinned);
   // declared before the watchdog, so they outlive it.

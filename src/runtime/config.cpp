@@ -40,6 +40,10 @@ void BufferOptions::validate(int num_ranks) const {
     fail(ErrorCode::kInvalidArgument, "Buffer: num_qps_per_rank=", num_qps_per_rank, " must be at least 1");
   }
   if (device < -1) fail(ErrorCode::kInvalidArgument, "Buffer: device=", device, " must be -1 (current) or a device index");
+  if (ranks_per_node < 0 || (ranks_per_node > 0 && num_ranks % ranks_per_node != 0)) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: ranks_per_node=", ranks_per_node,
+         " must be 0 (from the hosts) or divide num_ranks=", num_ranks);
+  }
   if (emulated_nodes < 1 || num_ranks % emulated_nodes != 0) {
     fail(ErrorCode::kInvalidArgument, "Buffer: emulated_nodes=", emulated_nodes, " must be at least 1 and divide num_ranks=",
          num_ranks);

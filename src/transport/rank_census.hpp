@@ -41,9 +41,6 @@ int first_rank_elsewhere(const std::vector<RankCensus>& census, int rank);
 inline bool one_host(const std::vector<RankCensus>& census, int rank) { return first_rank_elsewhere(census, rank) < 0; }
 // Ranks (this one included) whose GPU is this rank's.
 int ranks_on_device_of(const std::vector<RankCensus>& census, int rank);
-// The emulated node of `rank` (TransportOptions::emulated_nodes): ranks split into `nodes` equal,
-// contiguous groups.
-inline int emulated_node(int rank, int num_ranks, int nodes) { return rank / (num_ranks / nodes); }
 // The processes this rank can watch: peers on its host in its pid namespace (pid 0 elsewhere).
 std::vector<ProcessIdentity> watchable_processes(const std::vector<RankCensus>& census, int rank);
 

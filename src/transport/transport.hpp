@@ -29,6 +29,7 @@ struct TransportOptions {
   // > 1: split the ranks into this many equal groups that reach each other only through put and
   // signal, as ranks of different nodes do (BufferOptions::emulated_nodes).
   int emulated_nodes = 1;
+  int ranks_per_node = 0;  // BufferOptions::ranks_per_node (transport/topology.hpp)
 };
 
 class Transport {

@@ -54,6 +54,13 @@ TEST(BufferOptions, EmulatedNodesMustDivideTheRanks) {
             std::string::npos);
   options.emulated_nodes = 0;
   EXPECT_NE(validation_error(options, 4).find("emulated_nodes=0"), std::string::npos);
+  options.emulated_nodes = 1;
+  options.ranks_per_node = 3;
+  EXPECT_NE(validation_error(options, 4).find("ranks_per_node=3 must be 0 (from the hosts) or divide num_ranks=4"),
+            std::string::npos);
+  options.ranks_per_node = 2;
+  EXPECT_EQ(validation_error(options, 4), "");
+  options.ranks_per_node = 0;
   options.emulated_nodes = 2;
   options.num_nvl_bytes = 1 << 20;  // normal mode across (emulated) nodes: staged rings
   EXPECT_EQ(validation_error(options, 4), "");

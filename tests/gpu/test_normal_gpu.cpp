@@ -827,6 +827,10 @@ void run_normal_suite(RankHarness& harness, int emulated_nodes, TransportKind tr
   });
   {
     Buffer buffer(harness.bootstrap(), options);
+    const int per_node = ranks / emulated_nodes;
+    harness.check(buffer.num_nodes() == emulated_nodes && buffer.node() == harness.rank() / per_node &&
+                      buffer.local_rank() == harness.rank() % per_node,
+                  "nodes as the Buffer reports them (num_nodes, node, local_rank)");
     Context ctx{harness, buffer, default_config, small_config, wide_config, side_stream};
     const std::vector<Scenario> all = scenarios();
     for (size_t i = 0; i < all.size(); ++i) run_scenario(ctx, all[i], kSeed + 7919u * (i + 1));

@@ -4,6 +4,7 @@
 
 #include "common/cuda_check.hpp"
 #include "epcomm/error.hpp"
+#include "transport/topology.hpp"
 
 namespace epcomm::detail {
 IpcMapping::~IpcMapping() {
@@ -36,11 +37,12 @@ IpcTransport::IpcTransport(Bootstrap& bootstrap, const TransportOptions& options
   ranks_on_my_device_ = ranks_on_device_of(census, rank);
   // One host: every peer's process can be watched, from the same pid namespace.
   local_processes_ = watchable_processes(census, rank);
+  const Topology topology = find_topology(census, options.emulated_nodes, options.ranks_per_node);
   window_.rank = rank;
   window_.num_ranks = num_ranks;
   mappings_.resize(num_ranks);
   for (int peer = 0; peer < num_ranks; ++peer) {
-    if (emulated_node(peer, num_ranks, options.emulated_nodes) == emulated_node(rank, num_ranks, options.emulated_nodes)) {
+    if (topology.same_node(peer, rank)) {
       window_.direct_ranks |= 1u << peer;
     }
     if (peer == rank) {

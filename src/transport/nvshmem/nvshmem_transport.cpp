@@ -7,6 +7,8 @@
 #include <mutex>
 #include <string>
 
+#include "transport/topology.hpp"
+
 #include "common/cuda_check.hpp"
 #include "epcomm/error.hpp"
 
@@ -117,12 +119,12 @@ NvshmemTransport::NvshmemTransport(Bootstrap& bootstrap, const TransportOptions&
 
   ranks_on_my_device_ = ranks_on_device_of(census, rank);
   local_processes_ = watchable_processes(census, rank);
+  const Topology topology = find_topology(census, options.emulated_nodes, options.ranks_per_node);
   window_.rank = rank;
   window_.num_ranks = num_ranks;
   char* own = static_cast<char*>(symmetric_);
   for (int peer = 0; peer < num_ranks; ++peer) {
-    const bool same_node =
-        emulated_node(peer, num_ranks, options.emulated_nodes) == emulated_node(rank, num_ranks, options.emulated_nodes);
+    const bool same_node = topology.same_node(peer, rank);
     void* mapped = peer == rank ? symmetric_ : nvshmem_ptr(symmetric_, peer);
     if (same_node && mapped != nullptr) {
       window_.direct_ranks |= 1u << peer;

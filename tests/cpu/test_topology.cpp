@@ -1,0 +1,77 @@
+// Which ranks form a node, from made-up censuses: hosts, emulated nodes and ranks_per_node, and the
+// clear errors when the ranks cannot be numbered as deep_ep numbers them.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "epcomm/error.hpp"
+#include "transport/topology.hpp"
+
+namespace epcomm::detail {
+namespace {
+
+std::vector<RankCensus> hosts(std::initializer_list<const char*> names) {
+  std::vector<RankCensus> census;
+  for (const char* name : names) {
+    RankCensus entry;
+    std::strncpy(entry.host_name, name, RankCensus::kHostNameBytes - 1);
+    census.push_back(entry);
+  }
+  return census;
+}
+
+std::string topology_error(const std::vector<RankCensus>& census, int emulated_nodes, int ranks_per_node) {
+  try {
+    (void)find_topology(census, emulated_nodes, ranks_per_node);
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument);
+    return error.what();
+  }
+  return "";
+}
+
+TEST(Topology, ConsecutiveRanksOfAHostFormANode) {
+  const Topology one = find_topology(hosts({"a", "a", "a", "a"}), 1, 0);
+  EXPECT_EQ(one.num_nodes(), 1);
+  EXPECT_EQ(one.ranks_per_node, 4);
+  const Topology two = find_topology(hosts({"a", "a", "b", "b"}), 1, 0);
+  EXPECT_EQ(two.num_nodes(), 2);
+  EXPECT_EQ(two.node_of(2), 1);
+  EXPECT_EQ(two.local_rank(3), 1);
+  EXPECT_TRUE(two.same_node(0, 1));
+  EXPECT_FALSE(two.same_node(1, 2));
+  EXPECT_EQ(find_topology(hosts({"a"}), 1, 0).num_nodes(), 1);
+}
+
+TEST(Topology, EmulatedNodesAndRanksPerNodeSplitAHost) {
+  const Topology emulated = find_topology(hosts({"a", "a", "a", "a", "a", "a"}), 3, 0);
+  EXPECT_EQ(emulated.ranks_per_node, 2);
+  EXPECT_EQ(emulated.node_of(5), 2);
+  EXPECT_EQ(find_topology(hosts({"a", "a", "a", "a"}), 1, 2).num_nodes(), 2);
+  EXPECT_EQ(find_topology(hosts({"a", "a", "a", "a"}), 2, 2).num_nodes(), 2);  // both, agreeing
+  // Emulated nodes inside real ones: two hosts of four, four nodes of two.
+  EXPECT_EQ(find_topology(hosts({"a", "a", "a", "a", "b", "b", "b", "b"}), 4, 0).num_nodes(), 4);
+}
+
+TEST(Topology, RanksThatCannotBeNumberedAsDeepEpDoesAreRefusedByName) {
+  EXPECT_NE(topology_error(hosts({"a", "b", "a", "b"}), 1, 0)
+                .find("ranks 0-0 and 2 run on host 'a' but rank 1 runs on 'b': the ranks of a host must be consecutive"),
+            std::string::npos);
+  EXPECT_NE(topology_error(hosts({"a", "a", "a", "b"}), 1, 0)
+                .find("host 'a' runs 3 ranks but host 'b' runs 1 (ranks 3-3): every node must hold as many ranks"),
+            std::string::npos);
+  EXPECT_NE(topology_error(hosts({"a", "a", "b", "b"}), 1, 4)
+                .find("node 0 (ranks 0-3) would hold rank 0 on host 'a' and rank 2 on host 'b'"),
+            std::string::npos);
+  EXPECT_NE(topology_error(hosts({"a", "a", "a", "a"}), 1, 3).find("ranks_per_node=3 must be 0 (from the hosts) or divide"),
+            std::string::npos);
+  EXPECT_NE(topology_error(hosts({"a", "a", "a", "a"}), 2, 1).find("ranks_per_node=1 contradicts emulated_nodes=2"),
+            std::string::npos);
+  EXPECT_EQ(topology_error(hosts({"a", "a", "b", "b"}), 1, 0), "");
+}
+
+}  // namespace
+}  // namespace epcomm::detail
