@@ -42,6 +42,10 @@ enum class CallField : int32_t {
   kCount,
 };
 
+// The checked barrier compares the operation first, found as the last field.
+static_assert(static_cast<int>(CallField::kOperation) == static_cast<int>(CallField::kCount) - 1,
+              "CallField::kOperation stays the last field");
+
 // One rank's values of what every rank of a call must agree on, indexed by CallField.
 struct CallSignature {
   int32_t values[static_cast<int>(CallField::kCount)];

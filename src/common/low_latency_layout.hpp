@@ -28,7 +28,9 @@
 //   weights_flags  [set][source] u64   source's combine weights and T are here
 //   combine_flags  [set][owner] u64    owner's weighted sums for this rank's tokens are here
 //   signatures     [set][source]       source's dispatch call (CallSignature), checked by the receiver
-//   combine_signatures [set][owner]    owner's combine call, checked by the token's source
+//   combine_signatures [set][epoch parity][owner]   owner's combine call, checked by the token's
+//                                      source (by parity: in hook mode an owner may run the set's
+//                                      next combine before this one's receive reads the slot)
 // Flags carry the epoch of the call that wrote them, so a flag from the set's previous use is never
 // mistaken for a new one, and since flags never move, calls may change shapes without cleaning.
 #pragma once
@@ -56,9 +58,11 @@ struct LowLatencyLayout {
   static constexpr size_t kSignaturesOffset = kCombineFlagsOffset + kFlagsBytes;
   static constexpr size_t kSignaturesBytes = sizeof(CallSignature) * kNumSets * kMaxNvlPeers;
   // A combine's own signatures: a rank may still be checking a dispatch's while its peers combine.
+  static constexpr int kSignatureParities = 2;
   static constexpr size_t kCombineSignaturesOffset = kSignaturesOffset + kSignaturesBytes;
   static constexpr size_t kControlBytes =
-      (kCombineSignaturesOffset + kSignaturesBytes + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
+      (kCombineSignaturesOffset + kSignatureParities * kSignaturesBytes + kRegionAlignment - 1) / kRegionAlignment *
+      kRegionAlignment;
 
   size_t base = 0;       // the region's offset in a rank's buffer (BufferLayout::low_latency_offset)
   size_t set_space = 0;  // bytes each set owns: half the region after the control block (0: just enough)
@@ -180,9 +184,11 @@ struct LowLatencyLayout {
   EPCOMM_HOST_DEVICE size_t signature(int set_index, int source) const {
     return base + kSignaturesOffset + (static_cast<size_t>(set_index) * kMaxNvlPeers + source) * sizeof(CallSignature);
   }
-  // Owner's combine call (CallSignature), put with its weights' round, read after its sums' flag.
-  EPCOMM_HOST_DEVICE size_t combine_signature(int set_index, int owner) const {
-    return base + kCombineSignaturesOffset + (static_cast<size_t>(set_index) * kMaxNvlPeers + owner) * sizeof(CallSignature);
+  // Owner's combine call (CallSignature) of the call with `epoch`, put after its weights, read
+  // after its sums' flag.
+  EPCOMM_HOST_DEVICE size_t combine_signature(int set_index, uint64_t epoch, int owner) const {
+    const size_t slot = (static_cast<size_t>(set_index) * kSignatureParities + (epoch & 1u)) * kMaxNvlPeers + owner;
+    return base + kCombineSignaturesOffset + slot * sizeof(CallSignature);
   }
 };
 

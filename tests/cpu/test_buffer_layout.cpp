@@ -69,6 +69,20 @@ TEST(NvlLayout, StagingRingsFollowTheReceiveRingsSlotForSlot) {
   EXPECT_EQ(NvlLayout::notify_staging(3) % kRegionAlignment, 0u);
 }
 
+// A combine's signatures: apart from the dispatch's, one slot per (set, epoch parity, owner), inside
+// the control block (an owner in hook mode may write the set's next combine's before this one's
+// is read).
+TEST(LowLatencyLayout, CombineSignaturesHaveSlotsOfTheirOwnByEpochParity) {
+  const LowLatencyLayout layout = LowLatencyLayout::of(4096, 8, 256, 128, 7168);
+  const int last = kMaxNvlPeers - 1;
+  EXPECT_GE(layout.combine_signature(0, 0, 0), layout.signature(LowLatencyLayout::kNumSets - 1, last) + sizeof(CallSignature));
+  EXPECT_NE(layout.combine_signature(1, 6, 3), layout.combine_signature(1, 7, 3));
+  EXPECT_EQ(layout.combine_signature(1, 6, 3), layout.combine_signature(1, 8, 3));
+  EXPECT_LE(layout.combine_signature(LowLatencyLayout::kNumSets - 1, 1, last) + sizeof(CallSignature),
+            layout.base + LowLatencyLayout::kControlBytes);
+  EXPECT_EQ(layout.combine_signature(0, 1, 2) % sizeof(int32_t), 0u);
+}
+
 struct Shape {
   int ranks, experts, max_tokens, hidden;
 };

@@ -9,8 +9,8 @@
 // (directly, or a put from the partials staging where the peer is not direct). The last block to
 // finish signals every source.
 // Receive phase: every block waits for every rank's flag, then warps add, per token chunk, the
-// partial sums of the ranks that hold its experts, in rank order (docs/SEMANTICS.md). Each rank's
-// combine call (its signature, put with its weights) is checked once, by one warp of block 0.
+// partial sums of the ranks that hold its experts, in rank order (docs/SEMANTICS.md). Each owner's
+// combine call (its signature, put after its weights) is checked once, by one warp of the last block.
 #include <cuda_bf16.h>
 
 #include "common/cuda_check.hpp"
@@ -90,9 +90,9 @@ __device__ size_t write_sum(char* slot, size_t meta, int v, const int4& packed, 
   return kLogfmtGroupBytes;
 }
 
-// Block 0: this rank's weights [T][K] and its call's signature to every rank, each rank's followed
-// by its own signal (weights from the buffer's staging where the transport needs registered
-// sources). The signature is read after the combine flag, which every block's sends precede.
+// Block 0: this rank's weights [T][K] to every rank, each put followed by its own signal (from the
+// buffer's staging where the transport needs registered sources); then this call's signature, off
+// the weights' path: it is read after the combine flag, which every block's sends precede.
 template <bool kShrink>
 __device__ void send_weights(const device::Window& window, const LowLatencyCombineKernelArgs& args,
                              const KernelContext& context, const LowLatencyLayout& layout, uint64_t epoch) {
@@ -110,17 +110,17 @@ __device__ void send_weights(const device::Window& window, const LowLatencyCombi
   for (int rank = device::warp_id(); rank < context.num_ranks; rank += kLowLatencyWarpsPerBlock) {
     if (masked & (1u << rank)) continue;
     if (bytes > 0) window.put(rank, layout.weights(common.set_index, context.rank), weights, bytes);
-    const int field = device::lane_id();  // a lane per field
-    if (field < static_cast<int>(CallField::kCount)) {
-      window.put_value(rank, layout.combine_signature(common.set_index, context.rank) + field * sizeof(int32_t),
-                       args.signature.values[field]);
-    }
     window.quiet();  // the publish rule, within this warp: puts complete, __syncwarp, one signal
     __syncwarp();
     // Pairs with the owner's wait before it reads the weights.
     if (device::lane_id() == 0) {
       window.signal(rank, layout.weights_flag(common.set_index, context.rank),
                     pack_flag(epoch, static_cast<uint32_t>(common.num_tokens)));
+    }
+    const int field = device::lane_id();  // a lane per field
+    if (field < static_cast<int>(CallField::kCount)) {
+      window.put_value(rank, layout.combine_signature(common.set_index, epoch, context.rank) + field * sizeof(int32_t),
+                       args.signature.values[field]);
     }
   }
 }
@@ -331,16 +331,17 @@ __device__ void reduce_logfmt_chunk(const device::Window& window, const LowLaten
   static_cast<int4*>(args.out)[static_cast<int64_t>(token) * vectors + v] = device::pack_bf16(sum);
 }
 
-// Every owner's combine call against this rank's, by one warp off the reductions' path: every
-// owner's fields loaded (a lane per field) before any is compared, one round trip. An owner whose
-// call differs is reported, and this call's outputs are unspecified.
+// Every owner's combine call against this rank's, by one warp: every owner's fields loaded (a lane
+// per field) before any is compared, one round trip. An owner whose call differs is reported, and
+// this call's outputs are unspecified.
 __device__ void check_owner_calls(const device::Window& window, const LowLatencyCombineKernelArgs& args,
-                                  const KernelContext& context, const LowLatencyLayout& layout, uint32_t owners) {
+                                  const KernelContext& context, const LowLatencyLayout& layout, uint64_t epoch,
+                                  uint32_t owners) {
   int32_t theirs[kMaxNvlPeers];
 #pragma unroll
   for (int owner = 0; owner < kMaxNvlPeers; ++owner) {
     if (owner < context.num_ranks && (owners & (1u << owner))) {
-      theirs[owner] = device::signature_field(window, layout.combine_signature(args.common.set_index, owner));
+      theirs[owner] = device::signature_field(window, layout.combine_signature(args.common.set_index, epoch, owner));
     }
   }
 #pragma unroll
@@ -397,8 +398,9 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
       }
     }
     __syncthreads();  // the acquires above order every warp's reads of the partial sums
-    if (blockIdx.x == 0 && device::warp_id() == kLowLatencyWarpsPerBlock - 1) {
-      check_owner_calls(window, args, context, layout, arrived_owners);
+    // The last block's last warp, whose share of the reductions is the smallest.
+    if (blockIdx.x == gridDim.x - 1 && device::warp_id() == kLowLatencyWarpsPerBlock - 1) {
+      check_owner_calls(window, args, context, layout, epoch, arrived_owners);
     }
     const int warps = gridDim.x * kLowLatencyWarpsPerBlock;
     const int chunks = (common.hidden / kBf16PerVector + kChunkVectors - 1) / kChunkVectors;
