@@ -78,13 +78,13 @@ void require_ring_fits(const char* op, const Buffer::Impl& impl, const RingLayou
     fail(ErrorCode::kInvalidArgument, op, ": num_nvl_bytes=", impl.options.num_nvl_bytes, " is too small for rows of ",
          row_bytes, " bytes with num_sms=", config.num_sms, " and num_max_nvl_chunked_recv_tokens=",
          config.num_max_nvl_chunked_recv_tokens, ": the rings need ", needed, " bytes",
-         rings.staged ? " (twice the receive rings: ranks on other nodes are reached by put from staging rings)" : "",
-         " (Config::nvl_buffer_size_hint(hidden_bytes, num_ranks", rings.staged ? ", num_nodes" : "",
-         ") gives a size that fits every call)");
+         rings.staged ? ", twice the receive rings: ranks on other nodes are reached by put from staging rings" : "",
+         "; Config::nvl_buffer_size_hint(hidden_bytes, num_ranks", rings.staged ? ", num_nodes" : "",
+         ") gives a size that fits every call");
   }
 }
 
-// Every block of every rank on this GPU must be resident at once (see normal_kernel_blocks_per_sm).
+// Every block of every rank on this GPU must be resident at once (KernelTable::normal_blocks_per_sm).
 void require_resident(const char* op, const Buffer::Impl& impl, const Config& config) {
   const int sharing = impl.transport->ranks_on_my_device();
   const int capacity = impl.num_device_sms * impl.kernels->normal_blocks_per_sm();

@@ -163,8 +163,10 @@ namespace detail {
 void check_warmup_fits(const BufferOptions& options, int num_ranks) {
   const WarmupShape& shape = options.warmup_shape;
   if (shape.num_tokens > 0) {
-    // Staged as the options say (emulated nodes); across real nodes the warmup's call says so.
-    const bool staged = options.emulated_nodes > 1;
+    // Staged as the options say (emulated nodes, or nodes given outright); across real hosts the
+    // warmup's own call says so.
+    const bool staged =
+        options.emulated_nodes > 1 || (options.ranks_per_node > 0 && options.ranks_per_node < num_ranks);
     const int64_t needed = full_size_config(options.num_nvl_bytes, shape.hidden, num_ranks, staged)
                                .ring_buffer_bytes(int64_t{shape.hidden} * 2, num_ranks, staged);
     if (needed > options.num_nvl_bytes) {

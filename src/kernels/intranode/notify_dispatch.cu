@@ -5,9 +5,10 @@
 // Counts go into a direct peer's slot by stores; a peer reached only by put (another node) gets
 // them written into this rank's staging copy of its slot, which is then put whole. One block.
 // Roles in order: (1) write my counts into every peer's notify slot (put the staged ones);
-// (2) cross-rank barrier, whose signals publish them; (3) read the slots addressed to me: per-(source, channel) row prefix for the
-// receivers, the rank prefix matrix and per-expert counts for the caller, whether every source
-// made the same call (a verdict the dispatch kernel reads), and (if the host waits) publish them.
+// (2) cross-rank barrier, whose signals publish them; (3) read the slots addressed to me:
+// per-(source, channel) row prefix for the receivers, the rank prefix matrix and per-expert counts
+// for the caller, whether every source made the same call (a verdict the dispatch kernel reads),
+// and (if the host waits) publish them.
 #include "common/cuda_check.hpp"
 #include "common/notify_results.hpp"
 #include "kernels/common/block_barrier.cuh"
