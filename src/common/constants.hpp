@@ -6,7 +6,12 @@
 
 namespace epcomm {
 
-// Ranks reachable over NVLink from one GPU (one node), and so the size of every peer table.
+// Ranks of one Buffer, and so the size of every per-rank table both modes share (the transport
+// window, barrier signals, low-latency flags). Low-latency mode runs them all: its receive gives
+// each source at least one of a block's warps.
+inline constexpr int kMaxRanks = 16;
+// Ranks normal mode runs (its kernels give each peer a team of a half-block's warps), and so the
+// size of its per-peer tables (rings, notify slots).
 inline constexpr int kMaxNvlPeers = 8;
 
 inline constexpr int kWarpSize = 32;
@@ -76,5 +81,9 @@ inline constexpr int kTmaCopyChunkBytes = 16 << 10;
 inline constexpr int kPollsPerTimerRead = 64;
 inline constexpr int kPollsPerErrorCheck = 64 * kPollsPerTimerRead;
 inline constexpr int64_t kDefaultWaitTimeoutMs = 100 * 1000;
+
+static_assert(kMaxNvlPeers <= kMaxRanks, "normal mode's ranks are some of a Buffer's");
+static_assert(kMaxRanks <= kLowLatencyWarpsPerBlock, "low-latency receive: at least one warp per source");
+static_assert(kMaxRanks <= kWarpSize, "rank masks are 32 bits; a warp's lanes cover every rank");
 
 }  // namespace epcomm

@@ -50,13 +50,13 @@ struct LowLatencyLayout {
   static constexpr size_t kEpochOffset = 0;  // u64 [kNumSets][kMaxLowLatencyBlocks]
   static constexpr size_t kEpochsBytes = sizeof(uint64_t) * kNumSets * kMaxLowLatencyBlocks;
   static constexpr size_t kSendBlocksDoneOffset = kEpochOffset + kEpochsBytes;  // u32 [kNumSets]
-  static constexpr size_t kFlagsBytes = sizeof(uint64_t) * kNumSets * kMaxNvlPeers;  // one kind of flag
+  static constexpr size_t kFlagsBytes = sizeof(uint64_t) * kNumSets * kMaxRanks;  // one kind of flag
   static constexpr size_t kDispatchFlagsOffset =
       (kSendBlocksDoneOffset + kNumSets * sizeof(uint32_t) + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
   static constexpr size_t kWeightsFlagsOffset = kDispatchFlagsOffset + kFlagsBytes;
   static constexpr size_t kCombineFlagsOffset = kWeightsFlagsOffset + kFlagsBytes;
   static constexpr size_t kSignaturesOffset = kCombineFlagsOffset + kFlagsBytes;
-  static constexpr size_t kSignaturesBytes = sizeof(CallSignature) * kNumSets * kMaxNvlPeers;
+  static constexpr size_t kSignaturesBytes = sizeof(CallSignature) * kNumSets * kMaxRanks;
   // A combine's own signatures: a rank may still be checking a dispatch's while its peers combine.
   static constexpr int kSignatureParities = 2;
   static constexpr size_t kCombineSignaturesOffset = kSignaturesOffset + kSignaturesBytes;
@@ -172,22 +172,22 @@ struct LowLatencyLayout {
   // The zero-copy combine input of a combine on this set: dense bf16 [E_local][R*M][hidden].
   EPCOMM_HOST_DEVICE size_t combine_input(int set_index) const { return set(set_index) + combine_input_in_set(); }
   EPCOMM_HOST_DEVICE size_t dispatch_flag(int set_index, int source) const {
-    return base + kDispatchFlagsOffset + (static_cast<size_t>(set_index) * kMaxNvlPeers + source) * sizeof(uint64_t);
+    return base + kDispatchFlagsOffset + (static_cast<size_t>(set_index) * kMaxRanks + source) * sizeof(uint64_t);
   }
   EPCOMM_HOST_DEVICE size_t weights_flag(int set_index, int source) const {
-    return base + kWeightsFlagsOffset + (static_cast<size_t>(set_index) * kMaxNvlPeers + source) * sizeof(uint64_t);
+    return base + kWeightsFlagsOffset + (static_cast<size_t>(set_index) * kMaxRanks + source) * sizeof(uint64_t);
   }
   EPCOMM_HOST_DEVICE size_t combine_flag(int set_index, int expert_owner) const {
-    return base + kCombineFlagsOffset + (static_cast<size_t>(set_index) * kMaxNvlPeers + expert_owner) * sizeof(uint64_t);
+    return base + kCombineFlagsOffset + (static_cast<size_t>(set_index) * kMaxRanks + expert_owner) * sizeof(uint64_t);
   }
   // Source's dispatch call (CallSignature), published with its dispatch flag.
   EPCOMM_HOST_DEVICE size_t signature(int set_index, int source) const {
-    return base + kSignaturesOffset + (static_cast<size_t>(set_index) * kMaxNvlPeers + source) * sizeof(CallSignature);
+    return base + kSignaturesOffset + (static_cast<size_t>(set_index) * kMaxRanks + source) * sizeof(CallSignature);
   }
   // Owner's combine call (CallSignature) of the call with `epoch`, put after its weights, read
   // after its sums' flag.
   EPCOMM_HOST_DEVICE size_t combine_signature(int set_index, uint64_t epoch, int owner) const {
-    const size_t slot = (static_cast<size_t>(set_index) * kSignatureParities + (epoch & 1u)) * kMaxNvlPeers + owner;
+    const size_t slot = (static_cast<size_t>(set_index) * kSignatureParities + (epoch & 1u)) * kMaxRanks + owner;
     return base + kCombineSignaturesOffset + slot * sizeof(CallSignature);
   }
 };

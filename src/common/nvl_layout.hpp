@@ -3,7 +3,7 @@
 // transport window) both use these structs, so an offset is never computed by hand twice.
 //
 //   [ control block                                                  ][ rings: num_nvl_bytes ]
-//     barrier_signal[kMaxNvlPeers]    written by peers at a barrier
+//     barrier_signal[kMaxRanks]       written by peers at a barrier (every mode's barrier)
 //     barrier_epoch, notify_parity    written by the owner only
 //     call_verdict                    owner only: a checked barrier's verdict on the call after it
 //     ring_tail[channel][writer]      positions a writer has filled in my ring (channel, writer)
@@ -52,10 +52,11 @@ struct NvlLayout {
   using Counters = uint64_t[kMaxChannels][kMaxNvlPeers];
 
   static constexpr size_t kBarrierSignalsOffset = 0;
-  static constexpr size_t kBarrierEpochOffset = kBarrierSignalsOffset + kMaxNvlPeers * sizeof(uint64_t);
+  static constexpr size_t kBarrierEpochOffset = kBarrierSignalsOffset + kMaxRanks * sizeof(uint64_t);
   static constexpr size_t kNotifyParityOffset = kBarrierEpochOffset + sizeof(uint64_t);
   static constexpr size_t kCallVerdictOffset = kNotifyParityOffset + sizeof(uint64_t);
-  static constexpr size_t kRingTailOffset = kRegionAlignment;
+  static constexpr size_t kRingTailOffset =
+      (kCallVerdictOffset + sizeof(int32_t) + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
   static constexpr size_t kRingHeadOffset = kRingTailOffset + sizeof(Counters);
   static constexpr size_t kRingSentOffset = kRingHeadOffset + sizeof(Counters);
   static constexpr size_t kRingConsumedOffset = kRingSentOffset + sizeof(Counters);

@@ -100,8 +100,8 @@ void Buffer::Impl::initialize(int caller_device, bool background) {
     EPCOMM_CUDA_CHECK(cudaMemset(layout_workspace.get(), 0, LayoutWorkspace::kTotalBytes));
     outputs = options.output_allocator ? options.output_allocator : make_stream_ordered_allocator();
     if (options.enable_shrink) {
-      low_latency_mask = detail::DeviceAllocation(sizeof(int32_t) * kMaxNvlPeers);
-      EPCOMM_CUDA_CHECK(cudaMemset(low_latency_mask.get(), 0, sizeof(int32_t) * kMaxNvlPeers));
+      low_latency_mask = detail::DeviceAllocation(sizeof(int32_t) * kMaxRanks);
+      EPCOMM_CUDA_CHECK(cudaMemset(low_latency_mask.get(), 0, sizeof(int32_t) * kMaxRanks));
       mask_values = detail::MappedHostMemory(2 * sizeof(int32_t));
       static_cast<int32_t*>(mask_values.host())[0] = 0;
       static_cast<int32_t*>(mask_values.host())[1] = 1;
@@ -253,6 +253,10 @@ void Buffer::get_dispatch_layout(const TensorView& topk_idx, int num_experts, co
   impl_->begin(kOp);
   const auto profiled = impl_->profile_call(kOp, stream);
   const int ranks = num_ranks();
+  if (ranks > kMaxNvlPeers) {
+    fail(ErrorCode::kUnsupported, kOp, ": num_ranks=", ranks, " is more than normal mode's ", kMaxNvlPeers,
+         " ranks; with more, only low-latency mode runs (it needs no layout)");
+  }
   detail::require_device_tensor(impl_->device, kOp, "topk_idx", topk_idx, {DType::kInt64, DType::kInt32},
                                 {detail::kAnyExtent, detail::kAnyExtent});
   const int64_t num_tokens = topk_idx.shape[0];

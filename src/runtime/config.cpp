@@ -10,10 +10,14 @@ namespace epcomm {
 
 void BufferOptions::validate(int num_ranks) const {
   if (num_ranks < 1) fail(ErrorCode::kInvalidArgument, "Buffer: num_ranks=", num_ranks, " must be at least 1");
-  if (num_ranks > kMaxNvlPeers) {
-    fail(ErrorCode::kUnsupported, "Buffer: num_ranks=", num_ranks, " exceeds the ", kMaxNvlPeers,
-         " ranks of one NVLink domain; ranks beyond one node need the NVSHMEM transport, which this build "
-         "does not include yet");
+  if (num_ranks > kMaxRanks) {
+    fail(ErrorCode::kUnsupported, "Buffer: num_ranks=", num_ranks, " exceeds the ", kMaxRanks,
+         " ranks this build runs (low-latency mode; normal mode ", kMaxNvlPeers, ")");
+  }
+  if (num_ranks > kMaxNvlPeers && num_nvl_bytes > 0) {
+    fail(ErrorCode::kUnsupported, "Buffer: num_ranks=", num_ranks, " with num_nvl_bytes=", num_nvl_bytes,
+         ": normal mode runs at most ", kMaxNvlPeers, " ranks (its kernels give each peer a team of warps); with ",
+         num_ranks, " ranks only low-latency mode runs: pass num_nvl_bytes=0");
   }
   if (num_nvl_bytes < 0 || num_nvl_bytes % static_cast<int64_t>(kRegionAlignment) != 0) {
     fail(ErrorCode::kInvalidArgument, "Buffer: num_nvl_bytes=", num_nvl_bytes, " must be a non-negative multiple of ",

@@ -61,7 +61,12 @@ Tensor allocate(Allocator& allocator, DType dtype, std::initializer_list<int64_t
 }
 
 // The rings of a call with `slot`s: staged when some rank is reached only by put (nvl_layout.hpp).
-RingLayout ring_layout(const Buffer::Impl& impl, const SlotLayout& slot, const Config& config) {
+// Normal mode's kernels give each peer a team of warps: at most kMaxNvlPeers ranks.
+RingLayout ring_layout(const char* op, const Buffer::Impl& impl, const SlotLayout& slot, const Config& config) {
+  if (impl.bootstrap->num_ranks() > kMaxNvlPeers) {
+    fail(ErrorCode::kUnsupported, op, ": num_ranks=", impl.bootstrap->num_ranks(), " is more than normal mode's ",
+         kMaxNvlPeers, " ranks; with more, only low-latency mode runs");
+  }
   RingLayout rings;
   rings.slot = slot;
   rings.num_ranks = impl.bootstrap->num_ranks();
@@ -382,7 +387,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, 
          "waits on the host for received counts; pass num_worst_tokens > 0, or use a cached handle");
   }
   const RingLayout rings = ring_layout(
-      impl, SlotLayout::dispatch(static_cast<size_t>(shape.row_bytes), shape.num_scales, shape.num_topk), args.config);
+      kDispatchOp, impl, SlotLayout::dispatch(static_cast<size_t>(shape.row_bytes), shape.num_scales, shape.num_topk), args.config);
   require_ring_fits(kDispatchOp, impl, rings, args.config, shape.row_bytes);
   require_resident(kDispatchOp, impl, args.config);
 
@@ -440,7 +445,7 @@ CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, con
     fail(ErrorCode::kInvalidArgument, kCombineOp, ": config.num_sms=", args.config.num_sms,
          " must equal the dispatch's (", state.num_channels, "): combine runs on the dispatch's channels");
   }
-  const RingLayout rings = ring_layout(impl, SlotLayout::combine(static_cast<size_t>(row_bytes), num_topk), args.config);
+  const RingLayout rings = ring_layout(kCombineOp, impl, SlotLayout::combine(static_cast<size_t>(row_bytes), num_topk), args.config);
   require_ring_fits(kCombineOp, impl, rings, args.config, row_bytes);
   require_resident(kCombineOp, impl, args.config);
   require_vector_aligned(kCombineOp, "x", args.x);

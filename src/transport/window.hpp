@@ -14,7 +14,7 @@ struct PeerWindow {
   // Each rank's buffer as this process reaches it (CUDA IPC: the mapping; the own rank: its
   // allocation). Kernels never read these directly: only Window::ptr (for direct ranks) and
   // put / signal (for every rank) use them.
-  char* bases[kMaxNvlPeers] = {};
+  char* bases[kMaxRanks] = {};
   // Bit r: rank r's buffer is load/store reachable (same GPU, or NVLink). A rank without it is
   // reached only by put and signal, as a rank of another node is (emulated nodes do this on
   // purpose; see BufferOptions::emulated_nodes).

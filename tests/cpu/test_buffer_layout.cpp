@@ -30,6 +30,9 @@ TEST(NvlLayout, RingSlotsStartAfterTheControlBlock) {
   EXPECT_EQ(ring.slot_at(0, 0, 128), NvlLayout::kDataOffset);  // positions wrap around the ring
   EXPECT_EQ(ring.slot_at(1, 2, 3), NvlLayout::kDataOffset + ((1 * 8 + 2) * 128 + 3) * ring.slot.bytes);
   EXPECT_EQ(NvlLayout::ring_tail(1, 2) % sizeof(uint64_t), 0u);
+  // Barrier signals for every rank a Buffer may have (low-latency mode's too), before the header.
+  EXPECT_LE(NvlLayout::barrier_signal(kMaxRanks - 1) + sizeof(uint64_t), NvlLayout::barrier_epoch());
+  EXPECT_LE(NvlLayout::call_verdict() + sizeof(int32_t), NvlLayout::ring_tail(0, 0));
   EXPECT_LT(NvlLayout::notify_slot(1, kMaxNvlPeers - 1) + sizeof(NotifySlot), NvlLayout::kControlEnd + 1);
 }
 
@@ -74,7 +77,7 @@ TEST(NvlLayout, StagingRingsFollowTheReceiveRingsSlotForSlot) {
 // is read).
 TEST(LowLatencyLayout, CombineSignaturesHaveSlotsOfTheirOwnByEpochParity) {
   const LowLatencyLayout layout = LowLatencyLayout::of(4096, 8, 256, 128, 7168);
-  const int last = kMaxNvlPeers - 1;
+  const int last = kMaxRanks - 1;
   EXPECT_GE(layout.combine_signature(0, 0, 0), layout.signature(LowLatencyLayout::kNumSets - 1, last) + sizeof(CallSignature));
   EXPECT_NE(layout.combine_signature(1, 6, 3), layout.combine_signature(1, 7, 3));
   EXPECT_EQ(layout.combine_signature(1, 6, 3), layout.combine_signature(1, 8, 3));
@@ -133,9 +136,9 @@ TEST_P(LowLatencyLayoutTest, SetsAreDisjointAlignedAndHoldTheZeroCopyInput) {
   EXPECT_EQ(layout.set(1), layout.set(0) + layout.set_bytes());
   EXPECT_LE(layout.set(1) + layout.set_bytes(), kBase + layout.total_bytes());
   // Flags sit in the control block, apart for every (set, rank) and kind.
-  EXPECT_LT(layout.dispatch_flag(1, kMaxNvlPeers - 1), layout.weights_flag(0, 0));
-  EXPECT_LT(layout.weights_flag(1, kMaxNvlPeers - 1), layout.combine_flag(0, 0));
-  EXPECT_LT(layout.combine_flag(1, kMaxNvlPeers - 1), kBase + LowLatencyLayout::kControlBytes);
+  EXPECT_LT(layout.dispatch_flag(1, kMaxRanks - 1), layout.weights_flag(0, 0));
+  EXPECT_LT(layout.weights_flag(1, kMaxRanks - 1), layout.combine_flag(0, 0));
+  EXPECT_LT(layout.combine_flag(1, kMaxRanks - 1), kBase + LowLatencyLayout::kControlBytes);
 }
 
 // With the region's size, each set starts at a fixed half of it whatever the call's shapes: a call
@@ -156,7 +159,8 @@ TEST(LowLatencyLayout, SetsStartAtFixedHalvesOfTheRegion) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, LowLatencyLayoutTest,
                          ::testing::Values(Shape{1, 8, 1, 128}, Shape{2, 256, 128, 7168}, Shape{8, 256, 128, 7168},
-                                           Shape{8, 64, 17, 2048}, Shape{4, 1024, 256, 8192}));
+                                           Shape{8, 64, 17, 2048}, Shape{4, 1024, 256, 8192},
+                                           Shape{16, 256, 128, 7168}));
 
 }  // namespace
 }  // namespace epcomm

@@ -98,11 +98,24 @@ TEST(BufferOptions, WhatThisBuildCannotDoIsUnsupported) {
     EXPECT_NE(std::string(error.what()).find("num_rdma_bytes=0"), std::string::npos);
   }
   try {
-    BufferOptions{}.validate(16);
+    BufferOptions{}.validate(kMaxRanks + 1);
     FAIL();
   } catch (const Error& error) {
     EXPECT_EQ(error.code(), ErrorCode::kUnsupported);
-    EXPECT_NE(std::string(error.what()).find("num_ranks=16"), std::string::npos);
+    EXPECT_NE(std::string(error.what()).find("num_ranks=" + std::to_string(kMaxRanks + 1)), std::string::npos);
+  }
+  // Past normal mode's ranks only low-latency mode runs: an NVLink buffer is refused, saying so.
+  BufferOptions low_latency;
+  low_latency.low_latency_mode = true;
+  low_latency.num_rdma_bytes = 1 << 20;
+  EXPECT_NO_THROW(low_latency.validate(kMaxRanks));
+  low_latency.num_nvl_bytes = 1 << 20;
+  try {
+    low_latency.validate(kMaxNvlPeers + 1);
+    FAIL();
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(error.what()).find("normal mode runs at most 8 ranks"), std::string::npos) << error.what();
   }
   EXPECT_THROW(BufferOptions{}.validate(0), Error);
 }

@@ -69,7 +69,8 @@ const char* bench_usage() {
          "                    back-to-back (each op's calls in a row) or both (default)\n"
          "  --cold-pause-ms N host sleep before every cold round or call (default 0)\n"
          "  --out FILE        also append the JSON records to FILE\n"
-         "Ranks: 1 to 8 (one node); rank r runs on GPU r % (visible GPUs). Several ranks on one GPU\n"
+         "Ranks: 1 to 16; above 8, low-latency mode only (--skip-normal). Rank r runs on GPU\n"
+         "r % (visible GPUs). Several ranks on one GPU\n"
          "run at once only under MPS (scripts/bench.sh starts it).\n"
          "Exit codes: 0 every op ran and matched the CPU reference; 1 a rank failed or a result was\n"
          "wrong (the log says which); 2 bad options; 3 no usable GPU (after the CPU self-check);\n"
@@ -79,7 +80,7 @@ const char* bench_usage() {
 BenchOptions parse_bench_options(const std::vector<std::string>& args) {
   BenchOptions options;
   const std::map<std::string, std::function<void(const std::string&)>> setters = {
-      {"--ranks", [&](const std::string& v) { options.num_ranks = static_cast<int>(parse_integer("--ranks", v, 1, 8)); }},
+      {"--ranks", [&](const std::string& v) { options.num_ranks = static_cast<int>(parse_integer("--ranks", v, 1, kMaxRanks)); }},
       {"--tokens", [&](const std::string& v) { options.num_tokens = static_cast<int>(parse_integer("--tokens", v, 0, 1 << 20)); }},
       {"--hidden", [&](const std::string& v) { options.hidden = static_cast<int>(parse_integer("--hidden", v, 128, 1 << 16)); }},
       {"--topk", [&](const std::string& v) { options.num_topk = static_cast<int>(parse_integer("--topk", v, 1, 32)); }},
@@ -105,7 +106,7 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
          (void)parse_transport_kind(v, "epcomm-bench: --transport");  // names a bad value
          options.transport = v;
        }},
-      {"--nodes", [&](const std::string& v) { options.nodes = static_cast<int>(parse_integer("--nodes", v, 1, 8)); }},
+      {"--nodes", [&](const std::string& v) { options.nodes = static_cast<int>(parse_integer("--nodes", v, 1, kMaxRanks)); }},
       {"--sms", [&](const std::string& v) { options.sms_list = parse_list("--sms", v, 2, kMaxChannels); }},
       {"--rings", [&](const std::string& v) { options.ring_list = parse_list("--rings", v, kMinRingTokens, 1 << 16); }},
       {"--token-sweep", [&](const std::string& v) { options.token_sweep = parse_list("--token-sweep", v, 1, 1 << 20); }},
@@ -142,6 +143,10 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
   }
   if (options.num_ranks % options.nodes != 0) {
     fail(ErrorCode::kInvalidArgument, "epcomm-bench: --nodes ", options.nodes, " must divide --ranks ", options.num_ranks);
+  }
+  if (options.num_ranks > kMaxNvlPeers && (!options.skip_normal || options.cold)) {
+    fail(ErrorCode::kInvalidArgument, "epcomm-bench: --ranks ", options.num_ranks, " runs low-latency mode only (normal mode ",
+         "stops at ", kMaxNvlPeers, " ranks): add --skip-normal, without --cold");
   }
   if (options.nodes > 1 && options.cold) {
     fail(ErrorCode::kInvalidArgument, "epcomm-bench: --cold measures one node only (--nodes ", options.nodes,

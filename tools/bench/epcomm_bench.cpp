@@ -93,18 +93,20 @@ int run_rank(const BenchOptions& options) {
   const size_t bytes_per_peer = (copy_bytes / options.num_ranks) / kVectorBytes * kVectorBytes;
 
   int64_t ring_bytes = 0;
-  for (const Config& config : bench_configs(context)) {
+  for (const Config& config : options.skip_normal ? std::vector<Config>{} : bench_configs(context)) {
     ring_bytes = std::max(ring_bytes, config.nvl_buffer_size_hint(static_cast<int64_t>(options.hidden) * 2,
                                                                   options.num_ranks, options.nodes));
   }
   // Across emulated nodes the copies (roofline) are not run: the copy engines and TMA need every
   // rank mapped, so records there carry no roofline ratio.
   const bool one_node = options.nodes == 1;
+  // Past normal mode's ranks the Buffer has no NVLink buffer: no copy, no normal mode (--skip-normal).
+  const bool nvl_buffer = options.num_ranks <= kMaxNvlPeers;
   BufferOptions buffer_options;
   buffer_options.low_latency_mode = true;
   buffer_options.num_rdma_bytes = Buffer::low_latency_buffer_size_hint(options.low_latency_tokens, options.hidden,
                                                                        options.num_ranks, options.num_experts);
-  buffer_options.num_nvl_bytes = static_cast<int64_t>(
+  buffer_options.num_nvl_bytes = !nvl_buffer ? 0 : static_cast<int64_t>(
       (std::max<size_t>(bytes_per_peer * options.num_ranks, static_cast<size_t>(ring_bytes)) + kBufferSlackBytes) /
       kRegionAlignment * kRegionAlignment);
   buffer_options.preinitialize = true;
@@ -115,7 +117,7 @@ int run_rank(const BenchOptions& options) {
   EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&context.stream, cudaStreamNonBlocking));
 
   bench_layout(context);
-  const double copy_gbps = one_node ? bench_copy(context, bytes_per_peer) : 0.0;  // 0: no roofline ratio
+  const double copy_gbps = one_node && nvl_buffer ? bench_copy(context, bytes_per_peer) : 0.0;  // 0: no roofline ratio
   for (const Config& config : bench_configs(context)) {
     if (options.skip_normal) break;
     bench_normal(context, copy_gbps, config);  // every config checked against the reference

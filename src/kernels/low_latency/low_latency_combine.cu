@@ -26,6 +26,9 @@ constexpr int kChunksPerItem = 4;         // a sending warp's share of a row: 10
 constexpr int kPairsInFlight = 8;         // a sending lane's loads in flight: top-8 in one run
 constexpr int kLanesPerGroup = kLogfmtChannelsPerGroup / kBf16PerVector;  // 16: a LogFMT group
 constexpr size_t kGroupRowBytes = kLogfmtChannelsPerGroup * sizeof(__nv_bfloat16);  // 256: a group's place in a row
+// Owners whose partial sums a receiving lane loads at once: a token's owners up to 8 ranks cost
+// one round trip, and the registers for 8 rows are what the kernel can hold without spilling.
+constexpr int kOwnersPerBatch = 8;
 
 // One lane's 8 channels of a sum in LogFMT (common/logfmt.hpp); the 16 lanes of a 128-channel
 // group decide together whether it is cast.
@@ -234,7 +237,7 @@ __device__ void send_partial(const device::Window& window, const LowLatencyCombi
 template <bool kLogfmt, bool kShrink>
 __device__ void send_partials(const device::Window& window, const LowLatencyCombineKernelArgs& args,
                               const KernelContext& context, const LowLatencyLayout& layout, uint64_t epoch) {
-  __shared__ int32_t tokens_from[kMaxNvlPeers];
+  __shared__ int32_t tokens_from[kMaxRanks];
   if (threadIdx.x < context.num_ranks) tokens_from[threadIdx.x] = args.routing.tokens_from[threadIdx.x];
   __syncthreads();
   const LowLatencyCommon& common = args.common;
@@ -254,10 +257,11 @@ __device__ void send_partials(const device::Window& window, const LowLatencyComb
   }
 }
 
-// A warp adds one chunk of one token: the partial sums of the ranks holding its experts, loads all
-// issued before any add, summed in rank order.
+// A warp adds one chunk of one token: the partial sums of the ranks holding its experts, summed in
+// rank order. Owners go in batches of kOwnersPerBatch ranks, each batch's loads issued before any
+// of its adds: one batch (one round trip) up to 8 ranks, as many registers as one batch holds.
 __device__ void reduce_chunk(const device::Window& window, const LowLatencyCombineKernelArgs& args,
-                             const LowLatencyLayout& layout, uint32_t counted, int token, int chunk) {
+                             const LowLatencyLayout& layout, int num_ranks, uint32_t counted, int token, int chunk) {
   const LowLatencyCommon& common = args.common;
   const int lane = device::lane_id();
   // `counted`: the owners whose sums arrived (shrink mode); a masked owner's experts add nothing
@@ -265,28 +269,33 @@ __device__ void reduce_chunk(const device::Window& window, const LowLatencyCombi
   const uint32_t owners = device::ranks_of_token(common, layout, token) & counted;
   const int vectors = common.hidden / kBf16PerVector;
   const int v = chunk * kChunkVectors + lane;
-  int4 raw[kMaxNvlPeers];
-#pragma unroll
-  for (int owner = 0; owner < kMaxNvlPeers; ++owner) {
-    if (!(owners & (1u << owner)) || v >= vectors) continue;
-    raw[owner] = __ldcg(window.own<const int4>(layout.returned(common.set_index, owner, token)) + v);
-  }
   if (v >= vectors) return;
   float sum[kBf16PerVector] = {};
+  for (int first_owner = 0; first_owner < num_ranks; first_owner += kOwnersPerBatch) {
+    const uint32_t batch = owners >> first_owner;
+    int4 raw[kOwnersPerBatch];
 #pragma unroll
-  for (int owner = 0; owner < kMaxNvlPeers; ++owner) {
-    if (!(owners & (1u << owner))) continue;
-    const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&raw[owner]);
+    for (int i = 0; i < kOwnersPerBatch; ++i) {
+      if (!(batch & (1u << i))) continue;
+      raw[i] = __ldcg(window.own<const int4>(layout.returned(common.set_index, first_owner + i, token)) + v);
+    }
 #pragma unroll
-    for (int j = 0; j < kBf16PerVector; ++j) sum[j] = __fadd_rn(sum[j], __bfloat162float(values[j]));
+    for (int i = 0; i < kOwnersPerBatch; ++i) {
+      if (!(batch & (1u << i))) continue;
+      const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&raw[i]);
+#pragma unroll
+      for (int j = 0; j < kBf16PerVector; ++j) sum[j] = __fadd_rn(sum[j], __bfloat162float(values[j]));
+    }
   }
   static_cast<int4*>(args.out)[static_cast<int64_t>(token) * vectors + v] = device::pack_bf16(sum);
 }
 
 // reduce_chunk for sums that may travel as LogFMT: per owner, the lane's group's (L_min, step) and
-// both of the lane's possible encodings are loaded at once (one round trip), then decoded.
+// both of the lane's possible encodings are loaded at once (one round trip per batch of owners),
+// then decoded.
 __device__ void reduce_logfmt_chunk(const device::Window& window, const LowLatencyCombineKernelArgs& args,
-                                    const LowLatencyLayout& layout, uint32_t counted, int token, int chunk) {
+                                    const LowLatencyLayout& layout, int num_ranks, uint32_t counted, int token,
+                                    int chunk) {
   const LowLatencyCommon& common = args.common;
   const int lane = device::lane_id();
   const uint32_t owners = device::ranks_of_token(common, layout, token) & counted;
@@ -294,38 +303,41 @@ __device__ void reduce_logfmt_chunk(const device::Window& window, const LowLaten
   const int v = chunk * kChunkVectors + lane;
   if (v >= vectors) return;
   const int group = v / kLanesPerGroup, lane_in_group = v % kLanesPerGroup;
-  int4 raw[kMaxNvlPeers];
-  float2 meta[kMaxNvlPeers];
-  uint2 low[kMaxNvlPeers];
-  uint16_t high[kMaxNvlPeers];
-#pragma unroll
-  for (int owner = 0; owner < kMaxNvlPeers; ++owner) {
-    if (!(owners & (1u << owner))) continue;
-    const char* slot = window.own<const char>(layout.returned(common.set_index, owner, token));
-    const char* data = slot + group * kGroupRowBytes;
-    meta[owner] = __ldcg(reinterpret_cast<const float2*>(slot + layout.logfmt_meta()) + group);
-    raw[owner] = __ldcg(reinterpret_cast<const int4*>(slot) + v);
-    low[owner] = __ldcg(reinterpret_cast<const uint2*>(data) + lane_in_group);
-    high[owner] = __ldcg(reinterpret_cast<const unsigned short*>(data + kLogfmtCodeBytes) + lane_in_group);
-  }
   float sum[kBf16PerVector] = {};
+  for (int first_owner = 0; first_owner < num_ranks; first_owner += kOwnersPerBatch) {
+    const uint32_t batch = owners >> first_owner;
+    int4 raw[kOwnersPerBatch];
+    float2 meta[kOwnersPerBatch];
+    uint2 low[kOwnersPerBatch];
+    uint16_t high[kOwnersPerBatch];
 #pragma unroll
-  for (int owner = 0; owner < kMaxNvlPeers; ++owner) {
-    if (!(owners & (1u << owner))) continue;
-    LogfmtGroup decoded;
-    decoded.log_min = meta[owner].x;
-    decoded.step = meta[owner].y;
-    const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&raw[owner]);
-    const uint8_t* codes = reinterpret_cast<const uint8_t*>(&low[owner]);
+    for (int i = 0; i < kOwnersPerBatch; ++i) {
+      if (!(batch & (1u << i))) continue;
+      const char* slot = window.own<const char>(layout.returned(common.set_index, first_owner + i, token));
+      const char* data = slot + group * kGroupRowBytes;
+      meta[i] = __ldcg(reinterpret_cast<const float2*>(slot + layout.logfmt_meta()) + group);
+      raw[i] = __ldcg(reinterpret_cast<const int4*>(slot) + v);
+      low[i] = __ldcg(reinterpret_cast<const uint2*>(data) + lane_in_group);
+      high[i] = __ldcg(reinterpret_cast<const unsigned short*>(data + kLogfmtCodeBytes) + lane_in_group);
+    }
 #pragma unroll
-    for (int j = 0; j < kBf16PerVector; ++j) {
-      float value = __bfloat162float(values[j]);
-      if (decoded.step != 0.0f) {
-        const uint32_t code = codes[j] | (((high[owner] >> j) & 1u) << 8);
-        const float magnitude = logfmt_value(code, decoded);
-        value = (high[owner] >> (kBf16PerVector + j)) & 1u ? -magnitude : magnitude;
+    for (int i = 0; i < kOwnersPerBatch; ++i) {
+      if (!(batch & (1u << i))) continue;
+      LogfmtGroup decoded;
+      decoded.log_min = meta[i].x;
+      decoded.step = meta[i].y;
+      const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&raw[i]);
+      const uint8_t* codes = reinterpret_cast<const uint8_t*>(&low[i]);
+#pragma unroll
+      for (int j = 0; j < kBf16PerVector; ++j) {
+        float value = __bfloat162float(values[j]);
+        if (decoded.step != 0.0f) {
+          const uint32_t code = codes[j] | (((high[i] >> j) & 1u) << 8);
+          const float magnitude = logfmt_value(code, decoded);
+          value = (high[i] >> (kBf16PerVector + j)) & 1u ? -magnitude : magnitude;
+        }
+        sum[j] = __fadd_rn(sum[j], value);
       }
-      sum[j] = __fadd_rn(sum[j], value);
     }
   }
   static_cast<int4*>(args.out)[static_cast<int64_t>(token) * vectors + v] = device::pack_bf16(sum);
@@ -337,17 +349,21 @@ __device__ void reduce_logfmt_chunk(const device::Window& window, const LowLaten
 __device__ void check_owner_calls(const device::Window& window, const LowLatencyCombineKernelArgs& args,
                                   const KernelContext& context, const LowLatencyLayout& layout, uint64_t epoch,
                                   uint32_t owners) {
-  int32_t theirs[kMaxNvlPeers];
+  for (int first_owner = 0; first_owner < context.num_ranks; first_owner += kOwnersPerBatch) {
+    const uint32_t batch = owners >> first_owner;
+    int32_t theirs[kOwnersPerBatch];
 #pragma unroll
-  for (int owner = 0; owner < kMaxNvlPeers; ++owner) {
-    if (owner < context.num_ranks && (owners & (1u << owner))) {
-      theirs[owner] = device::signature_field(window, layout.combine_signature(args.common.set_index, epoch, owner));
+    for (int i = 0; i < kOwnersPerBatch; ++i) {
+      if (batch & (1u << i)) {
+        theirs[i] =
+            device::signature_field(window, layout.combine_signature(args.common.set_index, epoch, first_owner + i));
+      }
     }
-  }
 #pragma unroll
-  for (int owner = 0; owner < kMaxNvlPeers; ++owner) {
-    if (owner < context.num_ranks && (owners & (1u << owner))) {
-      device::same_call_as(theirs[owner], args.signature, DeviceOp::kLowLatencyCombine, owner, context);
+    for (int i = 0; i < kOwnersPerBatch; ++i) {
+      if (batch & (1u << i)) {
+        device::same_call_as(theirs[i], args.signature, DeviceOp::kLowLatencyCombine, first_owner + i, context);
+      }
     }
   }
 }
@@ -409,9 +425,9 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
       // Outside shrink mode every owner counts (a failed wait is an error recorded already).
       const uint32_t counted = kShrink ? arrived_owners : ~0u;
       if (kLogfmt) {
-        reduce_logfmt_chunk(window, args, layout, counted, item / chunks, item % chunks);
+        reduce_logfmt_chunk(window, args, layout, context.num_ranks, counted, item / chunks, item % chunks);
       } else {
-        reduce_chunk(window, args, layout, counted, item / chunks, item % chunks);
+        reduce_chunk(window, args, layout, context.num_ranks, counted, item / chunks, item % chunks);
       }
     }
     device::finish_receive_phase(window, layout, common.set_index, epoch);

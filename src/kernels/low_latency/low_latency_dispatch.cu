@@ -286,9 +286,9 @@ template <bool kShrink>
 __device__ void receive_expert(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
                                const KernelContext& context, const LowLatencyLayout& layout, int local_expert,
                                uint64_t epoch) {
-  __shared__ int32_t source_tokens[kMaxNvlPeers];
-  __shared__ bool source_arrived[kMaxNvlPeers];
-  __shared__ int32_t window_matches[kMaxNvlPeers][kMaxTokenWindows];
+  __shared__ int32_t source_tokens[kMaxRanks];
+  __shared__ bool source_arrived[kMaxRanks];
+  __shared__ int32_t window_matches[kMaxRanks][kMaxTokenWindows];
   const LowLatencyCommon& common = args.common;
   const int num_ranks = context.num_ranks;
   const int num_topk = common.num_topk;
