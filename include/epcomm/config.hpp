@@ -37,7 +37,8 @@ enum class TransportKind {
 TransportKind parse_transport_kind(const std::string& name, const char* what = "transport");
 
 struct BufferOptions {
-  // Bytes of the NVLink buffer each rank allocates and shares with its peers over CUDA IPC.
+  // Bytes of the NVLink buffer (normal mode's rings) each rank allocates and shares with its peers.
+  // Must be 0 past normal mode's 8 ranks (kMaxNvlPeers): with more, only low-latency mode runs.
   int64_t num_nvl_bytes = 0;
   // Bytes of the low-latency region (deep_ep's RDMA buffer; Buffer::low_latency_buffer_size_hint).
   // Shared like the NVLink buffer (CUDA IPC, or NVSHMEM's heap). Low-latency mode only: normal mode

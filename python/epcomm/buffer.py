@@ -34,7 +34,7 @@ class Buffer:
         span hosts, or with ``transport="nvshmem"``), with every rank a peer of every other: the
         rings then take ``Config.get_nvl_buffer_size_hint(hidden_bytes, num_ranks, num_nodes)``,
         and there are no ``internode_*`` methods or RDMA buffer for them; num_rdma_bytes is the
-        low-latency region only; at most 8 ranks;
+        low-latency region only; normal mode at most 8 ranks, low-latency mode 16;
       - ``emulated_nodes`` (epcomm's own) splits the ranks into nodes that reach each other only by
         put and signal, to test the path across nodes on one machine;
       - handles are sequences with deep_ep's tuple entries (index, unpack, len; see

@@ -162,6 +162,10 @@ namespace detail {
 
 void check_warmup_fits(const BufferOptions& options, int num_ranks) {
   const WarmupShape& shape = options.warmup_shape;
+  if (shape.num_tokens > 0 && num_ranks > kMaxNvlPeers) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: warmup_shape.num_tokens=", shape.num_tokens, " asks for normal-mode rounds, ",
+         "but with num_ranks=", num_ranks, " (more than ", kMaxNvlPeers, ") only low-latency mode runs: set it to 0");
+  }
   if (shape.num_tokens > 0) {
     // Staged as the options say (emulated nodes, or nodes given outright); across real hosts the
     // warmup's own call says so.

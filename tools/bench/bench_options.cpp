@@ -1,5 +1,7 @@
 #include "bench/bench_options.hpp"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -156,6 +158,22 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
     fail(ErrorCode::kInvalidArgument, "epcomm-bench: --topk ", options.num_topk, " exceeds --experts ", options.num_experts);
   }
   return options;
+}
+
+void require_host_memory_for_reference(const BenchOptions& options) {
+  // Every rank checks the low-latency ops against the reference of the whole world, which holds
+  // every rank's received rows (FP8) and expert outputs (BF16): experts x ranks x tokens x hidden
+  // x 3 bytes per process. Refused when the ranks together would not fit in this machine's memory.
+  const double reference_bytes = 3.0 * options.num_experts * options.num_ranks * options.low_latency_tokens *
+                                 options.hidden * options.num_ranks;
+  const double machine_bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (machine_bytes > 0 && reference_bytes > machine_bytes) {
+    fail(ErrorCode::kInvalidArgument, "epcomm-bench: --ranks ", options.num_ranks, " with --experts ", options.num_experts,
+         ", --ll-tokens ", options.low_latency_tokens, " and --hidden ", options.hidden, " needs about ",
+         static_cast<int64_t>(reference_bytes / 1e9), " GB of host memory for the reference checks (every rank holds "
+         "every rank's rows), more than this machine's ", static_cast<int64_t>(machine_bytes / 1e9),
+         " GB: use fewer --experts or --ll-tokens");
+  }
 }
 
 std::vector<std::string> to_arguments(const BenchOptions& options) {

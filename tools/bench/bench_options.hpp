@@ -50,6 +50,9 @@ struct BenchOptions {
 // Throws epcomm::Error(InvalidArgument) naming the option and value.
 BenchOptions parse_bench_options(const std::vector<std::string>& args);
 // The same options as arguments, to hand to the rank processes the bench starts.
+// Fails (InvalidArgument) when the reference checks of every rank would not fit in this machine's
+// memory; run by the launching process, before any rank starts.
+void require_host_memory_for_reference(const BenchOptions& options);
 std::vector<std::string> to_arguments(const BenchOptions& options);
 const char* bench_usage();
 

@@ -116,10 +116,9 @@ int run_rank(const BenchOptions& options) {
   context.buffer = &buffer;
   EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&context.stream, cudaStreamNonBlocking));
 
-  bench_layout(context);
+  if (nvl_buffer) bench_layout(context);  // normal mode's layout
   const double copy_gbps = one_node && nvl_buffer ? bench_copy(context, bytes_per_peer) : 0.0;  // 0: no roofline ratio
-  for (const Config& config : bench_configs(context)) {
-    if (options.skip_normal) break;
+  for (const Config& config : options.skip_normal ? std::vector<Config>{} : bench_configs(context)) {
     bench_normal(context, copy_gbps, config);  // every config checked against the reference
   }
   for (const int tokens : options.skip_normal ? std::vector<int>{} : options.token_sweep) {
@@ -230,6 +229,12 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "epcomm-bench: no CUDA GPU is usable here (%s); the GPU benchmarks did not run.\n",
                    detail::no_gpu_reason(status, num_gpus).c_str());
       return bench::kExitNoGpu;
+    }
+    try {
+      bench::require_host_memory_for_reference(options);
+    } catch (const Error& error) {
+      std::fprintf(stderr, "%s\n", error.what());
+      return bench::kExitUsage;
     }
     auto launch_with = [&](const bench::BenchOptions& rank_options) {
       tools::LaunchOptions launch;

@@ -273,6 +273,7 @@ __device__ void reduce_chunk(const device::Window& window, const LowLatencyCombi
   float sum[kBf16PerVector] = {};
   for (int first_owner = 0; first_owner < num_ranks; first_owner += kOwnersPerBatch) {
     const uint32_t batch = owners >> first_owner;
+    if (batch == 0) break;  // no owner from here on
     int4 raw[kOwnersPerBatch];
 #pragma unroll
     for (int i = 0; i < kOwnersPerBatch; ++i) {
@@ -306,6 +307,7 @@ __device__ void reduce_logfmt_chunk(const device::Window& window, const LowLaten
   float sum[kBf16PerVector] = {};
   for (int first_owner = 0; first_owner < num_ranks; first_owner += kOwnersPerBatch) {
     const uint32_t batch = owners >> first_owner;
+    if (batch == 0) break;  // no owner from here on
     int4 raw[kOwnersPerBatch];
     float2 meta[kOwnersPerBatch];
     uint2 low[kOwnersPerBatch];
@@ -351,6 +353,7 @@ __device__ void check_owner_calls(const device::Window& window, const LowLatency
                                   uint32_t owners) {
   for (int first_owner = 0; first_owner < context.num_ranks; first_owner += kOwnersPerBatch) {
     const uint32_t batch = owners >> first_owner;
+    if (batch == 0) break;  // no owner from here on
     int32_t theirs[kOwnersPerBatch];
 #pragma unroll
     for (int i = 0; i < kOwnersPerBatch; ++i) {
