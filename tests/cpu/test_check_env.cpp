@@ -409,9 +409,59 @@ TEST(CheckEnvAdvice, InternodeAbsenceIsOnlyInformation) {
   equipped.nvshmem = {true, "/opt/nvshmem/lib/libnvshmem_host.so.3", "3.2.5", ""};
   equipped.plugin = {true, "/opt/epcomm/lib/libepcomm_nvshmem.so", "3.2.5", ""};
   equipped.infiniband = {{"mlx5_0", {{"1", "1: DOWN"}}}};
+  equipped.gpudirect.peer_memory_module = "nvidia_peermem";
+  equipped.gpudirect.peer_mapping_override = true;
   const std::vector<Advice> down = advise(equipped, 1);
   EXPECT_EQ(find_advice(down, Severity::kInfo, "NVSHMEM"), nullptr) << describe(down);
   EXPECT_NE(find_advice(down, Severity::kInfo, "no port is ACTIVE"), nullptr) << describe(down);
+  EXPECT_EQ(find_advice(down, Severity::kWarning, "GPUDirect RDMA"), nullptr) << describe(down);
+}
+
+// With a NIC but no way for it to reach GPU memory, NVSHMEM across hosts would fail to start: a
+// warning with the command; without the regkey or GDRCopy, IBGDA goes through the CPU: information.
+TEST(CheckEnvAdvice, GpuDirectRdmaNotReadyIsAWarningWithTheCommand) {
+  EnvironmentReport report = hopper_node(1);
+  report.infiniband = {{"mlx5_0", {{"1", "4: ACTIVE"}}}};
+  const std::vector<Advice> advice = advise(report, 1);
+  const Advice* warning = find_advice(advice, Severity::kWarning, "GPUDirect RDMA is not ready");
+  ASSERT_NE(warning, nullptr) << describe(advice);
+  EXPECT_EQ(warning->command, "modprobe nvidia_peermem");
+  EXPECT_NE(find_advice(advice, Severity::kInfo, "PeerMappingOverride=1"), nullptr) << describe(advice);
+  report.gpudirect.open_kernel_modules = true;
+  report.gpudirect.dma_buf = true;
+  report.gpudirect.gdrcopy = true;
+  const std::vector<Advice> ready = advise(report, 1);
+  EXPECT_EQ(find_advice(ready, Severity::kWarning, "GPUDirect RDMA"), nullptr) << describe(ready);
+  EXPECT_EQ(find_advice(ready, Severity::kInfo, "PeerMappingOverride"), nullptr) << describe(ready);
+}
+
+TEST(CheckEnvCollect, GpuDirectRdmaFromModulesDriverAndDevices) {
+  namespace fs = std::filesystem;
+  const TempDir root;
+  fs::create_directories(root.path() + "/module/nvidia_peermem");
+  fs::create_directories(root.path() + "/driver");
+  fs::create_directories(root.path() + "/dev");
+  std::ofstream(root.path() + "/driver/version")
+      << "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build\n";
+  std::ofstream(root.path() + "/driver/params") << "EnableStreamMemOPs: 0\nRegistryDwords: \"PeerMappingOverride=1;\"\n";
+  std::ofstream(root.path() + "/dev/gdrdrv") << "";
+  const GpuDirectRdmaInfo found =
+      collect_gpudirect(root.path() + "/module", root.path() + "/driver", root.path() + "/dev", "6.8.0-45-generic");
+  EXPECT_EQ(found.peer_memory_module, "nvidia_peermem");
+  EXPECT_TRUE(found.open_kernel_modules);
+  EXPECT_TRUE(found.dma_buf);
+  EXPECT_TRUE(found.gdrcopy);
+  EXPECT_TRUE(found.peer_mapping_override);
+  EXPECT_TRUE(found.ready());
+  const GpuDirectRdmaInfo old_kernel =
+      collect_gpudirect(root.file("none"), root.path() + "/driver", root.file("none"), "5.4.0-100-generic");
+  EXPECT_TRUE(old_kernel.peer_memory_module.empty());
+  EXPECT_FALSE(old_kernel.dma_buf);  // open modules, but before Linux 5.12
+  EXPECT_FALSE(old_kernel.gdrcopy);
+  EXPECT_FALSE(old_kernel.ready());
+  EXPECT_TRUE(kernel_at_least("5.12.0", 5, 12));
+  EXPECT_FALSE(kernel_at_least("5.11.9", 5, 12));
+  EXPECT_FALSE(kernel_at_least("", 5, 12));
 }
 
 // ---- Output ----
@@ -421,7 +471,8 @@ TEST(CheckEnvFormat, TextHasEverySection) {
   report.peers[1].can_access_peer = false;  // 1 -> 0
   const std::vector<Advice> advice = advise(report, 2);
   const std::string text = format_report(report, advice, 2);
-  for (const char* section : {"CUDA", "GPUs", "Peer access", "MPS", "NVSHMEM", "InfiniBand", "Environment", "Advice"}) {
+  for (const char* section :
+       {"CUDA", "GPUs", "Peer access", "MPS", "NVSHMEM", "InfiniBand", "GPUDirect RDMA", "Environment", "Advice"}) {
     EXPECT_TRUE(contains(text, std::string("== ") + section + " ==")) << section << "\n" << text;
   }
   EXPECT_TRUE(contains(text, "NVIDIA H200, compute capability 9.0, 132 SMs")) << text;

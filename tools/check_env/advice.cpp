@@ -186,6 +186,23 @@ void advise_internode(const EnvironmentReport& report, std::vector<Advice>& advi
         "InfiniBand devices are present but no port is ACTIVE: traffic between "
         "hosts could not flow (not needed within one node).");
   }
+  const GpuDirectRdmaInfo& gdr = report.gpudirect;
+  if (!gdr.ready()) {
+    add(advice, Severity::kWarning,
+        "GPUDirect RDMA is not ready: neither the nvidia_peermem module is loaded nor can GPU memory be registered "
+        "by dma-buf (it needs NVIDIA's open kernel modules on Linux 5.12 or later), so NVSHMEM cannot register "
+        "its heap with the NIC and ranks on several hosts fail to start (\"mem registration failed\"). Load "
+        "the module (as root), or install the open kernel modules:",
+        "modprobe nvidia_peermem");
+  }
+  if (!gdr.peer_mapping_override && !gdr.gdrcopy) {
+    add(advice, Severity::kInfo,
+        "NVSHMEM's GPU-initiated transport (IBGDA, NVSHMEM_IB_ENABLE_IBGDA=1: what low-latency mode across "
+        "hosts wants) finds neither the driver's PeerMappingOverride=1 nor GDRCopy here, so it rings the NIC "
+        "through the CPU (NVSHMEM 3.4.5 and later fall back to that). To let GPUs ring it directly, set in "
+        "/etc/modprobe.d/nvidia.conf and reload the driver:",
+        "options nvidia NVreg_RegistryDwords=\"PeerMappingOverride=1;\"");
+  }
 }
 
 }  // namespace

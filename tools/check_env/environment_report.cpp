@@ -7,8 +7,10 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <sys/stat.h>
+#include <sys/utsname.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -282,7 +284,44 @@ std::vector<InfinibandDevice> collect_infiniband(const std::string& sysfs_root, 
   return devices;
 }
 
+bool kernel_at_least(const std::string& release, int major, int minor) {
+  int found_major = 0, found_minor = 0;
+  if (std::sscanf(release.c_str(), "%d.%d", &found_major, &found_minor) != 2) return false;
+  return found_major > major || (found_major == major && found_minor >= minor);
+}
+
+GpuDirectRdmaInfo collect_gpudirect(const std::string& module_root, const std::string& driver_root,
+                                    const std::string& dev_root, const std::string& kernel_release) {
+  namespace fs = std::filesystem;
+  GpuDirectRdmaInfo info;
+  std::error_code failure;
+  for (const char* module : {"nvidia_peermem", "nv_peer_mem"}) {
+    if (fs::exists(fs::path(module_root) / module, failure)) {
+      info.peer_memory_module = module;
+      break;
+    }
+  }
+  info.kernel_release = kernel_release;
+  info.open_kernel_modules = read_first_line(fs::path(driver_root) / "version").find("Open Kernel Module") != std::string::npos;
+  // dma-buf registration of GPU memory: the open kernel modules, on a kernel that has it (5.12).
+  constexpr int kDmaBufKernelMajor = 5, kDmaBufKernelMinor = 12;
+  info.dma_buf = info.open_kernel_modules && kernel_at_least(kernel_release, kDmaBufKernelMajor, kDmaBufKernelMinor);
+  info.gdrcopy = fs::exists(fs::path(dev_root) / "gdrdrv", failure);
+  std::ifstream params(fs::path(driver_root) / "params");
+  for (std::string line; std::getline(params, line);) {
+    if (line.rfind("RegistryDwords", 0) == 0 && line.find("PeerMappingOverride=1") != std::string::npos) {
+      info.peer_mapping_override = true;
+    }
+  }
+  return info;
+}
+
 namespace {
+
+std::string kernel_release() {
+  struct utsname names {};
+  return uname(&names) == 0 ? names.release : "";
+}
 
 std::string environment_value(const char* name) {
   const char* value = std::getenv(name);
@@ -433,6 +472,7 @@ EnvironmentReport collect_environment_report() {
   report.nvshmem = find_nvshmem();
   report.plugin = find_plugin();
   report.infiniband = collect_infiniband(kInfinibandSysfsRoot, &report.infiniband_error);
+  report.gpudirect = collect_gpudirect("/sys/module", "/proc/driver/nvidia", "/dev", kernel_release());
   report.environment = collect_relevant_environment(environ);
   return report;
 }

@@ -59,6 +59,18 @@ struct InfinibandDevice {
   std::vector<InfinibandPort> ports;
 };
 
+// Whether the NIC can read and write GPU memory (GPUDirect RDMA), which NVSHMEM needs to register
+// the symmetric heap across hosts, and what its GPU-initiated transport (IBGDA) can use.
+struct GpuDirectRdmaInfo {
+  std::string peer_memory_module;  // "nvidia_peermem" or "nv_peer_mem" when loaded; empty when neither is
+  bool open_kernel_modules = false;  // the NVIDIA driver is the open kernel module flavour (dma-buf capable)
+  std::string kernel_release;        // uname -r, e.g. "6.8.0-45-generic"
+  bool dma_buf = false;              // open kernel modules on Linux >= 5.12: registration by dma-buf works
+  bool gdrcopy = false;              // /dev/gdrdrv exists (GDRCopy's driver)
+  bool peer_mapping_override = false;  // the driver's RegistryDwords carry PeerMappingOverride=1
+  bool ready() const { return !peer_memory_module.empty() || dma_buf; }
+};
+
 struct EnvironmentReport {
   int runtime_version = 0;     // CUDA runtime this tool was built with, e.g. 13000 for 13.0
   int driver_version = 0;      // CUDA version the driver supports; 0 when no driver was found
@@ -74,6 +86,7 @@ struct EnvironmentReport {
   PluginInfo plugin;
   std::vector<InfinibandDevice> infiniband;
   std::string infiniband_error;                                  // why no devices could be listed, if none were
+  GpuDirectRdmaInfo gpudirect;
   std::vector<std::pair<std::string, std::string>> environment;  // relevant variables, sorted by name
 };
 
@@ -101,6 +114,15 @@ bool mps_control_pipe_exists(const std::string& directory);
 // The devices under `sysfs_root` (normally /sys/class/infiniband) with their ports' states,
 // sorted by name; empty if there are none. `error` says why, when the root cannot be read.
 std::vector<InfinibandDevice> collect_infiniband(const std::string& sysfs_root, std::string* error);
+
+// GPUDirect RDMA readiness from the files a Linux machine keeps about it: loaded modules under
+// `module_root` (/sys/module), the NVIDIA driver's version and parameters under `driver_root`
+// (/proc/driver/nvidia), GDRCopy's device under `dev_root` (/dev), and the kernel's release.
+GpuDirectRdmaInfo collect_gpudirect(const std::string& module_root, const std::string& driver_root,
+                                    const std::string& dev_root, const std::string& kernel_release);
+
+// Whether a kernel release ("6.8.0-45-generic") is at least major.minor.
+bool kernel_at_least(const std::string& release, int major, int minor);
 
 // Where NVSHMEM's host library may be, in the order tried: $EPCOMM_NVSHMEM_LIB, $NVSHMEM_HOME/lib,
 // the loader's path (the bare soname), then the pip wheel (nvidia-nvshmem-cu*) in the site-packages

@@ -143,6 +143,16 @@ void format_services(std::ostringstream& out, const EnvironmentReport& report) {
       out << kIndent << device.name << " port " << port.port << ": " << port.state << "\n";
     }
   }
+
+  const GpuDirectRdmaInfo& gdr = report.gpudirect;
+  section(out, "GPUDirect RDMA");
+  out << kIndent << "peer memory module: " << (gdr.peer_memory_module.empty() ? "none loaded" : gdr.peer_memory_module)
+      << "\n";
+  out << kIndent << "dma-buf: " << (gdr.dma_buf ? "yes" : "no") << " (NVIDIA "
+      << (gdr.open_kernel_modules ? "open" : "proprietary or no") << " kernel modules, Linux "
+      << (gdr.kernel_release.empty() ? "unknown" : gdr.kernel_release) << ")\n";
+  out << kIndent << "GDRCopy driver: " << (gdr.gdrcopy ? "yes" : "no") << "; PeerMappingOverride=1: "
+      << (gdr.peer_mapping_override ? "yes" : "no") << "\n";
 }
 
 void format_environment(std::ostringstream& out, const EnvironmentReport& report) {
@@ -276,6 +286,15 @@ std::string format_report_json(const EnvironmentReport& report, const std::vecto
       .set_json("nvshmem", nvshmem.to_json())
       .set_json("infiniband", json_array(infiniband))
       .set("infiniband_error", report.infiniband_error)
+      .set_json("gpudirect", Record()
+                                 .set("ready", report.gpudirect.ready())
+                                 .set("peer_memory_module", report.gpudirect.peer_memory_module)
+                                 .set("dma_buf", report.gpudirect.dma_buf)
+                                 .set("open_kernel_modules", report.gpudirect.open_kernel_modules)
+                                 .set("kernel_release", report.gpudirect.kernel_release)
+                                 .set("gdrcopy", report.gpudirect.gdrcopy)
+                                 .set("peer_mapping_override", report.gpudirect.peer_mapping_override)
+                                 .to_json())
       .set_json("environment", environment.to_json())
       .set_json("advice", json_array(entries))
       .set("ok", !has_fatal(advice));
