@@ -1,6 +1,9 @@
 // epcomm-launch, run as a real process on /bin/sh programs, plus the launcher library relaunching
 // this test binary as ranks that meet through the socket bootstrap.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <gtest/gtest.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -84,6 +87,23 @@ LaunchResult wait_for_launcher(const TempDir& dir, pid_t pid, Clock::time_point 
   run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   run.output = read_file(dir.file("launcher-output.txt"));
   return run;
+}
+
+// A TCP port nobody listens on right now (the kernel's pick), for a rendezvous address.
+int free_tcp_port() {
+  const int probe = socket(AF_INET, SOCK_STREAM, 0);
+  if (probe < 0) return -1;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  int port = -1;
+  if (bind(probe, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+      getsockname(probe, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    port = ntohs(address.sin_port);
+  }
+  close(probe);
+  return port;
 }
 
 LaunchResult run_launcher(const TempDir& dir, const std::vector<std::string>& args) {
@@ -243,6 +263,8 @@ TEST(Launcher, UsageErrorsNameTheArgument) {
       {{"--", "true"}, "-n N (the number of ranks) is required"},
       {{"-n", "2"}, "no program to run"},
       {{"-n", "2", "--address", "", "--", "true"}, "--address must not be empty"},
+      {{"-n", "4", "--first-rank", "3", "--local-ranks", "2", "--", "true"},
+       "--first-rank 3 with 2 local ranks goes past -n 4"},
   };
   for (const auto& [args, message] : cases) {
     const LaunchResult run = run_launcher(dir, args);
@@ -266,6 +288,30 @@ TEST(LauncherLibrary, RejectsBadOptions) {
   options.num_ranks = 1;
   options.argv.clear();
   EXPECT_THROW(launch_ranks(options), std::invalid_argument);
+}
+
+// A share of the ranks (a job across hosts) needs a TCP address and a secret every host knows.
+TEST(LauncherLibrary, AShareOfTheRanksNeedsATcpAddressAndASharedSecret) {
+  LaunchOptions options;
+  options.num_ranks = 4;
+  options.first_rank = 2;
+  options.local_ranks = 2;
+  options.argv = {"true"};
+  const auto error_of = [&] {
+    try {
+      launch_ranks(options);
+    } catch (const std::invalid_argument& error) {
+      return std::string(error.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error_of().find("need a TCP bootstrap address"), std::string::npos);
+  options.bootstrap_address = "127.0.0.1:1";
+  if (std::getenv(kEnvJobSecret) == nullptr) {
+    EXPECT_NE(error_of().find("EPCOMM_JOB_SECRET set to the same value on every host"), std::string::npos);
+  }
+  options.local_ranks = 3;
+  EXPECT_NE(error_of().find("must name ranks inside [0, num_ranks=4)"), std::string::npos);
 }
 
 TEST(LauncherLibrary, SelfExecutablePathIsThisTest) {
@@ -296,6 +342,43 @@ TEST(LauncherEndToEnd, RanksMeetThroughTheBootstrap) {
   options.timeout = 60s;
   options.extra_env = {{kExtraName, "passed through"}};
   EXPECT_EQ(launch_ranks(options), 0);
+}
+
+// A job across hosts as its launchers run it: two epcomm-launch processes, each with half of the
+// ranks, meeting over TCP with a secret both were given (on one machine here, as two hosts would).
+TEST(LauncherEndToEnd, TwoLaunchersRunOneJobAsTwoHostsWould) {
+  constexpr int kRanks = 4;
+  constexpr int kPerLauncher = 2;
+  if (running_as_rank()) {
+    auto bootstrap = make_bootstrap_from_env(30s);
+    ASSERT_EQ(bootstrap->num_ranks(), kRanks);
+    const int mine = bootstrap->rank() + 100;
+    int all[kRanks] = {};
+    bootstrap->allgather(&mine, all, sizeof(mine));
+    for (int rank = 0; rank < kRanks; ++rank) EXPECT_EQ(all[rank], rank + 100);
+    bootstrap->barrier();
+    return;
+  }
+  const int port = free_tcp_port();
+  ASSERT_GT(port, 0);
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  const TempDir first_host, second_host;
+  const auto args_for = [&](int first_rank) {
+    return std::vector<std::string>{"-n", std::to_string(kRanks), "--first-rank", std::to_string(first_rank),
+                                    "--local-ranks", std::to_string(kPerLauncher), "--address", address,
+                                    "--timeout", "60", "--", self_executable_path(),
+                                    "--gtest_filter=LauncherEndToEnd.TwoLaunchersRunOneJobAsTwoHostsWould",
+                                    "--gtest_brief=1"};
+  };
+  const auto started = Clock::now();
+  setenv(kEnvJobSecret, "5ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7", 1);
+  const pid_t first = start_launcher(first_host, args_for(0));
+  const pid_t second = start_launcher(second_host, args_for(kPerLauncher));
+  unsetenv(kEnvJobSecret);
+  const LaunchResult first_run = wait_for_launcher(first_host, first, started);
+  const LaunchResult second_run = wait_for_launcher(second_host, second, started);
+  EXPECT_EQ(first_run.exit_code, 0) << first_run.output;
+  EXPECT_EQ(second_run.exit_code, 0) << second_run.output;
 }
 
 }  // namespace

@@ -18,15 +18,23 @@ constexpr long kMaxTimeoutSeconds = 7L * 24 * 3600;
 constexpr long kMaxGraceSeconds = 3600;
 
 constexpr const char* kUsage =
-    "Usage: epcomm-launch -n N [--timeout SECONDS] [--grace SECONDS] [--address ADDR] -- program [args...]\n"
+    "Usage: epcomm-launch -n N [--first-rank F --local-ranks K] [--timeout SECONDS] [--grace SECONDS]\n"
+    "                     [--address ADDR] -- program [args...]\n"
     "\n"
-    "Runs N copies of program on this host as the ranks of one epcomm job. Rank r gets\n"
+    "Runs the ranks of one epcomm job on this host: all N, or ranks F .. F+K-1 of them. Rank r gets\n"
     "EPCOMM_RANK=r, EPCOMM_NUM_RANKS=N, EPCOMM_BOOTSTRAP_ADDRESS and EPCOMM_JOB_SECRET (a fresh\n"
     "random secret per job, unless one is in the environment already; ranks prove it to each\n"
     "other when they meet, so no other process can join the job).\n"
+    "Across hosts, run one launcher per host with its share of the ranks (consecutive ranks per\n"
+    "host), the same -n, --address HOST:PORT of rank 0's host, and the same EPCOMM_JOB_SECRET in\n"
+    "every host's environment, e.g. with 8 GPUs per host:\n"
+    "  host A: EPCOMM_JOB_SECRET=$S epcomm-launch -n 16 --first-rank 0 --local-ranks 8 --address A:29500 -- prog\n"
+    "  host B: EPCOMM_JOB_SECRET=$S epcomm-launch -n 16 --first-rank 8 --local-ranks 8 --address A:29500 -- prog\n"
     "\n"
     "Options:\n"
-    "  -n, --num-ranks N    number of ranks, 1 to 1024 (required)\n"
+    "  -n, --num-ranks N    number of ranks of the job, 1 to 1024 (required)\n"
+    "  --first-rank F       the first rank this host runs (default 0)\n"
+    "  --local-ranks K      how many ranks this host runs (default: all N)\n"
     "  --timeout SECONDS    stop all ranks after this long and exit 124 (default 0: no limit)\n"
     "  --grace SECONDS      after a rank fails, how long the others may run before SIGTERM (default 10)\n"
     "  --address ADDR       bootstrap address, unix:/path or HOST:PORT\n"
@@ -82,7 +90,8 @@ Command parse_command_line(int argc, char** argv) {
       arg = arg.substr(0, equals);
       inline_value = true;
     }
-    if (arg != "-n" && arg != "--num-ranks" && arg != "--timeout" && arg != "--grace" && arg != "--address") {
+    if (arg != "-n" && arg != "--num-ranks" && arg != "--timeout" && arg != "--grace" && arg != "--address" &&
+        arg != "--first-rank" && arg != "--local-ranks") {
       throw UsageError("unknown option '" + arg + "'");
     }
     if (!inline_value) {
@@ -94,6 +103,10 @@ Command parse_command_line(int argc, char** argv) {
       have_num_ranks = true;
     } else if (arg == "--timeout") {
       command.options.timeout = std::chrono::seconds(parse_number(arg, value, 0, kMaxTimeoutSeconds));
+    } else if (arg == "--first-rank") {
+      command.options.first_rank = static_cast<int>(parse_number(arg, value, 0, epcomm::tools::kMaxRanks - 1));
+    } else if (arg == "--local-ranks") {
+      command.options.local_ranks = static_cast<int>(parse_number(arg, value, 1, epcomm::tools::kMaxRanks));
     } else if (arg == "--grace") {
       command.options.grace = std::chrono::seconds(parse_number(arg, value, 0, kMaxGraceSeconds));
     } else {
@@ -102,6 +115,11 @@ Command parse_command_line(int argc, char** argv) {
     }
   }
   if (!have_num_ranks) throw UsageError("-n N (the number of ranks) is required");
+  const int here = command.options.local_ranks > 0 ? command.options.local_ranks : command.options.num_ranks;
+  if (command.options.first_rank + here > command.options.num_ranks) {
+    throw UsageError("--first-rank " + std::to_string(command.options.first_rank) + " with " + std::to_string(here) +
+                     " local ranks goes past -n " + std::to_string(command.options.num_ranks));
+  }
   if (index >= argc) throw UsageError("no program to run; give it after --");
   command.options.argv.assign(argv + index, argv + argc);
   return command;

@@ -178,7 +178,9 @@ int exit_code_of(int wait_status) {
 
 class Job {
  public:
-  explicit Job(const LaunchOptions& options) : options_(options), ranks_(static_cast<size_t>(options.num_ranks)) {}
+  explicit Job(const LaunchOptions& options)
+      : options_(options),
+        ranks_(static_cast<size_t>(options.local_ranks > 0 ? options.local_ranks : options.num_ranks)) {}
   Job(const Job&) = delete;
   Job& operator=(const Job&) = delete;
   // Only reached with ranks still running when starting them threw: never leave them orphaned.
@@ -227,8 +229,8 @@ class Job {
     std::vector<std::string> args = options_.argv;
     std::vector<char*> argv = pointers_to(args);
     env.push_back("");  // the EPCOMM_RANK slot, rewritten per rank
-    for (int rank = 0; rank < options_.num_ranks; ++rank) {
-      env.back() = std::string(kEnvRank) + "=" + std::to_string(rank);
+    for (int rank = 0; rank < static_cast<int>(ranks_.size()); ++rank) {
+      env.back() = std::string(kEnvRank) + "=" + std::to_string(global_rank(rank));
       std::vector<char*> envp = pointers_to(env);
       if (!start_rank(rank, program, argv, envp)) {
         exec_failed_ = true;
@@ -276,7 +278,7 @@ class Job {
     } while (got < 0 && errno == EINTR);
     close(exec_pipe[0]);
     if (got != static_cast<ssize_t>(sizeof(error))) return true;
-    report("rank " + std::to_string(rank) + ": cannot execute '" + program + "': " + std::strerror(error));
+    report("rank " + std::to_string(global_rank(rank)) + ": cannot execute '" + program + "': " + std::strerror(error));
     Rank& process = ranks_[static_cast<size_t>(rank)];
     while (waitpid(pid, &process.wait_status, 0) < 0 && errno == EINTR) {
     }
@@ -305,7 +307,7 @@ class Job {
     const int code = exit_code_of(process.wait_status);
     if (code == 0 || process.ended_after_stop) return;
     if (first_failure_ < 0 && code != kExitSkipped) first_failure_ = rank;
-    const std::string who = "rank " + std::to_string(rank);
+    const std::string who = "rank " + std::to_string(global_rank(rank));
     if (WIFSIGNALED(process.wait_status)) {
       report(who + " was killed by " + describe_signal(WTERMSIG(process.wait_status)));
     } else if (code != kExitSkipped) {  // skips are reported at the end, unless every rank skipped
@@ -368,7 +370,7 @@ class Job {
     for (size_t rank = 0; rank < ranks_.size(); ++rank) {
       const Rank& process = ranks_[rank];
       if (exit_code_of(process.wait_status) == kExitSkipped && !process.ended_after_stop) {
-        skipped.push_back(static_cast<int>(rank));
+        skipped.push_back(global_rank(static_cast<int>(rank)));
       }
     }
     if (skipped.size() == ranks_.size()) {
@@ -383,6 +385,9 @@ class Job {
     return skipped.empty() ? 0 : kExitMixedSkip;
   }
 
+  // The job's rank number of this host's `local`-th process.
+  int global_rank(int local) const { return options_.first_rank + local; }
+
   bool any_running() const {
     for (const Rank& process : ranks_) {
       if (process.running) return true;
@@ -393,7 +398,7 @@ class Job {
   std::vector<int> running_ranks() const {
     std::vector<int> running;
     for (size_t rank = 0; rank < ranks_.size(); ++rank) {
-      if (ranks_[rank].running) running.push_back(static_cast<int>(rank));
+      if (ranks_[rank].running) running.push_back(global_rank(static_cast<int>(rank)));
     }
     return running;
   }
@@ -422,6 +427,28 @@ int launch_ranks(const LaunchOptions& options) {
   }
   if (options.argv.empty() || options.argv[0].empty()) {
     throw std::invalid_argument("launch_ranks: argv must name a program to run");
+  }
+  const int here = options.local_ranks > 0 ? options.local_ranks : options.num_ranks;
+  if (options.local_ranks < 0 || options.first_rank < 0 || options.first_rank + here > options.num_ranks) {
+    throw std::invalid_argument("launch_ranks: first_rank=" + std::to_string(options.first_rank) + " and local_ranks=" +
+                                std::to_string(options.local_ranks) + " must name ranks inside [0, num_ranks=" +
+                                std::to_string(options.num_ranks) + ")");
+  }
+  if (here < options.num_ranks) {
+    // Ranks on other hosts reach rank 0's listener by TCP, and must prove the same secret.
+    if (options.bootstrap_address.empty() || options.bootstrap_address.rfind("unix:", 0) == 0) {
+      throw std::invalid_argument("launch_ranks: ranks on several hosts (this one runs " + std::to_string(here) + " of " +
+                                  std::to_string(options.num_ranks) + ") need a TCP bootstrap address, HOST:PORT of "
+                                  "rank 0's host, the same on every host");
+    }
+    const bool secret_given = std::getenv(kEnvJobSecret) != nullptr ||
+                              std::any_of(options.extra_env.begin(), options.extra_env.end(),
+                                          [](const auto& entry) { return entry.first == kEnvJobSecret; });
+    if (!secret_given) {
+      throw std::invalid_argument(std::string("launch_ranks: ranks on several hosts need ") + kEnvJobSecret +
+                                  " set to the same value on every host (e.g. the output of `openssl rand -hex 32`), "
+                                  "so that they can prove to each other they belong to one job");
+    }
   }
   if (options.timeout.count() < 0 || options.grace.count() < 0) {
     throw std::invalid_argument("launch_ranks: timeout=" + std::to_string(options.timeout.count()) +

@@ -18,7 +18,12 @@ inline constexpr int kExitExecFailed = 127;  // a rank's program could not be st
 inline constexpr int kExitSignalBase = 128;  // 128 + N: a rank, or the launcher itself, got signal N
 
 struct LaunchOptions {
-  int num_ranks = 1;
+  int num_ranks = 1;  // ranks of the whole job
+  // The ranks this host runs: first_rank .. first_rank + local_ranks - 1 (local_ranks 0: all of
+  // them). A job across hosts runs one launcher per host, each with its share, the same num_ranks,
+  // bootstrap_address (rank 0's host:port) and EPCOMM_JOB_SECRET in the environment.
+  int first_rank = 0;
+  int local_ranks = 0;
   std::vector<std::string> argv;    // program (looked up in PATH unless it has a '/') and its arguments
   std::chrono::seconds timeout{0};  // whole-job limit; 0 = none
   // After the first rank fails, how long the others get to finish (typically failing themselves
@@ -30,7 +35,7 @@ struct LaunchOptions {
   std::vector<std::pair<std::string, std::string>> extra_env;  // set (or overridden) in every rank
 };
 
-// Starts options.num_ranks copies of options.argv, rank r with EPCOMM_RANK=r, EPCOMM_NUM_RANKS and
+// Starts this host's copies of options.argv (every rank by default), rank r with EPCOMM_RANK=r, EPCOMM_NUM_RANKS and
 // EPCOMM_BOOTSTRAP_ADDRESS set, all in the caller's process group (so a terminal's Ctrl-C reaches
 // them all), and waits for them. Reports every failed rank on stderr. Returns 0 when all ranks
 // succeeded, kExitSkipped when all exited 77, kExitTimedOut on timeout, otherwise the exit code of
