@@ -205,8 +205,8 @@ class Buffer:
     # ---- normal mode ----
     def get_dispatch_layout(self, topk_idx, num_experts: int, previous_event: Optional[EventOverlap] = None,
                             async_finish: bool = False, allocate_on_comm_stream: bool = False):
-        """-> (num_tokens_per_rank, num_tokens_per_rdma_rank (None inside a node), num_tokens_per_expert,
-        is_token_in_rank, event)"""
+        """-> (num_tokens_per_rank, num_tokens_per_rdma_rank (always None: epcomm's normal mode has no RDMA
+        stage of its own), num_tokens_per_expert, is_token_in_rank, event)"""
         import torch
 
         stream = _torch.current_stream()

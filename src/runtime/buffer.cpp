@@ -330,8 +330,9 @@ void Buffer::copy_to_all_ranks(const void* source, size_t bytes_per_rank, int nu
   }
   detail::require_in_range(kOp, "num_sms", num_sms, 1, impl_->num_device_sms);
   if (path == CopyPath::kTma && !impl_->window().all_direct()) {
-    fail(ErrorCode::kUnsupported, kOp, ": CopyPath::kTma needs every rank direct (emulated_nodes=",
-         impl_->options.emulated_nodes, ")");
+    fail(ErrorCode::kUnsupported, kOp, ": CopyPath::kTma needs every rank direct, but ranks form ",
+         impl_->topology.num_nodes(), " nodes (hosts, emulated_nodes=", impl_->options.emulated_nodes,
+         ", ranks_per_node=", impl_->options.ranks_per_node, ")");
   }
   if (path == CopyPath::kCopyEngine && impl_->window().nvshmem_ranks != 0) {
     fail(ErrorCode::kUnsupported, kOp, ": the copy engines reach only mapped peers; some ranks are reached by NVSHMEM's "

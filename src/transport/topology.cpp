@@ -55,8 +55,11 @@ Topology find_topology(const std::vector<RankCensus>& census, int emulated_nodes
     const int first = topology.node_of(rank) * topology.ranks_per_node;
     if (!same_host(census[rank], census[first])) {
       fail(ErrorCode::kInvalidArgument, "Buffer: node ", topology.node_of(rank), " (ranks ", first, "-",
-           first + topology.ranks_per_node - 1, ") would hold rank ", first, " on host '", census[first].host_name,
-           "' and rank ", rank, " on host '", census[rank].host_name, "': a node's ranks must share a host");
+           first + topology.ranks_per_node - 1, ", from ",
+           emulated_nodes > 1 ? "emulated_nodes=" + std::to_string(emulated_nodes)
+                              : "ranks_per_node=" + std::to_string(topology.ranks_per_node),
+           ") would hold rank ", first, " on host '", census[first].host_name, "' and rank ", rank, " on host '",
+           census[rank].host_name, "': a node's ranks must share a host");
     }
   }
   return topology;

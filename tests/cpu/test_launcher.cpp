@@ -264,7 +264,8 @@ TEST(Launcher, UsageErrorsNameTheArgument) {
       {{"-n", "2"}, "no program to run"},
       {{"-n", "2", "--address", "", "--", "true"}, "--address must not be empty"},
       {{"-n", "4", "--first-rank", "3", "--local-ranks", "2", "--", "true"},
-       "--first-rank 3 with 2 local ranks goes past -n 4"},
+       "--first-rank 3 with --local-ranks 2 goes past -n 4"},
+      {{"-n", "4", "--first-rank", "2", "--", "true"}, "--first-rank 2 needs --local-ranks"},
   };
   for (const auto& [args, message] : cases) {
     const LaunchResult run = run_launcher(dir, args);
@@ -307,6 +308,10 @@ TEST(LauncherLibrary, AShareOfTheRanksNeedsATcpAddressAndASharedSecret) {
   };
   EXPECT_NE(error_of().find("need a TCP bootstrap address"), std::string::npos);
   options.bootstrap_address = "127.0.0.1:1";
+  if (std::getenv(kEnvJobSecret) == nullptr) {
+    EXPECT_NE(error_of().find("EPCOMM_JOB_SECRET set to the same value on every host"), std::string::npos);
+  }
+  options.extra_env = {{kEnvJobSecret, ""}};  // an empty secret admits anyone: none
   if (std::getenv(kEnvJobSecret) == nullptr) {
     EXPECT_NE(error_of().find("EPCOMM_JOB_SECRET set to the same value on every host"), std::string::npos);
   }
@@ -371,10 +376,16 @@ TEST(LauncherEndToEnd, TwoLaunchersRunOneJobAsTwoHostsWould) {
                                     "--gtest_brief=1"};
   };
   const auto started = Clock::now();
+  const char* inherited = std::getenv(kEnvJobSecret);
+  const std::string kept = inherited != nullptr ? inherited : "";
   setenv(kEnvJobSecret, "5ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7e75ec7", 1);
   const pid_t first = start_launcher(first_host, args_for(0));
   const pid_t second = start_launcher(second_host, args_for(kPerLauncher));
-  unsetenv(kEnvJobSecret);
+  if (inherited != nullptr) {
+    setenv(kEnvJobSecret, kept.c_str(), 1);
+  } else {
+    unsetenv(kEnvJobSecret);
+  }
   const LaunchResult first_run = wait_for_launcher(first_host, first, started);
   const LaunchResult second_run = wait_for_launcher(second_host, second, started);
   EXPECT_EQ(first_run.exit_code, 0) << first_run.output;

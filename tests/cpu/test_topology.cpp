@@ -64,13 +64,15 @@ TEST(Topology, RanksThatCannotBeNumberedAsDeepEpDoesAreRefusedByName) {
                 .find("host 'a' runs 3 ranks but host 'b' runs 1 (ranks 3-3): every node must hold as many ranks"),
             std::string::npos);
   EXPECT_NE(topology_error(hosts({"a", "a", "b", "b"}), 1, 4)
-                .find("node 0 (ranks 0-3) would hold rank 0 on host 'a' and rank 2 on host 'b'"),
+                .find("node 0 (ranks 0-3, from ranks_per_node=4) would hold rank 0 on host 'a' and rank 2 on host 'b'"),
             std::string::npos);
   EXPECT_NE(topology_error(hosts({"a", "a", "a", "a"}), 1, 3).find("ranks_per_node=3 must be 0 (from the hosts) or divide"),
             std::string::npos);
   EXPECT_NE(topology_error(hosts({"a", "a", "a", "a"}), 2, 1).find("ranks_per_node=1 contradicts emulated_nodes=2"),
             std::string::npos);
   EXPECT_EQ(topology_error(hosts({"a", "a", "b", "b"}), 1, 0), "");
+  EXPECT_NE(topology_error(hosts({"a", "a", "a", "b", "b", "b"}), 3, 0).find("from emulated_nodes=3"), std::string::npos);
+  EXPECT_EQ(find_topology(hosts({"a"}), 1, 1).num_nodes(), 1);
 }
 
 }  // namespace

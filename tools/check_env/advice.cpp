@@ -199,8 +199,8 @@ void advise_internode(const EnvironmentReport& report, std::vector<Advice>& advi
     add(advice, Severity::kInfo,
         "NVSHMEM's GPU-initiated transport (IBGDA, NVSHMEM_IB_ENABLE_IBGDA=1: what low-latency mode across "
         "hosts wants) finds neither the driver's PeerMappingOverride=1 nor GDRCopy here, so it rings the NIC "
-        "through the CPU (NVSHMEM 3.4.5 and later fall back to that). To let GPUs ring it directly, set in "
-        "/etc/modprobe.d/nvidia.conf and reload the driver:",
+        "through the CPU (NVSHMEM 3.4.5 and later fall back to that). To let GPUs ring it directly on x86, set "
+        "in /etc/modprobe.d/nvidia.conf and reload the driver (or install GDRCopy):",
         "options nvidia NVreg_RegistryDwords=\"PeerMappingOverride=1;\"");
   }
 }

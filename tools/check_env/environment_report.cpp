@@ -309,7 +309,7 @@ GpuDirectRdmaInfo collect_gpudirect(const std::string& module_root, const std::s
   info.gdrcopy = fs::exists(fs::path(dev_root) / "gdrdrv", failure);
   std::ifstream params(fs::path(driver_root) / "params");
   for (std::string line; std::getline(params, line);) {
-    if (line.rfind("RegistryDwords", 0) == 0 && line.find("PeerMappingOverride=1") != std::string::npos) {
+    if (line.rfind("RegistryDwords:", 0) == 0 && line.find("PeerMappingOverride=1") != std::string::npos) {
       info.peer_mapping_override = true;
     }
   }

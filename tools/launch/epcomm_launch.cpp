@@ -26,10 +26,11 @@ constexpr const char* kUsage =
     "random secret per job, unless one is in the environment already; ranks prove it to each\n"
     "other when they meet, so no other process can join the job).\n"
     "Across hosts, run one launcher per host with its share of the ranks (consecutive ranks per\n"
-    "host), the same -n, --address HOST:PORT of rank 0's host, and the same EPCOMM_JOB_SECRET in\n"
-    "every host's environment, e.g. with 8 GPUs per host:\n"
-    "  host A: EPCOMM_JOB_SECRET=$S epcomm-launch -n 16 --first-rank 0 --local-ranks 8 --address A:29500 -- prog\n"
-    "  host B: EPCOMM_JOB_SECRET=$S epcomm-launch -n 16 --first-rank 8 --local-ranks 8 --address A:29500 -- prog\n"
+    "host), the same -n, --address IP:PORT of rank 0's host on the hosts' network, and the same\n"
+    "EPCOMM_JOB_SECRET in every host's environment ($S made once, e.g. openssl rand -hex 32), e.g.\n"
+    "with 8 GPUs per host and rank 0's host at 10.0.0.1:\n"
+    "  host A: EPCOMM_JOB_SECRET=$S epcomm-launch -n 16 --first-rank 0 --local-ranks 8 --address 10.0.0.1:29500 -- prog\n"
+    "  host B: EPCOMM_JOB_SECRET=$S epcomm-launch -n 16 --first-rank 8 --local-ranks 8 --address 10.0.0.1:29500 -- prog\n"
     "\n"
     "Options:\n"
     "  -n, --num-ranks N    number of ranks of the job, 1 to 1024 (required)\n"
@@ -115,10 +116,14 @@ Command parse_command_line(int argc, char** argv) {
     }
   }
   if (!have_num_ranks) throw UsageError("-n N (the number of ranks) is required");
+  if (command.options.first_rank > 0 && command.options.local_ranks == 0) {
+    throw UsageError("--first-rank " + std::to_string(command.options.first_rank) +
+                     " needs --local-ranks (how many of the -n ranks this host runs)");
+  }
   const int here = command.options.local_ranks > 0 ? command.options.local_ranks : command.options.num_ranks;
   if (command.options.first_rank + here > command.options.num_ranks) {
-    throw UsageError("--first-rank " + std::to_string(command.options.first_rank) + " with " + std::to_string(here) +
-                     " local ranks goes past -n " + std::to_string(command.options.num_ranks));
+    throw UsageError("--first-rank " + std::to_string(command.options.first_rank) + " with --local-ranks " +
+                     std::to_string(here) + " goes past -n " + std::to_string(command.options.num_ranks));
   }
   if (index >= argc) throw UsageError("no program to run; give it after --");
   command.options.argv.assign(argv + index, argv + argc);
@@ -141,6 +146,9 @@ int main(int argc, char** argv) {
   }
   try {
     return epcomm::tools::launch_ranks(command.options);
+  } catch (const std::invalid_argument& error) {  // options that cannot make a job: a usage error
+    std::fprintf(stderr, "epcomm-launch: %s\n", error.what());
+    return kExitUsage;
   } catch (const std::exception& error) {
     std::fprintf(stderr, "epcomm-launch: %s\n", error.what());
     return kExitLauncherError;

@@ -12,6 +12,10 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -117,6 +121,38 @@ class TempSocketDir {
   std::string dir_;
 };
 
+// Whether a job secret is in our environment or `overrides`; an empty one is none (the bootstrap
+// would admit anyone).
+bool job_secret_given(const std::vector<std::pair<std::string, std::string>>& overrides) {
+  const char* inherited = std::getenv(kEnvJobSecret);
+  return (inherited != nullptr && inherited[0] != '\0') ||
+         std::any_of(overrides.begin(), overrides.end(),
+                     [](const auto& entry) { return entry.first == kEnvJobSecret && !entry.second.empty(); });
+}
+
+// A TCP address whose host resolves, here, only to loopback: ranks of other hosts cannot reach a
+// rank 0 listening there (Debian and Ubuntu map a machine's own name to 127.0.1.1).
+bool resolves_to_loopback_only(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return false;
+  const std::string host = address.substr(0, colon);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return false;  // rank 0 reports it
+  bool loopback_only = true;
+  for (const addrinfo* entry = found; entry != nullptr; entry = entry->ai_next) {
+    if (entry->ai_family == AF_INET) {
+      const uint32_t ip = ntohl(reinterpret_cast<const sockaddr_in*>(entry->ai_addr)->sin_addr.s_addr);
+      loopback_only = loopback_only && (ip >> 24) == 127;
+    } else if (entry->ai_family == AF_INET6) {
+      loopback_only = loopback_only && IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(entry->ai_addr)->sin6_addr);
+    }
+  }
+  freeaddrinfo(found);
+  return loopback_only;
+}
+
 // The environment every rank shares: ours, with EPCOMM_* and extra_env replacing any old values.
 std::vector<std::string> shared_environment(const LaunchOptions& options, const std::string& address) {
   std::vector<std::pair<std::string, std::string>> overrides = options.extra_env;
@@ -124,9 +160,7 @@ std::vector<std::string> shared_environment(const LaunchOptions& options, const 
   overrides.emplace_back(kEnvBootstrapAddress, address);
   // Every job gets its own secret, so no other process can join its rendezvous; one already in
   // the environment (or extra_env) is kept, so ranks started by several launchers can share it.
-  const bool has_secret = std::getenv(kEnvJobSecret) != nullptr ||
-                          std::any_of(overrides.begin(), overrides.end(),
-                                      [](const auto& entry) { return entry.first == kEnvJobSecret; });
+  const bool has_secret = job_secret_given(overrides);
   if (!has_secret) overrides.emplace_back(kEnvJobSecret, make_job_secret());
   std::vector<std::string> env;
   for (char** entry = environ; entry && *entry; ++entry) {
@@ -245,7 +279,7 @@ class Job {
                   const std::vector<char*>& envp) {
     // The child reports a failed exec through this pipe; a successful exec closes it (CLOEXEC).
     int exec_pipe[2];
-    if (pipe2(exec_pipe, O_CLOEXEC) != 0) throw_errno("cannot create a pipe for rank " + std::to_string(rank));
+    if (pipe2(exec_pipe, O_CLOEXEC) != 0) throw_errno("cannot create a pipe for rank " + std::to_string(global_rank(rank)));
     const pid_t parent = getpid();
     const pid_t pid = fork();
     if (pid < 0) {
@@ -253,7 +287,7 @@ class Job {
       close(exec_pipe[0]);
       close(exec_pipe[1]);
       errno = error;
-      throw_errno("cannot start rank " + std::to_string(rank));
+      throw_errno("cannot start rank " + std::to_string(global_rank(rank)));
     }
     if (pid == 0) {  // child: only async-signal-safe calls until exec
       close(exec_pipe[0]);
@@ -374,7 +408,9 @@ class Job {
       }
     }
     if (skipped.size() == ranks_.size()) {
-      report("all " + std::to_string(ranks_.size()) + " ranks exited with code 77 (skipped)");
+      report("all " + std::to_string(ranks_.size()) + " ranks" +
+             (static_cast<int>(ranks_.size()) < options_.num_ranks ? " of this host" : "") +
+             " exited with code 77 (skipped)");
       return kExitSkipped;
     }
     if (!skipped.empty()) {
@@ -439,12 +475,17 @@ int launch_ranks(const LaunchOptions& options) {
     if (options.bootstrap_address.empty() || options.bootstrap_address.rfind("unix:", 0) == 0) {
       throw std::invalid_argument("launch_ranks: ranks on several hosts (this one runs " + std::to_string(here) + " of " +
                                   std::to_string(options.num_ranks) + ") need a TCP bootstrap address, HOST:PORT of "
-                                  "rank 0's host, the same on every host");
+                                  "rank 0's host, the same on every host, not '" + options.bootstrap_address + "'");
     }
-    const bool secret_given = std::getenv(kEnvJobSecret) != nullptr ||
-                              std::any_of(options.extra_env.begin(), options.extra_env.end(),
-                                          [](const auto& entry) { return entry.first == kEnvJobSecret; });
-    if (!secret_given) {
+    if (options.first_rank == 0 && resolves_to_loopback_only(options.bootstrap_address)) {
+      // A warning, not a refusal: "hosts" on one machine (a test) meet on loopback fine.
+      std::fprintf(stderr,
+                   "epcomm-launch: warning: bootstrap address '%s' names only loopback on this host, where rank 0 "
+                   "listens: ranks of other hosts cannot reach it; give this host's address on the network the "
+                   "hosts share\n",
+                   options.bootstrap_address.c_str());
+    }
+    if (!job_secret_given(options.extra_env)) {
       throw std::invalid_argument(std::string("launch_ranks: ranks on several hosts need ") + kEnvJobSecret +
                                   " set to the same value on every host (e.g. the output of `openssl rand -hex 32`), "
                                   "so that they can prove to each other they belong to one job");
