@@ -36,7 +36,8 @@ class Buffer:
         and there are no ``internode_*`` methods or RDMA buffer for them; num_rdma_bytes is the
         low-latency region only; normal mode at most 8 ranks, low-latency mode 16;
       - ``emulated_nodes`` (epcomm's own) splits the ranks into nodes that reach each other only by
-        put and signal, to test the path across nodes on one machine;
+        put and signal, to test the path across nodes on one machine; ``ranks_per_node`` (epcomm's
+        own) gives the node size outright (0: the consecutive ranks of one host);
       - handles are sequences with deep_ep's tuple entries (index, unpack, len; see
         epcomm.handles), but pass back the object itself: a tuple rebuilt from its entries
         cannot carry epcomm's routing; the channel entries count epcomm's channels (one per SM);
@@ -65,7 +66,8 @@ class Buffer:
                  initialize_in_background: bool = _C.BUFFER_DEFAULTS["initialize_in_background"],
                  wait_timeout_ms: int = _C.BUFFER_DEFAULTS["wait_timeout_ms"],
                  warmup_shape: Optional[WarmupShape] = None, transport: str = "auto",
-                 emulated_nodes: int = _C.BUFFER_DEFAULTS["emulated_nodes"]) -> None:
+                 emulated_nodes: int = _C.BUFFER_DEFAULTS["emulated_nodes"],
+                 ranks_per_node: int = _C.BUFFER_DEFAULTS["ranks_per_node"]) -> None:
         import torch
         import torch.distributed as dist
 
@@ -105,7 +107,7 @@ class Buffer:
                                  output_allocator=self.allocator,
                                  warmup_stream=None if initialize_in_background else _torch.current_stream(),
                                  comm_stream=self.comm_stream.cuda_stream, enable_shrink=enable_shrink,
-                                 transport=transport, emulated_nodes=emulated_nodes)
+                                 transport=transport, emulated_nodes=emulated_nodes, ranks_per_node=ranks_per_node)
 
     def __del__(self) -> None:
         # Wait (without the GIL) for a background initialisation before the runtime is torn down:

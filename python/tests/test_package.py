@@ -44,7 +44,7 @@ def test_defaults_come_from_cpp():
     assert defaults["emulated_nodes"] == 1
     signature = inspect.signature(epcomm.Buffer.__init__)
     for name in ("num_qps_per_rank", "allow_nvlink_for_low_latency_mode", "preinitialize", "initialize_in_background",
-                 "wait_timeout_ms", "emulated_nodes"):
+                 "wait_timeout_ms", "emulated_nodes", "ranks_per_node"):
         assert signature.parameters[name].default == defaults[name], name
     assert signature.parameters["transport"].default == "auto"
 
