@@ -286,15 +286,22 @@ TEST(DeviceErrorLog, InvalidIdMessageNamesTokenSlotAndValue) {
             "rank 1: get_dispatch_layout: topk_idx[3][1] = 300 is outside [-1, 256) (num_experts=256)");
 }
 
-TEST(DeviceErrorLog, CallMismatchMessageNamesBothRanksTheFieldAndTheirValues) {
+// A device error record of ranks that made different calls: `rank` found `peer` calling with
+// `observed` where it called with `expected`, in `field`.
+DeviceErrorRecord call_mismatch(DeviceOp op, int rank, int peer, CallField field, int64_t expected, int64_t observed) {
   DeviceErrorRecord record{};
   record.kind = static_cast<int32_t>(DeviceErrorKind::kCallMismatch);
-  record.op = static_cast<int32_t>(DeviceOp::kLowLatencyDispatch);
-  record.rank = 0;
-  record.peer = 2;
-  record.index0 = static_cast<int64_t>(CallField::kMaxTokens);
-  record.expected = 128;
-  record.observed = 256;
+  record.op = static_cast<int32_t>(op);
+  record.rank = rank;
+  record.peer = peer;
+  record.index0 = static_cast<int64_t>(field);
+  record.expected = expected;
+  record.observed = observed;
+  return record;
+}
+
+TEST(DeviceErrorLog, CallMismatchMessageNamesBothRanksTheFieldAndTheirValues) {
+  const DeviceErrorRecord record = call_mismatch(DeviceOp::kLowLatencyDispatch, 0, 2, CallField::kMaxTokens, 128, 256);
   const std::string message = detail::DeviceErrorLog::describe(record);
   EXPECT_NE(message.find("rank 2 called with num_max_dispatch_tokens_per_rank = 256, rank 0 with 128"), std::string::npos)
       << message;
@@ -304,14 +311,7 @@ TEST(DeviceErrorLog, CallMismatchMessageNamesBothRanksTheFieldAndTheirValues) {
 // A low-latency combine whose ranks disagree on the sums' format: named, and its outputs are
 // unspecified (the sums were sent).
 TEST(DeviceErrorLog, LowLatencyCombineMismatchNamesUseLogfmt) {
-  DeviceErrorRecord record{};
-  record.kind = static_cast<int32_t>(DeviceErrorKind::kCallMismatch);
-  record.op = static_cast<int32_t>(DeviceOp::kLowLatencyCombine);
-  record.rank = 1;
-  record.peer = 0;
-  record.index0 = static_cast<int64_t>(CallField::kSumFormat);
-  record.expected = 0;
-  record.observed = 1;
+  const DeviceErrorRecord record = call_mismatch(DeviceOp::kLowLatencyCombine, 1, 0, CallField::kSumFormat, 0, 1);
   const std::string message = detail::DeviceErrorLog::describe(record);
   EXPECT_NE(message.find("rank 1: low_latency_combine: rank 0 called with use_logfmt = 1, rank 1 with 0: every rank "
                          "must make the same call (this call's outputs are unspecified)"),
@@ -322,14 +322,7 @@ TEST(DeviceErrorLog, LowLatencyCombineMismatchNamesUseLogfmt) {
 // A combine whose ranks pass handles of different dispatches: the checked barrier names both
 // dispatch numbers, and nothing was sent.
 TEST(DeviceErrorLog, CombineWithAnotherDispatchsHandleNamesBothDispatchNumbers) {
-  DeviceErrorRecord record{};
-  record.kind = static_cast<int32_t>(DeviceErrorKind::kCallMismatch);
-  record.op = static_cast<int32_t>(DeviceOp::kCombine);
-  record.rank = 1;
-  record.peer = 0;
-  record.index0 = static_cast<int64_t>(CallField::kDispatchNumber);
-  record.expected = 7;
-  record.observed = 6;
+  const DeviceErrorRecord record = call_mismatch(DeviceOp::kCombine, 1, 0, CallField::kDispatchNumber, 7, 6);
   const std::string message = detail::DeviceErrorLog::describe(record);
   EXPECT_NE(message.find("rank 1: combine: rank 0 called with dispatch number (this dispatch's, or the handle's) = 6, "
                          "rank 1 with 7: every rank must make the same call (nothing was sent)"),
@@ -339,14 +332,8 @@ TEST(DeviceErrorLog, CombineWithAnotherDispatchsHandleNamesBothDispatchNumbers) 
 
 // A peer that reached the checked barrier by another way (a plain barrier) made no checked call.
 TEST(DeviceErrorLog, APeerWithoutACheckedCallIsNamed) {
-  DeviceErrorRecord record{};
-  record.kind = static_cast<int32_t>(DeviceErrorKind::kCallMismatch);
-  record.op = static_cast<int32_t>(DeviceOp::kCombine);
-  record.rank = 0;
-  record.peer = 3;
-  record.index0 = static_cast<int64_t>(CallField::kOperation);
-  record.expected = static_cast<int64_t>(DeviceOp::kCombine);
-  record.observed = static_cast<int64_t>(DeviceOp::kNone);
+  DeviceErrorRecord record = call_mismatch(DeviceOp::kCombine, 0, 3, CallField::kOperation,
+                                           static_cast<int64_t>(DeviceOp::kCombine), static_cast<int64_t>(DeviceOp::kNone));
   EXPECT_EQ(detail::DeviceErrorLog::describe(record),
             "rank 0: combine: rank 3 made no call that is checked there where rank 0 made combine: every rank must "
             "make the same call (nothing was sent)");
