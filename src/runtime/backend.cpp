@@ -82,14 +82,15 @@ const NvshmemPlugin* load_nvshmem_plugin(std::string& why) {
   return plugin;
 }
 
-Backend connect(Bootstrap& bootstrap, const TransportOptions& options, TransportKind kind) {
+Backend connect(Bootstrap& bootstrap, const TransportOptions& requested, TransportKind kind) {
   const int rank = bootstrap.rank();
-  const RankCensus mine = describe_this_rank(options.device, options.layout.total_bytes(), options.agreed.c_str());
+  const RankCensus mine = describe_this_rank(requested.device, requested.layout.total_bytes(), requested.agreed.c_str());
   const std::vector<RankCensus> census = take_census(bootstrap, mine);
-  const Topology topology = find_topology(census, options.emulated_nodes, options.ranks_per_node);
+  TransportOptions options = requested;
+  options.topology = find_topology(census, options.emulated_nodes, options.ranks_per_node);
   const bool nvshmem = kind == TransportKind::kNvshmem || (kind == TransportKind::kAuto && !one_host(census, rank));
   Backend backend;
-  backend.topology = topology;
+  backend.topology = options.topology;
   if (!nvshmem) {
     backend.transport = std::make_unique<IpcTransport>(bootstrap, options, census);
     backend.kernels = &kernels::builtin_kernels();

@@ -17,6 +17,7 @@
 #include "common/buffer_layout.hpp"
 #include "common/process_identity.hpp"
 #include "epcomm/bootstrap.hpp"
+#include "transport/topology.hpp"
 #include "transport/window.hpp"
 
 namespace epcomm::detail {
@@ -30,6 +31,9 @@ struct TransportOptions {
   // signal, as ranks of different nodes do (BufferOptions::emulated_nodes).
   int emulated_nodes = 1;
   int ranks_per_node = 0;  // BufferOptions::ranks_per_node (transport/topology.hpp)
+  // Which ranks form each node: found once by connect() (runtime/backend.hpp) from the census and
+  // the two fields above; a transport reaches a rank of its own node directly.
+  Topology topology;
 };
 
 class Transport {

@@ -4,7 +4,6 @@
 
 #include "common/cuda_check.hpp"
 #include "epcomm/error.hpp"
-#include "transport/topology.hpp"
 
 namespace epcomm::detail {
 IpcMapping::~IpcMapping() {
@@ -37,7 +36,7 @@ IpcTransport::IpcTransport(Bootstrap& bootstrap, const TransportOptions& options
   ranks_on_my_device_ = ranks_on_device_of(census, rank);
   // One host: every peer's process can be watched, from the same pid namespace.
   local_processes_ = watchable_processes(census, rank);
-  const Topology topology = find_topology(census, options.emulated_nodes, options.ranks_per_node);
+  const Topology& topology = options.topology;
   window_.rank = rank;
   window_.num_ranks = num_ranks;
   mappings_.resize(num_ranks);

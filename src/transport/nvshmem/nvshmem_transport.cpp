@@ -7,8 +7,6 @@
 #include <mutex>
 #include <string>
 
-#include "transport/topology.hpp"
-
 #include "common/cuda_check.hpp"
 #include "epcomm/error.hpp"
 
@@ -119,7 +117,7 @@ NvshmemTransport::NvshmemTransport(Bootstrap& bootstrap, const TransportOptions&
 
   ranks_on_my_device_ = ranks_on_device_of(census, rank);
   local_processes_ = watchable_processes(census, rank);
-  const Topology topology = find_topology(census, options.emulated_nodes, options.ranks_per_node);
+  const Topology& topology = options.topology;
   window_.rank = rank;
   window_.num_ranks = num_ranks;
   char* own = static_cast<char*>(symmetric_);
