@@ -60,8 +60,9 @@ struct LowLatencyDispatchArgs {
   bool use_ue8m0 = false;     // scales packed as UE8M0 bytes in int32 (implies round_scale)
   // Optional int32 [E_local]: receive counts are added to it (load monitoring).
   TensorView cumulative_local_expert_recv_stats;
-  // Optional int64 [R]: the SM clock cycles this rank's receive waited for each source rank are
-  // added to it (deep_ep's dispatch_wait_recv_cost_stats: a straggler or a failing rank stands out).
+  // Optional int64 [R]: the SM clock cycles this rank's receive waited for each source rank (as
+  // its first block saw them) are added to it (deep_ep's dispatch_wait_recv_cost_stats: a
+  // straggler or a failing rank stands out).
   TensorView wait_recv_cost_stats;
   bool return_recv_hook = false;  // send now; the returned hook receives later
 };

@@ -58,7 +58,7 @@ inline constexpr int kLowLatencyThreadsPerBlock = 512;
 inline constexpr int kLowLatencyWarpsPerBlock = kLowLatencyThreadsPerBlock / 32;
 inline constexpr int kMaxLowLatencyTopk = 16;
 inline constexpr int kMaxLowLatencyExperts = 1024;
-// Every block plans the slots of all (token, k) pairs in shared memory.
+// (token, k) pairs of one low-latency dispatch at most (T x K), and M at most.
 inline constexpr int kMaxLowLatencyPairs = 8192;
 // Blocks of one low-latency launch at most: each owns an epoch slot per buffer set
 // (common/low_latency_layout.hpp).
@@ -67,6 +67,10 @@ inline constexpr int kUe8m0GroupsPerInt = 4;
 // A warp sends one chunk of a token's row at a time: this many 16-byte vectors (512 BF16
 // channels, four FP8 scale groups).
 inline constexpr int kLowLatencyChunkVectors = 64;
+// The dispatch's receive copies a token in chunks of this many 16-byte vectors (8 loads in flight
+// per lane: 4 KB, an FP8 row of 7168 channels in two).
+inline constexpr int kLowLatencyReceiveLoadsInFlight = 8;
+inline constexpr int kLowLatencyReceiveChunkVectors = kLowLatencyReceiveLoadsInFlight * kWarpSize;
 
 // Peer copy (the bandwidth roofline): threads per block; SMs it uses when warming buffers up.
 inline constexpr int kCopyWarmupSms = 16;

@@ -6,13 +6,17 @@
 //   tokens    [R][M] x message_stride      dispatch: the tokens source s sent here, each at its
 //                                          token index: row (bf16, or e4m3 in its first `hidden`
 //                                          bytes), then scales. A token travels once per rank.
-//   routing   [R][M * kMaxLowLatencyTopk]  dispatch: source s's top-k ids as int32 ([T][K]
-//                                          packed, -1 for none): the receiver fans tokens out to
-//                                          its experts from them
+//   routing   [R][M * kMaxLowLatencyTopk]  dispatch: source s's (token, k) pairs as RoutedPair
+//                                          entries ([T][K] packed): the receiver fans tokens out
+//                                          to its experts, and places their rows, from them
+//   counts    [R][E_local]                 dispatch: source s's pair count per expert of this
+//                                          rank (int32): the sources before s's counts give where
+//                                          s's rows of an expert start
 //   weights   [R][M * kMaxLowLatencyTopk]  combine: source s's top-k weights (float, [T][K])
 //   staging   [M] x message_stride         dispatch: this rank's tokens, cast once, put from here
-//   ids       [M * kMaxLowLatencyTopk]     dispatch: this rank's top-k ids as int32, put from here;
+//   ids       [M * kMaxLowLatencyTopk]     dispatch: this rank's RoutedPair entries, put from here;
 //                                          combine: its weights, where a transport needs them staged
+//   count_staging [E]                      dispatch: this rank's pair count per expert, put from here
 //   partials  [R][M] x sum_stride          combine: this rank's weighted sum, over its experts, for
 //                                          each token of source s, put from here
 //   returned  [R][M] x sum_stride          combine: owner r's weighted sum for this rank's tokens:
@@ -22,7 +26,8 @@
 //
 // Before the sets, a control block at fixed offsets (independent of the call's shapes): per set,
 // the epoch (owner only; one copy per block of a launch, so that advancing it needs no election),
-// the counter that elects the last block of a send phase, and the flags, each
+// the counter that elects the last block of a send phase, the dispatch receive's agreed arrivals
+// (shrink mode), and the flags, each
 // (epoch << 32) | count, signalled by the rank named:
 //   dispatch_flags [set][source] u64   source's tokens, routing and T are here
 //   weights_flags  [set][source] u64   source's combine weights and T are here
@@ -50,9 +55,11 @@ struct LowLatencyLayout {
   static constexpr size_t kEpochOffset = 0;  // u64 [kNumSets][kMaxLowLatencyBlocks]
   static constexpr size_t kEpochsBytes = sizeof(uint64_t) * kNumSets * kMaxLowLatencyBlocks;
   static constexpr size_t kSendBlocksDoneOffset = kEpochOffset + kEpochsBytes;  // u32 [kNumSets]
+  static constexpr size_t kDispatchArrivalsOffset =  // u64 [kNumSets]
+      (kSendBlocksDoneOffset + kNumSets * sizeof(uint32_t) + sizeof(uint64_t) - 1) / sizeof(uint64_t) * sizeof(uint64_t);
   static constexpr size_t kFlagsBytes = sizeof(uint64_t) * kNumSets * kMaxRanks;  // one kind of flag
   static constexpr size_t kDispatchFlagsOffset =
-      (kSendBlocksDoneOffset + kNumSets * sizeof(uint32_t) + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
+      (kDispatchArrivalsOffset + kNumSets * sizeof(uint64_t) + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
   static constexpr size_t kWeightsFlagsOffset = kDispatchFlagsOffset + kFlagsBytes;
   static constexpr size_t kCombineFlagsOffset = kWeightsFlagsOffset + kFlagsBytes;
   static constexpr size_t kSignaturesOffset = kCombineFlagsOffset + kFlagsBytes;
@@ -117,12 +124,18 @@ struct LowLatencyLayout {
   EPCOMM_HOST_DEVICE size_t routing_in_set() const {
     return align(tokens_in_set() + static_cast<size_t>(num_ranks) * max_tokens * message_stride());
   }
-  EPCOMM_HOST_DEVICE size_t weights_in_set() const { return routing_in_set() + num_ranks * routing_bytes(); }
+  // One rank's pair counts per expert (int32; E_local of them per source, E when staged).
+  EPCOMM_HOST_DEVICE size_t counts_bytes() const {
+    return align(static_cast<size_t>(experts_per_rank) * num_ranks * sizeof(int32_t));
+  }
+  EPCOMM_HOST_DEVICE size_t counts_in_set() const { return routing_in_set() + num_ranks * routing_bytes(); }
+  EPCOMM_HOST_DEVICE size_t weights_in_set() const { return counts_in_set() + counts_bytes(); }
   EPCOMM_HOST_DEVICE size_t staging_in_set() const { return weights_in_set() + num_ranks * routing_bytes(); }
   EPCOMM_HOST_DEVICE size_t ids_in_set() const {
     return align(staging_in_set() + static_cast<size_t>(max_tokens) * message_stride());
   }
-  EPCOMM_HOST_DEVICE size_t partials_in_set() const { return ids_in_set() + routing_bytes(); }
+  EPCOMM_HOST_DEVICE size_t count_staging_in_set() const { return ids_in_set() + routing_bytes(); }
+  EPCOMM_HOST_DEVICE size_t partials_in_set() const { return count_staging_in_set() + counts_bytes(); }
   EPCOMM_HOST_DEVICE size_t returned_in_set() const {
     return align(partials_in_set() + static_cast<size_t>(num_ranks) * max_tokens * sum_stride());
   }
@@ -144,12 +157,21 @@ struct LowLatencyLayout {
   EPCOMM_HOST_DEVICE size_t send_blocks_done(int set_index) const {
     return base + kSendBlocksDoneOffset + set_index * sizeof(uint32_t);
   }
+  // Shrink mode: the dispatch receive's agreed arrival mask, (epoch << 32) | mask, one launch's
+  // blocks agreeing through it (owner only).
+  EPCOMM_HOST_DEVICE size_t dispatch_arrivals(int set_index) const {
+    return base + kDispatchArrivalsOffset + set_index * sizeof(uint64_t);
+  }
   // Dispatch: token `token` of `source`, as received (on the receiver).
   EPCOMM_HOST_DEVICE size_t token(int set_index, int source, int token_index) const {
     return set(set_index) + tokens_in_set() + (static_cast<size_t>(source) * max_tokens + token_index) * message_stride();
   }
   EPCOMM_HOST_DEVICE size_t routing(int set_index, int source) const {
     return set(set_index) + routing_in_set() + source * routing_bytes();
+  }
+  // Source's pair count for each expert of this rank ([E_local] int32).
+  EPCOMM_HOST_DEVICE size_t counts(int set_index, int source) const {
+    return set(set_index) + counts_in_set() + static_cast<size_t>(source) * experts_per_rank * sizeof(int32_t);
   }
   EPCOMM_HOST_DEVICE size_t weights(int set_index, int source) const {
     return set(set_index) + weights_in_set() + source * routing_bytes();
@@ -158,6 +180,8 @@ struct LowLatencyLayout {
     return set(set_index) + staging_in_set() + static_cast<size_t>(token_index) * message_stride();
   }
   EPCOMM_HOST_DEVICE size_t ids(int set_index) const { return set(set_index) + ids_in_set(); }
+  // This rank's pair count for every expert ([E] int32); rank r's slice goes to r's counts.
+  EPCOMM_HOST_DEVICE size_t count_staging(int set_index) const { return set(set_index) + count_staging_in_set(); }
   // Combine: this rank's top-k weights, staged where a transport that puts only from registered
   // memory (NVSHMEM over a network) needs them. The ids staging serves: the set's previous call
   // was received before this one started (at most two calls in flight), and it used the ids only
@@ -189,6 +213,28 @@ struct LowLatencyLayout {
   EPCOMM_HOST_DEVICE size_t combine_signature(int set_index, uint64_t epoch, int owner) const {
     const size_t slot = (static_cast<size_t>(set_index) * kSignatureParities + (epoch & 1u)) * kMaxRanks + owner;
     return base + kCombineSignaturesOffset + slot * sizeof(CallSignature);
+  }
+};
+
+// A (token, k) pair as the dispatch's routing carries it: the expert in the low 16 bits, and the
+// pair's index among its source's pairs naming that expert, in (token, k) order, in the high 16
+// (capped at M: a pair past M is dropped anyway). -1: no expert. With the source's counts, the
+// index is the pair's row, so a receiver places rows without counting them itself.
+struct RoutedPair {
+  static constexpr int kExpertBits = 16;
+  static constexpr uint32_t kExpertMask = (1u << kExpertBits) - 1;
+  static_assert(kMaxLowLatencyExperts <= (1 << kExpertBits) && kMaxLowLatencyPairs < (1 << 15),
+                "an expert and a capped index fit their halves, and an entry stays non-negative");
+  static constexpr int32_t kNone = -1;
+
+  EPCOMM_HOST_DEVICE static int32_t pack(int expert, int index) {
+    return static_cast<int32_t>(static_cast<uint32_t>(expert) | (static_cast<uint32_t>(index) << kExpertBits));
+  }
+  EPCOMM_HOST_DEVICE static int expert(int32_t entry) {
+    return entry < 0 ? -1 : static_cast<int>(static_cast<uint32_t>(entry) & kExpertMask);
+  }
+  EPCOMM_HOST_DEVICE static int index(int32_t entry) {
+    return entry < 0 ? 0 : static_cast<int>(static_cast<uint32_t>(entry) >> kExpertBits);
   }
 };
 

@@ -211,7 +211,9 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
   kernels::LowLatencyDispatchKernelArgs kernel;
   kernel.common = common_args(impl, set_index, args.num_experts, max_tokens, hidden, num_tokens, num_topk,
                               args.topk_idx.ptr<int64_t>());
-  // Work: one block per local expert to receive; one warp per 512-channel chunk of a token to send.
+  // Work, for sizing the grid: a block per local expert (the receive's warps each take a token's
+  // chunk or an expert's counts, and its stores go faster spread over many SMs); a warp per
+  // 512-channel chunk of a token to send.
   const int send_warps = num_tokens * ((hidden / 8 + kLowLatencyChunkVectors - 1) / kLowLatencyChunkVectors);
   kernel.common.num_blocks = low_latency_blocks(
       impl, std::max(experts_per_rank, (send_warps + kLowLatencyWarpsPerBlock - 1) / kLowLatencyWarpsPerBlock));

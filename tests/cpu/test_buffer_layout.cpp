@@ -86,6 +86,20 @@ TEST(LowLatencyLayout, CombineSignaturesHaveSlotsOfTheirOwnByEpochParity) {
   EXPECT_EQ(layout.combine_signature(0, 1, 2) % sizeof(int32_t), 0u);
 }
 
+// A routed pair carries its expert and its capped index; "no expert" stays -1 and unpacks as none.
+TEST(RoutedPair, PacksTheExpertAndTheIndexAndStaysNonNegative) {
+  for (const int expert : {0, 1, 255, kMaxLowLatencyExperts - 1}) {
+    for (const int index : {0, 1, 127, kMaxLowLatencyPairs}) {
+      const int32_t entry = RoutedPair::pack(expert, index);
+      EXPECT_GE(entry, 0) << expert << ", " << index;
+      EXPECT_EQ(RoutedPair::expert(entry), expert);
+      EXPECT_EQ(RoutedPair::index(entry), index);
+    }
+  }
+  EXPECT_EQ(RoutedPair::expert(RoutedPair::kNone), -1);
+  EXPECT_EQ(RoutedPair::index(RoutedPair::kNone), 0);
+}
+
 struct Shape {
   int ranks, experts, max_tokens, hidden;
 };
@@ -112,17 +126,20 @@ TEST_P(LowLatencyLayoutTest, SetsAreDisjointAlignedAndHoldTheZeroCopyInput) {
     const size_t ends[] = {
         layout.token(set, last_rank, last_token) + layout.message_stride(),
         layout.routing(set, last_rank) + layout.routing_bytes(),
+        layout.counts(set, last_rank) + layout.experts_per_rank * sizeof(int32_t),
         layout.weights(set, last_rank) + layout.routing_bytes(),
         layout.staging(set, last_token) + layout.message_stride(),
         layout.ids(set) + layout.routing_bytes(),
+        layout.count_staging(set) + static_cast<size_t>(shape.experts) * sizeof(int32_t),
         layout.partial(set, last_rank, last_token) + layout.sum_stride(),
         layout.returned(set, last_rank, last_token) + layout.sum_stride(),
         layout.combine_input(set) + layout.combine_rows() * shape.hidden * 2,
     };
     const size_t starts[] = {
-        layout.token(set, 0, 0),    layout.routing(set, 0),        layout.weights(set, 0),
-        layout.staging(set, 0),     layout.ids(set),               layout.partial(set, 0, 0),
-        layout.returned(set, 0, 0), layout.combine_input(set),
+        layout.token(set, 0, 0),    layout.routing(set, 0),      layout.counts(set, 0),
+        layout.weights(set, 0),     layout.staging(set, 0),      layout.ids(set),
+        layout.count_staging(set),  layout.partial(set, 0, 0),   layout.returned(set, 0, 0),
+        layout.combine_input(set),
     };
     EXPECT_EQ(starts[0], layout.set(set));
     for (size_t part = 0; part < std::size(starts); ++part) {
@@ -139,6 +156,12 @@ TEST_P(LowLatencyLayoutTest, SetsAreDisjointAlignedAndHoldTheZeroCopyInput) {
   EXPECT_LT(layout.dispatch_flag(1, kMaxRanks - 1), layout.weights_flag(0, 0));
   EXPECT_LT(layout.weights_flag(1, kMaxRanks - 1), layout.combine_flag(0, 0));
   EXPECT_LT(layout.combine_flag(1, kMaxRanks - 1), kBase + LowLatencyLayout::kControlBytes);
+  // The agreed arrivals (u64, atomically swapped): past the send counters, before the flags.
+  for (int set = 0; set < LowLatencyLayout::kNumSets; ++set) {
+    EXPECT_EQ(layout.dispatch_arrivals(set) % sizeof(uint64_t), 0u);
+    EXPECT_GE(layout.dispatch_arrivals(set), layout.send_blocks_done(LowLatencyLayout::kNumSets - 1) + sizeof(uint32_t));
+    EXPECT_LE(layout.dispatch_arrivals(set) + sizeof(uint64_t), layout.dispatch_flag(0, 0));
+  }
 }
 
 // With the region's size, each set starts at a fixed half of it whatever the call's shapes: a call

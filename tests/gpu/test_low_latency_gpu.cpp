@@ -1,6 +1,6 @@
 // Low-latency dispatch and combine on the GPU against the CPU reference, bit for bit: BF16 rows
 // and FP8 casts (plain, rounded scales, UE8M0-packed scales), hidden 2048 / 4096 / 7168, 0 / 1 / 17 /
-// M / uneven tokens, top-1 / 4 / 8 with random empty slots, 8 and 32 experts per rank. Also
+// M / uneven tokens, top-1 / 4 / 8 / 16 with random empty slots, 8 and 32 experts per rank. Also
 // back-to-back calls on both buffer sets, hook mode, zero-copy combine, caller-given output,
 // cumulative receive statistics, a CUDA graph replayed on new data, and errors that leave the
 // Buffer usable. Every rank regenerates every rank's inputs and expert outputs from the same
@@ -73,6 +73,8 @@ std::vector<Scenario> scenarios() {
       {"fp8-ue8m0 h2048 T128 top8 sparse 32-experts-per-rank", Cast::kFp8Ue8m0, 2048, 128, 8, 32, 128,
        kSparse | kHook | kBackToBack | kStats},
       {"bf16 h2048 T17 top8 sparse M64", Cast::kBf16, 2048, 17, 8, 8, 64, kSparse | kOut | kHook},
+      // top-16, the widest: 16 pairs per token, a segment of the sender's routing of several steps.
+      {"bf16 h2048 T40 top16 sparse 32-experts-per-rank", Cast::kBf16, 2048, 40, 16, 32, 128, kSparse | kHook},
   };
 }
 

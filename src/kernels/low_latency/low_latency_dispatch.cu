@@ -1,16 +1,16 @@
 // Low-latency dispatch: each token travels once to every rank that holds one of its experts, and
 // the receiver fans it out to its experts' rows, cast to FP8 on the way if asked.
 //
-// Send phase: block 0 puts this rank's top-k ids (the receiver's routing) and its call signature
-// to every rank, counting pairs per expert; the other blocks' warps each take a chunk of a
-// token's row: read it once, cast it, and store it into the token's slot on every rank that owns
-// one of its experts (from registers where the peer is direct, else a put from this rank's
-// staging message). The last block to finish signals every rank (epoch, T). In shrink mode masked
-// ranks are sent nothing.
-// Receive phase: one block per local expert (strided), a team of warps per source rank. The team
-// waits for its source's flag (checking its signature), finds the source's pairs that name the
-// expert (in (token, k) order, from the routing), and copies those tokens into the expert's rows,
-// packed in source order.
+// Send phase: block 0 puts this rank's routing (each (token, k) pair's expert and its index among
+// this rank's pairs naming that expert), its pair count per expert and its call signature to every
+// rank; the other blocks' warps each take a chunk of a token's row: read it once, cast it, and
+// store it into the token's slot on every rank that owns one of its experts (from registers where
+// the peer is direct, else a put from this rank's staging message). The last block to finish
+// signals every rank (epoch, T). In shrink mode masked ranks are sent nothing.
+// Receive phase: every block waits for every source's flag; then the grid's warps share the work
+// a chunk of a token at a time: read the chunk once, store it into the row of each local expert the
+// token names (row = the earlier sources' counts + the pair's index: no counting on this side),
+// packed in source order as deep_ep lays them out.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -37,45 +37,99 @@ __device__ __forceinline__ float group_scale(float amax, bool round_scale) {
   return __uint_as_float((bits & ~kFloatMantissaMask) + (1u << kFloatMantissaBits));
 }
 
-// Block 0 of the send phase: this rank's top-k ids as int32 (an invalid id is reported and sent
-// as -1) into the ids staging, put to every rank's routing slot for this rank. Counting pairs per
-// expert on the way: only a token naming one expert twice can make more than M of them, which the
-// receiver would drop; this rank, which made the call, reports it.
+// Walks one warp's segment of pairs [begin, end) in order, 32 at a time. `expert_of(pair)` gives
+// each pair's expert (-1: none); `visit(pair, expert, index)` gets each pair that has one, with its
+// index: `counts[expert]` as it stood, plus the step's earlier lanes naming the same expert.
+// `counts` (the warp's own row of shared memory) is advanced past the step's pairs.
+template <typename ExpertOf, typename Visit>
+__device__ __forceinline__ void walk_segment(uint16_t* counts, int begin, int end, ExpertOf expert_of, Visit visit) {
+  const int lane = device::lane_id();
+  for (int first = begin; first < end; first += kWarpSize) {
+    const int pair = first + lane;
+    const int expert = pair < end ? expert_of(pair) : -1;
+    const uint32_t same = __match_any_sync(0xffffffffu, expert);
+    const int before = __popc(same & ((1u << lane) - 1u));
+    const int index = expert >= 0 ? counts[expert] + before : 0;
+    __syncwarp();  // every lane has read its expert's count before the step's first lane advances it
+    if (expert >= 0 && before == 0) counts[expert] += static_cast<uint16_t>(__popc(same));
+    __syncwarp();
+    if (expert >= 0) visit(pair, expert, index);
+  }
+}
+
+// Block 0 of the send phase: this rank's routing, put to every rank with its pair count per
+// expert and its call signature. A (token, k) pair travels as a RoutedPair: its expert (an invalid
+// id is reported and sent as -1) and its index among this rank's pairs naming that expert, in
+// (token, k) order, which is its row at the receiver once the counts of the ranks before this one
+// are added: the receiver places rows without counting them itself.
+// The indices come out deterministic without a walk over the pairs one by one: each warp takes a
+// contiguous segment of the pairs; pass 1 counts the segment's pairs per expert, a scan over the
+// segments turns the counts into each segment's first index per expert, and pass 2 hands out the
+// indices in order. The scan also finds an expert with more than M pairs (only a token naming one
+// expert twice can make them), whose pairs past M the receiver drops: this rank, which made the
+// call, reports it.
 template <bool kShrink>
 __device__ void send_routing(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
                              const KernelContext& context, const LowLatencyLayout& layout) {
   const LowLatencyCommon& common = args.common;
-  __shared__ int32_t pairs_per_expert[kMaxLowLatencyExperts];
-  for (int e = threadIdx.x; e < common.num_experts; e += blockDim.x) pairs_per_expert[e] = 0;
+  // Row w: segment w's pair count per expert; after the scan, its first index per expert (capped
+  // at M), which pass 2 advances by at most the segment's pairs. A segment holds at most
+  // kMaxLowLatencyPairs / warps pairs, so 16 bits hold both.
+  __shared__ uint16_t segment_counts[kLowLatencyWarpsPerBlock][kMaxLowLatencyExperts];
+  static_assert(kMaxLowLatencyPairs < (1 << 16), "segment counts and capped indices fit 16 bits");
+  uint32_t* words = reinterpret_cast<uint32_t*>(&segment_counts[0][0]);
+  for (int i = threadIdx.x; i < static_cast<int>(sizeof(segment_counts) / sizeof(uint32_t)); i += blockDim.x) words[i] = 0;
   __syncthreads();
   const int num_pairs = common.num_tokens * common.num_topk;
+  const int per_segment = (num_pairs + kLowLatencyWarpsPerBlock - 1) / kLowLatencyWarpsPerBlock;
+  const int begin = min(device::warp_id() * per_segment, num_pairs);
+  const int end = min(begin + per_segment, num_pairs);
+  uint16_t* counts = segment_counts[device::warp_id()];
   int32_t* ids = window.own<int32_t>(layout.ids(common.set_index));
-  for (int pair = threadIdx.x; pair < num_pairs; pair += blockDim.x) {
+  const auto checked_expert = [&](int pair) {
     int64_t expert = common.topk_idx[pair];
     if (expert < -1 || expert >= common.num_experts) {
       device::report_invalid_expert(context, DeviceOp::kLowLatencyDispatch, pair / common.num_topk,
                                     pair % common.num_topk, expert, common.num_experts);
       expert = -1;
     }
-    ids[pair] = static_cast<int32_t>(expert);
-    if (expert >= 0) atomicAdd(&pairs_per_expert[expert], 1);
-  }
+    ids[pair] = static_cast<int32_t>(expert);  // read back by this same thread in pass 2
+    return static_cast<int>(expert);
+  };
+  walk_segment(counts, begin, end, checked_expert, [](int, int, int) {});
   __syncthreads();
-  for (int e = threadIdx.x; e < common.num_experts; e += blockDim.x) {
-    if (pairs_per_expert[e] <= common.max_tokens) continue;
+  int32_t* totals = window.own<int32_t>(layout.count_staging(common.set_index));
+  for (int expert = threadIdx.x; expert < common.num_experts; expert += blockDim.x) {
+    int running = 0;
+    for (int segment = 0; segment < kLowLatencyWarpsPerBlock; ++segment) {
+      const int count = segment_counts[segment][expert];
+      segment_counts[segment][expert] = static_cast<uint16_t>(min(running, common.max_tokens));
+      running += count;
+    }
+    totals[expert] = running;
+    if (running <= common.max_tokens) continue;
     device::ErrorDetails details;
     details.kind = DeviceErrorKind::kTooManyRows;
     details.op = DeviceOp::kLowLatencyDispatch;
-    details.observed = pairs_per_expert[e];
+    details.observed = running;
     details.limit = common.max_tokens;
     device::report_error(context, details);
   }
-  const size_t bytes = static_cast<size_t>(num_pairs) * sizeof(int32_t);
+  __syncthreads();
+  walk_segment(
+      counts, begin, end, [&](int pair) { return static_cast<int>(ids[pair]); },
+      [&](int pair, int expert, int index) { ids[pair] = RoutedPair::pack(expert, min(index, common.max_tokens)); });
+  __syncthreads();  // the routing and the counts are complete before any warp puts them
+
+  const size_t routing_bytes = static_cast<size_t>(num_pairs) * sizeof(int32_t);
+  const size_t counts_bytes = static_cast<size_t>(layout.experts_per_rank) * sizeof(int32_t);
   constexpr int kFields = static_cast<int>(CallField::kCount);
   const uint32_t masked = device::masked_ranks<kShrink>(common, context.num_ranks);  // shrink mode: sent nothing
   for (int rank = device::warp_id(); rank < context.num_ranks; rank += kLowLatencyWarpsPerBlock) {
     if (masked & (1u << rank)) continue;
-    if (bytes > 0) window.put(rank, layout.routing(common.set_index, context.rank), ids, bytes);
+    if (routing_bytes > 0) window.put(rank, layout.routing(common.set_index, context.rank), ids, routing_bytes);
+    window.put(rank, layout.counts(common.set_index, context.rank), totals + rank * layout.experts_per_rank,
+               counts_bytes);
     // This call's signature, for the receiver to check against its own (a lane per field).
     const int field = device::lane_id();
     if (field < kFields) {
@@ -216,193 +270,226 @@ __device__ void send_chunk(const device::Window& window, const LowLatencyDispatc
   }
 }
 
-// A receiving team walks its source's tokens in windows of one token per lane.
-constexpr int kMaxTokenWindows = (kMaxLowLatencyPairs + kWarpSize - 1) / kWarpSize;
-// Loads in flight per lane while a received row is copied: 8 keeps the kernel free of spills,
-// which measured faster than 16 (a 7168-channel FP8 row in one round trip, with spills).
-constexpr int kReceiveLoadsInFlight = 8;
+// What a block of the receive knows once the flags are in.
+struct Arrivals {
+  int tokens[kMaxRanks];  // T of each source (0: masked, or silent past the wait bound)
+  uint32_t arrived;       // bit s: source s's flag of this call arrived
+};
 
-// Bit k: pair k of `token` names `expert` (the source's routing, as its flag published it).
-// Up to top-8 (the usual), all K loads are issued before the first compare: a rolled loop would
-// wait for each in turn. Wider top-k takes the rolled loop (registers are short here).
-constexpr int kUnrolledTopk = 8;
-__device__ __forceinline__ uint32_t pairs_naming(const int32_t* routing, int token, int num_topk, int expert) {
-  const int32_t* ids = routing + token * num_topk;
-  uint32_t pairs = 0;
-  if (num_topk <= kUnrolledTopk) {
-    int32_t loaded[kUnrolledTopk];
-#pragma unroll
-    for (int k = 0; k < kUnrolledTopk; ++k) loaded[k] = k < num_topk ? __ldcg(ids + k) : -1;
-#pragma unroll
-    for (int k = 0; k < kUnrolledTopk; ++k) pairs |= (loaded[k] == expert ? 1u : 0u) << k;
-    return pairs;
+// Shrink mode: one arrival mask for the whole launch. Blocks wait on their own, and a source masked
+// during the call (its process died, or a wait ran past the bound) may have arrived for some blocks
+// and not for others; the tasks and the rows of every later source would then differ from block to
+// block. The first block past its waits publishes its mask with this epoch; every block adopts it.
+// One thread calls it.
+__device__ uint32_t agreed_arrivals(const device::Window& window, const LowLatencyLayout& layout, int set_index,
+                                    uint64_t epoch, uint32_t mine) {
+  unsigned long long* slot = window.own<unsigned long long>(layout.dispatch_arrivals(set_index));
+  const unsigned long long this_epoch = epoch & 0xffffffffu;
+  const unsigned long long proposal = (this_epoch << 32) | mine;
+  unsigned long long current = *slot;  // a stale value only costs one more CAS
+  while ((current >> 32) != this_epoch) {
+    const unsigned long long previous = atomicCAS(slot, current, proposal);
+    if (previous == current) return mine;
+    current = previous;
   }
-  for (int k = 0; k < num_topk; ++k) pairs |= (__ldcg(ids + k) == expert ? 1u : 0u) << k;
-  return pairs;
+  return static_cast<uint32_t>(current);
 }
 
-// Copies one received token into row `row` of the outputs: the row, its scales (scale-major per
-// expert, deep_ep's layout), its origin. Every load is issued before the first store.
-__device__ void copy_received_row(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
-                                  const LowLatencyLayout& layout, int local_expert, int source, int token, size_t row) {
-  const LowLatencyCommon& common = args.common;
-  const int lane = device::lane_id();
-  const size_t row_bytes = static_cast<size_t>(common.hidden) * (args.use_fp8 ? 1 : 2);
-  const char* message = window.own(layout.token(common.set_index, source, token));
-  const int scale_words = !args.use_fp8     ? 0
-                          : args.use_ue8m0 ? common.hidden / (kFp8ChannelsPerScale * kUe8m0GroupsPerInt)
-                                           : common.hidden / kFp8ChannelsPerScale;
-  constexpr int kScaleWordsPerLane = 2;  // loaded with the row: hidden <= 8192 (64 float scales)
-  uint32_t scales[kScaleWordsPerLane];
-  const uint32_t* from = reinterpret_cast<const uint32_t*>(message + layout.message_scales());
-#pragma unroll
-  for (int i = 0; i < kScaleWordsPerLane; ++i) {
-    const int w = lane + i * kWarpSize;
-    if (w < scale_words) scales[i] = __ldcg(from + w);
-  }
-  device::warp_copy<true, kReceiveLoadsInFlight>(static_cast<char*>(args.recv_x) + row * row_bytes, message, row_bytes);
-  if (args.use_fp8) {
-    // Word w of row r of expert e at [e][w][r].
-    const size_t expert_rows = layout.combine_rows() / layout.experts_per_rank;
-    uint32_t* to = static_cast<uint32_t*>(args.recv_x_scales) + static_cast<size_t>(local_expert) * scale_words * expert_rows +
-                   (row - static_cast<size_t>(local_expert) * expert_rows);
-#pragma unroll
-    for (int i = 0; i < kScaleWordsPerLane; ++i) {
-      const int w = lane + i * kWarpSize;
-      if (w < scale_words) to[w * expert_rows] = scales[i];
-    }
-    for (int w = lane + kScaleWordsPerLane * kWarpSize; w < scale_words; w += kWarpSize) {
-      to[w * expert_rows] = __ldcg(from + w);  // wider rows
-    }
-  }
-  if (lane == 0) args.recv_src_info[row] = token;
-}
-
-// The rows of one local expert, in deep_ep's packed layout made deterministic: source s's pairs
-// naming the expert, in (token, k) order, follow those of sources 0..s-1. A team of warps per
-// source waits for its flag and counts the matches in each window of 32 tokens; after one block
-// barrier, each warp knows where its windows' rows start and copies each match to its row.
+// Warp 0 waits for every source's flag, a lane per source; then the whole block knows `arrivals`.
+// This rank's own flag is waited for without the mask: its own send signals it even when this rank
+// is masked, and a block must see it before it advances its epoch copies (finish_receive_phase).
 template <bool kShrink>
-__device__ void receive_expert(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
-                               const KernelContext& context, const LowLatencyLayout& layout, int local_expert,
-                               uint64_t epoch) {
-  __shared__ int32_t source_tokens[kMaxRanks];
-  __shared__ bool source_arrived[kMaxRanks];
-  __shared__ int32_t window_matches[kMaxRanks][kMaxTokenWindows];
+__device__ void wait_for_sources(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
+                                 const KernelContext& context, const LowLatencyLayout& layout, uint64_t epoch,
+                                 Arrivals& arrivals) {
   const LowLatencyCommon& common = args.common;
-  const int num_ranks = context.num_ranks;
-  const int num_topk = common.num_topk;
-  const int warps_per_source = kLowLatencyWarpsPerBlock / num_ranks;
-  const int source = device::warp_id() / warps_per_source;
-  const int warp_in_team = device::warp_id() % warps_per_source;
-  const int lane = device::lane_id();
-  const bool in_team = source < num_ranks;  // warps past R * warps_per_source idle
-  const int expert = context.rank * layout.experts_per_rank + local_expert;
-  const int32_t* routing = in_team ? window.own<int32_t>(layout.routing(common.set_index, source)) : nullptr;
+  if (device::warp_id() != 0) {
+    __syncthreads();
+    return;
+  }
+  const int source = device::lane_id();
+  const bool is_source = source < context.num_ranks;
+  const size_t address = layout.dispatch_flag(common.set_index, is_source ? source : 0);
+  bool arrived = false;
+  if (is_source) {
+    const bool own = source == context.rank;
+    const device::WaitSite site{DeviceOp::kLowLatencyDispatch, WaitTarget::kLowLatencyFlag, source, -1};
+    // The cost counts once per source, in block 0. Shrink mode: a masked source is not waited for,
+    // and one silent past the bound is masked.
+    const bool waited = device::wait_for_peer(window, address, epoch << 32, context, site,
+                                              blockIdx.x == 0 ? args.wait_cost_stats : nullptr,
+                                              own ? nullptr : device::shrink_mask<kShrink>(common));
+    // Pairs with the source's signal; the __syncthreads below orders the block's reads after it.
+    // A timed-out wait leaves an old epoch: take no tokens (the error is recorded).
+    arrived = waited && (device::ld_acquire_sys(window.own<uint64_t>(address)) >> 32) == epoch &&
+              !(own && device::is_masked<kShrink>(common, source));
+  }
+  uint32_t arrived_mask = __ballot_sync(0xffffffffu, arrived);
+  if (kShrink) {
+    uint32_t agreed = 0;
+    if (source == 0) agreed = agreed_arrivals(window, layout, common.set_index, epoch, arrived_mask);
+    arrived_mask = __shfl_sync(0xffffffffu, agreed, 0);
+  }
+  if (is_source) {
+    // A source the launch agreed on has its flag here (the block that saw it acquired it; flags only
+    // change with the set's next call): its T, read after an acquire by every block alike.
+    const bool agreed = (arrived_mask >> source) & 1u;
+    const uint64_t flag = agreed ? device::ld_acquire_sys(window.own<uint64_t>(address)) : 0;
+    arrivals.tokens[source] = static_cast<int>(min(flag & 0xffffffffu, static_cast<uint64_t>(common.max_tokens)));
+  }
+  if (source == 0) arrivals.arrived = arrived_mask;
+  __syncthreads();
+}
 
-  if (in_team && warp_in_team == 0 && lane == 0) {
-    const size_t address = layout.dispatch_flag(common.set_index, source);
-    const device::WaitSite site{DeviceOp::kLowLatencyDispatch, WaitTarget::kLowLatencyFlag, source, local_expert};
-    // The cost counts once per (expert, source), as deep_ep's.
-    // Shrink mode: a masked source is not waited for, and one silent past the bound is masked.
-    const bool waited = device::wait_for_peer(window, address, epoch << 32, context, site, args.wait_cost_stats,
-                                                device::shrink_mask<kShrink>(common));
-    // Pairs with the source's signal; the __syncthreads below orders the team's reads after it.
-    const uint64_t flag = device::ld_acquire_sys(window.own<uint64_t>(address));
-    // A timed-out wait leaves an old epoch: take no tokens (the error is recorded); nor from a
-    // masked source.
-    const bool arrived = waited && (flag >> 32) == epoch;
-    source_arrived[source] = arrived;
-    source_tokens[source] = arrived ? min(static_cast<int>(flag & 0xffffffffu), common.max_tokens) : 0;
+// Source's pair count for one of this rank's experts, as a number of rows: capped at M (the
+// source reported the excess), and 0 when it did not arrive.
+__device__ __forceinline__ int rows_from(const device::Window& window, const LowLatencyLayout& layout, int set_index,
+                                         const Arrivals& arrivals, int source, int local_expert) {
+  if (!((arrivals.arrived >> source) & 1u)) return 0;
+  const int count = __ldcg(window.own<int32_t>(layout.counts(set_index, source)) + local_expert);
+  return max(0, min(count, layout.max_tokens));
+}
+
+constexpr int kReceiveChunkVectors = kLowLatencyReceiveChunkVectors;
+constexpr int kReceiveLoads = kLowLatencyReceiveLoadsInFlight;
+
+// Chunk `chunk` of token `token` of `source` into the rows of this rank's experts its pairs name:
+// lane k reads pair k (RoutedPair), whose row is the earlier sources' rows of the expert plus the
+// pair's index. The chunk is read once and stored once per row, its scales with it (scale-major
+// per expert, deep_ep's layout). Chunk 0's warp also leaves the token's routing for the combine.
+__device__ void receive_chunk(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
+                              const KernelContext& context, const LowLatencyLayout& layout, const Arrivals& arrivals,
+                              int source, int token, int chunk) {
+  const LowLatencyCommon& common = args.common;
+  const int lane = device::lane_id();
+  const int num_topk = common.num_topk;
+  const int first_expert = context.rank * layout.experts_per_rank;
+  int32_t entry = RoutedPair::kNone;
+  if (lane < num_topk) {
+    entry = __ldcg(window.own<int32_t>(layout.routing(common.set_index, source)) + token * num_topk + lane);
   }
-  __syncthreads();
-  const int tokens = in_team ? source_tokens[source] : 0;
-  const int windows = (tokens + kWarpSize - 1) / kWarpSize;
-  uint32_t first_pairs = 0;  // this warp's first window's matches, kept for the copy
-  for (int w = warp_in_team; w < windows; w += warps_per_source) {
-    const int token = w * kWarpSize + lane;
-    const uint32_t pairs = token < tokens ? pairs_naming(routing, token, num_topk, expert) : 0u;
-    if (w == warp_in_team) first_pairs = pairs;
-    const int matches = __reduce_add_sync(0xffffffffu, __popc(pairs));
-    if (lane == 0) window_matches[source][w] = matches;
-  }
-  __syncthreads();
-  // Rows before this source (earlier sources' matches, at most M each) and before each window.
-  int first_row = 0, total = 0;
-  for (int earlier = 0; earlier < num_ranks; ++earlier) {
-    const int earlier_windows = (source_tokens[earlier] + kWarpSize - 1) / kWarpSize;
-    int rows = 0;
-    for (int w = lane; w < earlier_windows; w += kWarpSize) rows += window_matches[earlier][w];
-    rows = min(__reduce_add_sync(0xffffffffu, rows), common.max_tokens);  // past M: dropped (the source reported it)
-    if (earlier < source) first_row += rows;
-    if (earlier == source && warp_in_team == 0 && lane == 0) {
-      args.recv_count_from[static_cast<size_t>(local_expert) * num_ranks + source] = rows;
-    }
-    total += rows;
-  }
+  const int expert = RoutedPair::expert(entry);
+  const int index = RoutedPair::index(entry);
+  const bool local = expert >= first_expert && expert < first_expert + layout.experts_per_rank;
+  const int local_expert = local ? expert - first_expert : 0;
+  const bool kept = local && index < common.max_tokens;  // past M: dropped (the source reported it)
+  const uint32_t rows = __ballot_sync(0xffffffffu, kept);
   const size_t expert_rows = layout.combine_rows() / layout.experts_per_rank;
-  const size_t expert_first = static_cast<size_t>(local_expert) * expert_rows;
-  const size_t pairs_of_source = static_cast<size_t>(source) * common.max_tokens * num_topk;
-  int window_row = 0;  // matches of this source before window w
-  for (int w = 0; w < warp_in_team && w < windows; ++w) window_row += window_matches[source][w];
-  for (int w = warp_in_team; w < windows; w += warps_per_source) {
-    const int token = w * kWarpSize + lane;
-    const uint32_t pairs =
-        w == warp_in_team ? first_pairs : (token < tokens ? pairs_naming(routing, token, num_topk, expert) : 0u);
-    const int matches = __popc(pairs);
-    const int my_first = window_row + device::warp_inclusive_scan(matches) - matches;
-    for (uint32_t lanes = __ballot_sync(0xffffffffu, matches > 0); lanes != 0; lanes &= lanes - 1) {
-      const int from = __ffs(lanes) - 1;
-      const int from_token = w * kWarpSize + from;
-      int row = __shfl_sync(0xffffffffu, my_first, from);
-      for (uint32_t left = __shfl_sync(0xffffffffu, pairs, from); left != 0; left &= left - 1, ++row) {
-        const int k = __ffs(left) - 1;
-        const bool kept = row < common.max_tokens;
-        if (kept) copy_received_row(window, args, layout, local_expert, source, from_token, expert_first + first_row + row);
-        if (lane == 0) {
-          args.routing.pair_row[pairs_of_source + static_cast<size_t>(from_token) * num_topk + k] = kept ? first_row + row : -1;
-        }
-      }
-    }
-    for (int skipped = w; skipped < w + warps_per_source && skipped < windows; ++skipped) {
-      window_row += window_matches[source][skipped];
-    }
+  const size_t pair = (static_cast<size_t>(source) * common.max_tokens + token) * num_topk + lane;
+  if (chunk == 0 && lane < num_topk) args.routing.topk[pair] = expert;
+  if (rows == 0) {
+    if (chunk == 0 && local) args.routing.pair_row[pair] = -1;
+    return;
   }
-  // The source's signature is checked off the copy's path, once per source (by the first expert's
-  // block, the team's last warp, idle when the source sent few tokens): a source whose call differs
-  // is reported, and that call's outputs are unspecified. Reads and writes stay inside this rank's
-  // own layout of its own set either way.
-  if (in_team && local_expert == 0 && warp_in_team == warps_per_source - 1 && source_arrived[source]) {
-    device::same_call_as(device::signature_field(window, layout.signature(common.set_index, source)), args.signature,
-                         DeviceOp::kLowLatencyDispatch, source, context);
-  }
-  if (in_team && local_expert == 0) {
-    // The first expert's block keeps each source's routing for the combine (the set is reused).
-    int32_t* kept = args.routing.topk + pairs_of_source;
-    constexpr int kIdsInFlight = 8;
-    const int stride = warps_per_source * kWarpSize;
-    for (int first = warp_in_team * kWarpSize + lane; first < tokens * num_topk; first += kIdsInFlight * stride) {
-      int32_t ids[kIdsInFlight];
+
+  // The chunk's loads go out first, so that the earlier sources' counts load under them.
+  const size_t row_bytes = static_cast<size_t>(common.hidden) * (args.use_fp8 ? 1 : 2);
+  const int row_vectors = static_cast<int>(row_bytes / kVectorBytes);
+  const int begin = chunk * kReceiveChunkVectors;
+  const char* message = window.own(layout.token(common.set_index, source, token));
+  int4 data[kReceiveLoads];
 #pragma unroll
-      for (int i = 0; i < kIdsInFlight; ++i) {
-        if (first + i * stride < tokens * num_topk) ids[i] = __ldcg(routing + first + i * stride);
-      }
+  for (int i = 0; i < kReceiveLoads; ++i) {
+    const int v = begin + i * kWarpSize + lane;
+    if (v < row_vectors) data[i] = __ldcg(reinterpret_cast<const int4*>(message) + v);
+  }
+  // The chunk's scale words, a lane each: a float per 128 channels (8 vectors), or a UE8M0 word
+  // per 512 (32 vectors); chunks start on a word.
+  const int vectors_per_word = args.use_ue8m0 ? kUe8m0GroupsPerInt * kFp8ChannelsPerScale / kVectorBytes
+                                              : kFp8ChannelsPerScale / kVectorBytes;
+  const int scale_words = !args.use_fp8 ? 0 : row_vectors / vectors_per_word;
+  const int word = begin / vectors_per_word + lane;
+  const bool has_word = args.use_fp8 && lane < kReceiveChunkVectors / vectors_per_word && word < scale_words;
+  uint32_t scale = 0;
+  if (has_word) scale = __ldcg(reinterpret_cast<const uint32_t*>(message + layout.message_scales()) + word);
+
+  int row = index;  // among the expert's rows: this source's follow the earlier sources'
+#pragma unroll 4
+  for (int earlier = 0; earlier < source; ++earlier) {
+    if (kept) row += rows_from(window, layout, common.set_index, arrivals, earlier, local_expert);
+  }
+  if (chunk == 0 && local) {
+    args.routing.pair_row[pair] = kept ? row : -1;
+    if (kept) args.recv_src_info[local_expert * expert_rows + row] = token;
+  }
+  for (uint32_t left = rows; left != 0; left &= left - 1) {
+    const int k = __ffs(left) - 1;
+    const size_t to_expert = __shfl_sync(0xffffffffu, local_expert, k);
+    const size_t to_row = __shfl_sync(0xffffffffu, row, k);
+    int4* out = reinterpret_cast<int4*>(static_cast<char*>(args.recv_x) + (to_expert * expert_rows + to_row) * row_bytes);
 #pragma unroll
-      for (int i = 0; i < kIdsInFlight; ++i) {
-        if (first + i * stride < tokens * num_topk) kept[first + i * stride] = ids[i];
-      }
+    for (int i = 0; i < kReceiveLoads; ++i) {
+      const int v = begin + i * kWarpSize + lane;
+      if (v < row_vectors) out[v] = data[i];
     }
-    if (warp_in_team == 0 && lane == 0) args.routing.tokens_from[source] = tokens;
+    // Word w of row r of expert e at [e][w][r].
+    if (has_word) {
+      static_cast<uint32_t*>(args.recv_x_scales)[(to_expert * scale_words + word) * expert_rows + to_row] = scale;
+    }
   }
-  // The rows past the expert's count come from no source.
-  for (int row = total + static_cast<int>(threadIdx.x); row < static_cast<int>(expert_rows); row += blockDim.x) {
-    args.recv_src_info[expert_first + row] = -1;
+}
+
+// One of this rank's experts: its count per source and in all, and no origin for its rows past
+// the count.
+__device__ void receive_expert_counts(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
+                                      const KernelContext& context, const LowLatencyLayout& layout,
+                                      const Arrivals& arrivals, int local_expert) {
+  const int lane = device::lane_id();
+  const int num_ranks = context.num_ranks;
+  int rows = 0;
+  if (lane < num_ranks) {
+    rows = rows_from(window, layout, args.common.set_index, arrivals, lane, local_expert);
+    args.recv_count_from[static_cast<size_t>(local_expert) * num_ranks + lane] = rows;
   }
-  if (threadIdx.x == 0) {
+  const int total = __reduce_add_sync(0xffffffffu, rows);
+  if (lane == 0) {
     args.recv_count[local_expert] = total;
     if (args.cumulative_stats != nullptr) atomicAdd(&args.cumulative_stats[local_expert], total);
   }
-  __syncthreads();  // the shared arrays are this block's again for its next expert
+  const int expert_rows = static_cast<int>(layout.combine_rows() / layout.experts_per_rank);
+  int32_t* origins = args.recv_src_info + static_cast<size_t>(local_expert) * expert_rows;
+  for (int row = total + lane; row < expert_rows; row += kWarpSize) origins[row] = -1;
+}
+
+// The receive phase. Every block waits for every source's flag, then its warps take tasks from
+// one list spread over the grid (task i to block i % G, so that a few tasks still reach every SM):
+// a chunk of one source's token, or one local expert's counts. The rows of an expert are deep_ep's
+// packed layout made deterministic: source s's pairs naming it, in (token, k) order, after those of
+// sources 0..s-1; the senders' routing and counts say where each goes (send_routing).
+template <bool kShrink>
+__device__ void receive(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
+                        const KernelContext& context, const LowLatencyLayout& layout, uint64_t epoch) {
+  __shared__ Arrivals arrivals;
+  wait_for_sources<kShrink>(window, args, context, layout, epoch, arrivals);
+  const LowLatencyCommon& common = args.common;
+  const int num_ranks = context.num_ranks;
+  const int row_vectors = common.hidden * (args.use_fp8 ? 1 : 2) / static_cast<int>(kVectorBytes);
+  const int chunks = (row_vectors + kReceiveChunkVectors - 1) / kReceiveChunkVectors;
+  int items = 0;
+  for (int source = 0; source < num_ranks; ++source) items += arrivals.tokens[source] * chunks;
+  const int tasks = items + layout.experts_per_rank;
+  const int stride = gridDim.x * kLowLatencyWarpsPerBlock;
+  for (int task = device::warp_id() * gridDim.x + blockIdx.x; task < tasks; task += stride) {
+    if (task >= items) {
+      receive_expert_counts(window, args, context, layout, arrivals, task - items);
+      continue;
+    }
+    int source = 0, item = task;
+    while (item >= arrivals.tokens[source] * chunks) item -= arrivals.tokens[source++] * chunks;
+    receive_chunk(window, args, context, layout, arrivals, source, item / chunks, item % chunks);
+  }
+  // Each source's signature, checked once, off the copy's path (by block s % G's last warp): a
+  // source whose call differs is reported, and that call's outputs are unspecified. Reads and
+  // writes stay inside this rank's own layout of its own set either way.
+  if (device::warp_id() == kLowLatencyWarpsPerBlock - 1) {
+    for (int source = blockIdx.x; source < num_ranks; source += gridDim.x) {
+      if (!((arrivals.arrived >> source) & 1u)) continue;
+      device::same_call_as(device::signature_field(window, layout.signature(common.set_index, source)), args.signature,
+                           DeviceOp::kLowLatencyDispatch, source, context);
+    }
+  }
+  // What the combine needs besides each token's routing: each source's T.
+  if (blockIdx.x == 0 && threadIdx.x < num_ranks) args.routing.tokens_from[threadIdx.x] = arrivals.tokens[threadIdx.x];
 }
 
 }  // namespace
@@ -436,23 +523,20 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
     }
     window.quiet();  // the publish rule: puts complete, the election's barrier, then one signal
     if (device::last_block_to_arrive(window.own<uint32_t>(layout.send_blocks_done(common.set_index))) &&
-        threadIdx.x < context.num_ranks && !device::is_masked<kShrink>(common, threadIdx.x)) {
+        threadIdx.x < context.num_ranks &&
+        (static_cast<int>(threadIdx.x) == context.rank || !device::is_masked<kShrink>(common, threadIdx.x))) {
+      // This rank's own flag goes out even when it is masked: its receive waits for it before it
+      // advances the epoch copies (and takes nothing from itself then).
       // Pairs with each rank's wait on this flag before it reads the tokens and routing.
       window.signal(threadIdx.x, layout.dispatch_flag(common.set_index, context.rank),
                     pack_flag(epoch, static_cast<uint32_t>(common.num_tokens)));
     }
   }
   if (phases & kReceivePhase) {
-    for (int local = blockIdx.x; local < layout.experts_per_rank; local += gridDim.x) {
-      receive_expert<kShrink>(window, args, context, layout, local, epoch);
-    }
-    // A block with no expert waited for no flag. Before it advances its epoch copies, this rank's
-    // own send must be past reading them (a hook's send may still run on another stream): its
-    // flag to this rank says so, as every other block's wait did (finish_receive_phase's rule).
-    if (blockIdx.x >= layout.experts_per_rank && threadIdx.x == 0) {
-      const device::WaitSite site{DeviceOp::kLowLatencyDispatch, WaitTarget::kLowLatencyFlag, context.rank, -1};
-      window.wait(layout.dispatch_flag(common.set_index, context.rank), epoch << 32, context, site);
-    }
+    // Every block waits for every source's flag, this rank's own included: so its own send is past
+    // reading the epoch copies (a hook's send may still run on another stream) before it
+    // advances them (finish_receive_phase's rule).
+    receive<kShrink>(window, args, context, layout, epoch);
     device::finish_receive_phase(window, layout, common.set_index, epoch);
   }
 }
