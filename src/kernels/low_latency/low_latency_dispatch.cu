@@ -37,23 +37,39 @@ __device__ __forceinline__ float group_scale(float amax, bool round_scale) {
   return __uint_as_float((bits & ~kFloatMantissaMask) + (1u << kFloatMantissaBits));
 }
 
-// Walks one warp's segment of pairs [begin, end) in order, 32 at a time. `expert_of(pair)` gives
-// each pair's expert (-1: none); `visit(pair, expert, index)` gets each pair that has one, with its
-// index: `counts[expert]` as it stood, plus the step's earlier lanes naming the same expert.
-// `counts` (the warp's own row of shared memory) is advanced past the step's pairs.
-template <typename ExpertOf, typename Visit>
-__device__ __forceinline__ void walk_segment(uint16_t* counts, int begin, int end, ExpertOf expert_of, Visit visit) {
+// Steps of 32 pairs whose loads walk_segment issues together (the segments of a 128-token top-8
+// call take two steps): one round trip to memory for them, not one per step.
+constexpr int kSegmentStepsInFlight = 4;
+
+// Walks one warp's segment of pairs [begin, end) in order, 32 at a time. `load(pair)` reads a pair's
+// id (no side effects: the loads of several steps go out together), `expert_of(id, pair)` turns it
+// into the pair's expert (-1: none), and `visit(pair, expert, index)` gets each pair that has one,
+// with its index: `counts[expert]` as it stood, plus the step's earlier lanes naming the same
+// expert. `counts` (the warp's own row of shared memory) is advanced past the step's pairs.
+template <typename Load, typename ExpertOf, typename Visit>
+__device__ __forceinline__ void walk_segment(uint16_t* counts, int begin, int end, Load load, ExpertOf expert_of,
+                                             Visit visit) {
   const int lane = device::lane_id();
-  for (int first = begin; first < end; first += kWarpSize) {
-    const int pair = first + lane;
-    const int expert = pair < end ? expert_of(pair) : -1;
-    const uint32_t same = __match_any_sync(0xffffffffu, expert);
-    const int before = __popc(same & ((1u << lane) - 1u));
-    const int index = expert >= 0 ? counts[expert] + before : 0;
-    __syncwarp();  // every lane has read its expert's count before the step's first lane advances it
-    if (expert >= 0 && before == 0) counts[expert] += static_cast<uint16_t>(__popc(same));
-    __syncwarp();
-    if (expert >= 0) visit(pair, expert, index);
+  for (int group = begin; group < end; group += kSegmentStepsInFlight * kWarpSize) {
+    decltype(load(0)) loaded[kSegmentStepsInFlight];
+#pragma unroll
+    for (int step = 0; step < kSegmentStepsInFlight; ++step) {
+      const int pair = group + step * kWarpSize + lane;
+      if (pair < end) loaded[step] = load(pair);
+    }
+#pragma unroll
+    for (int step = 0; step < kSegmentStepsInFlight; ++step) {
+      const int pair = group + step * kWarpSize + lane;
+      if (group + step * kWarpSize >= end) break;  // uniform across the warp
+      const int expert = pair < end ? expert_of(loaded[step], pair) : -1;
+      const uint32_t same = __match_any_sync(0xffffffffu, expert);
+      const int before = __popc(same & ((1u << lane) - 1u));
+      const int index = expert >= 0 ? counts[expert] + before : 0;
+      __syncwarp();  // every lane has read its expert's count before the step's first lane advances it
+      if (expert >= 0 && before == 0) counts[expert] += static_cast<uint16_t>(__popc(same));
+      __syncwarp();
+      if (expert >= 0) visit(pair, expert, index);
+    }
   }
 }
 
@@ -77,8 +93,13 @@ __device__ void send_routing(const device::Window& window, const LowLatencyDispa
   // kMaxLowLatencyPairs / warps pairs, so 16 bits hold both.
   __shared__ uint16_t segment_counts[kLowLatencyWarpsPerBlock][kMaxLowLatencyExperts];
   static_assert(kMaxLowLatencyPairs < (1 << 16), "segment counts and capped indices fit 16 bits");
+  // Cleared as 32-bit words, each row only as far as the call's experts reach.
+  constexpr int kRowWords = kMaxLowLatencyExperts * sizeof(uint16_t) / sizeof(uint32_t);
+  const int used_words = (common.num_experts + 1) / 2;
   uint32_t* words = reinterpret_cast<uint32_t*>(&segment_counts[0][0]);
-  for (int i = threadIdx.x; i < static_cast<int>(sizeof(segment_counts) / sizeof(uint32_t)); i += blockDim.x) words[i] = 0;
+  for (int i = threadIdx.x; i < kLowLatencyWarpsPerBlock * used_words; i += blockDim.x) {
+    words[(i / used_words) * kRowWords + i % used_words] = 0;
+  }
   __syncthreads();
   const int num_pairs = common.num_tokens * common.num_topk;
   const int per_segment = (num_pairs + kLowLatencyWarpsPerBlock - 1) / kLowLatencyWarpsPerBlock;
@@ -86,8 +107,7 @@ __device__ void send_routing(const device::Window& window, const LowLatencyDispa
   const int end = min(begin + per_segment, num_pairs);
   uint16_t* counts = segment_counts[device::warp_id()];
   int32_t* ids = window.own<int32_t>(layout.ids(common.set_index));
-  const auto checked_expert = [&](int pair) {
-    int64_t expert = common.topk_idx[pair];
+  const auto checked_expert = [&](int64_t expert, int pair) {
     if (expert < -1 || expert >= common.num_experts) {
       device::report_invalid_expert(context, DeviceOp::kLowLatencyDispatch, pair / common.num_topk,
                                     pair % common.num_topk, expert, common.num_experts);
@@ -96,7 +116,8 @@ __device__ void send_routing(const device::Window& window, const LowLatencyDispa
     ids[pair] = static_cast<int32_t>(expert);  // read back by this same thread in pass 2
     return static_cast<int>(expert);
   };
-  walk_segment(counts, begin, end, checked_expert, [](int, int, int) {});
+  walk_segment(
+      counts, begin, end, [&](int pair) { return common.topk_idx[pair]; }, checked_expert, [](int, int, int) {});
   __syncthreads();
   int32_t* totals = window.own<int32_t>(layout.count_staging(common.set_index));
   for (int expert = threadIdx.x; expert < common.num_experts; expert += blockDim.x) {
@@ -117,7 +138,7 @@ __device__ void send_routing(const device::Window& window, const LowLatencyDispa
   }
   __syncthreads();
   walk_segment(
-      counts, begin, end, [&](int pair) { return static_cast<int>(ids[pair]); },
+      counts, begin, end, [&](int pair) { return ids[pair]; }, [](int32_t expert, int) { return static_cast<int>(expert); },
       [&](int pair, int expert, int index) { ids[pair] = RoutedPair::pack(expert, min(index, common.max_tokens)); });
   __syncthreads();  // the routing and the counts are complete before any warp puts them
 
