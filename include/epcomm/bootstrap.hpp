@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace epcomm {
 
@@ -20,6 +21,12 @@ class Bootstrap {
   virtual void allgather(const void* in, void* out, size_t bytes) = 0;
   // Returns once every rank has entered it.
   virtual void barrier() = 0;
+  // Ranks this bootstrap knows to have failed while the job ran: their connection closed (the
+  // process ended) or stopped answering (its host went away). A Buffer's watchdog calls it a few
+  // times a second, from its own thread, to notice dead ranks on other hosts within seconds; so it
+  // must be safe to call while another thread runs an exchange, and return quickly. Default:
+  // none known (ranks on other hosts are then noticed only when a wait for them times out).
+  virtual std::vector<int> failed_ranks() { return {}; }
 };
 
 struct SocketBootstrapOptions {

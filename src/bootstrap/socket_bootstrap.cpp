@@ -12,6 +12,13 @@
 // only then moves data. A mismatch thus gives every rank the same clear error instead of a hang.
 // Whenever rank 0 fails it sends Abort with its message to every peer before closing, so the
 // ranks waiting on it report the root cause (for example which rank never showed up).
+//
+// Failed ranks (failed_ranks(), for the Buffer's watchdog): between exchanges the connections are
+// idle, so a closed one means a rank's process ended (the kernel closes its sockets, whatever
+// killed it), and TCP keepalive turns a host that went silent into an error. Rank 0 sees its
+// peers' connections and tells the others with a RankFailed frame {rank} (u32); a peer sees rank
+// 0's connection, and reads RankFailed frames when no exchange is reading (an exchange skips
+// them, noting the rank). Looking is a poll that reads nothing else, done on the caller's thread.
 #include <algorithm>
 #include <array>
 #include <cerrno>
@@ -20,9 +27,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
+
+#include <poll.h>
+#include <sys/socket.h>
 
 #include "bootstrap/admission.hpp"
 #include "bootstrap/handshake.hpp"
@@ -53,7 +64,10 @@ constexpr milliseconds kHandshakeBudget{5000};
 constexpr size_t kMaxConcurrentHandshakes = 64;
 
 enum class Op : uint32_t { kAllgather = 1, kBarrier = 2 };
-enum class FrameKind : uint32_t { kWelcome = 1, kProceed = 2, kResult = 3, kAbort = 4 };
+enum class FrameKind : uint32_t { kWelcome = 1, kProceed = 2, kResult = 3, kAbort = 4, kRankFailed = 5 };
+constexpr size_t kRankFailedBytes = 4;  // the failed rank (u32)
+// How long rank 0 spends telling one peer that a rank failed (a few bytes; the peer's buffer has room).
+constexpr milliseconds kRankFailedSendBudget{200};
 
 const char* op_name(uint32_t op) {
   switch (static_cast<Op>(op)) {
@@ -131,6 +145,15 @@ class SocketBootstrap final : public Bootstrap {
     exchange(Op::kBarrier, &token, ignored.data(), sizeof(token));
   }
 
+  // Looks at the connections only when no exchange runs (an exchange notices a closed connection
+  // itself) and the bootstrap is healthy; otherwise returns what is known.
+  std::vector<int> failed_ranks() override {
+    std::unique_lock<std::mutex> io(io_mutex_, std::try_to_lock);
+    if (io.owns_lock() && broken_.empty()) rank_ == 0 ? look_at_peers() : look_at_root();
+    const std::lock_guard<std::mutex> lock(failed_mutex_);
+    return failed_;
+  }
+
  private:
   // Runs one protocol step; on failure the connections are closed (rank 0 first tells every
   // peer why) and later calls fail at once, since the ranks are no longer in step.
@@ -158,7 +181,12 @@ class SocketBootstrap final : public Bootstrap {
       const Header header = make_header(static_cast<uint32_t>(FrameKind::kAbort), reason.size());
       const Deadline deadline(kAbortSendBudget);
       // Best effort: a peer that cannot take the message will see the closed connection.
+      const std::vector<int> failed = known_failures();
       const auto tell = [&](const UniqueFd& peer) {
+        // The ranks known to have failed first: a peer's watchdog reads them before the Abort.
+        for (const int rank : failed) {
+          if (peer) write_rank_failed(peer.get(), rank, deadline);
+        }
         if (peer && write_all(peer.get(), header.data(), header.size(), deadline).ok()) {
           write_all(peer.get(), reason.data(), reason.size(), deadline);
         }
@@ -172,6 +200,7 @@ class SocketBootstrap final : public Bootstrap {
 
   // Turns a failed wait on rank `peer` into an Error saying who waited for whom, for what.
   [[noreturn]] void fail_io(const IoStatus& status, int peer, const std::string& what) const {
+    if (status.kind == IoStatus::kPeerClosed) note_failure(peer);  // rank 0 has ruled out an Abort
     switch (status.kind) {
       case IoStatus::kTimedOut:
         fail(ErrorCode::kBootstrapError, "rank ", rank_, " waited ", timeout_.count(), " ms for rank ", peer, " to ",
@@ -366,10 +395,15 @@ class SocketBootstrap final : public Bootstrap {
   // Reads the next frame from rank 0; an Abort becomes an Error carrying rank 0's reason.
   void expect_frame(FrameKind kind, uint64_t length, const Deadline& deadline, const std::string& what) {
     Header header{};
-    const IoStatus status = read_all(fd_of(0), header.data(), header.size(), deadline);
-    if (!status.ok()) fail_from_root(status, what);
-    const uint32_t got_kind = load_u32(header.data());
-    const uint64_t got_length = load_u64(header.data() + 4);
+    uint32_t got_kind = 0;
+    uint64_t got_length = 0;
+    do {  // RankFailed frames may come first: note them and read on
+      const IoStatus status = read_all(fd_of(0), header.data(), header.size(), deadline);
+      if (!status.ok()) fail_from_root(status, what);
+      got_kind = load_u32(header.data());
+      got_length = load_u64(header.data() + 4);
+    } while (got_kind == static_cast<uint32_t>(FrameKind::kRankFailed) && got_length == kRankFailedBytes &&
+             read_rank_failed(deadline));
     if (got_kind == static_cast<uint32_t>(FrameKind::kAbort)) fail_with_abort(got_length, deadline);
     if (got_kind != static_cast<uint32_t>(kind) || got_length != length) {
       fail(ErrorCode::kBootstrapError, "rank ", rank_, " got an unexpected message from rank 0 (kind ", got_kind,
@@ -383,9 +417,10 @@ class SocketBootstrap final : public Bootstrap {
     if (status.kind == IoStatus::kPeerClosed) {
       Header header{};
       const Deadline deadline(kAbortReadBudget);
-      if (read_all(fd_of(0), header.data(), header.size(), deadline).ok() &&
-          load_u32(header.data()) == static_cast<uint32_t>(FrameKind::kAbort)) {
-        fail_with_abort(load_u64(header.data() + 4), deadline);
+      while (read_all(fd_of(0), header.data(), header.size(), deadline).ok()) {
+        const uint32_t kind = load_u32(header.data());
+        if (kind == static_cast<uint32_t>(FrameKind::kAbort)) fail_with_abort(load_u64(header.data() + 4), deadline);
+        if (kind != static_cast<uint32_t>(FrameKind::kRankFailed) || !read_rank_failed(deadline)) break;
       }
     }
     fail_io(status, 0, what);
@@ -400,9 +435,95 @@ class SocketBootstrap final : public Bootstrap {
     fail(ErrorCode::kBootstrapError, "rank ", rank_, " was stopped by rank 0, which reported: ", reason);
   }
 
+  // ---- failed ranks ----
+
+  // Rank 0: a peer whose connection closed or errs has failed; the other peers hear of it.
+  void look_at_peers() {
+    std::vector<pollfd> watched;
+    std::vector<int> ranks;
+    for (int peer = 1; peer < num_ranks_; ++peer) {
+      if (!peers_[static_cast<size_t>(peer)] || is_known_failure(peer)) continue;
+      watched.push_back({fd_of(peer), POLLRDHUP, 0});  // not POLLIN: a pending request is no failure
+      ranks.push_back(peer);
+    }
+    if (watched.empty() || ::poll(watched.data(), watched.size(), 0) <= 0) return;
+    for (size_t i = 0; i < watched.size(); ++i) {
+      if (!(watched[i].revents & (POLLRDHUP | POLLHUP | POLLERR))) continue;
+      note_failure(ranks[i]);
+      const Deadline deadline(kRankFailedSendBudget);
+      for (int peer = 1; peer < num_ranks_; ++peer) {
+        if (peers_[static_cast<size_t>(peer)] && !is_known_failure(peer)) write_rank_failed(fd_of(peer), ranks[i], deadline);
+      }
+    }
+  }
+
+  // A peer: reads the RankFailed frames waiting from rank 0; rank 0 itself has failed when its
+  // connection closed or errs with nothing else to read (an Abort waiting means rank 0 stopped
+  // the job on purpose: the next exchange reports its reason).
+  void look_at_root() {
+    while (true) {
+      pollfd root{fd_of(0), POLLIN | POLLRDHUP, 0};
+      if (::poll(&root, 1, 0) <= 0) return;
+      if (root.revents & POLLIN) {
+        Header header{};
+        const ssize_t peeked = ::recv(fd_of(0), header.data(), header.size(), MSG_PEEK | MSG_DONTWAIT);
+        if (peeked > 0) {
+          const bool rank_failed = peeked == static_cast<ssize_t>(header.size()) &&
+                                   load_u32(header.data()) == static_cast<uint32_t>(FrameKind::kRankFailed) &&
+                                   load_u64(header.data() + 4) == kRankFailedBytes;
+          // Anything else (an Abort, a frame still arriving) is left for the next exchange or look.
+          if (!rank_failed || !has_bytes_waiting(header.size() + kRankFailedBytes)) return;
+          const Deadline deadline(kAbortReadBudget);
+          if (!read_all(fd_of(0), header.data(), header.size(), deadline).ok() || !read_rank_failed(deadline)) return;
+          continue;
+        }
+      }
+      if (root.revents & (POLLRDHUP | POLLHUP | POLLERR)) note_failure(0);
+      return;
+    }
+  }
+
+  // Whether `bytes` bytes can be read from rank 0 without waiting.
+  bool has_bytes_waiting(size_t bytes) const {
+    std::vector<unsigned char> peek(bytes);
+    return ::recv(fd_of(0), peek.data(), bytes, MSG_PEEK | MSG_DONTWAIT) == static_cast<ssize_t>(bytes);
+  }
+
+  // A peer, after a RankFailed header: reads the rank and notes it. False if it could not.
+  bool read_rank_failed(const Deadline& deadline) const {
+    unsigned char payload[kRankFailedBytes];
+    if (!read_all(fd_of(0), payload, sizeof(payload), deadline).ok()) return false;
+    const uint32_t rank = load_u32(payload);
+    if (rank < static_cast<uint32_t>(num_ranks_) && static_cast<int>(rank) != rank_) note_failure(static_cast<int>(rank));
+    return true;
+  }
+
+  // Rank 0: a RankFailed frame to one peer (best effort: a peer that cannot take it has failed too).
+  static void write_rank_failed(int fd, int rank, const Deadline& deadline) {
+    unsigned char frame[kHeaderSize + kRankFailedBytes];
+    const Header header = make_header(static_cast<uint32_t>(FrameKind::kRankFailed), kRankFailedBytes);
+    std::memcpy(frame, header.data(), header.size());
+    store_u32(frame + kHeaderSize, static_cast<uint32_t>(rank));
+    write_all(fd, frame, sizeof(frame), deadline);
+  }
+
+  void note_failure(int rank) const {
+    const std::lock_guard<std::mutex> lock(failed_mutex_);
+    if (std::find(failed_.begin(), failed_.end(), rank) == failed_.end()) failed_.push_back(rank);
+  }
+  bool is_known_failure(int rank) const {
+    const std::lock_guard<std::mutex> lock(failed_mutex_);
+    return std::find(failed_.begin(), failed_.end(), rank) != failed_.end();
+  }
+  std::vector<int> known_failures() const {
+    const std::lock_guard<std::mutex> lock(failed_mutex_);
+    return failed_;
+  }
+
   // ---- shared ----
 
   void exchange(Op op, const void* in, void* out, size_t bytes) {
+    const std::lock_guard<std::mutex> io(io_mutex_);  // failed_ranks() looks only between exchanges
     guarded([&] { rank_ == 0 ? exchange_as_root(op, in, out, bytes) : exchange_as_peer(op, in, out, bytes); });
   }
 
@@ -416,6 +537,9 @@ class SocketBootstrap final : public Bootstrap {
   std::vector<UniqueFd> peers_;  // rank 0: indexed by rank (slot 0 unused); others: [0] is rank 0
   UniqueFd pending_;             // rank 0: a connection whose greeting is being checked
   std::string broken_;           // why the last failed step failed; empty while healthy
+  std::mutex io_mutex_;          // held by an exchange, and by failed_ranks() while it looks
+  mutable std::mutex failed_mutex_;
+  mutable std::vector<int> failed_;  // ranks known to have failed, in the order found
 };
 
 int parse_env_int(const char* name, const char* value, long min, long max) {

@@ -46,10 +46,23 @@ sockaddr_un unix_sockaddr(const std::string& path) {
   return addr;
 }
 
-// Small exchanges (a few bytes per step) must not sit in Nagle's buffer waiting for an ACK.
-void disable_nagle(int fd) {
+// TCP keepalive on the job's connections: a rank whose host stops answering (powered off, cut
+// off) sends no FIN, so its connection would look idle forever; probes after 2 s of silence, one
+// a second, 3 unanswered: the connection reports an error about 5 s after the host went away,
+// which the bootstrap's failed_ranks() turns into a failed rank.
+constexpr int kKeepAliveIdleSeconds = 2;
+constexpr int kKeepAliveIntervalSeconds = 1;
+constexpr int kKeepAliveProbes = 3;
+
+// Best effort (latency and failure detection only): small exchanges (a few bytes per step) must
+// not sit in Nagle's buffer waiting for an ACK, and a silent host must be noticed.
+void tune_tcp(int fd) {
   const int on = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));  // best effort: only latency
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &kKeepAliveIdleSeconds, sizeof(kKeepAliveIdleSeconds));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &kKeepAliveIntervalSeconds, sizeof(kKeepAliveIntervalSeconds));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &kKeepAliveProbes, sizeof(kKeepAliveProbes));
 }
 
 // Whether a process accepts connections on the unix socket at `path` (a stale file refuses them).
@@ -274,7 +287,7 @@ UniqueFd Listener::accept(const Deadline& deadline, IoStatus& status) {
   while (true) {
     UniqueFd fd(accept4(fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
     if (fd) {
-      if (unix_path_.empty()) disable_nagle(fd.get());
+      if (unix_path_.empty()) tune_tcp(fd.get());
       status = {};
       return fd;
     }
@@ -329,7 +342,7 @@ UniqueFd try_connect(const SocketAddress& address, const Deadline& deadline, std
         continue;
       }
     }
-    disable_nagle(fd.get());
+    tune_tcp(fd.get());
     return fd;
   }
   return UniqueFd();

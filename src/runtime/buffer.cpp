@@ -142,7 +142,9 @@ void Buffer::Impl::initialize(int caller_device, bool background) {
             std::fprintf(stderr, "epcomm: marking dead ranks failed: %s\n", error.what());
           }
         },
-        kPeerWatchInterval, /*keep_watching=*/options.enable_shrink);
+        kPeerWatchInterval, /*keep_watching=*/options.enable_shrink,
+        // Ranks on other hosts: the bootstrap sees their connections close (pids mean nothing here).
+        [bootstrap = bootstrap] { return bootstrap->failed_ranks(); });
   }
   // After the agreement: every rank has the same options now, so every rank fails here alike.
   detail::check_warmup_fits(options, bootstrap->num_ranks());

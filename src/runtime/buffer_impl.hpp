@@ -69,8 +69,9 @@ struct Buffer::Impl {
   std::shared_ptr<void> mask_stream_lifetime;
   std::mutex dead_ranks_mutex;
   std::vector<int> dead_ranks;                // every rank the watchdog found dead (shrink mode)
-  // Watches the processes of the ranks on this host while the transport lives; declared after
-  // `errors` and the mask, which it writes to, so it stops first.
+  // Watches the processes of the ranks on this host, and asks the bootstrap about the others,
+  // while the transport lives; declared after `errors` and the mask, which it writes to, so it
+  // stops first.
   std::unique_ptr<detail::PeerWatchdog> watchdog;
   detail::DeviceAllocation layout_workspace;  // LayoutWorkspace, zeroed once
   detail::MappedHostMemory notify_results;    // NotifyResults, read by the host after a notify

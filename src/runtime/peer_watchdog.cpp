@@ -5,9 +5,10 @@
 namespace epcomm::detail {
 
 PeerWatchdog::PeerWatchdog(std::vector<ProcessIdentity> peers, OnDeath on_death, std::chrono::milliseconds interval,
-                           bool keep_watching)
+                           bool keep_watching, FailedElsewhere failed_elsewhere)
     : peers_(std::move(peers)),
       on_death_(std::move(on_death)),
+      failed_elsewhere_(std::move(failed_elsewhere)),
       interval_(interval),
       keep_watching_(keep_watching),
       thread_([this] { watch(); }) {}
@@ -30,6 +31,13 @@ void PeerWatchdog::watch() {
       if (reported[rank] || process_alive(peers_[rank])) continue;
       dead.push_back({static_cast<int>(rank), peers_[rank].pid});
       reported[rank] = true;
+    }
+    if (failed_elsewhere_) {
+      for (const int rank : failed_elsewhere_()) {
+        if (rank < 0 || static_cast<size_t>(rank) >= peers_.size() || reported[static_cast<size_t>(rank)]) continue;
+        dead.push_back({rank, peers_[static_cast<size_t>(rank)].pid});
+        reported[static_cast<size_t>(rank)] = true;
+      }
     }
     if (dead.empty()) continue;
     on_death_(dead);

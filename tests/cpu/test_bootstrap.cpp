@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -255,6 +256,125 @@ TEST(BootstrapErrors, PeerThatExitsIsNamedAndLaterCallsFailFast) {
   expect_bootstrap_error(outcomes[1], "rank 2 closed the connection");
   EXPECT_TRUE(outcomes[2].ok) << outcomes[2].message;
 }
+
+// ---- failed_ranks(): ranks whose connection closed, for the Buffer's watchdog ----
+
+// Polls failed_ranks() until it names `rank` or `budget` runs out; whether it did.
+bool learns_of_failure(Bootstrap& bootstrap, int rank, std::chrono::milliseconds budget = kPromptly) {
+  const auto until = Clock::now() + budget;
+  while (Clock::now() < until) {
+    const std::vector<int> failed = bootstrap.failed_ranks();
+    if (std::find(failed.begin(), failed.end(), rank) != failed.end()) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return false;
+}
+
+class FailedRanks : public ::testing::TestWithParam<bool> {  // true: TCP, false: unix socket
+ protected:
+  std::string address() { return GetParam() ? "127.0.0.1:" + std::to_string(free_tcp_port()) : unix_address(dir_); }
+  TempDir dir_;
+};
+
+// A healthy job: failed_ranks() polled from other threads all along names nobody and leaves every
+// exchange intact (it reads nothing an exchange needs).
+TEST_P(FailedRanks, NamesNobodyInAHealthyJobAndDoesNotDisturbExchanges) {
+  const std::string where = address();
+  const auto outcomes = run_threads(4, [&](int rank) {
+    auto bootstrap = make_socket_bootstrap(where, rank, 4, kGenerousTimeout);
+    std::atomic<bool> done{false};
+    std::vector<int> seen;
+    std::thread watcher([&] {
+      while (!done) {
+        for (const int failed : bootstrap->failed_ranks()) seen.push_back(failed);
+        std::this_thread::sleep_for(1ms);
+      }
+    });
+    exchange_rounds(*bootstrap, {0, 1, 7, 4096, 1, 64 * 1024, 3});
+    bootstrap->barrier();  // nobody leaves before everyone is done
+    done = true;
+    watcher.join();
+    EXPECT_TRUE(seen.empty()) << "rank " << rank << " saw a failure, the first: rank " << seen.front();
+  });
+  expect_all_ok(outcomes);
+}
+
+// A rank whose process ends between exchanges (here: its bootstrap goes away) is named by rank 0,
+// which watches its connection, and by the other peers, whom rank 0 tells.
+TEST_P(FailedRanks, APeerThatLeavesIsNamedOnEveryRankWithinSeconds) {
+  const std::string where = address();
+  std::promise<void> left;
+  std::shared_future<void> gone = left.get_future().share();
+  std::atomic<int> checked{0};
+  const auto start = Clock::now();
+  const auto outcomes = run_threads(3, [&](int rank) {
+    auto bootstrap = make_socket_bootstrap(where, rank, 3, kGenerousTimeout);
+    bootstrap->barrier();
+    if (rank == 2) {
+      bootstrap.reset();
+      left.set_value();
+      return;
+    }
+    gone.wait();
+    EXPECT_TRUE(learns_of_failure(*bootstrap, 2)) << "rank " << rank << " never learned that rank 2 left";
+    EXPECT_EQ(bootstrap->failed_ranks(), std::vector<int>{2}) << "rank " << rank;
+    // Neither leaves before both have looked (the one that leaves first would be named too).
+    ++checked;
+    while (checked.load() < 2) std::this_thread::sleep_for(1ms);
+  });
+  expect_all_ok(outcomes);
+  EXPECT_LT(Clock::now() - start, kPromptly);
+}
+
+TEST_P(FailedRanks, RankZeroLeavingIsNamedOnEveryPeer) {
+  const std::string where = address();
+  const auto outcomes = run_threads(3, [&](int rank) {
+    auto bootstrap = make_socket_bootstrap(where, rank, 3, kGenerousTimeout);
+    bootstrap->barrier();
+    if (rank == 0) return;  // its connections close with it
+    EXPECT_TRUE(learns_of_failure(*bootstrap, 0)) << "rank " << rank << " never learned that rank 0 left";
+    EXPECT_EQ(bootstrap->failed_ranks(), std::vector<int>{0}) << "rank " << rank;
+  });
+  expect_all_ok(outcomes);
+}
+
+// A peer that did not look before its next exchange reads rank 0's RankFailed frame there: the
+// exchange still fails with rank 0's reason, and the failed rank is known afterwards.
+TEST_P(FailedRanks, AnExchangeSkipsTheNewsAndReportsRankZerosReason) {
+  const std::string where = address();
+  std::promise<void> left, told;
+  std::shared_future<void> gone = left.get_future().share(), relayed = told.get_future().share();
+  const auto outcomes = run_threads(3, [&](int rank) {
+    auto bootstrap = make_socket_bootstrap(where, rank, 3, kGenerousTimeout);
+    bootstrap->barrier();
+    if (rank == 2) {
+      bootstrap.reset();
+      left.set_value();
+      return;
+    }
+    gone.wait();
+    if (rank == 0) {
+      EXPECT_TRUE(learns_of_failure(*bootstrap, 2));  // and tells rank 1
+      told.set_value();
+    } else {
+      relayed.wait();
+    }
+    const unsigned char in = 1;
+    std::vector<unsigned char> out(3);
+    try {
+      bootstrap->allgather(&in, out.data(), 1);
+    } catch (const Error&) {
+      const std::vector<int> failed = bootstrap->failed_ranks();
+      EXPECT_EQ(failed, std::vector<int>{2}) << "rank " << rank;
+      throw;
+    }
+  });
+  expect_bootstrap_error(outcomes[0], "rank 0 lost its connection to rank 2");
+  expect_bootstrap_error(outcomes[1], "was stopped by rank 0, which reported: rank 0 lost its connection to rank 2");
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, FailedRanks, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& param) { return param.param ? "tcp" : "unix"; });
 
 TEST(BootstrapErrors, MismatchedAllgatherSizesFailOnEveryRank) {
   const TempDir dir;

@@ -81,6 +81,47 @@ TEST(PeerWatchdog, ReportsAKilledPeerOnceAndPromptly) {
   EXPECT_LT(noticed, 500ms);
 }
 
+// Ranks on other hosts: the bootstrap's failed_ranks() names them; reported once, with the pid
+// this host knows (none for a remote rank), together with any local death of the same check.
+TEST(PeerWatchdog, ReportsRanksTheBootstrapFoundFailedOnce) {
+  std::atomic<bool> failed{false};
+  std::atomic<int> reports{0};
+  std::vector<DeadProcess> dead;
+  {
+    PeerWatchdog watchdog({current_process(), ProcessIdentity{}, ProcessIdentity{}},
+                          [&](const std::vector<DeadProcess>& found) {
+                            dead = found;
+                            ++reports;
+                          },
+                          20ms, /*keep_watching=*/true, [&] {
+                            return failed.load() ? std::vector<int>{2, 7, -1} : std::vector<int>{};  // 7, -1: no such rank
+                          });
+    std::this_thread::sleep_for(100ms);
+    EXPECT_EQ(reports.load(), 0) << "nobody has failed yet";
+    failed = true;
+    for (int i = 0; i < 100 && reports.load() == 0; ++i) std::this_thread::sleep_for(10ms);
+    std::this_thread::sleep_for(100ms);  // a second report would come by now
+  }
+  EXPECT_EQ(reports.load(), 1);
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].rank, 2);
+  EXPECT_EQ(dead[0].pid, 0);
+}
+
+TEST(DeviceErrorLog, ARankReportedByTheBootstrapIsNamedByItsConnection) {
+  DeviceErrorLog log;
+  log.mark_peers_dead({{6, 0}});
+  try {
+    log.raise_if_recorded();
+    FAIL() << "a failed rank was not raised";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::kPeerFailed);
+    EXPECT_NE(std::string(error.what()).find("the process of rank 6 (its rendezvous connection closed) ended"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
 TEST(DeviceErrorLog, ADeadPeerStopsWaitsAndFailsEveryLaterCall) {
   DeviceErrorLog log;  // not allocated: the host-side half alone
   log.raise_if_recorded();  // nothing yet
