@@ -34,9 +34,8 @@ enum class CallField : int32_t {
   kHasTopkIdx,
   kHasTopkWeights,
   kMaxTokens,        // num_max_dispatch_tokens_per_rank (low-latency mode; 0 in normal mode)
-  kDispatchNumber,   // normal mode: which of the Buffer's dispatches made the routing (a new
-                     // dispatch's own number; a combine's or cached dispatch's handle's); 0 in
-                     // low-latency mode
+  kDispatchNumber,   // which of the Buffer's dispatches made the routing (a new dispatch's own
+                     // number; a combine's or cached dispatch's handle's)
   kSumFormat,        // low-latency combine: how the sums travel (0: BF16, 1: LogFMT); 0 elsewhere
   kOperation,        // the DeviceOp of the call (0: a peer made no checked call at that barrier)
   kCount,

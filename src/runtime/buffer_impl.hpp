@@ -76,7 +76,7 @@ struct Buffer::Impl {
   detail::DeviceAllocation layout_workspace;  // LayoutWorkspace, zeroed once
   detail::MappedHostMemory notify_results;    // NotifyResults, read by the host after a notify
   uint64_t notify_sequence = 0;               // last sequence number a host-waited notify published
-  uint32_t dispatches_made = 0;               // new-routing dispatches launched: every rank counts alike (wraps)
+  uint32_t dispatches_made = 0;               // new-routing dispatches launched, both modes: every rank counts alike (wraps)
   cudaStream_t comm_stream = nullptr;         // every normal-mode call runs here
   // Destroys comm_stream (when created here, not options.comm_stream) once the Buffer and every
   // handle tensor are gone: those are freed in that stream's order, maybe after the Buffer.

@@ -13,6 +13,7 @@ struct LowLatencyHandleState {
   int max_tokens = 0;           // M
   int hidden = 0;
   int num_experts = 0;
+  uint32_t dispatch_number = 0;  // which of the Buffer's dispatches made it (the same on every rank)
   Tensor recv_count_from;  // int32 [E_local, R]
   Tensor recv_src_info;    // int32 [E_local, R * M]
   Tensor tokens_from;      // int32 [R]: T of each source

@@ -76,26 +76,31 @@ kernels::LowLatencyCommon common_args(const Buffer::Impl& impl, int set_index, i
 }
 
 // What every rank's dispatch must agree on: a rank lays its tokens out in its peers' buffers by
-// its own values.
-CallSignature call_signature(int hidden, int max_tokens, int num_experts, int num_topk, bool use_fp8, bool use_ue8m0) {
+// its own values; and the dispatch's number (every rank counts its dispatches alike), so that a
+// combine names the dispatch its handle came from.
+CallSignature call_signature(int hidden, int max_tokens, int num_experts, int num_topk, bool use_fp8, bool use_ue8m0,
+                             uint32_t dispatch_number) {
   CallSignature signature{};
   signature.set(CallField::kRowBytes, static_cast<int64_t>(hidden) * (use_fp8 ? 1 : 2));
   signature.set(CallField::kNumScales, !use_fp8 ? 0 : hidden / (kFp8ChannelsPerScale * (use_ue8m0 ? kUe8m0GroupsPerInt : 1)));
   signature.set(CallField::kNumTopk, num_topk);
   signature.set(CallField::kNumExperts, num_experts);
   signature.set(CallField::kMaxTokens, max_tokens);
+  signature.set(CallField::kDispatchNumber, dispatch_number);
   signature.set(CallField::kOperation, static_cast<int32_t>(DeviceOp::kLowLatencyDispatch));
   return signature;
 }
 
-// What every rank's combine must agree on: the shapes come from the handle (its dispatch was
-// checked), the sums' format from the call; a rank decodes its peers' sums by its own.
+// What every rank's combine must agree on: the shapes and the dispatch come from the handle (its
+// dispatch was checked), the sums' format from the call; a rank decodes its peers' sums by its
+// own, and ranks combining the outputs of different dispatches would mix their rows.
 CallSignature combine_signature(const detail::LowLatencyHandleState& state, bool use_logfmt) {
   CallSignature signature{};
   signature.set(CallField::kRowBytes, static_cast<int64_t>(state.hidden) * 2);  // BF16 expert outputs
   signature.set(CallField::kNumTopk, state.num_topk);
   signature.set(CallField::kNumExperts, state.num_experts);
   signature.set(CallField::kMaxTokens, state.max_tokens);
+  signature.set(CallField::kDispatchNumber, state.dispatch_number);
   signature.set(CallField::kSumFormat, use_logfmt ? 1 : 0);
   signature.set(CallField::kOperation, static_cast<int32_t>(DeviceOp::kLowLatencyCombine));
   return signature;
@@ -196,6 +201,7 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
   state->max_tokens = max_tokens;
   state->hidden = hidden;
   state->num_experts = args.num_experts;
+  state->dispatch_number = ++impl.dispatches_made;
   std::vector<Tensor> origins = detail::allocate_together(
       allocator,
       {detail::piece(DType::kInt32, {experts_per_rank, ranks}), detail::piece(DType::kInt32, {experts_per_rank, rows}),
@@ -221,7 +227,8 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
   kernel.use_fp8 = args.use_fp8;
   kernel.round_scale = round_scale;
   kernel.use_ue8m0 = args.use_fp8 && args.use_ue8m0;
-  kernel.signature = call_signature(hidden, max_tokens, args.num_experts, num_topk, args.use_fp8, kernel.use_ue8m0);
+  kernel.signature = call_signature(hidden, max_tokens, args.num_experts, num_topk, args.use_fp8, kernel.use_ue8m0,
+                                    state->dispatch_number);
   kernel.recv_x = result.recv_x.view.data;
   kernel.recv_x_scales = result.recv_x_scales.view.data;
   kernel.recv_count = result.recv_count.view.ptr<int32_t>();

@@ -728,6 +728,19 @@ void check_errors(Context& ctx) {
                         },
                         "ranks disagreeing on use_logfmt in a combine");
       EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
+      // A combine with another dispatch's handle on one rank (its rows would mix with the other
+      // dispatch's): every rank is told which dispatch each rank combined.
+      const LowLatencyDispatchResult later = buffer.low_latency_dispatch(good, *allocator, call);
+      combine.use_logfmt = false;
+      combine.handle = harness.rank() == 0 ? &dispatched.handle : &later.handle;
+      expect_error_with(harness, ErrorCode::kInvalidArgument,
+                        {"low_latency_combine", "dispatch number", "every rank must make the same call"},
+                        [&] {
+                          (void)buffer.low_latency_combine(combine, *allocator, call);
+                          buffer.synchronize(ctx.stream);
+                        },
+                        "ranks combining different dispatches");
+      EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
     }
     constexpr Scenario after_disagreement{"after disagreeing calls: fp8 h2048 T4 top2 M8", Cast::kFp8, 2048, 4, 2, 8, 8,
                                           kSparse};
