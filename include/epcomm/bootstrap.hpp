@@ -24,7 +24,8 @@ class Bootstrap {
   // Ranks this bootstrap knows to have failed while the job ran: their connection closed (the
   // process ended) or stopped answering (its host went away). A Buffer's watchdog calls it a few
   // times a second, from its own thread, to notice dead ranks on other hosts within seconds; so it
-  // must be safe to call while another thread runs an exchange, and return quickly. Default:
+  // must be safe to call while another thread runs an exchange, return quickly and not throw
+  // (an exception is printed and ignored). Default:
   // none known (ranks on other hosts are then noticed only when a wait for them times out).
   virtual std::vector<int> failed_ranks() { return {}; }
 };

@@ -15,10 +15,13 @@
 //
 // Failed ranks (failed_ranks(), for the Buffer's watchdog): between exchanges the connections are
 // idle, so a closed one means a rank's process ended (the kernel closes its sockets, whatever
-// killed it), and TCP keepalive turns a host that went silent into an error. Rank 0 sees its
-// peers' connections and tells the others with a RankFailed frame {rank} (u32); a peer sees rank
-// 0's connection, and reads RankFailed frames when no exchange is reading (an exchange skips
-// them, noting the rank). Looking is a poll that reads nothing else, done on the caller's thread.
+// killed it), and TCP keepalive turns a host that went silent into an error. (A rank whose own
+// bootstrap failed closes its connection too, and is named alike: it has left the job. It cannot
+// say so in band: it fails inside an exchange, where rank 0 may next read its bytes as data.)
+// Rank 0 sees its peers' connections and tells the others with a RankFailed frame
+// {rank} (u32); a peer sees rank 0's connection, and reads RankFailed frames when no exchange is
+// reading (an exchange skips them, noting the rank). Looking is a poll that reads nothing else,
+// done on the caller's thread, between exchanges only.
 #include <algorithm>
 #include <array>
 #include <cerrno>
@@ -67,7 +70,7 @@ enum class Op : uint32_t { kAllgather = 1, kBarrier = 2 };
 enum class FrameKind : uint32_t { kWelcome = 1, kProceed = 2, kResult = 3, kAbort = 4, kRankFailed = 5 };
 constexpr size_t kRankFailedBytes = 4;  // the failed rank (u32)
 // How long rank 0 spends telling one peer that a rank failed (a few bytes; the peer's buffer has room).
-constexpr milliseconds kRankFailedSendBudget{200};
+constexpr milliseconds kRankFailedSendBudget{50};
 
 const char* op_name(uint32_t op) {
   switch (static_cast<Op>(op)) {
@@ -115,13 +118,15 @@ class LocalBootstrap final : public Bootstrap {
   void barrier() override {}
 };
 
-// Not thread-safe: a rank runs its exchanges one at a time, like any collective.
+// Not thread-safe, but for failed_ranks(): a rank runs its exchanges one at a time, like any
+// collective.
 class SocketBootstrap final : public Bootstrap {
  public:
   SocketBootstrap(SocketAddress address, int rank, int num_ranks, milliseconds timeout, std::string job_secret)
       : address_(std::move(address)), rank_(rank), num_ranks_(num_ranks), timeout_(timeout),
         key_(std::move(job_secret)) {
     guarded([&] { rank_ == 0 ? rendezvous_as_root() : rendezvous_as_peer(); });
+    healthy_ = true;
   }
 
   int rank() const override { return rank_; }
@@ -149,7 +154,7 @@ class SocketBootstrap final : public Bootstrap {
   // itself) and the bootstrap is healthy; otherwise returns what is known.
   std::vector<int> failed_ranks() override {
     std::unique_lock<std::mutex> io(io_mutex_, std::try_to_lock);
-    if (io.owns_lock() && broken_.empty()) rank_ == 0 ? look_at_peers() : look_at_root();
+    if (io.owns_lock() && healthy_) rank_ == 0 ? look_at_peers() : look_at_root();
     const std::lock_guard<std::mutex> lock(failed_mutex_);
     return failed_;
   }
@@ -194,13 +199,18 @@ class SocketBootstrap final : public Bootstrap {
       for (const UniqueFd& peer : peers_) tell(peer);
       tell(pending_);
     }
+    healthy_ = false;
     peers_.clear();
     pending_.reset();
   }
 
   // Turns a failed wait on rank `peer` into an Error saying who waited for whom, for what.
   [[noreturn]] void fail_io(const IoStatus& status, int peer, const std::string& what) const {
-    if (status.kind == IoStatus::kPeerClosed) note_failure(peer);  // rank 0 has ruled out an Abort
+    // The connection closed (rank 0: no Abort came first) or the network gave up on the peer.
+    const bool lost = status.kind == IoStatus::kPeerClosed ||
+                      (status.kind == IoStatus::kSystemError &&
+                       (status.error == ETIMEDOUT || status.error == EHOSTUNREACH || status.error == ENETUNREACH));
+    if (lost) note_failure(peer);
     switch (status.kind) {
       case IoStatus::kTimedOut:
         fail(ErrorCode::kBootstrapError, "rank ", rank_, " waited ", timeout_.count(), " ms for rank ", peer, " to ",
@@ -397,13 +407,15 @@ class SocketBootstrap final : public Bootstrap {
     Header header{};
     uint32_t got_kind = 0;
     uint64_t got_length = 0;
-    do {  // RankFailed frames may come first: note them and read on
-      const IoStatus status = read_all(fd_of(0), header.data(), header.size(), deadline);
+    while (true) {  // RankFailed frames may come first: note them and read on
+      IoStatus status = read_all(fd_of(0), header.data(), header.size(), deadline);
       if (!status.ok()) fail_from_root(status, what);
       got_kind = load_u32(header.data());
       got_length = load_u64(header.data() + 4);
-    } while (got_kind == static_cast<uint32_t>(FrameKind::kRankFailed) && got_length == kRankFailedBytes &&
-             read_rank_failed(deadline));
+      if (got_kind != static_cast<uint32_t>(FrameKind::kRankFailed) || got_length != kRankFailedBytes) break;
+      status = read_rank_failed(deadline);
+      if (!status.ok()) fail_from_root(status, what);
+    }
     if (got_kind == static_cast<uint32_t>(FrameKind::kAbort)) fail_with_abort(got_length, deadline);
     if (got_kind != static_cast<uint32_t>(kind) || got_length != length) {
       fail(ErrorCode::kBootstrapError, "rank ", rank_, " got an unexpected message from rank 0 (kind ", got_kind,
@@ -420,7 +432,7 @@ class SocketBootstrap final : public Bootstrap {
       while (read_all(fd_of(0), header.data(), header.size(), deadline).ok()) {
         const uint32_t kind = load_u32(header.data());
         if (kind == static_cast<uint32_t>(FrameKind::kAbort)) fail_with_abort(load_u64(header.data() + 4), deadline);
-        if (kind != static_cast<uint32_t>(FrameKind::kRankFailed) || !read_rank_failed(deadline)) break;
+        if (kind != static_cast<uint32_t>(FrameKind::kRankFailed) || !read_rank_failed(deadline).ok()) break;
       }
     }
     fail_io(status, 0, what);
@@ -437,48 +449,56 @@ class SocketBootstrap final : public Bootstrap {
 
   // ---- failed ranks ----
 
-  // Rank 0: a peer whose connection closed or errs has failed; the other peers hear of it.
+  // Rank 0: a peer whose connection closed or errs has failed; the other peers hear of it. Every failure of one look is noted before any is relayed, so
+  // that no relay goes to a rank already known dead.
   void look_at_peers() {
     std::vector<pollfd> watched;
     std::vector<int> ranks;
     for (int peer = 1; peer < num_ranks_; ++peer) {
-      if (!peers_[static_cast<size_t>(peer)] || is_known_failure(peer)) continue;
+      if (is_known_failure(peer)) continue;
       watched.push_back({fd_of(peer), POLLRDHUP, 0});  // not POLLIN: a pending request is no failure
       ranks.push_back(peer);
     }
     if (watched.empty() || ::poll(watched.data(), watched.size(), 0) <= 0) return;
+    std::vector<int> found;
     for (size_t i = 0; i < watched.size(); ++i) {
       if (!(watched[i].revents & (POLLRDHUP | POLLHUP | POLLERR))) continue;
       note_failure(ranks[i]);
-      const Deadline deadline(kRankFailedSendBudget);
+      found.push_back(ranks[i]);
+    }
+    for (const int rank : found) {
       for (int peer = 1; peer < num_ranks_; ++peer) {
-        if (peers_[static_cast<size_t>(peer)] && !is_known_failure(peer)) write_rank_failed(fd_of(peer), ranks[i], deadline);
+        if (!is_known_failure(peer)) write_rank_failed(fd_of(peer), rank, Deadline(kRankFailedSendBudget));
       }
     }
   }
 
   // A peer: reads the RankFailed frames waiting from rank 0; rank 0 itself has failed when its
-  // connection closed or errs with nothing else to read (an Abort waiting means rank 0 stopped
-  // the job on purpose: the next exchange reports its reason).
+  // connection closed or errs with no whole frame left to read. An Abort waiting means rank 0
+  // stopped the job on purpose and lives: the next exchange reports its reason, and rank 0 is not
+  // named here.
   void look_at_root() {
     while (true) {
       pollfd root{fd_of(0), POLLIN | POLLRDHUP, 0};
       if (::poll(&root, 1, 0) <= 0) return;
+      const bool hung_up = (root.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
       if (root.revents & POLLIN) {
         Header header{};
         const ssize_t peeked = ::recv(fd_of(0), header.data(), header.size(), MSG_PEEK | MSG_DONTWAIT);
-        if (peeked > 0) {
-          const bool rank_failed = peeked == static_cast<ssize_t>(header.size()) &&
-                                   load_u32(header.data()) == static_cast<uint32_t>(FrameKind::kRankFailed) &&
-                                   load_u64(header.data() + 4) == kRankFailedBytes;
-          // Anything else (an Abort, a frame still arriving) is left for the next exchange or look.
-          if (!rank_failed || !has_bytes_waiting(header.size() + kRankFailedBytes)) return;
+        const bool whole_header = peeked == static_cast<ssize_t>(header.size());
+        const uint32_t kind = whole_header ? load_u32(header.data()) : 0;
+        if (whole_header && kind == static_cast<uint32_t>(FrameKind::kAbort)) return;
+        const bool rank_failed = whole_header && kind == static_cast<uint32_t>(FrameKind::kRankFailed) &&
+                                 load_u64(header.data() + 4) == kRankFailedBytes &&
+                                 has_bytes_waiting(header.size() + kRankFailedBytes);
+        if (rank_failed) {
           const Deadline deadline(kAbortReadBudget);
-          if (!read_all(fd_of(0), header.data(), header.size(), deadline).ok() || !read_rank_failed(deadline)) return;
+          if (!read_all(fd_of(0), header.data(), header.size(), deadline).ok() || !read_rank_failed(deadline).ok()) return;
           continue;
         }
+        if (peeked > 0 && !hung_up) return;  // a frame still arriving: look again later
       }
-      if (root.revents & (POLLRDHUP | POLLHUP | POLLERR)) note_failure(0);
+      if (hung_up) note_failure(0);
       return;
     }
   }
@@ -489,13 +509,14 @@ class SocketBootstrap final : public Bootstrap {
     return ::recv(fd_of(0), peek.data(), bytes, MSG_PEEK | MSG_DONTWAIT) == static_cast<ssize_t>(bytes);
   }
 
-  // A peer, after a RankFailed header: reads the rank and notes it. False if it could not.
-  bool read_rank_failed(const Deadline& deadline) const {
+  // A peer, after a RankFailed header: reads the rank and notes it.
+  IoStatus read_rank_failed(const Deadline& deadline) const {
     unsigned char payload[kRankFailedBytes];
-    if (!read_all(fd_of(0), payload, sizeof(payload), deadline).ok()) return false;
+    const IoStatus status = read_all(fd_of(0), payload, sizeof(payload), deadline);
+    if (!status.ok()) return status;
     const uint32_t rank = load_u32(payload);
     if (rank < static_cast<uint32_t>(num_ranks_) && static_cast<int>(rank) != rank_) note_failure(static_cast<int>(rank));
-    return true;
+    return status;
   }
 
   // Rank 0: a RankFailed frame to one peer (best effort: a peer that cannot take it has failed too).
@@ -537,6 +558,7 @@ class SocketBootstrap final : public Bootstrap {
   std::vector<UniqueFd> peers_;  // rank 0: indexed by rank (slot 0 unused); others: [0] is rank 0
   UniqueFd pending_;             // rank 0: a connection whose greeting is being checked
   std::string broken_;           // why the last failed step failed; empty while healthy
+  bool healthy_ = false;         // rendezvous done, nothing failed since: the connections are all there
   std::mutex io_mutex_;          // held by an exchange, and by failed_ranks() while it looks
   mutable std::mutex failed_mutex_;
   mutable std::vector<int> failed_;  // ranks known to have failed, in the order found

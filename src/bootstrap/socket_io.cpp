@@ -46,13 +46,17 @@ sockaddr_un unix_sockaddr(const std::string& path) {
   return addr;
 }
 
-// TCP keepalive on the job's connections: a rank whose host stops answering (powered off, cut
-// off) sends no FIN, so its connection would look idle forever; probes after 2 s of silence, one
-// a second, 3 unanswered: the connection reports an error about 5 s after the host went away,
-// which the bootstrap's failed_ranks() turns into a failed rank.
-constexpr int kKeepAliveIdleSeconds = 2;
-constexpr int kKeepAliveIntervalSeconds = 1;
-constexpr int kKeepAliveProbes = 3;
+// TCP keepalive and a user timeout on the job's connections: a rank whose host stops answering
+// (powered off, cut off) sends no FIN, so its connection would look idle forever (keepalive
+// probes after 3 s of silence, one every 2 s, 4 unanswered), or, with bytes in flight, would
+// retransmit for a quarter of an hour (the user timeout ends it after 11 s unacknowledged).
+// Either way the connection reports an error about 11 s after the host went away, which the
+// bootstrap's failed_ranks() turns into a failed rank; a network glitch shorter than that is
+// ridden out.
+constexpr int kKeepAliveIdleSeconds = 3;
+constexpr int kKeepAliveIntervalSeconds = 2;
+constexpr int kKeepAliveProbes = 4;
+constexpr unsigned kUserTimeoutMs = 1000u * (kKeepAliveIdleSeconds + kKeepAliveIntervalSeconds * kKeepAliveProbes);
 
 // Best effort (latency and failure detection only): small exchanges (a few bytes per step) must
 // not sit in Nagle's buffer waiting for an ACK, and a silent host must be noticed.
@@ -63,6 +67,7 @@ void tune_tcp(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &kKeepAliveIdleSeconds, sizeof(kKeepAliveIdleSeconds));
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &kKeepAliveIntervalSeconds, sizeof(kKeepAliveIntervalSeconds));
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &kKeepAliveProbes, sizeof(kKeepAliveProbes));
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &kUserTimeoutMs, sizeof(kUserTimeoutMs));
 }
 
 // Whether a process accepts connections on the unix socket at `path` (a stale file refuses them).

@@ -146,7 +146,7 @@ void DeviceErrorLog::mark_peers_dead(const std::vector<DeadProcess>& dead) {
     const char* separator = i == 0 ? "" : (i + 1 == dead.size() ? " and " : ", ");
     // pid 0: a rank the bootstrap reported (on another host), whose pid this host does not know.
     names += dead[i].pid != 0 ? join_message(separator, "rank ", dead[i].rank, " (pid ", dead[i].pid, ")")
-                              : join_message(separator, "rank ", dead[i].rank, " (its rendezvous connection closed)");
+                              : join_message(separator, "rank ", dead[i].rank, " (its rendezvous connection closed or went silent)");
   }
   dead_peers_ = std::move(names);
   peer_died_.store(true, std::memory_order_release);  // publishes dead_peers_ to raise_if_unusable()

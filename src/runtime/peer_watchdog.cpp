@@ -1,5 +1,7 @@
 #include "runtime/peer_watchdog.hpp"
 
+#include <cstdio>
+#include <exception>
 #include <utility>
 
 namespace epcomm::detail {
@@ -32,12 +34,16 @@ void PeerWatchdog::watch() {
       dead.push_back({static_cast<int>(rank), peers_[rank].pid});
       reported[rank] = true;
     }
-    if (failed_elsewhere_) {
-      for (const int rank : failed_elsewhere_()) {
-        if (rank < 0 || static_cast<size_t>(rank) >= peers_.size() || reported[static_cast<size_t>(rank)]) continue;
-        dead.push_back({rank, peers_[static_cast<size_t>(rank)].pid});
-        reported[static_cast<size_t>(rank)] = true;
-      }
+    std::vector<int> failed;
+    try {
+      if (failed_elsewhere_) failed = failed_elsewhere_();
+    } catch (const std::exception& error) {  // the watch thread must not throw
+      std::fprintf(stderr, "epcomm: asking the bootstrap about failed ranks failed: %s\n", error.what());
+    }
+    for (const int rank : failed) {
+      if (rank < 0 || static_cast<size_t>(rank) >= peers_.size() || reported[static_cast<size_t>(rank)]) continue;
+      dead.push_back({rank, peers_[static_cast<size_t>(rank)].pid});
+      reported[static_cast<size_t>(rank)] = true;
     }
     if (dead.empty()) continue;
     on_death_(dead);

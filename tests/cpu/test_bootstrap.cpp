@@ -270,6 +270,23 @@ bool learns_of_failure(Bootstrap& bootstrap, int rank, std::chrono::milliseconds
   return false;
 }
 
+// Fulfils a promise when it goes out of scope (or earlier, by set()), however the scope ends, so
+// that a thread waiting for it never waits forever. Declared before what must be gone by then.
+class SetOnExit {
+ public:
+  explicit SetOnExit(std::promise<void>* promise) : promise_(promise) {}
+  ~SetOnExit() { set(); }
+  SetOnExit(const SetOnExit&) = delete;
+  SetOnExit& operator=(const SetOnExit&) = delete;
+  void set() {
+    if (promise_ != nullptr) promise_->set_value();
+    promise_ = nullptr;
+  }
+
+ private:
+  std::promise<void>* promise_;
+};
+
 class FailedRanks : public ::testing::TestWithParam<bool> {  // true: TCP, false: unix socket
  protected:
   std::string address() { return GetParam() ? "127.0.0.1:" + std::to_string(free_tcp_port()) : unix_address(dir_); }
@@ -290,10 +307,18 @@ TEST_P(FailedRanks, NamesNobodyInAHealthyJobAndDoesNotDisturbExchanges) {
         std::this_thread::sleep_for(1ms);
       }
     });
-    exchange_rounds(*bootstrap, {0, 1, 7, 4096, 1, 64 * 1024, 3});
-    bootstrap->barrier();  // nobody leaves before everyone is done
-    done = true;
-    watcher.join();
+    const auto stop_watching = [&] {
+      done = true;
+      if (watcher.joinable()) watcher.join();
+    };
+    try {
+      exchange_rounds(*bootstrap, {0, 1, 7, 4096, 1, 64 * 1024, 3});
+    } catch (...) {
+      stop_watching();
+      throw;
+    }
+    stop_watching();
+    bootstrap->barrier();  // nobody closes a connection before every rank has stopped looking
     EXPECT_TRUE(seen.empty()) << "rank " << rank << " saw a failure, the first: rank " << seen.front();
   });
   expect_all_ok(outcomes);
@@ -308,14 +333,12 @@ TEST_P(FailedRanks, APeerThatLeavesIsNamedOnEveryRankWithinSeconds) {
   std::atomic<int> checked{0};
   const auto start = Clock::now();
   const auto outcomes = run_threads(3, [&](int rank) {
+    // Rank 2 leaves in every case, so that the others never wait for it forever.
+    SetOnExit leaving(rank == 2 ? &left : nullptr);
     auto bootstrap = make_socket_bootstrap(where, rank, 3, kGenerousTimeout);
     bootstrap->barrier();
-    if (rank == 2) {
-      bootstrap.reset();
-      left.set_value();
-      return;
-    }
-    gone.wait();
+    if (rank == 2) return;  // the bootstrap goes with the thread's scope, before `leaving`
+    ASSERT_EQ(gone.wait_for(kGenerousTimeout), std::future_status::ready);
     EXPECT_TRUE(learns_of_failure(*bootstrap, 2)) << "rank " << rank << " never learned that rank 2 left";
     EXPECT_EQ(bootstrap->failed_ranks(), std::vector<int>{2}) << "rank " << rank;
     // Neither leaves before both have looked (the one that leaves first would be named too).
@@ -345,19 +368,16 @@ TEST_P(FailedRanks, AnExchangeSkipsTheNewsAndReportsRankZerosReason) {
   std::promise<void> left, told;
   std::shared_future<void> gone = left.get_future().share(), relayed = told.get_future().share();
   const auto outcomes = run_threads(3, [&](int rank) {
+    SetOnExit leaving(rank == 2 ? &left : nullptr), telling(rank == 0 ? &told : nullptr);
     auto bootstrap = make_socket_bootstrap(where, rank, 3, kGenerousTimeout);
     bootstrap->barrier();
-    if (rank == 2) {
-      bootstrap.reset();
-      left.set_value();
-      return;
-    }
-    gone.wait();
+    if (rank == 2) return;
+    ASSERT_EQ(gone.wait_for(kGenerousTimeout), std::future_status::ready);
     if (rank == 0) {
       EXPECT_TRUE(learns_of_failure(*bootstrap, 2));  // and tells rank 1
-      told.set_value();
+      telling.set();
     } else {
-      relayed.wait();
+      ASSERT_EQ(relayed.wait_for(kGenerousTimeout), std::future_status::ready);
     }
     const unsigned char in = 1;
     std::vector<unsigned char> out(3);
