@@ -37,43 +37,37 @@ __device__ __forceinline__ float group_scale(float amax, bool round_scale) {
   return __uint_as_float((bits & ~kFloatMantissaMask) + (1u << kFloatMantissaBits));
 }
 
-// Steps of 32 pairs whose loads walk_segment issues together (the segments of a 128-token top-8
-// call take two steps): one round trip to memory for them, not one per step.
-constexpr int kSegmentStepsInFlight = 4;
+// A warp numbers its segment of the pairs a group at a time: kSegmentSteps steps of 32 pairs,
+// whose loads go out together (a 128-token top-8 call's segments are one group of two steps).
+constexpr int kSegmentSteps = 4;
+constexpr int kSegmentGroupPairs = kSegmentSteps * kWarpSize;
 
-// Walks one warp's segment of pairs [begin, end) in order, 32 at a time. `load(pair)` reads a pair's
-// id (no side effects: the loads of several steps go out together), `expert_of(id, pair)` turns it
-// into the pair's expert (-1: none), and `visit(pair, expert, index)` gets each pair that has one,
-// with its index: `counts[expert]` as it stood, plus the step's earlier lanes naming the same
-// expert. `counts` (the warp's own row of shared memory) is advanced past the step's pairs.
-template <typename Load, typename ExpertOf, typename Visit>
-__device__ __forceinline__ void walk_segment(uint16_t* counts, int begin, int end, Load load, ExpertOf expert_of,
-                                             Visit visit) {
+// One step of 32 pairs, a pair per lane (expert -1: none): the lane's pair's index among the
+// step's pairs naming its expert, plus `counts[expert]` as it stood; `counts` (the warp's own row
+// of shared memory) is advanced past the step's pairs. Every lane of the warp calls it.
+__device__ __forceinline__ int number_in_step(uint16_t* counts, int expert) {
   const int lane = device::lane_id();
-  for (int group = begin; group < end; group += kSegmentStepsInFlight * kWarpSize) {
-    decltype(load(0)) loaded[kSegmentStepsInFlight];
-#pragma unroll
-    for (int step = 0; step < kSegmentStepsInFlight; ++step) {
-      const int pair = group + step * kWarpSize + lane;
-      if (pair < end) loaded[step] = load(pair);
-    }
-#pragma unroll
-    for (int step = 0; step < kSegmentStepsInFlight; ++step) {
-      const int pair = group + step * kWarpSize + lane;
-      if (group + step * kWarpSize >= end) break;  // uniform across the warp
-      const int expert = pair < end ? expert_of(loaded[step], pair) : -1;
-      const uint32_t same = __match_any_sync(0xffffffffu, expert);
-      const int before = __popc(same & ((1u << lane) - 1u));
-      const int index = expert >= 0 ? counts[expert] + before : 0;
-      __syncwarp();  // every lane has read its expert's count before the step's first lane advances it
-      if (expert >= 0 && before == 0) counts[expert] += static_cast<uint16_t>(__popc(same));
-      __syncwarp();
-      if (expert >= 0) visit(pair, expert, index);
-    }
+  const uint32_t same = __match_any_sync(0xffffffffu, expert);
+  const int before = __popc(same & ((1u << lane) - 1u));
+  const int index = expert >= 0 ? counts[expert] + before : 0;
+  __syncwarp();  // every lane has read its expert's count before the step's first lane advances it
+  if (expert >= 0 && before == 0) counts[expert] += static_cast<uint16_t>(__popc(same));
+  __syncwarp();
+  return index;
+}
+
+// Reports this lane's pairs of a group whose ids are out of range (bit s of `bad_steps`: step s).
+// Out of line, so that the rare report costs the numbering loop no registers.
+__device__ __noinline__ void report_invalid_ids(const KernelContext& context, const LowLatencyCommon& common, int group,
+                                                unsigned bad_steps) {
+  for (; bad_steps != 0; bad_steps &= bad_steps - 1) {
+    const int pair = group + (__ffs(bad_steps) - 1) * kWarpSize + device::lane_id();
+    device::report_invalid_expert(context, DeviceOp::kLowLatencyDispatch, pair / common.num_topk, pair % common.num_topk,
+                                  common.topk_idx[pair], common.num_experts);
   }
 }
 
-// Block 0 of the send phase: this rank's routing, put to every rank with its pair count per
+// Block 0 of the send phase: this rank's routing, sent to every rank with its pair count per
 // expert and its call signature. A (token, k) pair travels as a RoutedPair: its expert (an invalid
 // id is reported and sent as -1) and its index among this rank's pairs naming that expert, in
 // (token, k) order, which is its row at the receiver once the counts of the ranks before this one
@@ -83,11 +77,14 @@ __device__ __forceinline__ void walk_segment(uint16_t* counts, int begin, int en
 // segments turns the counts into each segment's first index per expert, and pass 2 hands out the
 // indices in order. The scan also finds an expert with more than M pairs (only a token naming one
 // expert twice can make them), whose pairs past M the receiver drops: this rank, which made the
-// call, reports it.
+// call, reports it. Direct ranks get each count and entry stored as it is found (a segment of one
+// group keeps its ids in registers between the passes); the others a put from the staging once
+// the block is done.
 template <bool kShrink>
 __device__ void send_routing(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
                              const KernelContext& context, const LowLatencyLayout& layout) {
   const LowLatencyCommon& common = args.common;
+  const int set = common.set_index;
   // Row w: segment w's pair count per expert; after the scan, its first index per expert (capped
   // at M), which pass 2 advances by at most the segment's pairs. A segment holds at most
   // kMaxLowLatencyPairs / warps pairs, so 16 bits hold both.
@@ -100,26 +97,54 @@ __device__ void send_routing(const device::Window& window, const LowLatencyDispa
   for (int i = threadIdx.x; i < kLowLatencyWarpsPerBlock * used_words; i += blockDim.x) {
     words[(i / used_words) * kRowWords + i % used_words] = 0;
   }
+  // Shrink mode: masked ranks are sent nothing, by the mask as warp 0 reads it once (one view for
+  // the whole block: the barrier before the puts depends on it).
+  __shared__ uint32_t masked_at_start;
+  if (device::warp_id() == 0) {
+    const uint32_t masked = device::masked_ranks<kShrink>(common, context.num_ranks);
+    if (device::lane_id() == 0) masked_at_start = masked;
+  }
   __syncthreads();
+  uint32_t direct = 0, remote = 0;
+  for (int rank = 0; rank < context.num_ranks; ++rank) {
+    if (masked_at_start & (1u << rank)) continue;
+    (window.is_direct(rank) ? direct : remote) |= 1u << rank;
+  }
+
+  const int lane = device::lane_id();
   const int num_pairs = common.num_tokens * common.num_topk;
   const int per_segment = (num_pairs + kLowLatencyWarpsPerBlock - 1) / kLowLatencyWarpsPerBlock;
   const int begin = min(device::warp_id() * per_segment, num_pairs);
   const int end = min(begin + per_segment, num_pairs);
+  const bool one_group = end - begin <= kSegmentGroupPairs;
   uint16_t* counts = segment_counts[device::warp_id()];
-  int32_t* ids = window.own<int32_t>(layout.ids(common.set_index));
-  const auto checked_expert = [&](int64_t expert, int pair) {
-    if (expert < -1 || expert >= common.num_experts) {
-      device::report_invalid_expert(context, DeviceOp::kLowLatencyDispatch, pair / common.num_topk,
-                                    pair % common.num_topk, expert, common.num_experts);
-      expert = -1;
+  int32_t* ids = window.own<int32_t>(layout.ids(set));
+  int experts[kSegmentSteps];  // this lane's pairs of the current group (-1: none, or past the end)
+
+  // Pass 1: check each id and count the segment's pairs per expert.
+  for (int group = begin; group < end; group += kSegmentGroupPairs) {
+    int64_t loaded[kSegmentSteps];
+#pragma unroll
+    for (int step = 0; step < kSegmentSteps; ++step) {
+      const int pair = group + step * kWarpSize + lane;
+      loaded[step] = pair < end ? common.topk_idx[pair] : -1;
     }
-    ids[pair] = static_cast<int32_t>(expert);  // read back by this same thread in pass 2
-    return static_cast<int>(expert);
-  };
-  walk_segment(
-      counts, begin, end, [&](int pair) { return common.topk_idx[pair]; }, checked_expert, [](int, int, int) {});
+    unsigned bad_steps = 0;  // bit s: step s's id is out of range
+#pragma unroll
+    for (int step = 0; step < kSegmentSteps; ++step) {
+      const int pair = group + step * kWarpSize + lane;
+      const bool bad = loaded[step] < -1 || loaded[step] >= common.num_experts;
+      bad_steps |= bad ? 1u << step : 0u;
+      experts[step] = bad ? -1 : static_cast<int>(loaded[step]);
+      if (!one_group && pair < end) ids[pair] = experts[step];  // read back by this same thread in pass 2
+      if (group + step * kWarpSize < end) (void)number_in_step(counts, experts[step]);  // uniform across the warp
+    }
+    if (bad_steps != 0) report_invalid_ids(context, common, group, bad_steps);
+  }
   __syncthreads();
-  int32_t* totals = window.own<int32_t>(layout.count_staging(common.set_index));
+
+  // The scan, a thread per expert; each count goes to the expert's rank.
+  int32_t* totals = window.own<int32_t>(layout.count_staging(set));
   for (int expert = threadIdx.x; expert < common.num_experts; expert += blockDim.x) {
     int running = 0;
     for (int segment = 0; segment < kLowLatencyWarpsPerBlock; ++segment) {
@@ -128,6 +153,11 @@ __device__ void send_routing(const device::Window& window, const LowLatencyDispa
       running += count;
     }
     totals[expert] = running;
+    const int owner = expert / layout.experts_per_rank;
+    if (direct & (1u << owner)) {
+      *window.ptr<int32_t>(owner, layout.counts(set, context.rank) + (expert % layout.experts_per_rank) * sizeof(int32_t)) =
+          running;
+    }
     if (running <= common.max_tokens) continue;
     device::ErrorDetails details;
     details.kind = DeviceErrorKind::kTooManyRows;
@@ -137,26 +167,48 @@ __device__ void send_routing(const device::Window& window, const LowLatencyDispa
     device::report_error(context, details);
   }
   __syncthreads();
-  walk_segment(
-      counts, begin, end, [&](int pair) { return ids[pair]; }, [](int32_t expert, int) { return static_cast<int>(expert); },
-      [&](int pair, int expert, int index) { ids[pair] = RoutedPair::pack(expert, min(index, common.max_tokens)); });
-  __syncthreads();  // the routing and the counts are complete before any warp puts them
 
+  // Pass 2: number the pairs in order; every entry (-1 too) to every direct rank, and staged.
+  const size_t routing = layout.routing(set, context.rank);
+  for (int group = begin; group < end; group += kSegmentGroupPairs) {
+    if (!one_group) {
+#pragma unroll
+      for (int step = 0; step < kSegmentSteps; ++step) {
+        const int pair = group + step * kWarpSize + lane;
+        experts[step] = pair < end ? ids[pair] : -1;
+      }
+    }
+#pragma unroll
+    for (int step = 0; step < kSegmentSteps; ++step) {
+      const int pair = group + step * kWarpSize + lane;
+      if (group + step * kWarpSize >= end) break;  // uniform across the warp
+      const int index = number_in_step(counts, experts[step]);
+      if (pair >= end) continue;
+      const int32_t entry =
+          experts[step] >= 0 ? RoutedPair::pack(experts[step], min(index, common.max_tokens)) : RoutedPair::kNone;
+      ids[pair] = entry;
+      for (uint32_t left = direct; left != 0; left &= left - 1) {
+        *window.ptr<int32_t>(__ffs(left) - 1, routing + pair * sizeof(int32_t)) = entry;
+      }
+    }
+  }
+
+  // The other ranks: puts from the staging once every warp has written its entries.
+  if (remote != 0) __syncthreads();
   const size_t routing_bytes = static_cast<size_t>(num_pairs) * sizeof(int32_t);
   const size_t counts_bytes = static_cast<size_t>(layout.experts_per_rank) * sizeof(int32_t);
+  for (uint32_t left = remote; left != 0; left &= left - 1) {
+    const int rank = __ffs(left) - 1;
+    if (rank % kLowLatencyWarpsPerBlock != device::warp_id()) continue;
+    if (routing_bytes > 0) window.put(rank, routing, ids, routing_bytes);
+    window.put(rank, layout.counts(set, context.rank), totals + rank * layout.experts_per_rank, counts_bytes);
+  }
+  // This call's signature, for the receiver to check against its own (a lane per field).
   constexpr int kFields = static_cast<int>(CallField::kCount);
-  const uint32_t masked = device::masked_ranks<kShrink>(common, context.num_ranks);  // shrink mode: sent nothing
-  for (int rank = device::warp_id(); rank < context.num_ranks; rank += kLowLatencyWarpsPerBlock) {
-    if (masked & (1u << rank)) continue;
-    if (routing_bytes > 0) window.put(rank, layout.routing(common.set_index, context.rank), ids, routing_bytes);
-    window.put(rank, layout.counts(common.set_index, context.rank), totals + rank * layout.experts_per_rank,
-               counts_bytes);
-    // This call's signature, for the receiver to check against its own (a lane per field).
-    const int field = device::lane_id();
-    if (field < kFields) {
-      window.put_value(rank, layout.signature(common.set_index, context.rank) + field * sizeof(int32_t),
-                       args.signature.values[field]);
-    }
+  for (uint32_t left = direct | remote; left != 0; left &= left - 1) {
+    const int rank = __ffs(left) - 1;
+    if (rank % kLowLatencyWarpsPerBlock != device::warp_id() || lane >= kFields) continue;
+    window.put_value(rank, layout.signature(set, context.rank) + lane * sizeof(int32_t), args.signature.values[lane]);
   }
 }
 
