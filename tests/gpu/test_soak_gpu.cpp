@@ -7,6 +7,8 @@
 //   normal:      combine(dispatch(x)) == bf16(k * x), k = ranks the token went to
 //   low latency: combine(dispatch(x), w) == bf16(sum over k of w_k * x), products in float, k ascending
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <iterator>
 #include <random>
@@ -215,6 +217,8 @@ void run_soak_case(RankHarness& harness) {
   const int warm_rounds = std::min(rounds, kWarmCalls / kCallsPerRound);
   size_t device_before = 0;
   int descriptors_before = 0, mappings_before = 0;
+  constexpr int kRoundsPerProgressLine = 500;
+  const auto start = std::chrono::steady_clock::now();
   for (int round = 0; round < rounds; ++round) {
     if (round == warm_rounds) {
       harness.bootstrap()->barrier();
@@ -223,6 +227,11 @@ void run_soak_case(RankHarness& harness) {
       mappings_before = memory_mappings();
     }
     soak.round(round, 0x50A4ull * 1000003ull + static_cast<uint64_t>(round));
+    if (harness.rank() == 0 && (round + 1) % kRoundsPerProgressLine == 0) {
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::printf("soak: %d of %d rounds, %.1f s\n", round + 1, rounds, seconds);
+      std::fflush(stdout);
+    }
   }
   harness.bootstrap()->barrier();
   const size_t device_after = free_device_bytes();
