@@ -1,7 +1,7 @@
 // Low-latency dispatch: each token travels once to every rank that holds one of its experts, and
 // the receiver fans it out to its experts' rows, cast to FP8 on the way if asked.
 //
-// Send phase: block 0 puts this rank's routing (each (token, k) pair's expert and its index among
+// Send phase: block 0 sends this rank's routing (each (token, k) pair's expert and its index among
 // this rank's pairs naming that expert), its pair count per expert and its call signature to every
 // rank; the other blocks' warps each take a chunk of a token's row: read it once, cast it, and
 // store it into the token's slot on every rank that owns one of its experts (from registers where
@@ -57,9 +57,14 @@ __device__ __forceinline__ int number_in_step(uint16_t* counts, int expert) {
 }
 
 // Reports this lane's pairs of a group whose ids are out of range (bit s of `bad_steps`: step s).
-// Out of line, so that the rare report costs the numbering loop no registers.
-__device__ __noinline__ void report_invalid_ids(const KernelContext& context, const LowLatencyCommon& common, int group,
-                                                unsigned bad_steps) {
+// Out of line, so that the rare report costs the numbering loop no registers; the context's
+// fields come by value, so that no thread copies the kernel's context to its stack.
+__device__ __noinline__ void report_invalid_ids(DeviceErrorRecord* errors, int32_t* error_claim, int rank,
+                                                const LowLatencyCommon& common, int group, unsigned bad_steps) {
+  KernelContext context;
+  context.errors = errors;
+  context.error_claim = error_claim;
+  context.rank = rank;
   for (; bad_steps != 0; bad_steps &= bad_steps - 1) {
     const int pair = group + (__ffs(bad_steps) - 1) * kWarpSize + device::lane_id();
     device::report_invalid_expert(context, DeviceOp::kLowLatencyDispatch, pair / common.num_topk, pair % common.num_topk,
@@ -139,11 +144,12 @@ __device__ void send_routing(const device::Window& window, const LowLatencyDispa
       if (!one_group && pair < end) ids[pair] = experts[step];  // read back by this same thread in pass 2
       if (group + step * kWarpSize < end) (void)number_in_step(counts, experts[step]);  // uniform across the warp
     }
-    if (bad_steps != 0) report_invalid_ids(context, common, group, bad_steps);
+    if (bad_steps != 0) report_invalid_ids(context.errors, context.error_claim, context.rank, common, group, bad_steps);
   }
   __syncthreads();
 
-  // The scan, a thread per expert; each count goes to the expert's rank.
+  // The scan, a thread per expert; each count goes to the expert's rank when it is direct (the
+  // others: a put from `totals` below).
   int32_t* totals = window.own<int32_t>(layout.count_staging(set));
   for (int expert = threadIdx.x; expert < common.num_experts; expert += blockDim.x) {
     int running = 0;
@@ -168,7 +174,8 @@ __device__ void send_routing(const device::Window& window, const LowLatencyDispa
   }
   __syncthreads();
 
-  // Pass 2: number the pairs in order; every entry (-1 too) to every direct rank, and staged.
+  // Pass 2: number the pairs in order; every entry (-1 too) to every direct rank, and staged for
+  // the others.
   const size_t routing = layout.routing(set, context.rank);
   for (int group = begin; group < end; group += kSegmentGroupPairs) {
     if (!one_group) {
@@ -186,7 +193,7 @@ __device__ void send_routing(const device::Window& window, const LowLatencyDispa
       if (pair >= end) continue;
       const int32_t entry =
           experts[step] >= 0 ? RoutedPair::pack(experts[step], min(index, common.max_tokens)) : RoutedPair::kNone;
-      ids[pair] = entry;
+      if (remote != 0) ids[pair] = entry;  // the staging, for the puts below
       for (uint32_t left = direct; left != 0; left &= left - 1) {
         *window.ptr<int32_t>(__ffs(left) - 1, routing + pair * sizeof(int32_t)) = entry;
       }
