@@ -5,7 +5,9 @@
 // round is checked exactly by its round trip, and after the calls device memory, open file
 // descriptors and memory mappings are where they were after the first ones.
 //   normal:      combine(dispatch(x)) == bf16(k * x), k = ranks the token went to
-//   low latency: combine(dispatch(x), w) == bf16(sum over k of w_k * x), products in float, k ascending
+//   low latency: combine(dispatch(x), w) == bf16(sum over ranks r ascending of bf16(sum over the
+//                k whose expert r holds, ascending, of w_k * x)), in float (docs/SEMANTICS.md)
+//   (a token sent nowhere: +0 either way)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -146,7 +148,9 @@ class Soak {
       for (int r = 0; r < ranks; ++r) copies += went[static_cast<size_t>(t) * ranks + r] != 0;
       for (int c = 0; c < shape.hidden; ++c) {
         const size_t i = static_cast<size_t>(t) * shape.hidden + c;
-        want[i] = reference::float_to_bf16(reference::bf16_to_float(in.x[i]) * static_cast<float>(copies));
+        // A token sent nowhere combines to +0 (a sum of nothing), whatever the sign of x.
+        want[i] = copies == 0 ? uint16_t{0}
+                              : reference::float_to_bf16(reference::bf16_to_float(in.x[i]) * static_cast<float>(copies));
       }
     }
     expect_equal(harness_, what + ": normal round trip", download<uint16_t>(combined.combined_x.view), want,
@@ -172,14 +176,23 @@ class Soak {
     const LowLatencyCombineResult combined = buffer_.low_latency_combine(back, *allocator_);
     if (hook) combined.hook();
     buffer_.synchronize(nullptr);
+    // docs/SEMANTICS.md: each rank holding some of the token's experts sums their weighted rows
+    // in k order and rounds the sum to BF16; the token's rank adds those sums in rank order.
     std::vector<uint16_t> want(in.x.size());
     for (int t = 0; t < shape.tokens; ++t) {
       for (int c = 0; c < shape.hidden; ++c) {
         const size_t i = static_cast<size_t>(t) * shape.hidden + c;
         float sum = 0.0f;
-        for (int k = 0; k < shape.topk; ++k) {
-          const size_t slot = static_cast<size_t>(t) * shape.topk + k;
-          if (in.topk_idx[slot] >= 0) sum += in.weights[slot] * reference::bf16_to_float(in.x[i]);
+        for (int owner = 0; owner < harness_.num_ranks(); ++owner) {
+          float partial = 0.0f;
+          bool holds = false;
+          for (int k = 0; k < shape.topk; ++k) {
+            const size_t slot = static_cast<size_t>(t) * shape.topk + k;
+            if (in.topk_idx[slot] < 0 || in.topk_idx[slot] / kExpertsPerRank != owner) continue;
+            holds = true;
+            partial += in.weights[slot] * reference::bf16_to_float(in.x[i]);
+          }
+          if (holds) sum += reference::bf16_to_float(reference::float_to_bf16(partial));
         }
         want[i] = reference::float_to_bf16(sum);
       }
