@@ -718,29 +718,25 @@ void check_errors(Context& ctx) {
       combine.x = TensorView::contiguous(outputs.get(), DType::kBFloat16, {s.experts_per_rank, slots_of(s, ranks), s.hidden});
       combine.topk_idx = TensorView::contiguous(ids.get(), DType::kInt64, {tokens, s.topk});
       combine.topk_weights = TensorView::contiguous(weights.get(), DType::kFloat32, {tokens, s.topk});
+      const auto expect_combine_disagreement = [&](const std::string& field, const std::string& what) {
+        expect_error_with(harness, ErrorCode::kInvalidArgument,
+                          {"low_latency_combine", field, "every rank must make the same call"},
+                          [&] {
+                            (void)buffer.low_latency_combine(combine, *allocator, call);
+                            buffer.synchronize(ctx.stream);
+                          },
+                          what);
+        EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
+      };
       combine.handle = &dispatched.handle;
       combine.use_logfmt = harness.rank() == 0;
-      expect_error_with(harness, ErrorCode::kInvalidArgument,
-                        {"low_latency_combine", "use_logfmt = ", "every rank must make the same call"},
-                        [&] {
-                          (void)buffer.low_latency_combine(combine, *allocator, call);
-                          buffer.synchronize(ctx.stream);
-                        },
-                        "ranks disagreeing on use_logfmt in a combine");
-      EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
+      expect_combine_disagreement("use_logfmt = ", "ranks disagreeing on use_logfmt in a combine");
       // A combine with another dispatch's handle on one rank (its rows would mix with the other
       // dispatch's): every rank is told which dispatch each rank combined.
       const LowLatencyDispatchResult later = buffer.low_latency_dispatch(good, *allocator, call);
       combine.use_logfmt = false;
       combine.handle = harness.rank() == 0 ? &dispatched.handle : &later.handle;
-      expect_error_with(harness, ErrorCode::kInvalidArgument,
-                        {"low_latency_combine", "dispatch number", "every rank must make the same call"},
-                        [&] {
-                          (void)buffer.low_latency_combine(combine, *allocator, call);
-                          buffer.synchronize(ctx.stream);
-                        },
-                        "ranks combining different dispatches");
-      EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
+      expect_combine_disagreement("dispatch number", "ranks combining different dispatches");
     }
     constexpr Scenario after_disagreement{"after disagreeing calls: fp8 h2048 T4 top2 M8", Cast::kFp8, 2048, 4, 2, 8, 8,
                                           kSparse};
