@@ -1,8 +1,8 @@
 // Pieces both low-latency kernels share: the epoch of a call, the receive's waits and the end of a
 // receive phase.
-// Peers are reached only through put and signal of the transport window (transport/window.cuh),
-// never by loads or stores into their memory, so the same kernels run between ranks that no
-// NVLink joins (emulated nodes today, NVSHMEM across nodes later).
+// Peers are reached only through the transport window (transport/window.cuh): stores through
+// its `ptr` where the peer is direct, put and signal where it is not, so the same kernels run
+// between ranks that no NVLink joins (emulated nodes, NVSHMEM across nodes).
 #pragma once
 
 #include <cuda_bf16.h>

@@ -7,7 +7,7 @@
 // store it into the token's slot on every rank that owns one of its experts (from registers where
 // the peer is direct, else a put from this rank's staging message). The last block to finish
 // signals every rank (epoch, T). In shrink mode masked ranks are sent nothing.
-// Receive phase: every block waits for every source's flag; then the grid's warps share the work
+// Receive phase: every block waits for every source's flag; then the grid's warps share the work,
 // a chunk of a token at a time: read the chunk once, store it into the row of each local expert the
 // token names (row = the earlier sources' counts + the pair's index: no counting on this side),
 // packed in source order as deep_ep lays them out.
