@@ -280,7 +280,8 @@ class Buffer:
         """-> (recv_x (a (data, scales) tuple with use_fp8), recv_count, handle, event, hook).
 
         ``dispatch_wait_recv_cost_stats`` (int64 [num_ranks]) accumulates the SM clock cycles the
-        receive waited for each source rank, as deep_ep's."""
+        receive waited for each source rank (as its first block saw them; deep_ep sums them over
+        its receiving warp groups), for finding stragglers as with deep_ep's."""
         args = _fill(_C.LowLatencyDispatchArgs(), x=_torch.view(x, "x"), topk_idx=_torch.view(topk_idx, "topk_idx"),
                      num_max_dispatch_tokens_per_rank=num_max_dispatch_tokens_per_rank, num_experts=num_experts,
                      use_fp8=use_fp8, round_scale=round_scale, use_ue8m0=use_ue8m0,
