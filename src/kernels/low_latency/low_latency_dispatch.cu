@@ -336,12 +336,20 @@ __device__ void send_chunk(const device::Window& window, const LowLatencyDispatc
     scales_begin = (chunk.begin / kLanesPerScaleGroup) * sizeof(float);
     scales_bytes = ((chunk.end - chunk.begin) / kLanesPerScaleGroup) * sizeof(float);
   }
+  // The direct ranks first, while the chunk is in registers; then the puts, with the chunk no
+  // longer live (a put may be a call into NVSHMEM's device library, around which live registers
+  // would spill).
+  uint32_t remote = 0;
   for (uint32_t left = ranks; left != 0; left &= left - 1) {
     const int rank = __ffs(left) - 1;
     if (char* direct = window.ptr(rank, message)) {
       write_chunk(args, chunk, chunk_index, direct, layout.message_scales());
-      continue;
+    } else {
+      remote |= 1u << rank;
     }
+  }
+  for (uint32_t left = remote; left != 0; left &= left - 1) {
+    const int rank = __ffs(left) - 1;
     window.put(rank, message + row_begin, staged + row_begin, row_bytes);
     if (scales_bytes > 0) {
       window.put(rank, message + layout.message_scales() + scales_begin, staged + layout.message_scales() + scales_begin,
