@@ -449,8 +449,9 @@ class SocketBootstrap final : public Bootstrap {
 
   // ---- failed ranks ----
 
-  // Rank 0: a peer whose connection closed or errs has failed; the other peers hear of it. Every failure of one look is noted before any is relayed, so
-  // that no relay goes to a rank already known dead.
+  // Rank 0: a peer whose connection closed or errs has failed; the other peers hear of it. Every
+  // failure of one look is noted before any is relayed, so that no relay goes to a rank already
+  // known dead.
   void look_at_peers() {
     std::vector<pollfd> watched;
     std::vector<int> ranks;
