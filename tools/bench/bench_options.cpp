@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -38,6 +40,19 @@ std::string join_list(const std::vector<int>& items) {
   return list;
 }
 
+// A record label: short and plain, so that it needs no escaping in JSON or a shell.
+std::string checked_label(const std::string& label) {
+  constexpr size_t kMaxLabel = 64;
+  const bool plain = std::all_of(label.begin(), label.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '.' || c == '_' || c == '+' || c == '-';
+  });
+  if (label.empty() || label.size() > kMaxLabel || !plain) {
+    fail(ErrorCode::kInvalidArgument, "epcomm-bench: --label '", label, "' must be 1-", kMaxLabel,
+         " letters, digits and . _ + -");
+  }
+  return label;
+}
+
 }  // namespace
 
 const char* bench_usage() {
@@ -55,6 +70,8 @@ const char* bench_usage() {
          "  --iters N         timed iterations (default 50)\n"
          "  --seed N          workload seed (default 1)\n"
          "  --setup NAME      label for the records (default: detected)\n"
+         "  --label NAME      a \"label\" every record carries, e.g. the version in an A/B run\n"
+         "                    (1-64 letters, digits and . _ + -)\n"
          "  --sweep           also time a grid of normal-mode configs (SMs, chunk and ring sizes)\n"
          "  --sms A,B,...     time the default normal-mode config at each of these SM counts\n"
          "  --rings A,B,...   ... at each of these ring sizes (num_max_nvl_chunked_recv_tokens);\n"
@@ -93,6 +110,7 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       {"--iters", [&](const std::string& v) { options.timed_iters = static_cast<int>(parse_integer("--iters", v, 1, 100000)); }},
       {"--seed", [&](const std::string& v) { options.seed = static_cast<uint64_t>(parse_integer("--seed", v, 0, INT64_MAX)); }},
       {"--setup", [&](const std::string& v) { options.setup = v; }},
+      {"--label", [&](const std::string& v) { options.label = checked_label(v); }},
       {"--trials", [&](const std::string& v) { options.cold_trials = static_cast<int>(parse_integer("--trials", v, 1, 1000)); }},
       {"--cold-trial", [&](const std::string& v) { options.cold_trial = static_cast<int>(parse_integer("--cold-trial", v, 0, 1000)); }},
       {"--cold-preinitialize", [&](const std::string& v) { options.cold_preinitialize = parse_integer("--cold-preinitialize", v, 0, 1) == 1; }},
@@ -184,6 +202,7 @@ std::vector<std::string> to_arguments(const BenchOptions& options) {
       "--warmup", std::to_string(options.warmup_iters), "--iters", std::to_string(options.timed_iters),
       "--seed", std::to_string(options.seed)};
   if (!options.setup.empty()) args.insert(args.end(), {"--setup", options.setup});
+  if (!options.label.empty()) args.insert(args.end(), {"--label", options.label});
   if (!options.out_path.empty()) args.insert(args.end(), {"--out", options.out_path});
   if (options.sweep) args.push_back("--sweep");
   if (!options.sms_list.empty()) args.insert(args.end(), {"--sms", join_list(options.sms_list)});

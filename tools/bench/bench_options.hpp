@@ -21,6 +21,7 @@ struct BenchOptions {
   uint64_t seed = 1;
   std::string out_path;  // JSON lines are also appended here when set
   std::string setup;     // empty: detect (single | mps | timeslice | nvlink)
+  std::string label;     // non-empty: every record carries it (which version of an A/B run)
   bool sweep = false;    // also time a grid of normal-mode configs
   std::vector<int> sms_list;  // --sms: time the default config at each of these SM counts instead
   std::vector<int> ring_list;  // --rings: ... and at each of these ring sizes (tokens), a grid with --sms

@@ -201,6 +201,7 @@ Record BenchContext::base_record(const char* op, const char* mode) const {
       .set("timing", timing_name(TimingMode::kEndToEnd))  // kernel-time records say so
       .set("git", EPCOMM_GIT_REVISION)
       .set("gpu", gpu_name);
+  if (!options.label.empty()) record.set("label", options.label);
   return record;
 }
 
