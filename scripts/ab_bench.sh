@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Compares two versions side by side on this machine: builds OLD (a git revision) and this tree in
-# parallel, then runs epcomm-bench on each in turn, ROUNDS times, and prints the median of every
-# record per version. Both versions meet the same machine state, as a speed comparison needs.
-#   scripts/ab_bench.sh OLD_REV [ROUNDS] [-- epcomm-bench options]
+# Compares two versions side by side on this machine: builds OLD and this tree in parallel, then
+# runs epcomm-bench on each in turn, ROUNDS times, and prints the median of every record per
+# version. Both versions meet the same machine state, as a speed comparison needs.
+#   scripts/ab_bench.sh OLD [ROUNDS] [-- epcomm-bench options]
 #   scripts/ab_bench.sh 7abc075 2 -- --ranks 2 --warmup 3 --iters 30
-# Results (one JSON file per version, every round) go to ${EPCOMM_AB_DIR:-ab-results}. The records
-# name each version's commit (EPCOMM_GIT_REVISION). Exits 3 when no GPU is usable (after building).
+# OLD is a git revision, or a directory holding a source tree (for a machine whose copy of the
+# repository lacks the revision: `git archive REV | tar -x -C DIR` where git has it, patches applied
+# as wished, and the directory carried along). Results (one JSON file per version, every round) go
+# to ${EPCOMM_AB_DIR:-ab-results}. The records name each version (EPCOMM_GIT_REVISION: the commit,
+# or EPCOMM_AB_OLD_NAME / EPCOMM_AB_NEW_NAME where given). Exits 3 when no GPU is usable.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
-  sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 old_rev=$1
@@ -21,16 +24,27 @@ if [ $# -gt 0 ] && [ "$1" != "--" ]; then
 fi
 [ $# -gt 0 ] && [ "$1" = "--" ] && shift
 case "$rounds" in '' | *[!0-9]*) echo "ab_bench.sh: ROUNDS '$rounds' must be a positive integer" >&2; exit 2 ;; esac
-old_commit=$(git rev-parse --short=12 "$old_rev^{commit}") || { echo "ab_bench.sh: no commit '$old_rev'" >&2; exit 2; }
-new_commit=$(git rev-parse --short=12 HEAD)
-[ -n "$(git status --porcelain --untracked-files=no)" ] && new_commit="$new_commit-dirty"
+if [ -d "$old_rev" ]; then
+  [ -f "$old_rev/CMakeLists.txt" ] || { echo "ab_bench.sh: $old_rev is a directory but no source tree (no CMakeLists.txt)" >&2; exit 2; }
+  old_commit=${EPCOMM_AB_OLD_NAME:-$(basename "$old_rev")}
+else
+  old_commit=$(git rev-parse --short=12 "$old_rev^{commit}") || { echo "ab_bench.sh: no commit or directory '$old_rev'" >&2; exit 2; }
+  old_commit=${EPCOMM_AB_OLD_NAME:-$old_commit}
+fi
+new_commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && new_commit="$new_commit-dirty"
+new_commit=${EPCOMM_AB_NEW_NAME:-$new_commit}
 
 out=${EPCOMM_AB_DIR:-ab-results}
 work=${EPCOMM_AB_WORK:-build-ab}
 mkdir -p "$out" "$work"
-rm -rf "$work/old-src"
-mkdir -p "$work/old-src"
-git archive "$old_commit" | tar -x -C "$work/old-src"
+old_src=$old_rev
+if [ ! -d "$old_rev" ]; then
+  old_src=$work/old-src
+  rm -rf "$old_src"
+  mkdir -p "$old_src"
+  git archive "$old_rev" | tar -x -C "$old_src"
+fi
 
 jobs=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
 build() {  # build SOURCE_DIR BUILD_DIR REVISION
@@ -38,7 +52,7 @@ build() {  # build SOURCE_DIR BUILD_DIR REVISION
     >"$2.log" 2>&1 && cmake --build "$2" -j "$jobs" >>"$2.log" 2>&1
 }
 echo "ab_bench: building $old_commit (old) and $new_commit (this tree) with $jobs cores each"
-build "$work/old-src" "$work/old" "$old_commit" & old_pid=$!
+build "$old_src" "$work/old" "$old_commit" & old_pid=$!
 build . "$work/new" "$new_commit" & new_pid=$!
 wait "$old_pid" || { echo "ab_bench: the old build failed (see $work/old.log)" >&2; exit 1; }
 wait "$new_pid" || { echo "ab_bench: the new build failed (see $work/new.log)" >&2; exit 1; }
