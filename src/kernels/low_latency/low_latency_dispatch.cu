@@ -399,6 +399,7 @@ __device__ void wait_for_sources(const device::Window& window, const LowLatencyD
   const bool is_source = source < context.num_ranks;
   const size_t address = layout.dispatch_flag(common.set_index, is_source ? source : 0);
   bool arrived = false;
+  uint64_t flag = 0;  // as this lane's acquire read it (when its wait ended in time)
   if (is_source) {
     const bool own = source == context.rank;
     const device::WaitSite site{DeviceOp::kLowLatencyDispatch, WaitTarget::kLowLatencyFlag, source, -1};
@@ -409,8 +410,8 @@ __device__ void wait_for_sources(const device::Window& window, const LowLatencyD
                                               own ? nullptr : device::shrink_mask<kShrink>(common));
     // Pairs with the source's signal; the __syncthreads below orders the block's reads after it.
     // A timed-out wait leaves an old epoch: take no tokens (the error is recorded).
-    arrived = waited && (device::ld_acquire_sys(window.own<uint64_t>(address)) >> 32) == epoch &&
-              !(own && device::is_masked<kShrink>(common, source));
+    if (waited) flag = device::ld_acquire_sys(window.own<uint64_t>(address));
+    arrived = waited && (flag >> 32) == epoch && !(own && device::is_masked<kShrink>(common, source));
   }
   uint32_t arrived_mask = __ballot_sync(0xffffffffu, arrived);
   if (kShrink) {
@@ -420,9 +421,11 @@ __device__ void wait_for_sources(const device::Window& window, const LowLatencyD
   }
   if (is_source) {
     // A source the launch agreed on has its flag here (the block that saw it acquired it; flags only
-    // change with the set's next call): its T, read after an acquire by every block alike.
+    // change with the set's next call): its T, from this lane's own acquire, or (shrink mode, a
+    // source this block gave up on) one more.
     const bool agreed = (arrived_mask >> source) & 1u;
-    const uint64_t flag = agreed ? device::ld_acquire_sys(window.own<uint64_t>(address)) : 0;
+    if (agreed && !arrived) flag = device::ld_acquire_sys(window.own<uint64_t>(address));
+    if (!agreed) flag = 0;
     arrivals.tokens[source] = static_cast<int>(min(flag & 0xffffffffu, static_cast<uint64_t>(common.max_tokens)));
   }
   if (source == 0) arrivals.arrived = arrived_mask;
