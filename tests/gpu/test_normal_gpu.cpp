@@ -675,6 +675,24 @@ void check_argument_errors(Context& ctx) {
     harness.bootstrap()->barrier();  // every rank has seen its own error before the next call
   }
 
+  // An expert id out of range in the dispatch's own topk_idx (the layout came from good ids): the
+  // call completes, the id goes out as -1, and every rank is told its token, slot and id.
+  {
+    std::vector<int64_t> ids = make_world(s, kSeed ^ 0xe7707u, ranks, kXStream, kScalesStream)[harness.rank()].topk_idx;
+    const int64_t good_id = ids[3 * s.topk + 1];
+    ids[3 * s.topk + 1] = num_experts(ranks) + 7;  // token 3 is still sent: the layout came from good ids
+    inputs.topk_idx.upload(ids);
+    harness.expect_error(ErrorCode::kInvalidArgument,
+                         "dispatch: topk_idx[3][1] = " + std::to_string(num_experts(ranks) + 7) + " is outside [-1, ",
+                         [&] {
+                           (void)buffer.dispatch(good, *allocator);
+                           buffer.synchronize(nullptr);
+                         }, "an out-of-range expert id in dispatch");
+    ids[3 * s.topk + 1] = good_id;
+    inputs.topk_idx.upload(ids);
+    harness.bootstrap()->barrier();  // every rank has seen its own error before the next call
+  }
+
   // Combine errors need a real handle.
   const DispatchResult result = buffer.dispatch(good, *allocator);
   buffer.synchronize(buffer.comm_stream());

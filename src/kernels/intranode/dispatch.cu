@@ -80,10 +80,22 @@ __device__ __forceinline__ TokenMetadata load_slot_metadata(const DispatchKernel
   return meta;
 }
 
-__device__ void send_token(const DispatchKernelArgs& args, const RingLayout& ring, char* slot, int token,
-                           int destination, int experts_per_rank) {
+// An id outside [-1, num_experts) reaches no expert (it is sent as -1) and is reported: the host
+// raises it at its next check, and the call itself completes. A token sent to no rank is not seen
+// here; the layout of the same ids reports it.
+__device__ __forceinline__ void check_expert_id(const DispatchKernelArgs& args, const KernelContext& context,
+                                                const TokenMetadata& meta, int token) {
+  const int lane = device::lane_id();
+  if (lane < args.num_topk && args.topk_idx != nullptr && (meta.expert < -1 || meta.expert >= args.num_experts)) {
+    device::report_invalid_expert(context, DeviceOp::kDispatch, token, lane, meta.expert, args.num_experts);
+  }
+}
+
+__device__ void send_token(const DispatchKernelArgs& args, const KernelContext& context, const RingLayout& ring,
+                           char* slot, int token, int destination, int experts_per_rank) {
   const int lane = device::lane_id();
   const TokenMetadata meta = load_token_metadata(args, token);
+  check_expert_id(args, context, meta, token);
   const char* row = static_cast<const char*>(args.x) + static_cast<int64_t>(token) * args.row_bytes;
   device::warp_copy<false, kRowCopyLoadsInFlight>(slot, row, args.row_bytes);
 
@@ -147,7 +159,7 @@ __device__ void send_channel(const device::Window& window, const DispatchKernelA
     for (int i = team.warp_in_team; i < count; i += team.warps) {
       const int token = first_token + __fns(mask, 0, i + 1);
       char* slot = sender_slot<kStaged>(window, ring, channel, destination, start + sent + i);
-      send_token(args, ring, slot, token, destination, experts_per_rank);
+      send_token(args, context, ring, slot, token, destination, experts_per_rank);
     }
     sent += count;
     if (sent - published >= static_cast<uint64_t>(args.ring.send_chunk)) {
