@@ -56,6 +56,12 @@ __device__ __forceinline__ int number_in_step(uint16_t* counts, int expert) {
   return index;
 }
 
+// Entries per row of the routing's segment counts: the call's experts, rounded up to even.
+__host__ __device__ constexpr int routing_row_entries(int num_experts) { return (num_experts + 1) / 2 * 2; }
+size_t routing_shared_bytes(int num_experts) {
+  return sizeof(uint16_t) * kLowLatencyWarpsPerBlock * routing_row_entries(num_experts);
+}
+
 // Reports this lane's pairs of a group whose ids are out of range (bit s of `bad_steps`: step s).
 // Out of line, so that the rare report costs the numbering loop no registers; the context's
 // fields come by value, so that no thread copies the kernel's context to its stack.
@@ -93,15 +99,14 @@ __device__ void send_routing(const device::Window& window, const LowLatencyDispa
   // Row w: segment w's pair count per expert; after the scan, its first index per expert (capped
   // at M), which pass 2 advances by at most the segment's pairs. A segment holds at most
   // kMaxLowLatencyPairs / warps pairs, so 16 bits hold both.
-  __shared__ uint16_t segment_counts[kLowLatencyWarpsPerBlock][kMaxLowLatencyExperts];
+  // Dynamic shared memory sized by the call's experts (routing_shared_bytes), rows of an even
+  // number of entries so that they clear as 32-bit words.
+  extern __shared__ __align__(16) unsigned char routing_shared[];
+  uint16_t* segment_counts = reinterpret_cast<uint16_t*>(routing_shared);
   static_assert(kMaxLowLatencyPairs < (1 << 16), "segment counts and capped indices fit 16 bits");
-  // Cleared as 32-bit words, each row only as far as the call's experts reach.
-  constexpr int kRowWords = kMaxLowLatencyExperts * sizeof(uint16_t) / sizeof(uint32_t);
-  const int used_words = (common.num_experts + 1) / 2;
-  uint32_t* words = reinterpret_cast<uint32_t*>(&segment_counts[0][0]);
-  for (int i = threadIdx.x; i < kLowLatencyWarpsPerBlock * used_words; i += blockDim.x) {
-    words[(i / used_words) * kRowWords + i % used_words] = 0;
-  }
+  const int row = routing_row_entries(common.num_experts);
+  uint32_t* words = reinterpret_cast<uint32_t*>(routing_shared);
+  for (int i = threadIdx.x; i < kLowLatencyWarpsPerBlock * row / 2; i += blockDim.x) words[i] = 0;
   // Shrink mode: masked ranks are sent nothing, by the mask as warp 0 reads it once (one view for
   // the whole block: the barrier before the puts depends on it).
   __shared__ uint32_t masked_at_start;
@@ -122,7 +127,7 @@ __device__ void send_routing(const device::Window& window, const LowLatencyDispa
   const int begin = min(device::warp_id() * per_segment, num_pairs);
   const int end = min(begin + per_segment, num_pairs);
   const bool one_group = end - begin <= kSegmentGroupPairs;
-  uint16_t* counts = segment_counts[device::warp_id()];
+  uint16_t* counts = segment_counts + device::warp_id() * row;
   int32_t* ids = window.own<int32_t>(layout.ids(set));
   int experts[kSegmentSteps];  // this lane's pairs of the current group (-1: none, or past the end)
 
@@ -154,8 +159,8 @@ __device__ void send_routing(const device::Window& window, const LowLatencyDispa
   for (int expert = threadIdx.x; expert < common.num_experts; expert += blockDim.x) {
     int running = 0;
     for (int segment = 0; segment < kLowLatencyWarpsPerBlock; ++segment) {
-      const int count = segment_counts[segment][expert];
-      segment_counts[segment][expert] = static_cast<uint16_t>(min(running, common.max_tokens));
+      const int count = segment_counts[segment * row + expert];
+      segment_counts[segment * row + expert] = static_cast<uint16_t>(min(running, common.max_tokens));
       running += count;
     }
     totals[expert] = running;
@@ -638,7 +643,8 @@ void launch_low_latency_dispatch(const PeerWindow& window, const LowLatencyDispa
                                  const KernelContext& context, cudaStream_t stream) {
   require_epoch_slots(args.common.num_blocks);
   const auto kernel = args.common.mask != nullptr ? low_latency::dispatch<true> : low_latency::dispatch<false>;
-  kernel<<<args.common.num_blocks, kLowLatencyThreadsPerBlock, 0, stream>>>(window, args, phases, context);
+  kernel<<<args.common.num_blocks, kLowLatencyThreadsPerBlock, routing_shared_bytes(args.common.num_experts), stream>>>(
+      window, args, phases, context);
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }
 
