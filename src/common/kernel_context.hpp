@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "common/device_error.hpp"
+#include "common/host_device.hpp"
 
 namespace epcomm {
 
@@ -13,6 +14,12 @@ struct KernelContext {
   int rank = 0;
   int num_ranks = 1;
   uint64_t wait_timeout_ns = 0;
+  // In a sub-group's kernel (the hierarchical normal mode's stages), `rank` and the peers count
+  // within the group: its rank i is the world's rank_first + i x rank_stride, as reports name it.
+  int rank_first = 0;
+  int rank_stride = 1;
+
+  EPCOMM_HOST_DEVICE int world_rank(int group_rank) const { return rank_first + group_rank * rank_stride; }
 };
 
 }  // namespace epcomm

@@ -29,8 +29,8 @@ __device__ __forceinline__ void report_error(const KernelContext& context, const
   if (atomicCAS(context.error_claim, ticket - 1, ticket) != ticket - 1) return;  // an earlier failure already won
   st_relaxed_sys(&record->op, static_cast<int32_t>(details.op));
   st_relaxed_sys(&record->target, static_cast<int32_t>(details.target));
-  st_relaxed_sys(&record->rank, context.rank);
-  st_relaxed_sys(&record->peer, details.peer);
+  st_relaxed_sys(&record->rank, context.world_rank(context.rank));
+  st_relaxed_sys(&record->peer, details.peer >= 0 ? context.world_rank(details.peer) : details.peer);
   st_relaxed_sys(&record->channel, details.channel);
   st_relaxed_sys(&record->index0, details.index0);
   st_relaxed_sys(&record->index1, details.index1);

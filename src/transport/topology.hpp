@@ -10,6 +10,13 @@
 
 namespace epcomm::detail {
 
+// Ranks first, first + stride, ... (count of them), as subgroup_window takes them.
+struct RankGroup {
+  int first = 0;
+  int stride = 1;
+  int count = 1;
+};
+
 struct Topology {
   int num_ranks = 1;
   int ranks_per_node = 1;
@@ -18,6 +25,10 @@ struct Topology {
   int node_of(int rank) const { return rank / ranks_per_node; }
   int local_rank(int rank) const { return rank % ranks_per_node; }
   bool same_node(int a, int b) const { return node_of(a) == node_of(b); }
+  // The ranks of `rank`'s node (NVLink), and its rail: the ranks of its local index, one per node
+  // (the network).
+  RankGroup node_group(int rank) const { return {node_of(rank) * ranks_per_node, 1, ranks_per_node}; }
+  RankGroup rail_group(int rank) const { return {local_rank(rank), ranks_per_node, num_nodes()}; }
 };
 
 // From the census: the consecutive ranks of one host form a node, and every node holds as many

@@ -78,7 +78,7 @@ class Window {
     if (by_nvshmem(peer)) {
       // NVSHMEM needs `source` in its symmetric heap or registered once it goes over a network
       // (P2P takes any device memory): the kernels put from their staging areas.
-      nvshmemx_putmem_nbi_warp(peers_.bases[peer] + offset, source, bytes, peer);
+      nvshmemx_putmem_nbi_warp(peers_.bases[peer] + offset, source, bytes, peers_.pe(peer));
       return;
     }
 #endif
@@ -91,9 +91,11 @@ class Window {
     if (by_nvshmem(peer)) {
       static_assert(sizeof(T) == sizeof(uint32_t) || sizeof(T) == sizeof(uint64_t), "put_value: 4 or 8 bytes");
       if constexpr (sizeof(T) == sizeof(uint32_t)) {
-        nvshmem_uint32_p(reinterpret_cast<uint32_t*>(peers_.bases[peer] + offset), bit_cast<uint32_t>(value), peer);
+        nvshmem_uint32_p(reinterpret_cast<uint32_t*>(peers_.bases[peer] + offset), bit_cast<uint32_t>(value),
+                         peers_.pe(peer));
       } else {
-        nvshmem_uint64_p(reinterpret_cast<uint64_t*>(peers_.bases[peer] + offset), bit_cast<uint64_t>(value), peer);
+        nvshmem_uint64_p(reinterpret_cast<uint64_t*>(peers_.bases[peer] + offset), bit_cast<uint64_t>(value),
+                         peers_.pe(peer));
       }
       return;
     }
@@ -106,7 +108,8 @@ class Window {
 #if defined(EPCOMM_WINDOW_NVSHMEM)
     if (by_nvshmem(peer)) {
       nvshmem_quiet();  // the puts the barrier ordered before this signal are complete
-      nvshmemx_signal_op(reinterpret_cast<uint64_t*>(peers_.bases[peer] + offset), value, NVSHMEM_SIGNAL_SET, peer);
+      nvshmemx_signal_op(reinterpret_cast<uint64_t*>(peers_.bases[peer] + offset), value, NVSHMEM_SIGNAL_SET,
+                         peers_.pe(peer));
       return;
     }
 #endif

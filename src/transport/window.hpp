@@ -25,9 +25,22 @@ struct PeerWindow {
   uint32_t nvshmem_ranks = 0;
   int rank = 0;
   int num_ranks = 0;
+  // A sub-group's peer i is the world's rank pe_first + i x pe_stride (its NVSHMEM PE); the world's
+  // own window is 0 and 1. See subgroup_window.
+  int pe_first = 0;
+  int pe_stride = 1;
 
   EPCOMM_HOST_DEVICE bool is_direct(int peer) const { return ((direct_ranks >> peer) & 1u) != 0; }
   EPCOMM_HOST_DEVICE bool all_direct() const { return direct_ranks == (num_ranks >= 32 ? ~0u : (1u << num_ranks) - 1u); }
+  EPCOMM_HOST_DEVICE int pe(int peer) const { return pe_first + peer * pe_stride; }
 };
+
+// The window of a sub-group of `world`'s ranks: the `count` ranks first, first + stride, ... (one
+// of them this rank), each buffer's base moved `region_offset` bytes in, so that a kernel written
+// for a whole window runs on the sub-group in its own region of the buffers: its peer i is the
+// world's rank first + i x stride, and offsets count from the region. The hierarchical normal mode
+// runs its two stages this way (the ranks of one node, and the ranks of one local index across
+// nodes). Throws InvalidArgument when this rank is not a member or a member is out of range.
+PeerWindow subgroup_window(const PeerWindow& world, int first, int stride, int count, size_t region_offset);
 
 }  // namespace epcomm
