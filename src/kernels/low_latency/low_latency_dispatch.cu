@@ -388,18 +388,14 @@ __device__ uint32_t agreed_arrivals(const device::Window& window, const LowLaten
   return static_cast<uint32_t>(current);
 }
 
-// Warp 0 waits for every source's flag, a lane per source; then the whole block knows `arrivals`.
+// Warp 0's part of wait_for_sources: a lane per source waits for its flag and fills `arrivals`.
 // This rank's own flag is waited for without the mask: its own send signals it even when this rank
 // is masked, and a block must see it before it advances its epoch copies (finish_receive_phase).
 template <bool kShrink>
-__device__ void wait_for_sources(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
-                                 const KernelContext& context, const LowLatencyLayout& layout, uint64_t epoch,
-                                 Arrivals& arrivals) {
+__device__ void read_arrivals(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
+                              const KernelContext& context, const LowLatencyLayout& layout, uint64_t epoch,
+                              Arrivals& arrivals) {
   const LowLatencyCommon& common = args.common;
-  if (device::warp_id() != 0) {
-    __syncthreads();
-    return;
-  }
   const int source = device::lane_id();
   const bool is_source = source < context.num_ranks;
   const size_t address = layout.dispatch_flag(common.set_index, is_source ? source : 0);
@@ -413,7 +409,7 @@ __device__ void wait_for_sources(const device::Window& window, const LowLatencyD
     const bool waited = device::wait_for_peer(window, address, epoch << 32, context, site,
                                               blockIdx.x == 0 ? args.wait_cost_stats : nullptr,
                                               own ? nullptr : device::shrink_mask<kShrink>(common));
-    // Pairs with the source's signal; the __syncthreads below orders the block's reads after it.
+    // Pairs with the source's signal; wait_for_sources's __syncthreads orders the block's reads after it.
     // A timed-out wait leaves an old epoch: take no tokens (the error is recorded).
     if (waited) flag = device::ld_acquire_sys(window.own<uint64_t>(address));
     arrived = waited && (flag >> 32) == epoch && !(own && device::is_masked<kShrink>(common, source));
@@ -434,6 +430,16 @@ __device__ void wait_for_sources(const device::Window& window, const LowLatencyD
     arrivals.tokens[source] = static_cast<int>(min(flag & 0xffffffffu, static_cast<uint64_t>(common.max_tokens)));
   }
   if (source == 0) arrivals.arrived = arrived_mask;
+}
+
+// Warp 0 waits for every source's flag; then the whole block knows `arrivals`. Every thread passes
+// the one __syncthreads (a barrier reached from two places is undefined, and synccheck says so).
+template <bool kShrink>
+__device__ void wait_for_sources(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
+                                 const KernelContext& context, const LowLatencyLayout& layout, uint64_t epoch,
+                                 Arrivals& arrivals) {
+  if (device::warp_id() == 0) read_arrivals<kShrink>(window, args, context, layout, epoch, arrivals);
+  // The lanes' acquires above order the block's reads after it.
   __syncthreads();
 }
 
