@@ -40,9 +40,13 @@ struct BufferOptions {
   // Bytes of the NVLink buffer (normal mode's rings) each rank allocates and shares with its peers.
   // Must be 0 past normal mode's 8 ranks (kMaxNvlPeers): with more, only low-latency mode runs.
   int64_t num_nvl_bytes = 0;
-  // Bytes of the low-latency region (deep_ep's RDMA buffer; Buffer::low_latency_buffer_size_hint).
-  // Shared like the NVLink buffer (CUDA IPC, or NVSHMEM's heap). Low-latency mode only: normal mode
-  // across nodes runs in the rings of num_nvl_bytes (nvl_buffer_size_hint with num_nodes).
+  // Bytes of deep_ep's RDMA buffer, shared like the NVLink buffer (CUDA IPC, or NVSHMEM's heap).
+  // With low_latency_mode: the low-latency region (Buffer::low_latency_buffer_size_hint). Without:
+  // the rings of normal mode's network stage across nodes (Config::rdma_buffer_size_hint), which
+  // make normal mode hierarchical as deep_ep's is: a token crosses the network once per destination
+  // node, to the rank of its own local index there, which forwards it over NVLink; combine reduces
+  // inside the node first. 0 (or one node) keeps normal mode flat: across nodes every token is put
+  // once per destination rank, in the rings of num_nvl_bytes (nvl_buffer_size_hint with num_nodes).
   int64_t num_rdma_bytes = 0;
   // Prepare the low-latency mode's double-buffered per-expert receive buffers.
   bool low_latency_mode = false;
@@ -131,6 +135,13 @@ struct Config {
   int64_t nvl_buffer_size_hint(int64_t hidden_bytes, int num_ranks, int num_nodes = 1) const;
   // The same, said directly: `staged` when some rank is reached only by put.
   int64_t ring_buffer_bytes(int64_t hidden_bytes, int num_ranks, bool staged) const;
+  // RDMA buffer bytes (BufferOptions::num_rdma_bytes without low_latency_mode) the hierarchical
+  // normal mode's network stage needs among `num_nodes` nodes: staged rings of the rdma fields'
+  // sizes, one peer per node. 0 for one node.
+  int64_t rdma_buffer_size_hint(int64_t hidden_bytes, int num_nodes) const;
+
+ private:
+  int64_t rings_bytes(int64_t hidden_bytes, int num_ranks, bool staged, int capacity) const;
 };
 
 // Configs tuned for each rank count (deep_ep's get_dispatch_config / get_combine_config).

@@ -30,11 +30,16 @@ class Buffer:
 
     ``group`` is a torch.distributed ProcessGroup (gloo or nccl) used only to exchange a few bytes
     at construction. Differences from deep_ep, all deliberate:
-      - ``dispatch`` / ``combine`` run inside a node and, across nodes (NVSHMEM, picked when ranks
-        span hosts, or with ``transport="nvshmem"``), with every rank a peer of every other: the
-        rings then take ``Config.get_nvl_buffer_size_hint(hidden_bytes, num_ranks, num_nodes)``,
-        and there are no ``internode_*`` methods or RDMA buffer for them; num_rdma_bytes is the
-        low-latency region only; normal mode at most 8 ranks, low-latency mode 16;
+      - ``dispatch`` / ``combine`` run inside a node and across nodes (NVSHMEM, picked when ranks
+        span hosts, or with ``transport="nvshmem"``). Across nodes with ``num_rdma_bytes``
+        (``Config.get_rdma_buffer_size_hint``) and without ``low_latency_mode`` they are
+        hierarchical as deep_ep's internode calls are (a token crosses the network once per
+        node, then NVLink; a new routing needs ``topk_idx``; no ``num_worst_tokens``); otherwise
+        every rank is a peer of every other and the rings take
+        ``Config.get_nvl_buffer_size_hint(hidden_bytes, num_ranks, num_nodes)``. There are no
+        separate ``internode_*`` methods; a hierarchical handle's entries describe its node stage.
+        With ``low_latency_mode``, num_rdma_bytes is the low-latency region; normal mode at most 8
+        ranks, low-latency mode 16;
       - ``emulated_nodes`` (epcomm's own) splits the ranks into nodes that reach each other only by
         put and signal, to test the path across nodes on one machine; ``ranks_per_node`` (epcomm's
         own) gives the node size outright (0: the consecutive ranks of one host);

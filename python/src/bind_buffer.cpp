@@ -2,6 +2,8 @@
 // dtype, shape and strides the Python layer reads from torch tensors); outputs come from a
 // PythonAllocator and go back as the Python objects it returned. Every Buffer call releases the
 // GIL: calls wait on the GPU and on other ranks.
+#include <algorithm>
+
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/function.h>
@@ -184,9 +186,16 @@ void bind_types(nb::module_& m) {
       .def("validate", &Config::validate)
       .def("get_nvl_buffer_size_hint", &Config::nvl_buffer_size_hint, nb::arg("hidden_bytes"), nb::arg("num_ranks"),
            nb::arg("num_nodes") = 1)
-      .def("get_rdma_buffer_size_hint", [](const Config&, int64_t, int) { return int64_t{0}; },
+      .def("get_rdma_buffer_size_hint",
+           [](const Config& config, int64_t hidden_bytes, int num_ranks) {
+             constexpr int kDeepEpRanksPerNode = 8;  // deep_ep's nodes: 0 up to 8 ranks (one node)
+             const int nodes = std::max(1, (num_ranks + kDeepEpRanksPerNode - 1) / kDeepEpRanksPerNode);
+             return config.rdma_buffer_size_hint(hidden_bytes, nodes);
+           },
            nb::arg("hidden_bytes"), nb::arg("num_ranks"),
-           "0: normal mode across nodes runs in the NVLink rings (get_nvl_buffer_size_hint with num_nodes)");
+           "num_rdma_bytes for hierarchical normal mode across nodes of 8 ranks (0 on one node); with other "
+           "node sizes, Config.rdma_buffer_size_hint(hidden_bytes, num_nodes) (epcomm's own)")
+      .def("rdma_buffer_size_hint", &Config::rdma_buffer_size_hint, nb::arg("hidden_bytes"), nb::arg("num_nodes"));
   m.def("cuda_device_count", [] {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess) {

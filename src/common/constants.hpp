@@ -41,6 +41,13 @@ inline constexpr int kSendWindowTokens = 32;
 inline constexpr int kCombineWindowTokens = kChannelRoleWarps;
 // Ring capacity must hold a send window plus a combine window, or the two sides can stall.
 inline constexpr int kMinRingTokens = 2 * kSendWindowTokens;
+// The smallest ring (tokens) that never deadlocks with a send chunk of `send_chunk` tokens: a
+// sender publishes only every send_chunk tokens, in windows of kSendWindowTokens, and may wait for
+// ring space before publishing, so the ring must hold a whole unpublished stretch plus a window.
+constexpr int min_ring_tokens(int send_chunk) {
+  const int stretch = (send_chunk + kSendWindowTokens - 1) / kSendWindowTokens * kSendWindowTokens;
+  return stretch + kSendWindowTokens > kMinRingTokens ? stretch + kSendWindowTokens : kMinRingTokens;
+}
 // 16-byte loads each lane keeps in flight (its registers hold them): the combine receiver, and
 // the row copies of normal-mode dispatch.
 inline constexpr int kCombineLoadsInFlight = 16;

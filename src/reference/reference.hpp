@@ -92,6 +92,27 @@ std::vector<NormalCombineRankOutput> normal_combine(
     const std::vector<int>& num_tokens_per_rank, int hidden, int num_topk,
     const std::vector<std::vector<uint16_t>>& bias0 = {}, const std::vector<std::vector<uint16_t>>& bias1 = {});
 
+// Hierarchical normal mode across nodes (deep_ep's internode path; runtime/ring_group.hpp): ranks
+// form nodes of `ranks_per_node` (rank = node x ranks_per_node + local rank). The rail stage is a
+// flat dispatch among the ranks of each local index, one per node, over the nodes' experts: a
+// token reaches each node that holds one of its experts once, at the rank of its own local
+// index, with ids local to that node. The node stage is a flat dispatch among each node's ranks
+// of what the rail stage delivered there. `rail` and `node` keep both stages' results (indexed by
+// rank), `output` is what each rank's dispatch returns: the node stage's.
+struct HierarchicalDispatched {
+  std::vector<NormalRankDispatched> rail;  // [R]: the rows forwarded to each rank
+  std::vector<NormalRankDispatched> node;  // [R]: what each rank receives (the call's outputs)
+};
+HierarchicalDispatched hierarchical_dispatch(const std::vector<NormalRankInput>& inputs, int num_experts,
+                                             int ranks_per_node, const NormalDispatchShape& shape);
+// Combine reverses both stages: the node stage's combine (sum over the node's ranks in ascending
+// order, rounded to BF16, no bias) to the forwarding rank, then the rail stage's over the nodes
+// with the biases, each as normal_combine does.
+std::vector<NormalCombineRankOutput> hierarchical_combine(
+    const HierarchicalDispatched& dispatched, const std::vector<NormalCombineRankInput>& inputs,
+    const std::vector<int>& num_tokens_per_rank, int ranks_per_node, int hidden, int num_topk,
+    const std::vector<std::vector<uint16_t>>& bias0 = {}, const std::vector<std::vector<uint16_t>>& bias1 = {});
+
 // ---------------------------------------------------------------------------------------------
 // Low-latency mode. Each (token, k) pair with expert e >= 0 is received by the owner rank for
 // local expert le = local_id(e), at row [le, r]: rows are packed in source order, so

@@ -184,4 +184,115 @@ std::vector<NormalCombineRankOutput> normal_combine(
   return outputs;
 }
 
+namespace {
+
+// The members of `rank`'s rail (one per node, the same local rank) or node.
+std::vector<int> rail_members(int rank, int ranks_per_node, int num_ranks) {
+  std::vector<int> members;
+  for (int r = rank % ranks_per_node; r < num_ranks; r += ranks_per_node) members.push_back(r);
+  return members;
+}
+std::vector<int> node_members(int rank, int ranks_per_node) {
+  std::vector<int> members;
+  const int first = rank / ranks_per_node * ranks_per_node;
+  for (int r = first; r < first + ranks_per_node; ++r) members.push_back(r);
+  return members;
+}
+
+// What a rail stage delivered to a rank, as the node stage's input there.
+NormalRankInput forwarded_input(const NormalRankDispatched& delivered) {
+  NormalRankInput in;
+  in.num_tokens = delivered.num_recv_tokens;
+  in.x = delivered.recv_x;
+  in.x_scales = delivered.recv_x_scales;
+  in.topk_idx = delivered.recv_topk_idx;
+  in.topk_weights = delivered.recv_topk_weights;
+  return in;
+}
+
+int checked_node_count(const char* op, int num_ranks, int ranks_per_node) {
+  detail::check_at_least(op, "ranks_per_node", ranks_per_node, 1);
+  detail::check_divisible(op, "num_ranks", num_ranks, ranks_per_node, "into nodes");
+  return num_ranks / ranks_per_node;
+}
+
+}  // namespace
+
+HierarchicalDispatched hierarchical_dispatch(const std::vector<NormalRankInput>& inputs, int num_experts,
+                                             int ranks_per_node, const NormalDispatchShape& shape) {
+  const int num_ranks = static_cast<int>(inputs.size());
+  const int num_nodes = checked_node_count("hierarchical_dispatch", num_ranks, ranks_per_node);
+  HierarchicalDispatched out;
+  out.rail.resize(num_ranks);
+  out.node.resize(num_ranks);
+  NormalDispatchShape rail_shape = shape;
+  rail_shape.expert_alignment = 1;
+  for (int local = 0; local < ranks_per_node; ++local) {
+    const std::vector<int> rail = rail_members(local, ranks_per_node, num_ranks);
+    std::vector<NormalRankInput> world;
+    for (int member : rail) world.push_back(inputs[member]);
+    std::vector<NormalRankDispatched> delivered = normal_dispatch(world, ExpertPartition(num_experts, num_nodes), rail_shape);
+    for (size_t i = 0; i < rail.size(); ++i) out.rail[rail[i]] = std::move(delivered[i]);
+  }
+  for (int node = 0; node < num_nodes; ++node) {
+    const std::vector<int> members = node_members(node * ranks_per_node, ranks_per_node);
+    std::vector<NormalRankInput> world;
+    for (int member : members) world.push_back(forwarded_input(out.rail[member]));
+    std::vector<NormalRankDispatched> received =
+        normal_dispatch(world, ExpertPartition(num_experts / num_nodes, ranks_per_node), shape);
+    for (size_t i = 0; i < members.size(); ++i) out.node[members[i]] = std::move(received[i]);
+  }
+  return out;
+}
+
+std::vector<NormalCombineRankOutput> hierarchical_combine(
+    const HierarchicalDispatched& dispatched, const std::vector<NormalCombineRankInput>& inputs,
+    const std::vector<int>& num_tokens_per_rank, int ranks_per_node, int hidden, int num_topk,
+    const std::vector<std::vector<uint16_t>>& bias0, const std::vector<std::vector<uint16_t>>& bias1) {
+  constexpr const char* kOp = "hierarchical_combine";
+  const int num_ranks = static_cast<int>(dispatched.node.size());
+  const int num_nodes = checked_node_count(kOp, num_ranks, ranks_per_node);
+  detail::check_size(kOp, "dispatched.rail (one per rank)", dispatched.rail.size(), num_ranks);
+  detail::check_size(kOp, "inputs (one per rank)", inputs.size(), num_ranks);
+  detail::check_size(kOp, "num_tokens_per_rank", num_tokens_per_rank.size(), num_ranks);
+  // Node stage: each node's ranks return their rows to the ranks that forwarded them.
+  std::vector<NormalCombineRankInput> partials(num_ranks);
+  for (int node = 0; node < num_nodes; ++node) {
+    const std::vector<int> members = node_members(node * ranks_per_node, ranks_per_node);
+    std::vector<NormalRankDispatched> routing;
+    std::vector<NormalCombineRankInput> returned;
+    std::vector<int> forwarded;
+    for (int member : members) {
+      routing.push_back(dispatched.node[member]);
+      returned.push_back(inputs[member]);
+      forwarded.push_back(dispatched.rail[member].num_recv_tokens);
+    }
+    std::vector<NormalCombineRankOutput> sums = normal_combine(routing, returned, forwarded, hidden, num_topk);
+    for (size_t i = 0; i < members.size(); ++i) {
+      partials[members[i]].x = std::move(sums[i].combined_x);
+      partials[members[i]].topk_weights = std::move(sums[i].combined_topk_weights);
+    }
+  }
+  // Rail stage: the forwarding ranks return the partial sums to the tokens' own ranks.
+  std::vector<NormalCombineRankOutput> outputs(num_ranks);
+  for (int local = 0; local < ranks_per_node; ++local) {
+    const std::vector<int> rail = rail_members(local, ranks_per_node, num_ranks);
+    std::vector<NormalRankDispatched> routing;
+    std::vector<NormalCombineRankInput> returned;
+    std::vector<int> tokens;
+    std::vector<std::vector<uint16_t>> rail_bias0, rail_bias1;
+    for (int member : rail) {
+      routing.push_back(dispatched.rail[member]);
+      returned.push_back(partials[member]);
+      tokens.push_back(num_tokens_per_rank[member]);
+      if (!bias0.empty()) rail_bias0.push_back(bias0.at(member));
+      if (!bias1.empty()) rail_bias1.push_back(bias1.at(member));
+    }
+    std::vector<NormalCombineRankOutput> sums =
+        normal_combine(routing, returned, tokens, hidden, num_topk, rail_bias0, rail_bias1);
+    for (size_t i = 0; i < rail.size(); ++i) outputs[rail[i]] = std::move(sums[i]);
+  }
+  return outputs;
+}
+
 }  // namespace epcomm::reference

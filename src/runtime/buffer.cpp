@@ -47,7 +47,13 @@ Buffer::Buffer(std::shared_ptr<Bootstrap> bootstrap, const BufferOptions& option
   impl_->bootstrap = std::move(bootstrap);
   impl_->options = options;
   impl_->layout.nvl_bytes = static_cast<size_t>(options.num_nvl_bytes);
-  impl_->layout.low_latency_bytes = static_cast<size_t>(options.num_rdma_bytes);
+  // deep_ep's RDMA buffer: the low-latency region in low-latency mode, else the rail stage's rings
+  // (the hierarchical normal mode across nodes; runtime/ring_group.hpp).
+  if (options.low_latency_mode) {
+    impl_->layout.low_latency_bytes = static_cast<size_t>(options.num_rdma_bytes);
+  } else {
+    impl_->layout.rail_ring_bytes = static_cast<size_t>(options.num_rdma_bytes);
+  }
   if (detail::Profiler::enabled_by_environment()) impl_->profiler = std::make_unique<detail::Profiler>(impl_->bootstrap->rank());
   // The device current on this (the caller's) thread: what device=-1 means, even if the
   // initialisation runs on another thread, where the current device would be 0.
@@ -98,6 +104,10 @@ void Buffer::Impl::initialize(int caller_device, bool background) {
     notify_results = detail::MappedHostMemory(sizeof(NotifyResults));
     layout_workspace = detail::DeviceAllocation(LayoutWorkspace::kTotalBytes);
     EPCOMM_CUDA_CHECK(cudaMemset(layout_workspace.get(), 0, LayoutWorkspace::kTotalBytes));
+    if (layout.rail_ring_bytes > 0) {
+      stage_layout_workspace = detail::DeviceAllocation(LayoutWorkspace::kTotalBytes);
+      EPCOMM_CUDA_CHECK(cudaMemset(stage_layout_workspace.get(), 0, LayoutWorkspace::kTotalBytes));
+    }
     outputs = options.output_allocator ? options.output_allocator : make_stream_ordered_allocator();
     if (options.enable_shrink) {
       low_latency_mask = detail::DeviceAllocation(sizeof(int32_t) * kMaxRanks);
@@ -247,6 +257,7 @@ void Buffer::destroy() {
     impl_->transport.reset();
   }
   impl_->layout_workspace = detail::DeviceAllocation();
+  impl_->stage_layout_workspace = detail::DeviceAllocation();
 }
 
 void Buffer::get_dispatch_layout(const TensorView& topk_idx, int num_experts, const DispatchLayoutOutputs& outputs,

@@ -17,6 +17,7 @@
 #include "runtime/device_error_log.hpp"
 #include "runtime/peer_watchdog.hpp"
 #include "runtime/profiler.hpp"
+#include "runtime/ring_group.hpp"
 #include "runtime/scoped_device.hpp"
 #include "common/buffer_layout.hpp"
 #include "kernels/kernel_table.hpp"
@@ -74,6 +75,9 @@ struct Buffer::Impl {
   // stops first.
   std::unique_ptr<detail::PeerWatchdog> watchdog;
   detail::DeviceAllocation layout_workspace;  // LayoutWorkspace, zeroed once
+  // The hierarchical dispatch's own layouts (on comm_stream; the caller's get_dispatch_layout may
+  // run on another stream at the same time): LayoutWorkspace, zeroed once.
+  detail::DeviceAllocation stage_layout_workspace;
   detail::MappedHostMemory notify_results;    // NotifyResults, read by the host after a notify
   uint64_t notify_sequence = 0;               // last sequence number a host-waited notify published
   uint32_t dispatches_made = 0;               // new-routing dispatches launched, both modes: every rank counts alike (wraps)
@@ -143,8 +147,12 @@ struct Buffer::Impl {
   }
 
   const PeerWindow& window() const { return transport->window(); }
-  // Normal mode's rings are staged (nvl_layout.hpp) when some rank is reached only by put.
-  bool rings_staged() const { return !window().all_direct(); }
+  // Normal mode's stages (runtime/ring_group.hpp): hierarchical across nodes with a rail region,
+  // else one flat stage over every rank.
+  bool hierarchical() const { return layout.rail_ring_bytes > 0 && topology.num_nodes() > 1; }
+  detail::RingGroup world_ring_group() const;
+  detail::RingGroup node_ring_group() const;
+  detail::RingGroup rail_ring_group() const;
   char* local_base() const { return static_cast<char*>(transport->local_base()); }
 
   static uint64_t next_id() {

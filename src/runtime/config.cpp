@@ -26,11 +26,10 @@ void BufferOptions::validate(int num_ranks) const {
   if (num_rdma_bytes < 0) {
     fail(ErrorCode::kInvalidArgument, "Buffer: num_rdma_bytes=", num_rdma_bytes, " must be non-negative");
   }
-  if (num_rdma_bytes > 0 && !low_latency_mode) {
-    fail(ErrorCode::kUnsupported, "Buffer: num_rdma_bytes=", num_rdma_bytes,
-         " without low_latency_mode asks for deep_ep's RDMA buffer of normal mode across nodes; this version runs "
-         "normal mode across nodes in the rings of num_nvl_bytes (Config::nvl_buffer_size_hint with num_nodes) and "
-         "has no use for it: pass num_rdma_bytes=0");
+  if (num_rdma_bytes > 0 && !low_latency_mode && num_nvl_bytes == 0) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: num_rdma_bytes=", num_rdma_bytes,
+         " without low_latency_mode holds the network stage of normal mode across nodes, which also needs the "
+         "NVLink stage's rings: pass num_nvl_bytes > 0 (Config::nvl_buffer_size_hint)");
   }
   if (enable_shrink && !low_latency_mode) {
     fail(ErrorCode::kInvalidArgument, "Buffer: enable_shrink=true needs low_latency_mode=true (it masks ranks in "
@@ -109,11 +108,7 @@ void Config::validate() const {
     fail(ErrorCode::kInvalidArgument, "Config: num_max_nvl_chunked_send_tokens=", num_max_nvl_chunked_send_tokens,
          " must be at least 1");
   }
-  // A sender publishes only every send_chunk tokens, in windows of kSendWindowTokens, and may
-  // wait for ring space before publishing: the ring must hold a whole unpublished stretch plus a
-  // window, or sender and receiver could wait on each other.
-  const int send_stretch = (num_max_nvl_chunked_send_tokens + kSendWindowTokens - 1) / kSendWindowTokens * kSendWindowTokens;
-  const int min_ring = std::max(kMinRingTokens, send_stretch + kSendWindowTokens);
+  const int min_ring = min_ring_tokens(num_max_nvl_chunked_send_tokens);
   if (num_max_nvl_chunked_recv_tokens < min_ring) {
     fail(ErrorCode::kInvalidArgument, "Config: num_max_nvl_chunked_recv_tokens=", num_max_nvl_chunked_recv_tokens,
          " must be at least ", min_ring, " with num_max_nvl_chunked_send_tokens=", num_max_nvl_chunked_send_tokens,
@@ -137,7 +132,20 @@ int64_t Config::nvl_buffer_size_hint(int64_t hidden_bytes, int num_ranks, int nu
   return ring_buffer_bytes(hidden_bytes, num_ranks, /*staged=*/num_nodes > 1);
 }
 
+int64_t Config::rdma_buffer_size_hint(int64_t hidden_bytes, int num_nodes) const {
+  if (num_nodes < 1 || num_nodes > kMaxNvlPeers) {
+    fail(ErrorCode::kInvalidArgument, "Config::rdma_buffer_size_hint: num_nodes=", num_nodes, " must be in [1, ",
+         kMaxNvlPeers, "]");
+  }
+  if (num_nodes == 1) return 0;
+  return rings_bytes(hidden_bytes, num_nodes, /*staged=*/true, num_max_rdma_chunked_recv_tokens);
+}
+
 int64_t Config::ring_buffer_bytes(int64_t hidden_bytes, int num_ranks, bool staged) const {
+  return rings_bytes(hidden_bytes, num_ranks, staged, num_max_nvl_chunked_recv_tokens);
+}
+
+int64_t Config::rings_bytes(int64_t hidden_bytes, int num_ranks, bool staged, int capacity) const {
   validate();
   // The larger of the two slot layouts, with room for the most metadata a call may carry.
   const int max_scales = static_cast<int>(hidden_bytes / kFp8ChannelsPerScale);
@@ -147,7 +155,7 @@ int64_t Config::ring_buffer_bytes(int64_t hidden_bytes, int num_ranks, bool stag
   rings.slot = dispatch_slot.bytes > combine_slot.bytes ? dispatch_slot : combine_slot;
   rings.num_ranks = num_ranks;
   rings.num_channels = num_channels();
-  rings.capacity = num_max_nvl_chunked_recv_tokens;
+  rings.capacity = capacity;
   rings.staged = staged;
   const size_t bytes = rings.total_bytes();
   return static_cast<int64_t>((bytes + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment);

@@ -1,6 +1,7 @@
 // What a DispatchHandle holds: the routing of one dispatch, on the device, plus its shapes.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "epcomm/normal.hpp"
@@ -27,6 +28,11 @@ struct DispatchHandleState {
   Tensor recv_src_idx;          // int32 [num_rows]
   Tensor num_recv_tokens_per_expert_device;  // int32 [E / R]
   std::vector<int> num_recv_tokens_per_expert;  // empty in worst-case mode
+  // The hierarchical dispatch across nodes (runtime/ring_group.hpp): each stage's own routing.
+  // The fields above are then the node stage's, except the call's num_ranks, num_tokens and
+  // num_experts. Null for a flat dispatch.
+  std::shared_ptr<const DispatchHandleState> rail;  // rows forwarded to this rank, by source node
+  std::shared_ptr<const DispatchHandleState> node;  // this node's forwarded rows, to their ranks
 };
 
 }  // namespace epcomm::detail

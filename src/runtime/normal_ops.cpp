@@ -60,32 +60,42 @@ Tensor allocate(Allocator& allocator, DType dtype, std::initializer_list<int64_t
   return allocator.allocate(dtype, shape, stream);
 }
 
-// The rings of a call with `slot`s: staged when some rank is reached only by put (nvl_layout.hpp).
-// Normal mode's kernels give each peer a team of warps: at most kMaxNvlPeers ranks.
-RingLayout ring_layout(const char* op, const Buffer::Impl& impl, const SlotLayout& slot, const Config& config) {
-  if (impl.bootstrap->num_ranks() > kMaxNvlPeers) {
-    fail(ErrorCode::kUnsupported, op, ": num_ranks=", impl.bootstrap->num_ranks(), " is more than normal mode's ",
+// The rings of a stage's call with `slot`s: staged when some rank is reached only by put
+// (nvl_layout.hpp). Normal mode's kernels give each peer a team of warps: at most kMaxNvlPeers ranks.
+RingLayout ring_layout(const char* op, const detail::RingGroup& group, const SlotLayout& slot, const Config& config) {
+  if (group.num_ranks() > kMaxNvlPeers) {
+    fail(ErrorCode::kUnsupported, op, ": ", group.stage, "num_ranks=", group.num_ranks(), " is more than normal mode's ",
          kMaxNvlPeers, " ranks; with more, only low-latency mode runs");
   }
   RingLayout rings;
   rings.slot = slot;
-  rings.num_ranks = impl.bootstrap->num_ranks();
+  rings.num_ranks = group.num_ranks();
   rings.num_channels = config.num_channels();
-  rings.capacity = config.num_max_nvl_chunked_recv_tokens;
-  rings.staged = impl.rings_staged();
+  rings.capacity = group.ring_capacity(config);
+  rings.staged = group.staged();
   return rings;
 }
 
-void require_ring_fits(const char* op, const Buffer::Impl& impl, const RingLayout& rings, const Config& config,
+void require_ring_fits(const char* op, const detail::RingGroup& group, const RingLayout& rings, const Config& config,
                        int64_t row_bytes) {
   const size_t needed = rings.total_bytes();
-  if (needed > static_cast<size_t>(impl.options.num_nvl_bytes)) {
-    fail(ErrorCode::kInvalidArgument, op, ": num_nvl_bytes=", impl.options.num_nvl_bytes, " is too small for rows of ",
-         row_bytes, " bytes with num_sms=", config.num_sms, " and num_max_nvl_chunked_recv_tokens=",
-         config.num_max_nvl_chunked_recv_tokens, ": the rings need ", needed, " bytes",
+  const char* capacity_field = group.rail ? "num_max_rdma_chunked_recv_tokens" : "num_max_nvl_chunked_recv_tokens";
+  if (needed > group.ring_bytes) {
+    fail(ErrorCode::kInvalidArgument, op, ": ", group.bytes_option, "=", group.ring_bytes, " is too small for ",
+         group.stage, "rows of ", row_bytes, " bytes with num_sms=", config.num_sms, " and ", capacity_field, "=",
+         group.ring_capacity(config), ": the rings need ", needed, " bytes",
          rings.staged ? ", twice the receive rings: ranks on other nodes are reached by put from staging rings" : "",
-         "; Config::nvl_buffer_size_hint(hidden_bytes, num_ranks", rings.staged ? ", num_nodes" : "",
-         ") gives a size that fits every call");
+         group.rail ? "; Config::rdma_buffer_size_hint(hidden_bytes, num_nodes)"
+                    : rings.staged ? "; Config::nvl_buffer_size_hint(hidden_bytes, num_ranks, num_nodes)"
+                                   : "; Config::nvl_buffer_size_hint(hidden_bytes, num_ranks)",
+         " gives a size that fits every call");
+  }
+  const int capacity = group.ring_capacity(config);
+  const int send_chunk = group.send_chunk(config);
+  if (group.rail && capacity < min_ring_tokens(send_chunk)) {  // the NVLink fields are checked by Config::validate
+    fail(ErrorCode::kInvalidArgument, op, ": config.num_max_rdma_chunked_recv_tokens=", capacity, " must be at least ",
+         min_ring_tokens(send_chunk), " with num_max_rdma_chunked_send_tokens=", send_chunk,
+         " (the send chunk rounded up to ", kSendWindowTokens, ", plus ", kSendWindowTokens, ")");
   }
 }
 
@@ -106,17 +116,17 @@ void require_vector_aligned(const char* op, const char* name, const TensorView& 
   }
 }
 
-kernels::RingArgs ring_args(const Buffer::Impl& impl, const Config& config) {
+kernels::RingArgs ring_args(const detail::RingGroup& group, const Config& config) {
   kernels::RingArgs ring;
   ring.num_channels = config.num_channels();
-  ring.ring_capacity = config.num_max_nvl_chunked_recv_tokens;
-  ring.send_chunk = config.num_max_nvl_chunked_send_tokens;
-  ring.staged = impl.rings_staged();
+  ring.ring_capacity = group.ring_capacity(config);
+  ring.send_chunk = group.send_chunk(config);
+  ring.staged = group.staged();
   return ring;
 }
 
 // Waits (bounded) until the notify step of this call has published its counts to the host.
-void wait_for_notify(Buffer::Impl& impl, uint64_t sequence) {
+void wait_for_notify(Buffer::Impl& impl, const detail::RingGroup& group, uint64_t sequence) {
   const auto* results = static_cast<const NotifyResults*>(impl.notify_results.host());
   const auto deadline = std::chrono::steady_clock::now() + impl.options.wait_timeout;
   // Pairs with the notify kernel's release store of `sequence`.
@@ -125,8 +135,8 @@ void wait_for_notify(Buffer::Impl& impl, uint64_t sequence) {
     if (std::chrono::steady_clock::now() > deadline) {
       const std::string message =
           join_message("rank ", impl.bootstrap->rank(), ": dispatch waited ", impl.options.wait_timeout.count(),
-                 " ms on the host for the received-token counts of its notify step; a peer may not have called "
-                 "dispatch, or this rank's GPU is stuck behind earlier work");
+                 " ms on the host for the received-token counts of its ", group.stage, "notify step; a peer may not "
+                 "have called dispatch, or this rank's GPU is stuck behind earlier work");
       impl.errors.mark_unusable(message);
       fail(ErrorCode::kTimeout, message);
     }
@@ -215,14 +225,15 @@ DispatchShape validate_dispatch(const Buffer::Impl& impl, const DispatchArgs& ar
 
 // What every rank of this dispatch must agree on; the notify step (a new routing) or the checked
 // barrier (a cached one) compares it across ranks. `dispatch_number`: the routing's dispatch.
-CallSignature call_signature(const DispatchArgs& args, const DispatchShape& shape, uint32_t dispatch_number) {
+CallSignature call_signature(const detail::RingGroup& group, const DispatchArgs& args, const DispatchShape& shape,
+                             uint32_t dispatch_number) {
   CallSignature signature{};
   signature.set(CallField::kRowBytes, shape.row_bytes);
   signature.set(CallField::kNumScales, shape.num_scales);
   signature.set(CallField::kNumTopk, shape.num_topk);
   signature.set(CallField::kNumExperts, shape.num_experts);
   signature.set(CallField::kNumChannels, args.config.num_channels());
-  signature.set(CallField::kRingCapacity, args.config.num_max_nvl_chunked_recv_tokens);
+  signature.set(CallField::kRingCapacity, group.ring_capacity(args.config));
   signature.set(CallField::kHasTopkIdx, given(args.topk_idx));
   signature.set(CallField::kHasTopkWeights, given(args.topk_weights));
   signature.set(CallField::kDispatchNumber, dispatch_number);
@@ -231,14 +242,14 @@ CallSignature call_signature(const DispatchArgs& args, const DispatchShape& shap
 }
 
 // What every rank of a combine must agree on (each lays out its rows in its peers' rings by these).
-CallSignature combine_signature(const detail::DispatchHandleState& routing, int hidden, int num_topk,
-                                const Config& config) {
+CallSignature combine_signature(const detail::RingGroup& group, const detail::DispatchHandleState& routing,
+                                int hidden, int num_topk, const Config& config) {
   CallSignature signature{};
   signature.set(CallField::kRowBytes, static_cast<int64_t>(hidden) * static_cast<int64_t>(sizeof(uint16_t)));  // BF16
   signature.set(CallField::kNumTopk, num_topk);
   signature.set(CallField::kNumExperts, routing.num_experts);
   signature.set(CallField::kNumChannels, config.num_channels());
-  signature.set(CallField::kRingCapacity, config.num_max_nvl_chunked_recv_tokens);
+  signature.set(CallField::kRingCapacity, group.ring_capacity(config));
   signature.set(CallField::kHasTopkWeights, num_topk > 0);
   signature.set(CallField::kDispatchNumber, routing.dispatch_number);
   signature.set(CallField::kOperation, static_cast<int32_t>(DeviceOp::kCombine));
@@ -247,30 +258,28 @@ CallSignature combine_signature(const detail::DispatchHandleState& routing, int 
 
 // The barrier before a call that reuses a dispatch's routing (a combine, a cached dispatch), with
 // every rank's call compared on the way; the kernel after it reads the verdict it leaves.
-const int32_t* checked_barrier(const Buffer::Impl& impl, const CallSignature& signature, DeviceOp op,
-                               const detail::DispatchHandleState& routing, cudaStream_t comm) {
+const int32_t* checked_barrier(const Buffer::Impl& impl, const detail::RingGroup& group, const CallSignature& signature,
+                               DeviceOp op, const detail::DispatchHandleState& routing, cudaStream_t comm) {
   kernels::CallCheck check;
   check.signature = signature;
   check.op = op;
   check.prior_verdict = routing.verdict.view.ptr<int32_t>();
-  const PeerWindow window = impl.window();
-  impl.kernels->checked_barrier(window, check, impl.context(), comm);
-  return reinterpret_cast<const int32_t*>(window.bases[window.rank] + NvlLayout::call_verdict());
+  impl.kernels->checked_barrier(group.window, check, group.context, comm);
+  return reinterpret_cast<const int32_t*>(group.window.bases[group.rank()] + NvlLayout::call_verdict());
 }
 
 // Step 1 of a dispatch: the routing of this call in the handle. A new routing runs the notify step
 // (counts exchanged between ranks; unless the outputs are worst-case sized, the host waits for the
 // received counts); a cached one only needs every rank past its previous call (a checked barrier).
 // Returns the verdict the dispatch kernel reads: nonzero when the ranks made different calls.
-const int32_t* notify(Buffer::Impl& impl, const DispatchArgs& args, const DispatchShape& shape, bool host_waits,
-                      const detail::DispatchHandleState* cached, detail::DispatchHandleState& state,
-                      Allocator& allocator, cudaStream_t comm) {
-  const KernelContext context = impl.context();
+const int32_t* notify(Buffer::Impl& impl, const detail::RingGroup& group, const DispatchArgs& args,
+                      const DispatchShape& shape, bool host_waits, const detail::DispatchHandleState* cached,
+                      detail::DispatchHandleState& state, Allocator& allocator, cudaStream_t comm) {
   if (cached != nullptr) {
-    return checked_barrier(impl, call_signature(args, shape, cached->dispatch_number), DeviceOp::kDispatch, *cached,
-                           comm);
+    return checked_barrier(impl, group, call_signature(group, args, shape, cached->dispatch_number),
+                           DeviceOp::kDispatch, *cached, comm);
   }
-  const int ranks = impl.bootstrap->num_ranks();
+  const int ranks = group.num_ranks();
   const int channels = args.config.num_channels();
   // The handle's tensors live in the communication stream's order: every kernel that reads them
   // runs there, so freeing them there (when the last handle goes) can never overtake a reader.
@@ -298,16 +307,16 @@ const int32_t* notify(Buffer::Impl& impl, const DispatchArgs& args, const Dispat
   notify.recv_channel_prefix = state.recv_channel_prefix.view.ptr<int32_t>();
   notify.rank_prefix_matrix = state.rank_prefix_matrix.view.ptr<int32_t>();
   state.dispatch_number = ++impl.dispatches_made;
-  notify.signature = call_signature(args, shape, state.dispatch_number);
+  notify.signature = call_signature(group, args, shape, state.dispatch_number);
   notify.verdict = state.verdict.view.ptr<int32_t>();
   notify.num_recv_tokens_per_expert = state.num_recv_tokens_per_expert_device.view.ptr<int32_t>();
   if (host_waits) {
     notify.host_results = static_cast<NotifyResults*>(impl.notify_results.device());
     notify.sequence = ++impl.notify_sequence;
   }
-  impl.kernels->notify_dispatch(impl.window(), notify, context, comm);
+  impl.kernels->notify_dispatch(group.window, notify, group.context, comm);
   if (host_waits) {
-    wait_for_notify(impl, notify.sequence);
+    wait_for_notify(impl, group, notify.sequence);
     const auto* results = static_cast<const NotifyResults*>(impl.notify_results.host());
     if (results->disagreed != 0) {
       // Ranks that disagreed about the call fail here, every one of them, before anything is sent.
@@ -341,9 +350,9 @@ DispatchResult allocate_outputs(const DispatchArgs& args, const DispatchShape& s
 }
 
 // Step 3: the dispatch kernel, from the caller's inputs into the outputs, by the handle's routing.
-void launch(const Buffer::Impl& impl, const DispatchArgs& args, const DispatchShape& shape, bool cached,
-            const detail::DispatchHandleState& state, const int32_t* verdict, const DispatchResult& result,
-            cudaStream_t comm) {
+void launch(const Buffer::Impl& impl, const detail::RingGroup& group, const DispatchArgs& args,
+            const DispatchShape& shape, bool cached, const detail::DispatchHandleState& state, const int32_t* verdict,
+            const DispatchResult& result, cudaStream_t comm) {
   kernels::DispatchKernelArgs kernel;
   kernel.x = args.x.data;
   kernel.row_bytes = static_cast<size_t>(shape.row_bytes);
@@ -367,8 +376,130 @@ void launch(const Buffer::Impl& impl, const DispatchArgs& args, const DispatchSh
   kernel.recv_src_idx = cached ? nullptr : state.recv_src_idx.view.ptr<int32_t>();
   kernel.send_position = cached ? nullptr : state.send_position.view.ptr<int32_t>();
   kernel.verdict = verdict;
-  kernel.ring = ring_args(impl, args.config);
-  impl.kernels->dispatch(impl.window(), kernel, impl.context(), comm);
+  kernel.ring = ring_args(group, args.config);
+  impl.kernels->dispatch(group.window, kernel, group.context, comm);
+}
+
+// A new routing's handle state, before its notify step fills the routing.
+std::shared_ptr<detail::DispatchHandleState> new_routing(const Buffer::Impl& impl, const detail::RingGroup& group,
+                                                         const DispatchArgs& args, const DispatchShape& shape) {
+  auto state = std::make_shared<detail::DispatchHandleState>();
+  state->owner = impl.id;
+  state->num_ranks = group.num_ranks();
+  state->num_tokens = shape.num_tokens;
+  state->num_channels = args.config.num_channels();
+  state->num_experts = shape.num_experts;
+  state->num_worst_tokens = args.num_worst_tokens;
+  return state;
+}
+
+// One flat stage's dispatch: its notify step (or, with a cached routing, the checked barrier),
+// outputs from `allocator` in `allocation`'s order, the kernel. Returns the outputs; `state` is the
+// routing (the cached one's copy, or the new one).
+DispatchResult dispatch_stage(Buffer::Impl& impl, const detail::RingGroup& group, const DispatchArgs& args,
+                              const DispatchShape& shape, const detail::DispatchHandleState* cached, bool host_waits,
+                              Allocator& allocator, const CallStreams& streams, cudaStream_t allocation,
+                              std::shared_ptr<detail::DispatchHandleState>& state) {
+  if (cached != nullptr) {
+    state = std::make_shared<detail::DispatchHandleState>(*cached);  // same routing; the tensors are shared
+  } else {
+    state = new_routing(impl, group, args, shape);
+  }
+  const int32_t* verdict = notify(impl, group, args, shape, host_waits, cached, *state, allocator, streams.comm());
+  DispatchResult result = allocate_outputs(args, shape, state->num_rows, allocator, allocation);
+  if (allocation != streams.comm()) streams.order_after_allocations();
+  launch(impl, group, args, shape, cached != nullptr, *state, verdict, result, streams.comm());
+  result.num_recv_tokens_per_expert_device = state->num_recv_tokens_per_expert_device;
+  result.num_recv_tokens_per_expert = state->num_recv_tokens_per_expert;
+  return result;
+}
+
+// The layout a hierarchical stage computes for itself, on the communication stream: of `ids`
+// ([tokens, K]) over `num_ranks` ranks of `num_experts` experts. Its own workspace: the caller's
+// get_dispatch_layout may run on another stream meanwhile.
+void stage_layout(Buffer::Impl& impl, const TensorView& ids, int num_experts, int num_ranks, DispatchArgs& stage_args,
+                  std::vector<Tensor>& keep, Allocator& allocator, cudaStream_t comm) {
+  const int64_t tokens = ids.shape[0];
+  std::vector<Tensor> layout = detail::allocate_together(
+      allocator,
+      {detail::piece(DType::kInt32, {num_ranks}), detail::piece(DType::kInt32, {num_experts}),
+       detail::piece(DType::kBool, {tokens, num_ranks})},
+      comm, impl.comm_stream_lifetime);
+  kernels::DispatchLayoutArgs kernel;
+  kernel.topk_idx = ids.data;
+  kernel.num_tokens = static_cast<int>(tokens);
+  kernel.num_topk = static_cast<int>(ids.shape[1]);
+  kernel.num_experts = num_experts;
+  kernel.num_ranks = num_ranks;
+  kernel.num_tokens_per_rank = layout[0].view.ptr<int32_t>();
+  kernel.num_tokens_per_expert = layout[1].view.ptr<int32_t>();
+  kernel.is_token_in_rank = layout[2].view.ptr<bool>();
+  kernel.workspace = impl.stage_layout_workspace.get();
+  kernels::launch_dispatch_layout(kernel, impl.num_device_sms, impl.context(), comm);
+  stage_args.num_tokens_per_rank = layout[0].view;
+  stage_args.num_tokens_per_expert = layout[1].view;
+  stage_args.is_token_in_rank = layout[2].view;
+  for (Tensor& tensor : layout) keep.push_back(std::move(tensor));
+}
+
+// Across nodes with a rail region: the rail stage takes each token once to every node that holds
+// one of its experts (to the rank of this rank's local index there), with its ids made local to
+// that node; there the node stage forwards it over NVLink to the ranks of its experts. Rows
+// arrive grouped by the forwarding rank, then by source node. The routing inside the destination
+// node follows topk_idx (as get_dispatch_layout derives is_token_in_rank from it).
+DispatchResult dispatch_hierarchical(Buffer::Impl& impl, const DispatchArgs& args, const DispatchShape& shape,
+                                     const detail::DispatchHandleState* cached, Allocator& allocator,
+                                     const CallStreams& streams, std::shared_ptr<detail::DispatchHandleState>& state) {
+  const detail::RingGroup rail = impl.rail_ring_group();
+  const detail::RingGroup node = impl.node_ring_group();
+  const cudaStream_t comm = streams.comm();
+  std::vector<Tensor> layouts;  // the stages' own layouts, alive until their kernels have run (stream order)
+
+  DispatchArgs rail_args = args;
+  rail_args.handle = nullptr;
+  rail_args.expert_alignment = 1;
+  if (cached == nullptr) stage_layout(impl, args.topk_idx, shape.num_experts, rail.num_ranks(), rail_args, layouts, allocator, comm);
+  std::shared_ptr<detail::DispatchHandleState> rail_state;
+  const DispatchResult forwarded = dispatch_stage(impl, rail, rail_args, shape, cached ? cached->rail.get() : nullptr,
+                                                  cached == nullptr, allocator, streams, comm, rail_state);
+
+  DispatchArgs node_args = args;
+  node_args.handle = nullptr;
+  node_args.x = forwarded.recv_x.view;
+  node_args.x_scales = forwarded.recv_x_scales.view;
+  node_args.topk_idx = forwarded.recv_topk_idx.view;
+  node_args.topk_weights = forwarded.recv_topk_weights.view;
+  DispatchShape node_shape = shape;
+  node_shape.num_tokens = rail_state->num_rows;
+  node_shape.num_experts = shape.num_experts / rail.num_ranks();
+  if (cached == nullptr) {
+    stage_layout(impl, node_args.topk_idx, node_shape.num_experts, node.num_ranks(), node_args, layouts, allocator, comm);
+  }
+  std::shared_ptr<detail::DispatchHandleState> node_state;
+  DispatchResult result = dispatch_stage(impl, node, node_args, node_shape, cached ? cached->node.get() : nullptr,
+                                         cached == nullptr, allocator, streams, streams.allocation(), node_state);
+  // The handle: the node stage's routing as the caller sees it (rows, source indices, counts), the
+  // call's tokens and experts, and both stages' routings for combine and cached dispatch.
+  state = std::make_shared<detail::DispatchHandleState>(*node_state);
+  state->num_ranks = impl.bootstrap->num_ranks();
+  state->num_tokens = shape.num_tokens;
+  state->num_experts = shape.num_experts;
+  state->num_worst_tokens = 0;
+  state->rail = std::move(rail_state);
+  state->node = std::move(node_state);
+  return result;
+}
+
+void require_hierarchical_call(const DispatchArgs& args, const detail::DispatchHandleState* cached) {
+  if (cached == nullptr && !given(args.topk_idx)) {
+    fail(ErrorCode::kInvalidArgument, kDispatchOp, ": across nodes with a rail region (num_rdma_bytes), a new routing "
+         "needs topk_idx: the ranks that forward a token inside its destination node route it by its expert ids");
+  }
+  if (args.num_worst_tokens > 0) {
+    fail(ErrorCode::kUnsupported, kDispatchOp, ": num_worst_tokens=", args.num_worst_tokens, " across nodes with a "
+         "rail region (num_rdma_bytes): the hierarchical dispatch sizes its forwarded rows by its notify step, "
+         "which the host waits for; use a cached handle for a CUDA graph, or num_rdma_bytes=0 (flat)");
+  }
 }
 
 }  // namespace
@@ -386,35 +517,64 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, 
     fail(ErrorCode::kInvalidArgument, kDispatchOp, ": the stream is being captured into a CUDA graph, but dispatch "
          "waits on the host for received counts; pass num_worst_tokens > 0, or use a cached handle");
   }
-  const RingLayout rings = ring_layout(
-      kDispatchOp, impl, SlotLayout::dispatch(static_cast<size_t>(shape.row_bytes), shape.num_scales, shape.num_topk), args.config);
-  require_ring_fits(kDispatchOp, impl, rings, args.config, shape.row_bytes);
+  const bool hierarchical = impl.hierarchical();
+  if (hierarchical) require_hierarchical_call(args, cached);
+  const SlotLayout slot = SlotLayout::dispatch(static_cast<size_t>(shape.row_bytes), shape.num_scales, shape.num_topk);
+  for (const detail::RingGroup& group : hierarchical ? std::vector{impl.rail_ring_group(), impl.node_ring_group()}
+                                                     : std::vector{impl.world_ring_group()}) {
+    require_ring_fits(kDispatchOp, group, ring_layout(kDispatchOp, group, slot, args.config), args.config, shape.row_bytes);
+  }
   require_resident(kDispatchOp, impl, args.config);
 
   detail::ScopedDevice scoped(impl.device);
-  auto state = std::make_shared<detail::DispatchHandleState>();
-  if (cached != nullptr) {
-    *state = *cached;  // same routing; the tensors are shared
-  } else {
-    state->owner = impl.id;
-    state->num_ranks = ranks;
-    state->num_tokens = shape.num_tokens;
-    state->num_channels = args.config.num_channels();
-    state->num_experts = shape.num_experts;
-    state->num_worst_tokens = args.num_worst_tokens;
-  }
   const CallStreams streams(impl.comm_stream, call);
-  const int32_t* verdict = notify(impl, args, shape, host_waits, cached, *state, allocator, streams.comm());
-  DispatchResult result = allocate_outputs(args, shape, state->num_rows, allocator, streams.allocation());
-  streams.order_after_allocations();
-  launch(impl, args, shape, cached != nullptr, *state, verdict, result, streams.comm());
-
-  result.num_recv_tokens_per_expert_device = state->num_recv_tokens_per_expert_device;
-  result.num_recv_tokens_per_expert = state->num_recv_tokens_per_expert;
+  std::shared_ptr<detail::DispatchHandleState> state;
+  DispatchResult result =
+      hierarchical ? dispatch_hierarchical(impl, args, shape, cached, allocator, streams, state)
+                   : dispatch_stage(impl, impl.world_ring_group(), args, shape, cached, host_waits, allocator, streams,
+                                    streams.allocation(), state);
   result.handle = DispatchHandle(std::move(state));
   result.event = streams.finish();
   return result;
 }
+
+namespace {
+
+struct CombineInputs {
+  TensorView x;             // bfloat16 [routing.num_rows, hidden]
+  TensorView topk_weights;  // float32 [routing.num_rows, K], optional
+  const void* bias0 = nullptr;
+  const void* bias1 = nullptr;
+};
+
+// One flat stage's combine into `out` ([routing.num_tokens, hidden]) and `out_weights`: the checked
+// barrier (every rank past its previous call, and making this same call), then the kernel.
+void combine_stage(const Buffer::Impl& impl, const detail::RingGroup& group, const detail::DispatchHandleState& routing,
+                   const CombineInputs& in, const Config& config, const Tensor& out, const Tensor& out_weights,
+                   cudaStream_t comm) {
+  const int hidden = static_cast<int>(in.x.shape[1]);
+  const int num_topk = in.topk_weights.ndim > 0 ? static_cast<int>(in.topk_weights.shape[1]) : 0;
+  const int32_t* verdict = checked_barrier(impl, group, combine_signature(group, routing, hidden, num_topk, config),
+                                           DeviceOp::kCombine, routing, comm);
+  kernels::CombineKernelArgs kernel;
+  kernel.x = in.x.data;
+  kernel.hidden = hidden;
+  kernel.topk_weights = num_topk > 0 ? in.topk_weights.ptr<float>() : nullptr;
+  kernel.num_topk = num_topk;
+  kernel.bias0 = in.bias0;
+  kernel.bias1 = in.bias1;
+  kernel.recv_channel_prefix = routing.recv_channel_prefix.view.ptr<int32_t>();
+  kernel.send_position = routing.send_position.view.ptr<int32_t>();
+  kernel.verdict = verdict;
+  kernel.num_tokens = routing.num_tokens;
+  kernel.num_rows = routing.num_rows;
+  kernel.combined_x = out.view.data;
+  kernel.combined_topk_weights = out_weights.view.ptr<float>();
+  kernel.ring = ring_args(group, config);
+  impl.kernels->combine(group.window, kernel, group.context, comm);
+}
+
+}  // namespace
 
 CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, const CallOptions& call) {
   impl_->begin(kCombineOp);
@@ -445,15 +605,18 @@ CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, con
     fail(ErrorCode::kInvalidArgument, kCombineOp, ": config.num_sms=", args.config.num_sms,
          " must equal the dispatch's (", state.num_channels, "): combine runs on the dispatch's channels");
   }
-  const RingLayout rings = ring_layout(kCombineOp, impl, SlotLayout::combine(static_cast<size_t>(row_bytes), num_topk), args.config);
-  require_ring_fits(kCombineOp, impl, rings, args.config, row_bytes);
+  const bool hierarchical = state.rail != nullptr;
+  const SlotLayout slot = SlotLayout::combine(static_cast<size_t>(row_bytes), num_topk);
+  for (const detail::RingGroup& group : hierarchical ? std::vector{impl.rail_ring_group(), impl.node_ring_group()}
+                                                     : std::vector{impl.world_ring_group()}) {
+    require_ring_fits(kCombineOp, group, ring_layout(kCombineOp, group, slot, args.config), args.config, row_bytes);
+  }
   require_resident(kCombineOp, impl, args.config);
   require_vector_aligned(kCombineOp, "x", args.x);
   if (given(args.bias0)) require_vector_aligned(kCombineOp, "bias0", args.bias0);
   if (given(args.bias1)) require_vector_aligned(kCombineOp, "bias1", args.bias1);
 
   detail::ScopedDevice scoped(impl.device);
-  const KernelContext context = impl.context();
   const CallStreams streams(impl.comm_stream, call);
   CombineResult result;
   result.combined_x = allocate(allocator, DType::kBFloat16, {state.num_tokens, hidden}, streams.allocation());
@@ -461,27 +624,26 @@ CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, con
     result.combined_topk_weights = allocate(allocator, DType::kFloat32, {state.num_tokens, num_topk}, streams.allocation());
   }
   streams.order_after_allocations();
-
-  // Every rank must have finished its previous call before rings are laid out for this one, and
-  // every rank must make this same call: the checked barrier sees to both.
-  const int32_t* verdict = checked_barrier(impl, combine_signature(state, hidden, num_topk, args.config),
-                                           DeviceOp::kCombine, state, streams.comm());
-  kernels::CombineKernelArgs kernel;
-  kernel.x = args.x.data;
-  kernel.hidden = hidden;
-  kernel.topk_weights = num_topk > 0 ? args.topk_weights.ptr<float>() : nullptr;
-  kernel.num_topk = num_topk;
-  kernel.bias0 = given(args.bias0) ? args.bias0.data : nullptr;
-  kernel.bias1 = given(args.bias1) ? args.bias1.data : nullptr;
-  kernel.recv_channel_prefix = state.recv_channel_prefix.view.ptr<int32_t>();
-  kernel.send_position = state.send_position.view.ptr<int32_t>();
-  kernel.verdict = verdict;
-  kernel.num_tokens = state.num_tokens;
-  kernel.num_rows = state.num_rows;
-  kernel.combined_x = result.combined_x.view.data;
-  kernel.combined_topk_weights = result.combined_topk_weights.view.ptr<float>();
-  kernel.ring = ring_args(impl, args.config);
-  impl.kernels->combine(impl.window(), kernel, context, streams.comm());
+  CombineInputs in{args.x, args.topk_weights, given(args.bias0) ? args.bias0.data : nullptr,
+                   given(args.bias1) ? args.bias1.data : nullptr};
+  if (!hierarchical) {
+    combine_stage(impl, impl.world_ring_group(), state, in, args.config, result.combined_x, result.combined_topk_weights,
+                  streams.comm());
+  } else {
+    // Reduced inside the node first (to the rank that forwarded each token, in float, rounded to
+    // BF16 for the network as deep_ep does), then over the nodes at the token's own rank, where
+    // the biases are added.
+    const int64_t forwarded_rows = state.rail->num_rows;
+    const Tensor partial = allocate(allocator, DType::kBFloat16, {forwarded_rows, hidden}, streams.comm());
+    const Tensor partial_weights =
+        num_topk > 0 ? allocate(allocator, DType::kFloat32, {forwarded_rows, num_topk}, streams.comm()) : Tensor{};
+    combine_stage(impl, impl.node_ring_group(), *state.node, CombineInputs{args.x, args.topk_weights}, args.config,
+                  partial, partial_weights, streams.comm());
+    in.x = partial.view;
+    in.topk_weights = partial_weights.view;
+    combine_stage(impl, impl.rail_ring_group(), *state.rail, in, args.config, result.combined_x,
+                  result.combined_topk_weights, streams.comm());
+  }
   result.event = streams.finish();
   return result;
 }

@@ -31,17 +31,24 @@ Config small_round_config() {
   config.num_sms = 2;
   config.num_max_nvl_chunked_send_tokens = 8;
   config.num_max_nvl_chunked_recv_tokens = kMinRingTokens;
+  config.num_max_rdma_chunked_recv_tokens = kMinRingTokens;
   return config;
 }
 
 // The config of a full-size normal round: the default rings on a few SMs, or the smallest rings
-// when those do not fit. `staged`: some rank is reached only by put (nvl_layout.hpp).
-Config full_size_config(int64_t num_nvl_bytes, int hidden, int num_ranks, bool staged) {
+// when those do not fit. `staged`: some rank is reached only by put (nvl_layout.hpp); `num_ranks`:
+// the ranks the NVLink rings serve. `num_nodes` > 1 with rail bytes: the hierarchical mode's rail
+// rings too.
+Config full_size_config(int64_t num_nvl_bytes, int hidden, int num_ranks, bool staged, int num_nodes = 1,
+                        int64_t rail_bytes = 0) {
   Config config;
   config.num_sms = kFullSizeRoundSms;
   const int64_t row_bytes = static_cast<int64_t>(hidden) * 2;
   if (config.ring_buffer_bytes(row_bytes, num_ranks, staged) > num_nvl_bytes) {
     config.num_max_nvl_chunked_recv_tokens = kMinRingTokens;
+  }
+  if (rail_bytes > 0 && config.rdma_buffer_size_hint(row_bytes, num_nodes) > rail_bytes) {
+    config.num_max_rdma_chunked_recv_tokens = kMinRingTokens;
   }
   return config;
 }
@@ -169,8 +176,11 @@ void check_warmup_fits(const BufferOptions& options, int num_ranks) {
   if (shape.num_tokens > 0) {
     // Staged as the options say (emulated nodes, or nodes given outright); across real hosts the
     // warmup's own call says so.
+    // With a rail region (num_rdma_bytes without low_latency_mode) the NVLink rings serve one node
+    // and are not staged.
+    const bool rail = options.num_rdma_bytes > 0 && !options.low_latency_mode;
     const bool staged =
-        options.emulated_nodes > 1 || (options.ranks_per_node > 0 && options.ranks_per_node < num_ranks);
+        !rail && (options.emulated_nodes > 1 || (options.ranks_per_node > 0 && options.ranks_per_node < num_ranks));
     const int64_t needed = full_size_config(options.num_nvl_bytes, shape.hidden, num_ranks, staged)
                                .ring_buffer_bytes(int64_t{shape.hidden} * 2, num_ranks, staged);
     if (needed > options.num_nvl_bytes) {
@@ -213,7 +223,7 @@ void Buffer::warm_up(cudaStream_t stream) {
     // each). Nothing there is live yet during preinitialize; a later warmup() leaves rings drained
     // and resets the low-latency region on every rank alike (epochs and flags back to 0).
     const Timer phase(impl, "first touch of every peer's buffer");
-    const size_t user_bytes = static_cast<size_t>(impl.options.num_nvl_bytes + impl.options.num_rdma_bytes);
+    const size_t user_bytes = impl.layout.total_bytes() - BufferLayout::nvl_offset();
     const size_t bytes_per_rank = user_bytes / ranks / kVectorBytes * kVectorBytes;
     barrier(stream);
     if (ranks > 1 && bytes_per_rank > 0) {
@@ -229,10 +239,16 @@ void Buffer::warm_up(cudaStream_t stream) {
     } else {
       synchronize(stream);
     }
-    if (impl.options.num_rdma_bytes > 0) {
-      // Own region (ranks == 1, or the slice nobody wrote): epochs and flags start from zero.
-      EPCOMM_CUDA_CHECK(cudaMemsetAsync(impl.local_base() + impl.layout.low_latency_offset(), 0,
-                                        LowLatencyLayout::kControlBytes, stream));
+    if (impl.layout.low_latency_bytes > 0 || impl.layout.rail_ring_bytes > 0) {
+      // The control blocks the touch wrote over start from zero again: the low-latency region's
+      // epochs and flags, the rail stage's barrier and ring counters.
+      if (impl.layout.low_latency_bytes > 0) {
+        EPCOMM_CUDA_CHECK(cudaMemsetAsync(impl.local_base() + impl.layout.low_latency_offset(), 0,
+                                          LowLatencyLayout::kControlBytes, stream));
+      }
+      if (impl.layout.rail_ring_bytes > 0) {
+        EPCOMM_CUDA_CHECK(cudaMemsetAsync(impl.local_base() + impl.layout.rail_offset(), 0, NvlLayout::kDataOffset, stream));
+      }
       barrier(stream);
       synchronize(stream);
     }
@@ -243,9 +259,15 @@ void Buffer::warm_up(cudaStream_t stream) {
   Allocator& outputs = *impl.outputs;
   const RoundShape small = small_round_shape(ranks);
   const Config small_config = small_round_config();
-  const bool staged = impl.rings_staged();
+  // Hierarchical across nodes: the NVLink rings serve one node (unstaged), the rail's the nodes.
+  const bool hierarchical = impl.hierarchical();
+  const bool staged = !hierarchical && !impl.window().all_direct();
+  const int nvl_ranks = hierarchical ? impl.topology.ranks_per_node : ranks;
+  const int nodes = impl.topology.num_nodes();
+  const int64_t rail_bytes = hierarchical ? static_cast<int64_t>(impl.layout.rail_ring_bytes) : 0;
   const bool normal_fits =
-      impl.options.num_nvl_bytes >= small_config.ring_buffer_bytes(int64_t{kWarmupHidden} * 2, ranks, staged);
+      impl.options.num_nvl_bytes >= small_config.ring_buffer_bytes(int64_t{kWarmupHidden} * 2, nvl_ranks, staged) &&
+      rail_bytes >= (hierarchical ? small_config.rdma_buffer_size_hint(int64_t{kWarmupHidden} * 2, nodes) : 0);
   const bool low_latency_fits =
       impl.options.low_latency_mode &&
       impl.options.num_rdma_bytes >= low_latency_buffer_size_hint(small.tokens, small.hidden, ranks, small.experts);
@@ -268,7 +290,7 @@ void Buffer::warm_up(cudaStream_t stream) {
     // Across real nodes a buffer too small for the staged rings fails here, naming what it needs.
     const Timer phase(impl, "full-size rounds: normal mode (output memory)");
     const RoundShape full{shape.num_tokens, shape.hidden, shape.num_topk, shape.num_experts};
-    const Config config = full_size_config(impl.options.num_nvl_bytes, shape.hidden, ranks, staged);
+    const Config config = full_size_config(impl.options.num_nvl_bytes, shape.hidden, nvl_ranks, staged, nodes, rail_bytes);
     for (const bool use_fp8 : formats) {
       RoundResults kept;
       for (int round = 0; round < kFullSizeRounds; ++round) {

@@ -15,10 +15,24 @@ TEST(BufferLayout, RegionsFollowEachOtherInOrder) {
   BufferLayout layout;
   layout.nvl_bytes = 3 * kRegionAlignment;
   layout.low_latency_bytes = 5 * kRegionAlignment;
-  EXPECT_EQ(BufferLayout::nvl_offset(), NvlLayout::kDataOffset);
-  EXPECT_GE(BufferLayout::nvl_offset(), NvlLayout::kControlEnd);
+  EXPECT_EQ(BufferLayout::normal_offset(), NvlLayout::kDataOffset);  // after the barrier's control block
+  EXPECT_GE(BufferLayout::normal_offset(), NvlLayout::kControlEnd);
+  EXPECT_EQ(BufferLayout::nvl_offset(), BufferLayout::normal_offset() + NvlLayout::kDataOffset);
   EXPECT_EQ(layout.low_latency_offset(), BufferLayout::nvl_offset() + layout.nvl_bytes);
   EXPECT_EQ(layout.total_bytes(), layout.low_latency_offset() + layout.low_latency_bytes);
+  EXPECT_EQ(layout.rail_region_bytes(), 0u);  // no rail stage: nothing between the rings and low latency
+}
+
+TEST(BufferLayout, RailRegionHasItsOwnControlBlock) {
+  BufferLayout layout;
+  layout.nvl_bytes = 3 * kRegionAlignment;
+  layout.rail_ring_bytes = 2 * kRegionAlignment;
+  layout.low_latency_bytes = 5 * kRegionAlignment;
+  EXPECT_EQ(layout.rail_offset(), BufferLayout::nvl_offset() + layout.nvl_bytes);
+  EXPECT_EQ(layout.rail_region_bytes(), NvlLayout::kDataOffset + layout.rail_ring_bytes);
+  EXPECT_EQ(layout.low_latency_offset(), layout.rail_offset() + layout.rail_region_bytes());
+  EXPECT_EQ(layout.rail_offset() % kRegionAlignment, 0u);
+  EXPECT_EQ(layout.low_latency_offset() % kRegionAlignment, 0u);
 }
 
 TEST(NvlLayout, RingSlotsStartAfterTheControlBlock) {

@@ -66,6 +66,27 @@ TEST(BufferOptions, EmulatedNodesMustDivideTheRanks) {
   EXPECT_EQ(validation_error(options, 4), "");
 }
 
+TEST(Config, RdmaHintIsStagedRingsOfTheRdmaFieldsOnePeerPerNode) {
+  Config config = default_dispatch_config(8);
+  EXPECT_EQ(config.rdma_buffer_size_hint(7168 * 2, 1), 0);  // one node: no network stage
+  const int64_t two = config.rdma_buffer_size_hint(7168 * 2, 2);
+  const int64_t four = config.rdma_buffer_size_hint(7168 * 2, 4);
+  EXPECT_GT(two, 0);
+  EXPECT_EQ(two % static_cast<int64_t>(kRegionAlignment), 0);
+  EXPECT_GE(four, 2 * two - static_cast<int64_t>(kRegionAlignment));  // a ring pair per peer node
+  // Sized by the rdma ring: the same rings with the NVLink fields set alike take the same bytes.
+  config.num_max_nvl_chunked_recv_tokens = config.num_max_rdma_chunked_recv_tokens;
+  EXPECT_EQ(two, config.ring_buffer_bytes(7168 * 2, 2, true));
+  for (const int nodes : {0, kMaxNvlPeers + 1}) {
+    try {
+      (void)config.rdma_buffer_size_hint(7168 * 2, nodes);
+      FAIL() << nodes << " nodes were accepted";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("num_nodes=" + std::to_string(nodes)), std::string::npos);
+    }
+  }
+}
+
 TEST(Config, RingsAcrossNodesAreStagedAndTakeTwiceTheBytes) {
   const Config config = default_dispatch_config(8);
   const int64_t one_node = config.nvl_buffer_size_hint(7168 * 2, 8);
@@ -87,16 +108,18 @@ TEST(Config, RingsAcrossNodesAreStagedAndTakeTwiceTheBytes) {
   }
 }
 
-TEST(BufferOptions, WhatThisBuildCannotDoIsUnsupported) {
+TEST(BufferOptions, RdmaBytesWithoutLowLatencyAreTheRailStageRings) {
   BufferOptions options;
   options.num_rdma_bytes = 1 << 20;
-  try {
-    options.validate(2);
-    FAIL();
-  } catch (const Error& error) {
-    EXPECT_EQ(error.code(), ErrorCode::kUnsupported);
-    EXPECT_NE(std::string(error.what()).find("num_rdma_bytes=0"), std::string::npos);
-  }
+  EXPECT_NE(validation_error(options, 2).find("also needs the NVLink stage's rings: pass num_nvl_bytes > 0"),
+            std::string::npos);
+  options.num_nvl_bytes = 1 << 20;
+  EXPECT_EQ(validation_error(options, 2), "");
+  options.num_rdma_bytes = 1000;
+  EXPECT_NE(validation_error(options, 2).find("num_rdma_bytes=1000 must be a multiple of 128"), std::string::npos);
+}
+
+TEST(BufferOptions, WhatThisBuildCannotDoIsUnsupported) {
   try {
     BufferOptions{}.validate(kMaxRanks + 1);
     FAIL();

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <map>
 #include <vector>
 
 #include "expect_error.hpp"
@@ -256,6 +257,124 @@ TEST(NormalRoundTrip, CombineOfDispatchScalesByDestinationCount) {
       }
     }
   }
+}
+
+}  // namespace
+}  // namespace epcomm::reference
+
+namespace epcomm::reference {
+namespace {
+
+// A random world of `ranks` ranks (tokens 9 + 5 r), with weights; rows of small dyadic values
+// (k / 4, |k| <= 8), so that sums of a few of them are exact in BF16 and any grouping of a
+// combine's additions gives the same bits.
+std::vector<NormalRankInput> dyadic_world(int ranks, int experts, int topk, int hidden, uint64_t seed) {
+  RoutingOptions routing;
+  routing.prob_empty_slot = 0.2;
+  routing.prob_empty_token = 0.1;
+  std::vector<NormalRankInput> inputs(ranks);
+  for (int r = 0; r < ranks; ++r) {
+    NormalRankInput& in = inputs[r];
+    in.num_tokens = 9 + 5 * r;
+    in.topk_idx = random_topk_idx(derive_seed(seed, r, 0), in.num_tokens, topk, experts, routing);
+    in.topk_weights = random_topk_weights(derive_seed(seed, r, 2), in.num_tokens, topk);
+    Rng rng(derive_seed(seed, r, 1));
+    std::vector<float> values;
+    for (int i = 0; i < in.num_tokens * hidden; ++i) values.push_back(static_cast<float>(rng.uniform_int(-8, 9)) / 4);
+    in.x = as_bytes(bf16_of(values));
+  }
+  return inputs;
+}
+
+struct Origin {
+  int rank;
+  int token;
+  bool operator<(const Origin& other) const { return rank != other.rank ? rank < other.rank : token < other.token; }
+};
+
+// The rank and token a hierarchical row of rank `d` came from, through the rank that forwarded it.
+Origin origin_of(const HierarchicalDispatched& h, int d, int row, int ranks_per_node) {
+  const int forwarder = d / ranks_per_node * ranks_per_node + h.node[d].recv_src_rank[row];
+  const int forwarded_row = h.node[d].recv_src_token[row];
+  const NormalRankDispatched& rail = h.rail[forwarder];
+  return {forwarder % ranks_per_node + rail.recv_src_rank[forwarded_row] * ranks_per_node,
+          rail.recv_src_token[forwarded_row]};
+}
+
+constexpr int kHierHidden = 16;
+constexpr int kHierTopk = 4;
+constexpr int kHierExperts = 24;
+
+NormalDispatchShape hier_shape() {
+  NormalDispatchShape shape;
+  shape.hidden = kHierHidden;
+  shape.num_topk = kHierTopk;
+  shape.with_weights = true;
+  return shape;
+}
+
+TEST(HierarchicalDispatch, EveryRankGetsTheFlatRowsRegroupedByForwarder) {
+  for (const int ranks_per_node : {1, 2, 3, 6}) {
+    constexpr int kRanks = 6;
+    const auto inputs = dyadic_world(kRanks, kHierExperts, kHierTopk, kHierHidden, 7 + ranks_per_node);
+    const auto flat = normal_dispatch(inputs, ExpertPartition(kHierExperts, kRanks), hier_shape());
+    const HierarchicalDispatched h = hierarchical_dispatch(inputs, kHierExperts, ranks_per_node, hier_shape());
+    const size_t row_bytes = kHierHidden * kBf16Bytes;
+    for (int d = 0; d < kRanks; ++d) {
+      const NormalRankDispatched& got = h.node[d];
+      const NormalRankDispatched& want = flat[d];
+      ASSERT_EQ(got.num_recv_tokens, want.num_recv_tokens) << "rank " << d << ", nodes of " << ranks_per_node;
+      EXPECT_EQ(got.num_recv_tokens_per_expert, want.num_recv_tokens_per_expert);
+      std::map<Origin, int> flat_row;
+      for (int i = 0; i < want.num_recv_tokens; ++i) flat_row[{want.recv_src_rank[i], want.recv_src_token[i]}] = i;
+      for (int i = 0; i < got.num_recv_tokens; ++i) {
+        const Origin origin = origin_of(h, d, i, ranks_per_node);
+        ASSERT_EQ(flat_row.count(origin), 1u) << "rank " << d << " row " << i << " from rank " << origin.rank;
+        const int j = flat_row[origin];
+        flat_row.erase(origin);  // each origin once
+        EXPECT_EQ(0, std::memcmp(got.recv_x.data() + i * row_bytes, want.recv_x.data() + j * row_bytes, row_bytes));
+        for (int k = 0; k < kHierTopk; ++k) {
+          EXPECT_EQ(got.recv_topk_idx[i * kHierTopk + k], want.recv_topk_idx[j * kHierTopk + k]);
+          EXPECT_EQ(got.recv_topk_weights[i * kHierTopk + k], want.recv_topk_weights[j * kHierTopk + k]);
+        }
+      }
+      // One node: the rail stage is each rank to itself (keeping the tokens that go anywhere), so
+      // the rows come in the flat order.
+      if (ranks_per_node == kRanks) {
+        EXPECT_EQ(got.recv_x, want.recv_x);
+      }
+    }
+  }
+}
+
+TEST(HierarchicalCombine, EqualsTheFlatCombineWhenSumsAreExact) {
+  constexpr int kRanks = 6;
+  for (const int ranks_per_node : {1, 2, 3, 6}) {
+    const auto inputs = dyadic_world(kRanks, kHierExperts, kHierTopk, kHierHidden, 11 + ranks_per_node);
+    const auto flat = normal_dispatch(inputs, ExpertPartition(kHierExperts, kRanks), hier_shape());
+    const HierarchicalDispatched h = hierarchical_dispatch(inputs, kHierExperts, ranks_per_node, hier_shape());
+    std::vector<NormalCombineRankInput> flat_back(kRanks), hier_back(kRanks);
+    std::vector<int> tokens;
+    std::vector<std::vector<uint16_t>> bias;
+    for (int r = 0; r < kRanks; ++r) {
+      flat_back[r] = {as_bf16(flat[r].recv_x), flat[r].recv_topk_weights};
+      hier_back[r] = {as_bf16(h.node[r].recv_x), h.node[r].recv_topk_weights};
+      tokens.push_back(inputs[r].num_tokens);
+      bias.push_back(as_bf16(inputs[r].x));  // dyadic too
+    }
+    const auto want = normal_combine(flat, flat_back, tokens, kHierHidden, kHierTopk, bias);
+    const auto got = hierarchical_combine(h, hier_back, tokens, ranks_per_node, kHierHidden, kHierTopk, bias);
+    for (int r = 0; r < kRanks; ++r) {
+      EXPECT_EQ(got[r].combined_x, want[r].combined_x) << "rank " << r << ", nodes of " << ranks_per_node;
+      EXPECT_EQ(got[r].combined_topk_weights, want[r].combined_topk_weights) << "rank " << r;
+    }
+  }
+}
+
+TEST(HierarchicalDispatch, RefusesNodesThatDoNotDivideTheRanks) {
+  const auto inputs = dyadic_world(4, kHierExperts, kHierTopk, kHierHidden, 3);
+  EXPECT_TRUE(throws_invalid_argument([&] { (void)hierarchical_dispatch(inputs, kHierExperts, 3, hier_shape()); },
+                                      "num_ranks"));
 }
 
 }  // namespace

@@ -18,6 +18,8 @@ void run_cold_start_case(RankHarness& harness);
 void run_normal_case(RankHarness& harness);
 void run_normal_emulated_case(RankHarness& harness);
 void run_normal_nvshmem_case(RankHarness& harness);
+void run_normal_hierarchical_case(RankHarness& harness);
+void run_normal_hierarchical_nvshmem_case(RankHarness& harness);
 void run_low_latency_case(RankHarness& harness);
 void run_low_latency_emulated_case(RankHarness& harness);
 void run_low_latency_nvshmem_case(RankHarness& harness);

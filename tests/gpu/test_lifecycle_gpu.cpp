@@ -149,8 +149,8 @@ void run_lifecycle_case(RankHarness& harness) {
                        [&] { Buffer buffer(harness.bootstrap(), bad); }, "unaligned num_nvl_bytes");
   bad = BufferOptions{};
   bad.num_rdma_bytes = 1 << 20;
-  harness.expect_error(ErrorCode::kUnsupported, "num_rdma_bytes=1048576",
-                       [&] { Buffer buffer(harness.bootstrap(), bad); }, "RDMA without NVSHMEM");
+  harness.expect_error(ErrorCode::kInvalidArgument, "num_rdma_bytes=1048576 without low_latency_mode",
+                       [&] { Buffer buffer(harness.bootstrap(), bad); }, "a rail region without NVLink rings");
   bad = BufferOptions{};
   bad.device = 4096;
   harness.expect_error(ErrorCode::kInvalidArgument, "device=4096", [&] { Buffer buffer(harness.bootstrap(), bad); },

@@ -86,6 +86,9 @@ struct Context {
   Config small_config;
   Config wide_config;
   cudaStream_t side_stream;  // non-blocking: async calls and graph capture
+  // > 0: the Buffer's normal mode is hierarchical across nodes of this many ranks (a rail region),
+  // and the expected results are reference::hierarchical_dispatch's and _combine's.
+  int hierarchical_ranks_per_node = 0;
   const Config& config(const Scenario& s) const {
     return s.has(kSmallConfig) ? small_config : s.has(kWideConfig) ? wide_config : default_config;
   }
@@ -392,11 +395,18 @@ void run_scenario(Context& ctx, const Scenario& s, uint64_t seed) {
   std::vector<int> tokens_per_rank(ranks);
   for (int r = 0; r < ranks; ++r) tokens_per_rank[r] = tokens_of(s, r);
   std::vector<reference::NormalRankDispatched> dispatched;
+  reference::HierarchicalDispatched hierarchical;  // the stages' routings, when hierarchical
+  const int per_node = ctx.hierarchical_ranks_per_node;
+  const auto expected_dispatch = [&](const std::vector<reference::NormalRankInput>& world) {
+    if (per_node == 0) return reference_dispatch(world, s);
+    hierarchical = reference::hierarchical_dispatch(world, num_experts(ranks), per_node, shape_of(s));
+    return hierarchical.node;
+  };
   std::unique_ptr<RankTensors> inputs;
   DeviceBytes column_scales;  // kColumnScales: this rank's x_scales, scale-major
   {
     const std::vector<reference::NormalRankInput> world = make_world(s, seed, ranks, kXStream, kScalesStream);
-    dispatched = reference_dispatch(world, s);
+    dispatched = expected_dispatch(world);
     inputs = std::make_unique<RankTensors>(world[me], ranks);
     if (s.has(kColumnScales)) column_scales = scale_major(world[me].x_scales, tokens_of(s, me), num_scales(s));
   }
@@ -413,11 +423,12 @@ void run_scenario(Context& ctx, const Scenario& s, uint64_t seed) {
   DispatchResult first = buffer.dispatch(args, allocator, call);
   settle(ctx, s, first.event, name + " dispatch");
   check_dispatch(harness, name + " dispatch", s, first, dispatched[me], 0);
-  check_rank_prefix(harness, name + " dispatch", first, dispatched);
+  if (per_node == 0) check_rank_prefix(harness, name + " dispatch", first, dispatched);
 
   const int worst = worst_rows(s, ranks);
   DispatchResult worst_result;
-  if (s.has(kWorst)) {
+  const bool worst_case = s.has(kWorst) && per_node == 0;  // hierarchical: refused (check_hierarchical_errors)
+  if (worst_case) {
     DispatchArgs worst_args = args;
     worst_args.num_worst_tokens = worst;
     worst_result = buffer.dispatch(worst_args, allocator, call);
@@ -434,8 +445,10 @@ void run_scenario(Context& ctx, const Scenario& s, uint64_t seed) {
       bias0 = make_bias(s, seed, ranks, kBias0Stream);
       bias1 = make_bias(s, seed, ranks, kBias1Stream);
     }
-    const reference::NormalCombineRankOutput want = std::move(reference::normal_combine(
-        dispatched, returned, tokens_per_rank, s.hidden, s.topk, bias0, bias1)[me]);
+    const reference::NormalCombineRankOutput want = std::move(
+        (per_node == 0 ? reference::normal_combine(dispatched, returned, tokens_per_rank, s.hidden, s.topk, bias0, bias1)
+                       : reference::hierarchical_combine(hierarchical, returned, tokens_per_rank, per_node, s.hidden,
+                                                         s.topk, bias0, bias1))[me]);
 
     // BF16: combine the received rows themselves; FP8: this rank's fresh rows.
     DeviceBytes y(s.fp8 ? returned[me].x.size() * sizeof(uint16_t) : 0);
@@ -462,7 +475,7 @@ void run_scenario(Context& ctx, const Scenario& s, uint64_t seed) {
     settle(ctx, s, combined.event, name + " combine");
     check_combine(harness, name + " combine", s, combined, want, tokens);
 
-    if (s.has(kWorst)) {
+    if (worst_case) {
       // The worst-case handle reads only the received rows: the rest are NaN and must stay unread.
       std::vector<uint16_t> padded(static_cast<size_t>(worst) * s.hidden, kBf16NaN);
       std::copy(returned[me].x.begin(), returned[me].x.end(), padded.begin());
@@ -485,7 +498,7 @@ void run_scenario(Context& ctx, const Scenario& s, uint64_t seed) {
     // Same routing, new rows: no layout, the first dispatch's handle.
     dispatched.clear();
     const std::vector<reference::NormalRankInput> world = make_world(s, seed, ranks, kNewXStream, kNewScalesStream);
-    const std::vector<reference::NormalRankDispatched> expected = reference_dispatch(world, s);
+    const std::vector<reference::NormalRankDispatched> expected = expected_dispatch(world);
     DeviceBytes x(world[me].x.size()), scales(world[me].x_scales.size() * sizeof(float));
     upload_exact(x, world[me].x);
     upload_exact(scales, world[me].x_scales);
@@ -498,7 +511,7 @@ void run_scenario(Context& ctx, const Scenario& s, uint64_t seed) {
     const DispatchResult again = buffer.dispatch(cached, allocator, call);
     settle(ctx, s, again.event, name + " cached dispatch");
     check_dispatch(harness, name + " cached dispatch", s, again, expected[me], 0);
-    check_rank_prefix(harness, name + " cached dispatch", again, expected);
+    if (per_node == 0) check_rank_prefix(harness, name + " cached dispatch", again, expected);
   }
 }
 
@@ -801,17 +814,44 @@ void check_results_outlive_buffer(RankHarness& harness, const BufferOptions& opt
                 "a dispatch result (" + std::to_string(rows) + " rows) released after its Buffer");
 }
 
+// What the hierarchical mode refuses, by name, before anything is sent; the Buffer stays usable
+// (the scenario after it is exact).
+void check_hierarchical_errors(Context& ctx) {
+  constexpr Scenario s{"hierarchical errors bf16 h256 T8 top2", false, 256, 8, 2, Routing::kPlain, 0};
+  RankHarness& harness = ctx.harness;
+  const int ranks = harness.num_ranks();
+  RankTensors inputs(make_world(s, kSeed ^ 0x41e7u, ranks, kXStream, kScalesStream)[harness.rank()], ranks);
+  inputs.launch_layout(ctx.buffer, s, nullptr);
+  ctx.buffer.synchronize(nullptr);
+  const std::shared_ptr<Allocator> allocator = make_stream_ordered_allocator();
+  DispatchArgs args = inputs.args(s, ctx.default_config, ranks);
+  args.num_worst_tokens = 64;
+  harness.expect_error(ErrorCode::kUnsupported, "num_worst_tokens=64 across nodes with a rail region",
+                       [&] { (void)ctx.buffer.dispatch(args, *allocator); }, "hierarchical worst-case dispatch");
+  args = inputs.args(s, ctx.default_config, ranks);
+  args.topk_idx = args.topk_weights = TensorView{};
+  harness.expect_error(ErrorCode::kInvalidArgument, "a new routing needs topk_idx",
+                       [&] { (void)ctx.buffer.dispatch(args, *allocator); }, "hierarchical dispatch without topk_idx");
+  args = inputs.args(s, ctx.default_config, ranks);
+  args.config.num_max_rdma_chunked_recv_tokens = 1 << 20;
+  harness.expect_error(ErrorCode::kInvalidArgument, "num_rdma_bytes=",
+                       [&] { (void)ctx.buffer.dispatch(args, *allocator); }, "rail rings larger than num_rdma_bytes");
+}
+
 // The suite on one Buffer: every scenario and the graph case; with `everything`, also the argument
 // errors and results that outlive their Buffer. `emulated_nodes` > 1 splits the ranks into nodes
-// that reach each other only by put (staged rings), over `transport`.
-void run_normal_suite(RankHarness& harness, int emulated_nodes, TransportKind transport, bool everything) {
+// that reach each other only by put (staged rings), over `transport`; with `hierarchical`, normal
+// mode crosses them in two stages (a rail region: num_rdma_bytes without low_latency_mode), and
+// the scenarios it refuses (no top-k, worst-case sizing, the graph) are checked as errors instead.
+void run_normal_suite(RankHarness& harness, int emulated_nodes, TransportKind transport, bool everything,
+                      bool hierarchical = false) {
   const int ranks = harness.num_ranks();
   int device = 0, sm_count = 0;
   EPCOMM_CUDA_CHECK(cudaGetDevice(&device));
   EPCOMM_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
   if (harness.rank() == 0) {
-    std::printf("normal suite: %d rank(s), %d node(s), transport %s\n", ranks, emulated_nodes,
-                transport == TransportKind::kNvshmem ? "nvshmem" : "default");
+    std::printf("normal suite: %d rank(s), %d node(s)%s, transport %s\n", ranks, emulated_nodes,
+                hierarchical ? " (hierarchical)" : "", transport == TransportKind::kNvshmem ? "nvshmem" : "default");
     std::fflush(stdout);
   }
 
@@ -824,16 +864,24 @@ void run_normal_suite(RankHarness& harness, int emulated_nodes, TransportKind tr
   small_config.num_sms = std::min(4, fitting_sms);
   small_config.num_max_nvl_chunked_recv_tokens = 64;
   small_config.num_max_nvl_chunked_send_tokens = 4;
+  small_config.num_max_rdma_chunked_recv_tokens = 64;
+  small_config.num_max_rdma_chunked_send_tokens = 4;
   Config wide_config = default_config;
   wide_config.num_sms = std::min(kMaxChannels, fitting_sms);  // 64 at 1 and 2 ranks on an H200
   wide_config.num_max_nvl_chunked_recv_tokens = 64;
 
   const int64_t max_row_bytes = int64_t{kMaxHidden} * 2;
-  const int64_t hint = std::max({default_config.nvl_buffer_size_hint(max_row_bytes, ranks, emulated_nodes),
-                                 small_config.nvl_buffer_size_hint(max_row_bytes, ranks, emulated_nodes),
-                                 wide_config.nvl_buffer_size_hint(max_row_bytes, ranks, emulated_nodes)});
+  const int per_node = ranks / emulated_nodes;
+  int64_t hint = 0, rdma_hint = 0;
+  for (const Config* config : {&default_config, &small_config, &wide_config}) {
+    // Hierarchical: the NVLink rings serve one node's ranks, unstaged; the rail's, one per node.
+    hint = std::max(hint, hierarchical ? config->nvl_buffer_size_hint(max_row_bytes, per_node)
+                                       : config->nvl_buffer_size_hint(max_row_bytes, ranks, emulated_nodes));
+    if (hierarchical) rdma_hint = std::max(rdma_hint, config->rdma_buffer_size_hint(max_row_bytes, emulated_nodes));
+  }
   BufferOptions options;
   options.num_nvl_bytes = (hint + 127) / 128 * 128;
+  options.num_rdma_bytes = rdma_hint;
   options.wait_timeout = kWaitTimeout;
   options.emulated_nodes = emulated_nodes;
   options.transport = transport;
@@ -845,14 +893,23 @@ void run_normal_suite(RankHarness& harness, int emulated_nodes, TransportKind tr
   });
   {
     Buffer buffer(harness.bootstrap(), options);
-    const int per_node = ranks / emulated_nodes;
     harness.check(buffer.num_nodes() == emulated_nodes && buffer.node() == harness.rank() / per_node &&
                       buffer.local_rank() == harness.rank() % per_node,
                   "nodes as the Buffer reports them (num_nodes, node, local_rank)");
-    Context ctx{harness, buffer, default_config, small_config, wide_config, side_stream};
+    Context ctx{harness, buffer, default_config, small_config, wide_config, side_stream, hierarchical ? per_node : 0};
     const std::vector<Scenario> all = scenarios();
-    for (size_t i = 0; i < all.size(); ++i) run_scenario(ctx, all[i], kSeed + 7919u * (i + 1));
-    run_graph_case(ctx);
+    for (size_t i = 0; i < all.size(); ++i) {
+      if (hierarchical && all[i].has(kNoTopk)) continue;
+      run_scenario(ctx, all[i], kSeed + 7919u * (i + 1));
+    }
+    if (hierarchical) {
+      check_hierarchical_errors(ctx);
+      constexpr Scenario after{"after errors: fp8 h2048 uneven top8 sparse", true, 2048, -1, 8, Routing::kSparse,
+                               kPoison | kCached};
+      run_scenario(ctx, after, kSeed + 130363u);
+    } else {
+      run_graph_case(ctx);
+    }
     if (everything) {
       check_argument_errors(ctx);
       // Nothing was lost to the errors: a full round still matches the reference.
@@ -889,12 +946,16 @@ void check_staged_rings_must_fit(RankHarness& harness) {
 
 // Across two emulated nodes: ranks of the other half are reached only by put, from staged rings
 // (the path across real nodes, carried here by stores through the IPC mapping).
-void run_normal_emulated_case(RankHarness& harness) {
+// Two emulated nodes need an even rank count: otherwise the case says so and runs nothing.
+bool forms_two_nodes(const RankHarness& harness, const char* name) {
   const int ranks = harness.num_ranks();
-  if (ranks < 2 || ranks % 2 != 0) {
-    std::printf("normal_emulated: %d rank(s) cannot form two emulated nodes; nothing to run\n", ranks);
-    return;
-  }
+  if (ranks >= 2 && ranks % 2 == 0) return true;
+  std::printf("%s: %d rank(s) cannot form two emulated nodes; nothing to run\n", name, ranks);
+  return false;
+}
+
+void run_normal_emulated_case(RankHarness& harness) {
+  if (!forms_two_nodes(harness, "normal_emulated")) return;
   run_normal_suite(harness, 2, TransportKind::kAuto, false);
   check_staged_rings_must_fit(harness);
 }
@@ -906,6 +967,21 @@ void run_normal_nvshmem_case(RankHarness& harness) {
   const int ranks = harness.num_ranks();
   if (ranks >= 2 && ranks % 2 == 0) run_normal_suite(harness, 2, TransportKind::kNvshmem, false);
   run_normal_suite(harness, 1, TransportKind::kNvshmem, false);
+}
+
+// The hierarchical mode across emulated nodes (a rail region): two nodes, and at 8 ranks also four
+// (2 x 4 and 4 x 2); the rail stage's puts are stores through the IPC mapping.
+void run_normal_hierarchical_case(RankHarness& harness) {
+  if (!forms_two_nodes(harness, "normal_hierarchical")) return;
+  run_normal_suite(harness, 2, TransportKind::kAuto, false, /*hierarchical=*/true);
+  if (harness.num_ranks() == 8) run_normal_suite(harness, 4, TransportKind::kAuto, false, /*hierarchical=*/true);
+}
+
+// The same over the NVSHMEM transport: the rail stage's puts and signals are NVSHMEM's, to PEs that
+// are the world's ranks of the rail (a sub-group window's PE map).
+void run_normal_hierarchical_nvshmem_case(RankHarness& harness) {
+  if (!forms_two_nodes(harness, "normal_hierarchical_nvshmem")) return;
+  run_normal_suite(harness, 2, TransportKind::kNvshmem, false, /*hierarchical=*/true);
 }
 
 }  // namespace epcomm::testing

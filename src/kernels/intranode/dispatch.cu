@@ -95,7 +95,6 @@ __device__ void send_token(const DispatchKernelArgs& args, const KernelContext& 
                            char* slot, int token, int destination, int experts_per_rank) {
   const int lane = device::lane_id();
   const TokenMetadata meta = load_token_metadata(args, token);
-  check_expert_id(args, context, meta, token);
   const char* row = static_cast<const char*>(args.x) + static_cast<int64_t>(token) * args.row_bytes;
   device::warp_copy<false, kRowCopyLoadsInFlight>(slot, row, args.row_bytes);
 
@@ -108,6 +107,9 @@ __device__ void send_token(const DispatchKernelArgs& args, const KernelContext& 
   for (int s = lane + kScalesPerLane * kWarpSize; s < args.num_scales; s += kWarpSize) {
     slot_scales[s] = args.x_scales[static_cast<int64_t>(token) * args.scale_token_stride + s * args.scale_stride];
   }
+  // Checked here, after the row's copy, where the ids are used anyway: a test of the id right after
+  // its load would hold every token's copy back by the load's latency.
+  check_expert_id(args, context, meta, token);
   if (lane < args.num_topk && args.topk_idx != nullptr) {
     const int64_t local = to_local_expert(meta.expert, destination, experts_per_rank);
     reinterpret_cast<int64_t*>(slot + ring.slot.topk_idx_offset)[lane] = local;
