@@ -54,17 +54,47 @@ std::vector<int64_t> rank_routing(const BenchOptions& options, int rank) {
 struct ExpectedRow {
   int source_rank;
   int source_token;
+  int source_index;  // what the handle's recv_src_idx says: the token, or (hierarchical) its forwarded row
 };
 
-// Rows this rank receives, in receive order: by source rank, then source token.
+// Rows this rank receives, in receive order: by source rank, then source token. Hierarchical
+// (--hierarchical): by the node's forwarding rank j, then source node n (its rank of local index
+// j), then token; a row's source index is its token's place among the rows forwarded to j's rank,
+// which are every token of that rail that reaches this node.
 std::vector<ExpectedRow> expected_rows(const BenchOptions& options, int me) {
-  const reference::ExpertPartition partition(options.num_experts, options.num_ranks);
+  const int ranks = options.num_ranks;
+  const reference::ExpertPartition partition(options.num_experts, ranks);
+  std::vector<std::vector<uint8_t>> in_rank(ranks);  // [source][token * ranks + rank]
+  for (int source = 0; source < ranks; ++source) {
+    in_rank[source] =
+        reference::dispatch_layout(rank_routing(options, source), options.num_tokens, options.num_topk, partition)
+            .is_token_in_rank;
+  }
+  const auto reaches = [&](int source, int token, int rank) {
+    return in_rank[source][static_cast<size_t>(token) * ranks + rank] != 0;
+  };
   std::vector<ExpectedRow> rows;
-  for (int source = 0; source < options.num_ranks; ++source) {
-    const reference::Layout layout =
-        reference::dispatch_layout(rank_routing(options, source), options.num_tokens, options.num_topk, partition);
-    for (int token = 0; token < options.num_tokens; ++token) {
-      if (layout.is_token_in_rank[static_cast<size_t>(token) * options.num_ranks + me]) rows.push_back({source, token});
+  if (!options.hierarchical) {
+    for (int source = 0; source < ranks; ++source) {
+      for (int token = 0; token < options.num_tokens; ++token) {
+        if (reaches(source, token, me)) rows.push_back({source, token, token});
+      }
+    }
+    return rows;
+  }
+  const int per_node = ranks / options.nodes;
+  const int first_of_node = me / per_node * per_node;
+  for (int forwarder = 0; forwarder < per_node; ++forwarder) {
+    int forwarded = 0;
+    for (int node = 0; node < options.nodes; ++node) {
+      const int source = node * per_node + forwarder;
+      for (int token = 0; token < options.num_tokens; ++token) {
+        bool reaches_node = false;
+        for (int r = first_of_node; r < first_of_node + per_node; ++r) reaches_node = reaches_node || reaches(source, token, r);
+        if (!reaches_node) continue;
+        if (reaches(source, token, me)) rows.push_back({source, token, forwarded});
+        ++forwarded;
+      }
     }
   }
   return rows;
@@ -153,7 +183,7 @@ bool check_dispatch(const BenchContext& context, const DispatchResult& result, b
                                  cudaMemcpyDeviceToHost));
   }
   for (size_t i = 0; i < rows.size(); ++i) {
-    if (sources[i] != rows[i].source_token) return false;
+    if (sources[i] != rows[i].source_index) return false;
     for (int c = 0; c < hidden; ++c) {
       if (fp8) {
         if (recv[i * row_bytes + c] != e4m3_element(rows[i].source_rank, rows[i].source_token, c)) return false;
@@ -191,12 +221,24 @@ bool check_combine(const BenchContext& context, const CombineResult& result, con
     EPCOMM_CUDA_CHECK(cudaMemcpy(combined.data(), result.combined_x.view.data, combined.size() * sizeof(uint16_t),
                                  cudaMemcpyDeviceToHost));
   }
+  // A token sent to k ranks and returned unchanged sums to k x, exact in float. Flat: rounded once.
+  // Hierarchical: each node's k_n x is rounded to BF16 (the node stage), then the nodes' sum.
+  const int nodes = options.hierarchical ? options.nodes : 1;
+  const int per_node = options.num_ranks / nodes;
+  std::vector<int> copies(nodes);
   for (int t = 0; t < options.num_tokens; ++t) {
-    int copies = 0;
-    for (int r = 0; r < options.num_ranks; ++r) copies += in_rank[static_cast<size_t>(t) * options.num_ranks + r];
+    for (int n = 0; n < nodes; ++n) {
+      copies[n] = 0;
+      for (int r = n * per_node; r < (n + 1) * per_node; ++r) copies[n] += in_rank[static_cast<size_t>(t) * options.num_ranks + r];
+    }
     for (int c = 0; c < hidden; ++c) {
       const float value = reference::bf16_to_float(bf16_element(rank, t, c));
-      if (combined[static_cast<size_t>(t) * hidden + c] != reference::float_to_bf16(value * static_cast<float>(copies))) return false;
+      float sum = 0.0f;
+      for (int n = 0; n < nodes; ++n) {
+        const float node_sum = value * static_cast<float>(copies[n]);
+        sum += nodes > 1 ? reference::bf16_to_float(reference::float_to_bf16(node_sum)) : node_sum;
+      }
+      if (combined[static_cast<size_t>(t) * hidden + c] != reference::float_to_bf16(sum)) return false;
     }
   }
   return true;

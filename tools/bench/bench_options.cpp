@@ -81,6 +81,9 @@ const char* bench_usage() {
          "  --transport T     auto (default: CUDA IPC on one host), ipc or nvshmem (the NVSHMEM plugin)\n"
          "  --nodes N         split the ranks into N emulated nodes reached by put and signal (normal\n"
          "                    mode's rings staged); > 1 runs no copies, so records carry no roofline\n"
+         "  --hierarchical    with --nodes > 1: normal mode in two stages (network once per node, then\n"
+         "                    NVLink; a rail region), checked against the hierarchical reference;\n"
+         "                    low-latency mode is not timed\n"
          "  --cold            cold start: --trials trials in fresh processes, with and without\n"
          "                    preinitialize; init time by phase, first / second / steady call of each op\n"
          "  --trials N        cold-start trials (default 3)\n"
@@ -148,6 +151,10 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       options.cold = true;
       continue;
     }
+    if (args[i] == "--hierarchical") {
+      options.hierarchical = true;
+      continue;
+    }
     const auto setter = setters.find(args[i]);
     if (setter == setters.end()) fail(ErrorCode::kInvalidArgument, "epcomm-bench: unknown option '", args[i], "'");
     if (i + 1 >= args.size()) fail(ErrorCode::kInvalidArgument, "epcomm-bench: ", args[i], " needs a value");
@@ -167,6 +174,10 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
   if (options.num_ranks > kMaxNvlPeers && (!options.skip_normal || options.cold)) {
     fail(ErrorCode::kInvalidArgument, "epcomm-bench: --ranks ", options.num_ranks, " runs low-latency mode only (normal mode ",
          "stops at ", kMaxNvlPeers, " ranks): add --skip-normal, without --cold");
+  }
+  if (options.hierarchical && (options.nodes < 2 || options.skip_normal)) {
+    fail(ErrorCode::kInvalidArgument, "epcomm-bench: --hierarchical times normal mode across nodes: it needs --nodes > 1 "
+         "(", options.nodes, " was given) and no --skip-normal");
   }
   if (options.nodes > 1 && options.cold) {
     fail(ErrorCode::kInvalidArgument, "epcomm-bench: --cold measures one node only (--nodes ", options.nodes,
@@ -209,6 +220,7 @@ std::vector<std::string> to_arguments(const BenchOptions& options) {
   if (!options.ring_list.empty()) args.insert(args.end(), {"--rings", join_list(options.ring_list)});
   if (!options.token_sweep.empty()) args.insert(args.end(), {"--token-sweep", join_list(options.token_sweep)});
   if (options.skip_normal) args.push_back("--skip-normal");
+  if (options.hierarchical) args.push_back("--hierarchical");
   args.insert(args.end(), {"--transport", options.transport, "--nodes", std::to_string(options.nodes)});
   if (options.cold_trial >= 0) {
     args.insert(args.end(), {"--cold-trial", std::to_string(options.cold_trial), "--cold-preinitialize",

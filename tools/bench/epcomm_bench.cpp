@@ -92,10 +92,14 @@ int run_rank(const BenchOptions& options) {
   for (int rank = 0; rank < options.num_ranks; ++rank) copy_bytes = std::max(copy_bytes, dispatch_bytes_per_rank(options, rank));
   const size_t bytes_per_peer = (copy_bytes / options.num_ranks) / kVectorBytes * kVectorBytes;
 
-  int64_t ring_bytes = 0;
+  // Hierarchical: the NVLink rings serve one node's ranks (unstaged), the rail's the nodes.
+  int64_t ring_bytes = 0, rail_bytes = 0;
+  const int64_t hidden_bytes = static_cast<int64_t>(options.hidden) * 2;
   for (const Config& config : options.skip_normal ? std::vector<Config>{} : bench_configs(context)) {
-    ring_bytes = std::max(ring_bytes, config.nvl_buffer_size_hint(static_cast<int64_t>(options.hidden) * 2,
-                                                                  options.num_ranks, options.nodes));
+    ring_bytes = std::max(ring_bytes, options.hierarchical
+                                          ? config.nvl_buffer_size_hint(hidden_bytes, options.num_ranks / options.nodes)
+                                          : config.nvl_buffer_size_hint(hidden_bytes, options.num_ranks, options.nodes));
+    if (options.hierarchical) rail_bytes = std::max(rail_bytes, config.rdma_buffer_size_hint(hidden_bytes, options.nodes));
   }
   // Across emulated nodes the copies (roofline) are not run: the copy engines and TMA need every
   // rank mapped, so records there carry no roofline ratio.
@@ -103,9 +107,12 @@ int run_rank(const BenchOptions& options) {
   // Past normal mode's ranks the Buffer has no NVLink buffer: no copy, no normal mode (--skip-normal).
   const bool nvl_buffer = options.num_ranks <= kMaxNvlPeers;
   BufferOptions buffer_options;
-  buffer_options.low_latency_mode = true;
-  buffer_options.num_rdma_bytes = Buffer::low_latency_buffer_size_hint(options.low_latency_tokens, options.hidden,
-                                                                       options.num_ranks, options.num_experts);
+  // deep_ep's RDMA buffer: the low-latency region, or (hierarchical) the rail stage's rings.
+  buffer_options.low_latency_mode = !options.hierarchical;
+  buffer_options.num_rdma_bytes =
+      options.hierarchical ? rail_bytes
+                           : Buffer::low_latency_buffer_size_hint(options.low_latency_tokens, options.hidden,
+                                                                  options.num_ranks, options.num_experts);
   buffer_options.num_nvl_bytes = !nvl_buffer ? 0 : static_cast<int64_t>(
       (std::max<size_t>(bytes_per_peer * options.num_ranks, static_cast<size_t>(ring_bytes)) + kBufferSlackBytes) /
       kRegionAlignment * kRegionAlignment);
@@ -126,7 +133,7 @@ int run_rank(const BenchOptions& options) {
     bench_normal(context, copy_gbps, bench_configs(context).front());
   }
   context.options.num_tokens = options.num_tokens;
-  bench_low_latency(context, copy_gbps);
+  if (!options.hierarchical) bench_low_latency(context, copy_gbps);
 
   buffer.synchronize(context.stream);
   EPCOMM_CUDA_CHECK(cudaStreamDestroy(context.stream));
@@ -193,6 +200,7 @@ Record BenchContext::base_record(const char* op, const char* mode) const {
       .set("setup", setup)
       .set("transport", options.transport)
       .set("nodes", options.nodes)
+      .set("hierarchical", options.hierarchical)
       .set("tokens", options.num_tokens)
       .set("hidden", options.hidden)
       .set("topk", options.num_topk)
