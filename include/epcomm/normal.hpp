@@ -29,6 +29,11 @@ class DispatchHandle {
   int num_recv_tokens() const;    // rows received; -1 in worst-case mode (only the device knows)
   int num_rows() const;           // rows of every recv_* tensor: num_recv_tokens, or num_worst_tokens
   int num_channels() const;
+  // Made by a hierarchical dispatch (across nodes with a rail region): the routing below is then
+  // its node stage's, among this node's ranks (R = ranks per node), and a row's source is the row
+  // of the node's rank that forwarded it (T = that rank's forwarded rows), not the token of the
+  // rank it came from: combine and cached dispatch still take the handle whole.
+  bool hierarchical() const;
   // The routing on the device, for callers that need it (as deep_ep's handle tuple exposes it).
   TensorView recv_src_idx() const;         // int32 [num_rows]: source token index, -1 for unused rows
   TensorView recv_channel_prefix() const;  // int32 [R, num_channels + 1]: first row of (source, channel)
@@ -48,7 +53,9 @@ struct DispatchArgs {
                             //     empty (data null, ndim 0) otherwise
   TensorView topk_idx;      // in: int64 [T, K], optional; rewritten to local expert ids on arrival
   TensorView topk_weights;  // in: float32 [T, K], optional (requires topk_idx)
-  // The layout of these tokens (get_dispatch_layout); required unless `handle` is given.
+  // The layout of these tokens (get_dispatch_layout); required unless `handle` is given. Across
+  // nodes with a rail region the dispatch routes by topk_idx (required there) and lays out each
+  // stage itself; these are checked but not read.
   TensorView num_tokens_per_rank;    // int32 [R]
   TensorView num_tokens_per_expert;  // int32 [E]
   TensorView is_token_in_rank;       // bool [T, R]

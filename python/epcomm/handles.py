@@ -54,6 +54,11 @@ class DispatchHandle(_Handle):
     - is_token_in_rank: bool [T, R], as the dispatch was given it.
     - send_head: int32 [T, R]; each token's position in its (channel, destination) stream, -1 if
       not sent there.
+
+    A handle of a hierarchical dispatch (across nodes with ``num_rdma_bytes`` and no low-latency
+    mode) holds the same entries for its node stage: R is the ranks of this node, and a row's
+    source is the row of the node's rank that forwarded it (T: that rank's forwarded rows), not
+    the original token. Pass the handle itself back to combine or a cached dispatch.
     """
 
     __slots__ = ()

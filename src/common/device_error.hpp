@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "common/host_device.hpp"
+
 namespace epcomm {
 
 enum class DeviceErrorKind : int32_t {
@@ -37,13 +39,22 @@ enum class CallField : int32_t {
   kDispatchNumber,   // which of the Buffer's dispatches made the routing (a new dispatch's own
                      // number; a combine's or cached dispatch's handle's)
   kSumFormat,        // low-latency combine: how the sums travel (0: BF16, 1: LogFMT); 0 elsewhere
+  kEarlierStageFailed,  // hierarchical normal mode: 1 when this rank's earlier stage of the call found
+                        // ranks making different calls (every rank's later stage then fails too)
   kOperation,        // the DeviceOp of the call (0: a peer made no checked call at that barrier)
   kCount,
 };
 
-// The checked barrier compares the operation first, found as the last field.
-static_assert(static_cast<int>(CallField::kOperation) == static_cast<int>(CallField::kCount) - 1,
-              "CallField::kOperation stays the last field");
+// The order in which a call's fields are compared, the first difference being the one reported:
+// the operation (a peer in another call, or in none, is told so), then an earlier stage's failure
+// (the cause, not the fields it left different), then the rest in order.
+static_assert(static_cast<int>(CallField::kOperation) == static_cast<int>(CallField::kCount) - 1 &&
+                  static_cast<int>(CallField::kEarlierStageFailed) == static_cast<int>(CallField::kCount) - 2,
+              "CallField::kOperation and kEarlierStageFailed stay the last two fields");
+EPCOMM_HOST_DEVICE constexpr int compared_field(int i) {
+  constexpr int kFields = static_cast<int>(CallField::kCount);
+  return i < 2 ? kFields - 1 - i : i - 2;
+}
 
 // One rank's values of what every rank of a call must agree on, indexed by CallField.
 struct CallSignature {

@@ -40,6 +40,10 @@ struct CallCheck {
   CallSignature signature{};             // this rank's call, compared with every peer's
   DeviceOp op = DeviceOp::kBarrier;      // the call, for the error a difference records
   const int32_t* prior_verdict = nullptr;  // the handle's dispatch verdict (nonzero: that dispatch failed)
+  // Hierarchical normal mode: this rank's earlier stage of the call (its call verdict; nonzero: it
+  // found ranks making different calls). Sent to every peer as CallField::kEarlierStageFailed, so
+  // that the whole group fails alike. Null: no earlier stage.
+  const int32_t* earlier_stage_verdict = nullptr;
 };
 // The barrier above, which also leaves in this rank's NvlLayout::call_verdict() 0 when every rank
 // made the same call (and the prior verdict was 0), else 1, recording the first difference.

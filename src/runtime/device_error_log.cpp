@@ -36,6 +36,7 @@ const char* call_field_name(CallField field) {
     case CallField::kMaxTokens: return "num_max_dispatch_tokens_per_rank";
     case CallField::kDispatchNumber: return "dispatch number (this dispatch's, or the handle's)";
     case CallField::kSumFormat: return "use_logfmt";
+    case CallField::kEarlierStageFailed: return "a failed earlier stage";
     case CallField::kOperation: return "operation";
     case CallField::kCount: break;
   }
@@ -90,6 +91,12 @@ std::string DeviceErrorLog::describe(const DeviceErrorRecord& record) {
                             theirs == DeviceOp::kNone ? "no call that is checked there" : device_op_name(theirs),
                             " where rank ", record.rank, " made ", device_op_name(static_cast<DeviceOp>(record.expected)),
                             ": every rank must make the same call (nothing was sent)");
+      }
+      if (static_cast<CallField>(record.index0) == CallField::kEarlierStageFailed) {
+        return join_message("rank ", record.rank, ": ", device_op_name(op), ": rank ",
+                            record.observed != 0 ? record.peer : record.rank,
+                            "'s other stage of this call (hierarchical mode) found ranks making different calls; "
+                            "that rank's own error says which. This stage sent nothing");
       }
       return join_message("rank ", record.rank, ": ", device_op_name(op), ": rank ", record.peer, " called with ",
                           call_field_name(static_cast<CallField>(record.index0)), " = ", record.observed, ", rank ",

@@ -85,8 +85,9 @@ void require_ring_fits(const char* op, const detail::RingGroup& group, const Rin
          group.stage, "rows of ", row_bytes, " bytes with num_sms=", config.num_sms, " and ", capacity_field, "=",
          group.ring_capacity(config), ": the rings need ", needed, " bytes",
          rings.staged ? ", twice the receive rings: ranks on other nodes are reached by put from staging rings" : "",
-         group.rail ? "; Config::rdma_buffer_size_hint(hidden_bytes, num_nodes)"
-                    : rings.staged ? "; Config::nvl_buffer_size_hint(hidden_bytes, num_ranks, num_nodes)"
+         group.rail     ? "; Config::rdma_buffer_size_hint(hidden_bytes, num_nodes)"
+         : rings.staged ? "; Config::nvl_buffer_size_hint(hidden_bytes, num_ranks, num_nodes)"
+         : group.stage[0] != '\0' ? "; Config::nvl_buffer_size_hint(hidden_bytes, ranks_per_node)"
                                    : "; Config::nvl_buffer_size_hint(hidden_bytes, num_ranks)",
          " gives a size that fits every call");
   }
@@ -259,14 +260,27 @@ CallSignature combine_signature(const detail::RingGroup& group, const detail::Di
 // The barrier before a call that reuses a dispatch's routing (a combine, a cached dispatch), with
 // every rank's call compared on the way; the kernel after it reads the verdict it leaves.
 const int32_t* checked_barrier(const Buffer::Impl& impl, const detail::RingGroup& group, const CallSignature& signature,
-                               DeviceOp op, const detail::DispatchHandleState& routing, cudaStream_t comm) {
+                               DeviceOp op, const detail::DispatchHandleState& routing, cudaStream_t comm,
+                               const int32_t* earlier_stage_verdict) {
   kernels::CallCheck check;
   check.signature = signature;
   check.op = op;
   check.prior_verdict = routing.verdict.view.ptr<int32_t>();
+  check.earlier_stage_verdict = earlier_stage_verdict;
   impl.kernels->checked_barrier(group.window, check, group.context, comm);
   return reinterpret_cast<const int32_t*>(group.window.bases[group.rank()] + NvlLayout::call_verdict());
 }
+
+// How a stage of the hierarchical mode learns that its earlier stage of the call failed (ranks made
+// different calls), and tells its later one, so that every rank of every group fails alike: every
+// node holds a rank of each rail, and every rail a rank of each node. A flat call has no link.
+struct StageLink {
+  bool earlier_failed = false;               // new routing: the host knows (it waited for the notify)
+  const int32_t* earlier_verdict = nullptr;  // cached routing and combine: the device knows
+  bool defer_failure = false;                // a difference found here is raised by the later stage
+  bool failed = false;                       // out (new routing, defer_failure): this stage's ranks differed
+  const int32_t* verdict = nullptr;          // out: this stage's verdict, for the later stage
+};
 
 // Step 1 of a dispatch: the routing of this call in the handle. A new routing runs the notify step
 // (counts exchanged between ranks; unless the outputs are worst-case sized, the host waits for the
@@ -274,10 +288,10 @@ const int32_t* checked_barrier(const Buffer::Impl& impl, const detail::RingGroup
 // Returns the verdict the dispatch kernel reads: nonzero when the ranks made different calls.
 const int32_t* notify(Buffer::Impl& impl, const detail::RingGroup& group, const DispatchArgs& args,
                       const DispatchShape& shape, bool host_waits, const detail::DispatchHandleState* cached,
-                      detail::DispatchHandleState& state, Allocator& allocator, cudaStream_t comm) {
+                      detail::DispatchHandleState& state, Allocator& allocator, cudaStream_t comm, StageLink& link) {
   if (cached != nullptr) {
     return checked_barrier(impl, group, call_signature(group, args, shape, cached->dispatch_number),
-                           DeviceOp::kDispatch, *cached, comm);
+                           DeviceOp::kDispatch, *cached, comm, link.earlier_verdict);
   }
   const int ranks = group.num_ranks();
   const int channels = args.config.num_channels();
@@ -308,6 +322,7 @@ const int32_t* notify(Buffer::Impl& impl, const detail::RingGroup& group, const 
   notify.rank_prefix_matrix = state.rank_prefix_matrix.view.ptr<int32_t>();
   state.dispatch_number = ++impl.dispatches_made;
   notify.signature = call_signature(group, args, shape, state.dispatch_number);
+  notify.signature.set(CallField::kEarlierStageFailed, link.earlier_failed);
   notify.verdict = state.verdict.view.ptr<int32_t>();
   notify.num_recv_tokens_per_expert = state.num_recv_tokens_per_expert_device.view.ptr<int32_t>();
   if (host_waits) {
@@ -318,6 +333,11 @@ const int32_t* notify(Buffer::Impl& impl, const detail::RingGroup& group, const 
   if (host_waits) {
     wait_for_notify(impl, group, notify.sequence);
     const auto* results = static_cast<const NotifyResults*>(impl.notify_results.host());
+    if (results->disagreed != 0 && link.defer_failure) {
+      link.failed = true;  // the later stage fails every rank; this one sends nothing
+      state.num_rows = state.num_recv_tokens = 0;
+      return state.verdict.view.ptr<int32_t>();
+    }
     if (results->disagreed != 0) {
       // Ranks that disagreed about the call fail here, every one of them, before anything is sent.
       impl.errors.raise_if_recorded();
@@ -399,16 +419,18 @@ std::shared_ptr<detail::DispatchHandleState> new_routing(const Buffer::Impl& imp
 DispatchResult dispatch_stage(Buffer::Impl& impl, const detail::RingGroup& group, const DispatchArgs& args,
                               const DispatchShape& shape, const detail::DispatchHandleState* cached, bool host_waits,
                               Allocator& allocator, const CallStreams& streams, cudaStream_t allocation,
-                              std::shared_ptr<detail::DispatchHandleState>& state) {
+                              std::shared_ptr<detail::DispatchHandleState>& state, StageLink& link) {
   if (cached != nullptr) {
     state = std::make_shared<detail::DispatchHandleState>(*cached);  // same routing; the tensors are shared
   } else {
     state = new_routing(impl, group, args, shape);
   }
-  const int32_t* verdict = notify(impl, group, args, shape, host_waits, cached, *state, allocator, streams.comm());
+  const int32_t* verdict =
+      notify(impl, group, args, shape, host_waits, cached, *state, allocator, streams.comm(), link);
+  link.verdict = verdict;
   DispatchResult result = allocate_outputs(args, shape, state->num_rows, allocator, allocation);
   if (allocation != streams.comm()) streams.order_after_allocations();
-  launch(impl, group, args, shape, cached != nullptr, *state, verdict, result, streams.comm());
+  if (!link.failed) launch(impl, group, args, shape, cached != nullptr, *state, verdict, result, streams.comm());
   result.num_recv_tokens_per_expert_device = state->num_recv_tokens_per_expert_device;
   result.num_recv_tokens_per_expert = state->num_recv_tokens_per_expert;
   return result;
@@ -460,8 +482,10 @@ DispatchResult dispatch_hierarchical(Buffer::Impl& impl, const DispatchArgs& arg
   rail_args.expert_alignment = 1;
   if (cached == nullptr) stage_layout(impl, args.topk_idx, shape.num_experts, rail.num_ranks(), rail_args, layouts, allocator, comm);
   std::shared_ptr<detail::DispatchHandleState> rail_state;
+  StageLink rail_link;
+  rail_link.defer_failure = true;  // ranks that differ fail at the node stage, with every other rank
   const DispatchResult forwarded = dispatch_stage(impl, rail, rail_args, shape, cached ? cached->rail.get() : nullptr,
-                                                  cached == nullptr, allocator, streams, comm, rail_state);
+                                                  cached == nullptr, allocator, streams, comm, rail_state, rail_link);
 
   DispatchArgs node_args = args;
   node_args.handle = nullptr;
@@ -476,8 +500,12 @@ DispatchResult dispatch_hierarchical(Buffer::Impl& impl, const DispatchArgs& arg
     stage_layout(impl, node_args.topk_idx, node_shape.num_experts, node.num_ranks(), node_args, layouts, allocator, comm);
   }
   std::shared_ptr<detail::DispatchHandleState> node_state;
+  StageLink node_link;
+  node_link.earlier_failed = rail_link.failed;
+  node_link.earlier_verdict = cached != nullptr ? rail_link.verdict : nullptr;
   DispatchResult result = dispatch_stage(impl, node, node_args, node_shape, cached ? cached->node.get() : nullptr,
-                                         cached == nullptr, allocator, streams, streams.allocation(), node_state);
+                                         cached == nullptr, allocator, streams, streams.allocation(), node_state,
+                                         node_link);
   // The handle: the node stage's routing as the caller sees it (rows, source indices, counts), the
   // call's tokens and experts, and both stages' routings for combine and cached dispatch.
   state = std::make_shared<detail::DispatchHandleState>(*node_state);
@@ -490,7 +518,20 @@ DispatchResult dispatch_hierarchical(Buffer::Impl& impl, const DispatchArgs& arg
   return result;
 }
 
-void require_hierarchical_call(const DispatchArgs& args, const detail::DispatchHandleState* cached) {
+void require_hierarchical_call(const Buffer::Impl& impl, const DispatchArgs& args, const DispatchShape& shape,
+                               const detail::DispatchHandleState* cached) {
+  if (cached != nullptr && cached->rail == nullptr) {
+    fail(ErrorCode::kInvalidArgument, kDispatchOp, ": handle was made by a flat dispatch, but this Buffer's normal mode "
+         "is hierarchical");
+  }
+  // The stages' own layouts count every expert in one block; the rail stage's notify, each node's.
+  const int nodes = impl.topology.num_nodes();
+  if (shape.num_experts > kLayoutMaxExperts || shape.num_experts / nodes > kMaxLocalExperts ||
+      shape.num_topk > kLayoutMaxTopk) {
+    fail(ErrorCode::kInvalidArgument, kDispatchOp, ": num_experts=", shape.num_experts, " and num_topk=", shape.num_topk,
+         " across nodes with a rail region: at most ", kLayoutMaxExperts, " experts (", kMaxLocalExperts,
+         " per node) and top-", kLayoutMaxTopk);
+  }
   if (cached == nullptr && !given(args.topk_idx)) {
     fail(ErrorCode::kInvalidArgument, kDispatchOp, ": across nodes with a rail region (num_rdma_bytes), a new routing "
          "needs topk_idx: the ranks that forward a token inside its destination node route it by its expert ids");
@@ -518,7 +559,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, 
          "waits on the host for received counts; pass num_worst_tokens > 0, or use a cached handle");
   }
   const bool hierarchical = impl.hierarchical();
-  if (hierarchical) require_hierarchical_call(args, cached);
+  if (hierarchical) require_hierarchical_call(impl, args, shape, cached);
   const SlotLayout slot = SlotLayout::dispatch(static_cast<size_t>(shape.row_bytes), shape.num_scales, shape.num_topk);
   for (const detail::RingGroup& group : hierarchical ? std::vector{impl.rail_ring_group(), impl.node_ring_group()}
                                                      : std::vector{impl.world_ring_group()}) {
@@ -529,10 +570,11 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, 
   detail::ScopedDevice scoped(impl.device);
   const CallStreams streams(impl.comm_stream, call);
   std::shared_ptr<detail::DispatchHandleState> state;
+  StageLink flat;  // one stage: no earlier one, no later one
   DispatchResult result =
       hierarchical ? dispatch_hierarchical(impl, args, shape, cached, allocator, streams, state)
                    : dispatch_stage(impl, impl.world_ring_group(), args, shape, cached, host_waits, allocator, streams,
-                                    streams.allocation(), state);
+                                    streams.allocation(), state, flat);
   result.handle = DispatchHandle(std::move(state));
   result.event = streams.finish();
   return result;
@@ -548,14 +590,16 @@ struct CombineInputs {
 };
 
 // One flat stage's combine into `out` ([routing.num_tokens, hidden]) and `out_weights`: the checked
-// barrier (every rank past its previous call, and making this same call), then the kernel.
-void combine_stage(const Buffer::Impl& impl, const detail::RingGroup& group, const detail::DispatchHandleState& routing,
-                   const CombineInputs& in, const Config& config, const Tensor& out, const Tensor& out_weights,
-                   cudaStream_t comm) {
+// barrier (every rank past its previous call, and making this same call; with `earlier_stage_verdict`,
+// every rank's earlier stage of it succeeded), then the kernel. Returns the stage's verdict.
+const int32_t* combine_stage(const Buffer::Impl& impl, const detail::RingGroup& group,
+                             const detail::DispatchHandleState& routing, const CombineInputs& in, const Config& config,
+                             const Tensor& out, const Tensor& out_weights, cudaStream_t comm,
+                             const int32_t* earlier_stage_verdict = nullptr) {
   const int hidden = static_cast<int>(in.x.shape[1]);
   const int num_topk = in.topk_weights.ndim > 0 ? static_cast<int>(in.topk_weights.shape[1]) : 0;
   const int32_t* verdict = checked_barrier(impl, group, combine_signature(group, routing, hidden, num_topk, config),
-                                           DeviceOp::kCombine, routing, comm);
+                                           DeviceOp::kCombine, routing, comm, earlier_stage_verdict);
   kernels::CombineKernelArgs kernel;
   kernel.x = in.x.data;
   kernel.hidden = hidden;
@@ -572,6 +616,7 @@ void combine_stage(const Buffer::Impl& impl, const detail::RingGroup& group, con
   kernel.combined_topk_weights = out_weights.view.ptr<float>();
   kernel.ring = ring_args(group, config);
   impl.kernels->combine(group.window, kernel, group.context, comm);
+  return verdict;
 }
 
 }  // namespace
@@ -637,12 +682,14 @@ CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, con
     const Tensor partial = allocate(allocator, DType::kBFloat16, {forwarded_rows, hidden}, streams.comm());
     const Tensor partial_weights =
         num_topk > 0 ? allocate(allocator, DType::kFloat32, {forwarded_rows, num_topk}, streams.comm()) : Tensor{};
-    combine_stage(impl, impl.node_ring_group(), *state.node, CombineInputs{args.x, args.topk_weights}, args.config,
-                  partial, partial_weights, streams.comm());
+    const int32_t* node_verdict = combine_stage(impl, impl.node_ring_group(), *state.node,
+                                                CombineInputs{args.x, args.topk_weights}, args.config, partial,
+                                                partial_weights, streams.comm());
     in.x = partial.view;
     in.topk_weights = partial_weights.view;
+    // A node whose ranks differed summed nothing: every rail holds one of its ranks and fails too.
     combine_stage(impl, impl.rail_ring_group(), *state.rail, in, args.config, result.combined_x,
-                  result.combined_topk_weights, streams.comm());
+                  result.combined_topk_weights, streams.comm(), node_verdict);
   }
   result.event = streams.finish();
   return result;
@@ -653,6 +700,7 @@ int DispatchHandle::num_tokens() const { return state_ ? state_->num_tokens : 0;
 int DispatchHandle::num_recv_tokens() const { return state_ ? state_->num_recv_tokens : 0; }
 int DispatchHandle::num_rows() const { return state_ ? state_->num_rows : 0; }
 int DispatchHandle::num_channels() const { return state_ ? state_->num_channels : 0; }
+bool DispatchHandle::hierarchical() const { return state_ && state_->rail != nullptr; }
 TensorView DispatchHandle::recv_src_idx() const { return state_ ? state_->recv_src_idx.view : TensorView{}; }
 TensorView DispatchHandle::recv_channel_prefix() const { return state_ ? state_->recv_channel_prefix.view : TensorView{}; }
 TensorView DispatchHandle::send_position() const { return state_ ? state_->send_position.view : TensorView{}; }

@@ -174,18 +174,30 @@ void check_warmup_fits(const BufferOptions& options, int num_ranks) {
          "but with num_ranks=", num_ranks, " (more than ", kMaxNvlPeers, ") only low-latency mode runs: set it to 0");
   }
   if (shape.num_tokens > 0) {
-    // Staged as the options say (emulated nodes, or nodes given outright); across real hosts the
-    // warmup's own call says so.
-    // With a rail region (num_rdma_bytes without low_latency_mode) the NVLink rings serve one node
-    // and are not staged.
+    // As the options say (emulated nodes, or nodes given outright); across real hosts, where the
+    // node size is not known yet, the warmup's own call says so. Flat across nodes the rings are
+    // staged; with a rail region (num_rdma_bytes without low_latency_mode) they serve one node's
+    // ranks, and the rail's rings must fit too.
+    const int per_node = options.ranks_per_node > 0 ? options.ranks_per_node
+                         : options.emulated_nodes > 1 ? num_ranks / options.emulated_nodes
+                                                      : 0;  // 0: unknown
     const bool rail = options.num_rdma_bytes > 0 && !options.low_latency_mode;
-    const bool staged =
-        !rail && (options.emulated_nodes > 1 || (options.ranks_per_node > 0 && options.ranks_per_node < num_ranks));
-    const int64_t needed = full_size_config(options.num_nvl_bytes, shape.hidden, num_ranks, staged)
-                               .ring_buffer_bytes(int64_t{shape.hidden} * 2, num_ranks, staged);
+    const bool known = per_node > 0 || !rail;
+    const int nvl_ranks = rail ? per_node : num_ranks;
+    const bool staged = !rail && per_node > 0 && per_node < num_ranks;
+    const int64_t hidden_bytes = int64_t{shape.hidden} * 2;
+    const int nodes = per_node > 0 ? num_ranks / per_node : 1;
+    const Config config = full_size_config(options.num_nvl_bytes, shape.hidden, std::max(nvl_ranks, 1), staged, nodes,
+                                           rail ? options.num_rdma_bytes : 0);
+    const int64_t needed = known ? config.ring_buffer_bytes(hidden_bytes, nvl_ranks, staged) : 0;
     if (needed > options.num_nvl_bytes) {
       fail(ErrorCode::kInvalidArgument, "Buffer: warmup_shape.hidden=", shape.hidden, " needs num_nvl_bytes >= ", needed,
            " for its normal-mode dummy round, but num_nvl_bytes=", options.num_nvl_bytes);
+    }
+    const int64_t rail_needed = rail && nodes > 1 ? config.rdma_buffer_size_hint(hidden_bytes, nodes) : 0;
+    if (rail_needed > options.num_rdma_bytes) {
+      fail(ErrorCode::kInvalidArgument, "Buffer: warmup_shape.hidden=", shape.hidden, " needs num_rdma_bytes >= ",
+           rail_needed, " for the rail stage of its normal-mode dummy round, but num_rdma_bytes=", options.num_rdma_bytes);
     }
   }
   if (shape.num_low_latency_tokens > 0) {
@@ -261,7 +273,7 @@ void Buffer::warm_up(cudaStream_t stream) {
   const Config small_config = small_round_config();
   // Hierarchical across nodes: the NVLink rings serve one node (unstaged), the rail's the nodes.
   const bool hierarchical = impl.hierarchical();
-  const bool staged = !hierarchical && !impl.window().all_direct();
+  const bool staged = hierarchical ? impl.node_ring_group().staged() : !impl.window().all_direct();
   const int nvl_ranks = hierarchical ? impl.topology.ranks_per_node : ranks;
   const int nodes = impl.topology.num_nodes();
   const int64_t rail_bytes = hierarchical ? static_cast<int64_t>(impl.layout.rail_ring_bytes) : 0;

@@ -227,6 +227,26 @@ TEST(BufferOptions, WarmupShapeMustFitTheBuffers) {
   EXPECT_NO_THROW(detail::check_warmup_fits(options, 8));
 }
 
+TEST(BufferOptions, WarmupWithARailRegionSizesEachStageByItsRanks) {
+  BufferOptions options;
+  options.warmup_shape = WarmupShape{4096, 0, 7168, 8, 256};
+  options.emulated_nodes = 2;  // 2 x 4
+  const Config config = default_dispatch_config(8);
+  options.num_nvl_bytes = config.nvl_buffer_size_hint(7168 * 2, 4);  // one node's ranks, unstaged
+  options.num_rdma_bytes = config.rdma_buffer_size_hint(7168 * 2, 2);
+  EXPECT_NO_THROW(detail::check_warmup_fits(options, 8));
+  options.num_rdma_bytes = 1 << 20;  // not even the smallest rail rings
+  try {
+    detail::check_warmup_fits(options, 8);
+    FAIL();
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("needs num_rdma_bytes >= "), std::string::npos) << error.what();
+  }
+  // Nodes not known before the hosts are (no emulated_nodes, no ranks_per_node): left to the round.
+  options.emulated_nodes = 1;
+  EXPECT_NO_THROW(detail::check_warmup_fits(options, 8));
+}
+
 TEST(LowLatencySizeHint, CoversTheLayoutAndGrowsWithEveryShape) {
   const int64_t base = Buffer::low_latency_buffer_size_hint(128, 7168, 8, 256);
   EXPECT_GT(base, 0);
@@ -366,6 +386,25 @@ TEST(DeviceErrorLog, APeerWithoutACheckedCallIsNamed) {
 }
 
 // Every field a rank can disagree on has a name in the message.
+TEST(DeviceErrorLog, AFailedEarlierStageNamesTheRankWhoseStageFailed) {
+  // Rank 1 saw rank 4's earlier stage fail (observed 1), and rank 4 saw its own (expected 1).
+  std::string message = detail::DeviceErrorLog::describe(call_mismatch(DeviceOp::kDispatch, 1, 4,
+                                                                       CallField::kEarlierStageFailed, 0, 1));
+  EXPECT_NE(message.find("rank 1: dispatch: rank 4's other stage of this call (hierarchical mode) found ranks making "
+                         "different calls"), std::string::npos) << message;
+  message = detail::DeviceErrorLog::describe(call_mismatch(DeviceOp::kCombine, 4, 1, CallField::kEarlierStageFailed, 1, 0));
+  EXPECT_NE(message.find("rank 4: combine: rank 4's other stage"), std::string::npos) << message;
+}
+
+TEST(CallFields, TheOperationAndAnEarlierStageAreComparedFirstThenEveryFieldOnce) {
+  constexpr int kFields = static_cast<int>(CallField::kCount);
+  EXPECT_EQ(compared_field(0), static_cast<int>(CallField::kOperation));
+  EXPECT_EQ(compared_field(1), static_cast<int>(CallField::kEarlierStageFailed));
+  std::vector<int> seen(kFields, 0);
+  for (int i = 0; i < kFields; ++i) ++seen[compared_field(i)];
+  EXPECT_EQ(seen, std::vector<int>(kFields, 1));
+}
+
 TEST(DeviceErrorLog, EveryCallFieldHasAName) {
   for (int field = 0; field < static_cast<int>(CallField::kCount); ++field) {
     DeviceErrorRecord record{};

@@ -89,6 +89,7 @@ struct Context {
   // > 0: the Buffer's normal mode is hierarchical across nodes of this many ranks (a rail region),
   // and the expected results are reference::hierarchical_dispatch's and _combine's.
   int hierarchical_ranks_per_node = 0;
+  Scenario hierarchical_scenario{"hierarchical errors bf16 h256 T8 top2", false, 256, 8, 2, Routing::kPlain, 0};
   const Config& config(const Scenario& s) const {
     return s.has(kSmallConfig) ? small_config : s.has(kWideConfig) ? wide_config : default_config;
   }
@@ -423,6 +424,7 @@ void run_scenario(Context& ctx, const Scenario& s, uint64_t seed) {
   DispatchResult first = buffer.dispatch(args, allocator, call);
   settle(ctx, s, first.event, name + " dispatch");
   check_dispatch(harness, name + " dispatch", s, first, dispatched[me], 0);
+  harness.check(first.handle.hierarchical() == (per_node > 0), name + ": handle.hierarchical()");
   if (per_node == 0) check_rank_prefix(harness, name + " dispatch", first, dispatched);
 
   const int worst = worst_rows(s, ranks);
@@ -816,8 +818,56 @@ void check_results_outlive_buffer(RankHarness& harness, const BufferOptions& opt
 
 // What the hierarchical mode refuses, by name, before anything is sent; the Buffer stays usable
 // (the scenario after it is exact).
+// Rank 0 alone makes another call, in each of the three places a hierarchical call checks the
+// ranks: the rail stage's notify (a new routing), the rail stage's checked barrier (a cached
+// dispatch) and the node stage's (a combine). Only rank 0's group sees the difference there; its
+// failure travels to the other stage, so every rank fails: rank 0's group naming the difference,
+// the others naming the failed stage. Nothing is left half-done: the scenario after is exact.
+void check_hierarchical_disagreements(Context& ctx, RankTensors& inputs, Allocator& allocator) {
+  RankHarness& harness = ctx.harness;
+  const int ranks = harness.num_ranks();
+  const int per_node = ctx.hierarchical_ranks_per_node;
+  const int me = harness.rank();
+  const DispatchArgs good = inputs.args(ctx.hierarchical_scenario, ctx.default_config, ranks);
+  const int tokens = static_cast<int>(good.x.shape[0]);
+  const int hidden = static_cast<int>(good.x.shape[1]);
+  const auto expect_all_fail = [&](bool in_rank0_group, const std::string& difference,
+                                   const std::function<void()>& call, const std::string& what) {
+    harness.expect_error(ErrorCode::kInvalidArgument,
+                         in_rank0_group ? difference : "found ranks making different calls", [&] {
+                           call();
+                           ctx.buffer.synchronize(nullptr);
+                         }, what);
+    harness.bootstrap()->barrier();  // every rank has seen its own error before the next call
+  };
+  const bool rail_of_rank0 = me % per_node == 0;
+  const bool node_of_rank0 = me < per_node;
+
+  DispatchArgs mine = good;
+  if (me == 0) mine.x = TensorView::contiguous(good.x.data, DType::kBFloat16, {tokens, hidden / 2});
+  expect_all_fail(rail_of_rank0, "every rank must make the same call", [&] { (void)ctx.buffer.dispatch(mine, allocator); },
+                  "rank 0 alone dispatching another hidden (the rail stage's notify)");
+
+  const DispatchResult older = ctx.buffer.dispatch(good, allocator);
+  const DispatchResult newer = ctx.buffer.dispatch(good, allocator);
+  ctx.buffer.synchronize(nullptr);
+  DispatchArgs cached = good;
+  cached.num_tokens_per_rank = cached.num_tokens_per_expert = cached.is_token_in_rank = TensorView{};
+  cached.handle = me == 0 ? &older.handle : &newer.handle;
+  expect_all_fail(rail_of_rank0, "dispatch number", [&] { (void)ctx.buffer.dispatch(cached, allocator); },
+                  "rank 0 alone replaying an older handle (the rail stage's checked barrier)");
+
+  CombineArgs back;
+  back.x = newer.recv_x.view;
+  back.handle = &newer.handle;
+  back.config = ctx.default_config;
+  if (me == 0) back.topk_weights = newer.recv_topk_weights.view;
+  expect_all_fail(node_of_rank0, "every rank must make the same call", [&] { (void)ctx.buffer.combine(back, allocator); },
+                  "rank 0 alone combining with weights (the node stage's checked barrier)");
+}
+
 void check_hierarchical_errors(Context& ctx) {
-  constexpr Scenario s{"hierarchical errors bf16 h256 T8 top2", false, 256, 8, 2, Routing::kPlain, 0};
+  const Scenario& s = ctx.hierarchical_scenario;
   RankHarness& harness = ctx.harness;
   const int ranks = harness.num_ranks();
   RankTensors inputs(make_world(s, kSeed ^ 0x41e7u, ranks, kXStream, kScalesStream)[harness.rank()], ranks);
@@ -836,6 +886,7 @@ void check_hierarchical_errors(Context& ctx) {
   args.config.num_max_rdma_chunked_recv_tokens = 1 << 20;
   harness.expect_error(ErrorCode::kInvalidArgument, "num_rdma_bytes=",
                        [&] { (void)ctx.buffer.dispatch(args, *allocator); }, "rail rings larger than num_rdma_bytes");
+  check_hierarchical_disagreements(ctx, inputs, *allocator);
 }
 
 // The suite on one Buffer: every scenario and the graph case; with `everything`, also the argument

@@ -31,11 +31,14 @@ __global__ void checked_barrier_kernel(const __grid_constant__ PeerWindow peers,
   // The epoch the barrier below is about to use (only it writes the epoch, after).
   const uint64_t epoch = *window.own<uint64_t>(NvlLayout::barrier_epoch()) + 1;
   const uint64_t parity = epoch & 1u;
+  // The earlier stage's verdict, written by an earlier kernel of this stream: ordered before this one.
+  CallSignature mine = check.signature;
+  constexpr int kEarlierStage = static_cast<int>(CallField::kEarlierStageFailed);
+  if (check.earlier_stage_verdict != nullptr) mine.values[kEarlierStage] = *check.earlier_stage_verdict != 0 ? 1 : 0;
   if (peer < context.num_ranks) {
     const size_t slot = NvlLayout::call_slot(parity, context.rank);
     for (int field = 0; field < kFields; ++field) {
-      window.put_value(peer, slot + offsetof(CheckedCallSlot, signature) + field * sizeof(int32_t),
-                       check.signature.values[field]);
+      window.put_value(peer, slot + offsetof(CheckedCallSlot, signature) + field * sizeof(int32_t), mine.values[field]);
     }
     window.put_value(peer, slot + offsetof(CheckedCallSlot, barrier_epoch), epoch);
     window.quiet();  // the publish rule: the barrier's __syncthreads, fence and signal follow
@@ -53,26 +56,26 @@ __global__ void checked_barrier_kernel(const __grid_constant__ PeerWindow peers,
     for (int field = 0; field < kFields; ++field) theirs[field] = slot->signature.values[field];
     // An older stamp: the peer made no checked call here (its operation reads as kNone).
     if (slot->barrier_epoch != epoch) theirs[static_cast<int>(CallField::kOperation)] = static_cast<int32_t>(DeviceOp::kNone);
-    // The operation first (the last field): a peer in another call, or in none, is told so, not
-    // by whichever field its stale or other signature happens to differ in first.
-    constexpr int kOperation = static_cast<int>(CallField::kOperation);
+    // The operation first: a peer in another call, or in none, is told so, not by whichever field
+    // its stale or other signature happens to differ in first (compared_field).
 #pragma unroll
     for (int i = 0; i < kFields; ++i) {
-      const int field = (kOperation + i) % kFields;
+      const int field = compared_field(i);
       const int32_t value = theirs[field];
-      if (differs || value == check.signature.values[field]) continue;
+      if (differs || value == mine.values[field]) continue;
       differs = true;
       device::ErrorDetails details;
       details.kind = DeviceErrorKind::kCallMismatch;
       details.op = check.op;
       details.peer = peer;
       details.index0 = field;
-      details.expected = check.signature.values[field];
+      details.expected = mine.values[field];
       details.observed = value;
       device::report_error(context, details);
     }
   }
-  const int disagreed = __syncthreads_or(differs || !arrived);
+  // A failed earlier stage fails this one even where every peer's did too (nothing differs then).
+  const int disagreed = __syncthreads_or(differs || !arrived || mine.values[kEarlierStage] != 0);
   if (threadIdx.x == 0) {
     *window.own<int32_t>(NvlLayout::call_verdict()) = disagreed || (check.prior_verdict != nullptr && *check.prior_verdict != 0);
   }

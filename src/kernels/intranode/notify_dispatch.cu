@@ -152,7 +152,8 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
   bool differs = false;
   if (threadIdx.x < num_ranks && arrived) {
     const CallSignature& theirs = window.own<NotifySlot>(NvlLayout::notify_slot(parity, threadIdx.x))->signature;
-    for (int field = 0; field < kFields && !differs; ++field) {
+    for (int i = 0; i < kFields && !differs; ++i) {
+      const int field = compared_field(i);
       if (theirs.values[field] == args.signature.values[field]) continue;
       differs = true;
       device::ErrorDetails details;
@@ -165,7 +166,9 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
       device::report_error(context, details);
     }
   }
-  const int disagreed = __syncthreads_or(differs);
+  // A failed earlier stage (hierarchical mode) fails this one even where every peer's did too.
+  const int disagreed =
+      __syncthreads_or(differs || args.signature.values[static_cast<int>(CallField::kEarlierStageFailed)] != 0);
   if (threadIdx.x == 0) {
     *args.verdict = disagreed;
     if (args.host_results != nullptr) device::st_relaxed_sys(&args.host_results->disagreed, disagreed);
