@@ -139,6 +139,7 @@ void Buffer::Impl::initialize(int caller_device, bool background) {
   transport = std::move(backend.transport);
   kernels = backend.kernels;
   topology = backend.topology;
+  require_normal_groups_fit();
   if (bootstrap->num_ranks() > 1) {
     watchdog = std::make_unique<detail::PeerWatchdog>(
         transport->local_processes(),
@@ -266,16 +267,12 @@ void Buffer::get_dispatch_layout(const TensorView& topk_idx, int num_experts, co
   impl_->begin(kOp);
   const auto profiled = impl_->profile_call(kOp, stream);
   const int ranks = num_ranks();
-  if (ranks > kMaxNvlPeers) {
-    fail(ErrorCode::kUnsupported, kOp, ": num_ranks=", ranks, " is more than normal mode's ", kMaxNvlPeers,
-         " ranks; with more, only low-latency mode runs (it needs no layout)");
-  }
   detail::require_device_tensor(impl_->device, kOp, "topk_idx", topk_idx, {DType::kInt64, DType::kInt32},
                                 {detail::kAnyExtent, detail::kAnyExtent});
   const int64_t num_tokens = topk_idx.shape[0];
   const int64_t num_topk = topk_idx.shape[1];
   detail::require_in_range(kOp, "num_topk (topk_idx.shape[1])", num_topk, 1, kLayoutMaxTopk);
-  detail::require_in_range(kOp, "num_tokens (topk_idx.shape[0])", num_tokens, 0, INT32_MAX / kMaxNvlPeers);
+  detail::require_in_range(kOp, "num_tokens (topk_idx.shape[0])", num_tokens, 0, INT32_MAX / kMaxRanks);
   detail::require_in_range(kOp, "num_experts", num_experts, 1, kLayoutMaxExperts);
   if (num_experts % ranks != 0) {
     fail(ErrorCode::kInvalidArgument, kOp, ": num_experts=", num_experts, " must be a multiple of num_ranks=", ranks);

@@ -97,6 +97,9 @@ struct Buffer::Impl {
   // device current on the constructing thread (-1 if unknown), used when options.device is -1;
   // `background`: running on a thread of its own (initialize_in_background).
   void initialize(int caller_device, bool background);
+  // With NVLink rings, normal mode's stages among at most kMaxNvlPeers ranks each, as the topology
+  // (known once the ranks have met) forms them; else Unsupported, naming the node sizes.
+  void require_normal_groups_fit() const;
   // Returns once initialize() has finished (at once unless it runs in the background); throws its
   // error, at this call and every later one.
   void wait_until_ready() {

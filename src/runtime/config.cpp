@@ -14,10 +14,14 @@ void BufferOptions::validate(int num_ranks) const {
     fail(ErrorCode::kUnsupported, "Buffer: num_ranks=", num_ranks, " exceeds the ", kMaxRanks,
          " ranks this build runs (low-latency mode; normal mode ", kMaxNvlPeers, ")");
   }
-  if (num_ranks > kMaxNvlPeers && num_nvl_bytes > 0) {
+  // Past kMaxNvlPeers ranks normal mode runs only hierarchical (num_rdma_bytes without
+  // low-latency mode), each stage among at most that many (the nodes are checked once known).
+  const bool rail = num_rdma_bytes > 0 && !low_latency_mode;
+  if (num_ranks > kMaxNvlPeers && num_nvl_bytes > 0 && !rail) {
     fail(ErrorCode::kUnsupported, "Buffer: num_ranks=", num_ranks, " with num_nvl_bytes=", num_nvl_bytes,
-         ": normal mode runs at most ", kMaxNvlPeers, " ranks (its kernels give each peer a team of warps); with ",
-         num_ranks, " ranks only low-latency mode runs: pass num_nvl_bytes=0");
+         ": flat normal mode runs at most ", kMaxNvlPeers, " ranks (its kernels give each peer a team of warps); with ",
+         num_ranks, " ranks pass num_nvl_bytes=0 (low-latency mode only), or make normal mode hierarchical across "
+         "nodes of at most ", kMaxNvlPeers, " ranks (num_rdma_bytes without low_latency_mode)");
   }
   if (num_nvl_bytes < 0 || num_nvl_bytes % static_cast<int64_t>(kRegionAlignment) != 0) {
     fail(ErrorCode::kInvalidArgument, "Buffer: num_nvl_bytes=", num_nvl_bytes, " must be a non-negative multiple of ",
@@ -164,9 +168,9 @@ int64_t Config::rings_bytes(int64_t hidden_bytes, int num_ranks, bool staged, in
 // The same for every rank count until a multi-GPU machine lets us tune over real NVLink; the
 // chunk-size sweep behind these values is in docs/PERF.md.
 Config default_dispatch_config(int num_ranks) {
-  if (num_ranks < 1 || num_ranks > kMaxNvlPeers) {
+  if (num_ranks < 1 || num_ranks > kMaxRanks) {
     fail(ErrorCode::kUnsupported, "default_dispatch_config: num_ranks=", num_ranks, " has no tuned config (1..",
-         kMaxNvlPeers, " inside one node)");
+         kMaxRanks, ")");
   }
   Config config;
   config.num_sms = 24;

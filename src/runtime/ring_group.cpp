@@ -1,5 +1,7 @@
 #include "runtime/ring_group.hpp"
 
+#include "common/constants.hpp"
+#include "epcomm/error.hpp"
 #include "runtime/buffer_impl.hpp"
 
 namespace epcomm {
@@ -17,6 +19,22 @@ detail::RingGroup group_of(const Buffer::Impl& impl, const detail::RankGroup& ra
 }
 
 }  // namespace
+
+void Buffer::Impl::require_normal_groups_fit() const {
+  if (layout.nvl_bytes == 0) return;
+  const int ranks = bootstrap->num_ranks();
+  if (hierarchical()) {
+    if (topology.ranks_per_node > kMaxNvlPeers || topology.num_nodes() > kMaxNvlPeers) {
+      fail(ErrorCode::kUnsupported, "Buffer: ", topology.num_nodes(), " nodes of ", topology.ranks_per_node,
+           " ranks: hierarchical normal mode runs at most ", kMaxNvlPeers, " nodes of at most ", kMaxNvlPeers,
+           " ranks (ranks_per_node and emulated_nodes set the node size)");
+    }
+  } else if (ranks > kMaxNvlPeers) {
+    fail(ErrorCode::kUnsupported, "Buffer: ", ranks, " ranks form ", topology.num_nodes(), " node(s) of ",
+         topology.ranks_per_node, ": with num_nvl_bytes > 0 past ", kMaxNvlPeers, " ranks, normal mode runs only "
+         "hierarchical across nodes of at most ", kMaxNvlPeers, " ranks");
+  }
+}
 
 detail::RingGroup Buffer::Impl::world_ring_group() const {
   detail::RingGroup group = group_of(*this, {0, 1, bootstrap->num_ranks()}, BufferLayout::normal_offset());

@@ -169,9 +169,10 @@ namespace detail {
 
 void check_warmup_fits(const BufferOptions& options, int num_ranks) {
   const WarmupShape& shape = options.warmup_shape;
-  if (shape.num_tokens > 0 && num_ranks > kMaxNvlPeers) {
+  if (shape.num_tokens > 0 && num_ranks > kMaxNvlPeers && (options.num_rdma_bytes == 0 || options.low_latency_mode)) {
     fail(ErrorCode::kInvalidArgument, "Buffer: warmup_shape.num_tokens=", shape.num_tokens, " asks for normal-mode rounds, ",
-         "but with num_ranks=", num_ranks, " (more than ", kMaxNvlPeers, ") only low-latency mode runs: set it to 0");
+         "but with num_ranks=", num_ranks, " (more than ", kMaxNvlPeers, ") normal mode runs only hierarchical (num_rdma_bytes "
+         "without low_latency_mode): set it to 0, or make normal mode hierarchical");
   }
   if (shape.num_tokens > 0) {
     // As the options say (emulated nodes, or nodes given outright); across real hosts, where the

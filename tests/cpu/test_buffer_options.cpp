@@ -266,7 +266,19 @@ TEST(NormalSizeHint, FitsTheRingsOfTheConfig) {
   // channels x ranks x ring slots x (row + metadata).
   EXPECT_GE(hint, static_cast<int64_t>(config.num_channels()) * 8 * config.num_max_nvl_chunked_recv_tokens * 7168 * 2);
   EXPECT_EQ(hint % 128, 0);
-  EXPECT_THROW(default_dispatch_config(16), Error);
+  EXPECT_NO_THROW(default_dispatch_config(16));  // 2 nodes of 8, hierarchical
+  EXPECT_THROW(default_dispatch_config(kMaxRanks + 1), Error);
+  EXPECT_THROW(default_dispatch_config(0), Error);
+}
+
+TEST(BufferOptions, PastEightRanksNormalModeIsHierarchicalOnly) {
+  BufferOptions options;
+  options.num_nvl_bytes = 1 << 20;
+  EXPECT_NE(validation_error(options, 16).find("make normal mode hierarchical"), std::string::npos);
+  options.num_rdma_bytes = 1 << 20;  // a rail region: the nodes are checked once known
+  EXPECT_EQ(validation_error(options, 16), "");
+  options.low_latency_mode = true;  // then num_rdma_bytes is the low-latency region
+  EXPECT_NE(validation_error(options, 16).find("make normal mode hierarchical"), std::string::npos);
 }
 
 TEST(Config, DefaultsAreValidAndBadFieldsNamed) {

@@ -91,7 +91,7 @@ const char* bench_usage() {
          "                    back-to-back (each op's calls in a row) or both (default)\n"
          "  --cold-pause-ms N host sleep before every cold round or call (default 0)\n"
          "  --out FILE        also append the JSON records to FILE\n"
-         "Ranks: 1 to 16; above 8, low-latency mode only (--skip-normal). Rank r runs on GPU\n"
+         "Ranks: 1 to 16; above 8, low-latency mode only (--skip-normal) or --hierarchical. Rank r runs on GPU\n"
          "r % (visible GPUs). Several ranks on one GPU\n"
          "run at once only under MPS (scripts/bench.sh starts it).\n"
          "Exit codes: 0 every op ran and matched the CPU reference; 1 a rank failed or a result was\n"
@@ -171,9 +171,9 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
   if (options.num_ranks % options.nodes != 0) {
     fail(ErrorCode::kInvalidArgument, "epcomm-bench: --nodes ", options.nodes, " must divide --ranks ", options.num_ranks);
   }
-  if (options.num_ranks > kMaxNvlPeers && (!options.skip_normal || options.cold)) {
-    fail(ErrorCode::kInvalidArgument, "epcomm-bench: --ranks ", options.num_ranks, " runs low-latency mode only (normal mode ",
-         "stops at ", kMaxNvlPeers, " ranks): add --skip-normal, without --cold");
+  if (options.num_ranks > kMaxNvlPeers && (!options.skip_normal || options.cold) && !options.hierarchical) {
+    fail(ErrorCode::kInvalidArgument, "epcomm-bench: --ranks ", options.num_ranks, " runs low-latency mode only (flat normal ",
+         "mode stops at ", kMaxNvlPeers, " ranks): add --skip-normal, without --cold, or --hierarchical with --nodes");
   }
   if (options.hierarchical && (options.nodes < 2 || options.skip_normal)) {
     fail(ErrorCode::kInvalidArgument, "epcomm-bench: --hierarchical times normal mode across nodes: it needs --nodes > 1 "

@@ -104,8 +104,8 @@ int run_rank(const BenchOptions& options) {
   // Across emulated nodes the copies (roofline) are not run: the copy engines and TMA need every
   // rank mapped, so records there carry no roofline ratio.
   const bool one_node = options.nodes == 1;
-  // Past normal mode's ranks the Buffer has no NVLink buffer: no copy, no normal mode (--skip-normal).
-  const bool nvl_buffer = options.num_ranks <= kMaxNvlPeers;
+  // Past flat normal mode's ranks the Buffer has no NVLink buffer unless hierarchical (--skip-normal otherwise).
+  const bool nvl_buffer = options.num_ranks <= kMaxNvlPeers || options.hierarchical;
   BufferOptions buffer_options;
   // deep_ep's RDMA buffer: the low-latency region, or (hierarchical) the rail stage's rings.
   buffer_options.low_latency_mode = !options.hierarchical;

@@ -86,7 +86,7 @@ void launch_typed(const DispatchLayoutArgs& args, int max_blocks, const KernelCo
 
 void launch_dispatch_layout(const DispatchLayoutArgs& args, int max_blocks, const KernelContext& context,
                             cudaStream_t stream) {
-  static_assert(kMaxNvlPeers <= 32, "ranks_reached is a 32-bit mask");
+  static_assert(kMaxRanks <= 32, "ranks_reached is a 32-bit mask");
   if (args.index_type == IndexType::kInt64) {
     launch_typed<int64_t>(args, max_blocks, context, stream);
   } else {
