@@ -38,8 +38,8 @@ class Buffer:
         every rank is a peer of every other and the rings take
         ``Config.get_nvl_buffer_size_hint(hidden_bytes, num_ranks, num_nodes)``. There are no
         separate ``internode_*`` methods; a hierarchical handle's entries describe its node stage.
-        With ``low_latency_mode``, num_rdma_bytes is the low-latency region; normal mode at most 8
-        ranks, low-latency mode 16;
+        With ``low_latency_mode``, num_rdma_bytes is the low-latency region. Normal mode runs at
+        most 8 ranks flat, 16 hierarchical (nodes of at most 8); low-latency mode 16;
       - ``emulated_nodes`` (epcomm's own) splits the ranks into nodes that reach each other only by
         put and signal, to test the path across nodes on one machine; ``ranks_per_node`` (epcomm's
         own) gives the node size outright (0: the consecutive ranks of one host);
