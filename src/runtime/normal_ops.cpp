@@ -276,7 +276,7 @@ const int32_t* checked_barrier(const Buffer::Impl& impl, const detail::RingGroup
 // node holds a rank of each rail, and every rail a rank of each node. A flat call has no link.
 struct StageLink {
   bool earlier_failed = false;               // new routing: the host knows (it waited for the notify)
-  const int32_t* earlier_verdict = nullptr;  // cached routing and combine: the device knows
+  const int32_t* earlier_verdict = nullptr;  // cached, worst-case sized and combine: the device knows
   bool defer_failure = false;                // a difference found here is raised by the later stage
   bool failed = false;                       // out (new routing, defer_failure): this stage's ranks differed
   const int32_t* verdict = nullptr;          // out: this stage's verdict, for the later stage
@@ -323,6 +323,7 @@ const int32_t* notify(Buffer::Impl& impl, const detail::RingGroup& group, const 
   state.dispatch_number = ++impl.dispatches_made;
   notify.signature = call_signature(group, args, shape, state.dispatch_number);
   notify.signature.set(CallField::kEarlierStageFailed, link.earlier_failed);
+  notify.earlier_stage_verdict = link.earlier_verdict;  // when the host did not wait for the earlier stage
   notify.verdict = state.verdict.view.ptr<int32_t>();
   notify.num_recv_tokens_per_expert = state.num_recv_tokens_per_expert_device.view.ptr<int32_t>();
   if (host_waits) {
@@ -481,11 +482,13 @@ DispatchResult dispatch_hierarchical(Buffer::Impl& impl, const DispatchArgs& arg
   rail_args.handle = nullptr;
   rail_args.expert_alignment = 1;
   if (cached == nullptr) stage_layout(impl, args.topk_idx, shape.num_experts, rail.num_ranks(), rail_args, layouts, allocator, comm);
+  // Worst-case sized (num_worst_tokens, no host wait): the forwarded rows are sized by it too.
+  const bool host_waits = cached == nullptr && args.num_worst_tokens == 0;
   std::shared_ptr<detail::DispatchHandleState> rail_state;
   StageLink rail_link;
   rail_link.defer_failure = true;  // ranks that differ fail at the node stage, with every other rank
   const DispatchResult forwarded = dispatch_stage(impl, rail, rail_args, shape, cached ? cached->rail.get() : nullptr,
-                                                  cached == nullptr, allocator, streams, comm, rail_state, rail_link);
+                                                  host_waits, allocator, streams, comm, rail_state, rail_link);
 
   DispatchArgs node_args = args;
   node_args.handle = nullptr;
@@ -502,17 +505,16 @@ DispatchResult dispatch_hierarchical(Buffer::Impl& impl, const DispatchArgs& arg
   std::shared_ptr<detail::DispatchHandleState> node_state;
   StageLink node_link;
   node_link.earlier_failed = rail_link.failed;
-  node_link.earlier_verdict = cached != nullptr ? rail_link.verdict : nullptr;
+  node_link.earlier_verdict = host_waits ? nullptr : rail_link.verdict;
   DispatchResult result = dispatch_stage(impl, node, node_args, node_shape, cached ? cached->node.get() : nullptr,
-                                         cached == nullptr, allocator, streams, streams.allocation(), node_state,
-                                         node_link);
+                                         host_waits, allocator, streams, streams.allocation(), node_state, node_link);
   // The handle: the node stage's routing as the caller sees it (rows, source indices, counts), the
   // call's tokens and experts, and both stages' routings for combine and cached dispatch.
   state = std::make_shared<detail::DispatchHandleState>(*node_state);
   state->num_ranks = impl.bootstrap->num_ranks();
   state->num_tokens = shape.num_tokens;
   state->num_experts = shape.num_experts;
-  state->num_worst_tokens = 0;
+  state->num_worst_tokens = args.num_worst_tokens;
   state->rail = std::move(rail_state);
   state->node = std::move(node_state);
   return result;
@@ -535,11 +537,6 @@ void require_hierarchical_call(const Buffer::Impl& impl, const DispatchArgs& arg
   if (cached == nullptr && !given(args.topk_idx)) {
     fail(ErrorCode::kInvalidArgument, kDispatchOp, ": across nodes with a rail region (num_rdma_bytes), a new routing "
          "needs topk_idx: the ranks that forward a token inside its destination node route it by its expert ids");
-  }
-  if (args.num_worst_tokens > 0) {
-    fail(ErrorCode::kUnsupported, kDispatchOp, ": num_worst_tokens=", args.num_worst_tokens, " across nodes with a "
-         "rail region (num_rdma_bytes): the hierarchical dispatch sizes its forwarded rows by its notify step, "
-         "which the host waits for; use a cached handle for a CUDA graph, or num_rdma_bytes=0 (flat)");
   }
 }
 

@@ -373,6 +373,30 @@ void check_combine(RankHarness& harness, const std::string& what, const Scenario
   }
 }
 
+// What each rank's dispatch of `world` returns: flat, or (ctx.hierarchical_ranks_per_node) the
+// hierarchical reference's, whose stages `hierarchical` keeps for the combine.
+std::vector<reference::NormalRankDispatched> expected_dispatch(const Context& ctx,
+                                                               const std::vector<reference::NormalRankInput>& world,
+                                                               const Scenario& s,
+                                                               reference::HierarchicalDispatched& hierarchical) {
+  const int per_node = ctx.hierarchical_ranks_per_node;
+  if (per_node == 0) return reference_dispatch(world, s);
+  hierarchical = reference::hierarchical_dispatch(world, num_experts(static_cast<int>(world.size())), per_node, shape_of(s));
+  return hierarchical.node;
+}
+
+// What each rank's combine of `returned` gives, by the routing expected_dispatch gave.
+std::vector<reference::NormalCombineRankOutput> expected_combine(
+    const Context& ctx, const std::vector<reference::NormalRankDispatched>& dispatched,
+    const reference::HierarchicalDispatched& hierarchical, const std::vector<reference::NormalCombineRankInput>& returned,
+    const std::vector<int>& tokens_per_rank, const Scenario& s, const std::vector<std::vector<uint16_t>>& bias0 = {},
+    const std::vector<std::vector<uint16_t>>& bias1 = {}) {
+  const int per_node = ctx.hierarchical_ranks_per_node;
+  if (per_node == 0) return reference::normal_combine(dispatched, returned, tokens_per_rank, s.hidden, s.topk, bias0, bias1);
+  return reference::hierarchical_combine(hierarchical, returned, tokens_per_rank, per_node, s.hidden, s.topk, bias0,
+                                         bias1);
+}
+
 // One scenario: layout, dispatch, (worst-case dispatch), combine(s), (cached dispatch).
 void run_scenario(Context& ctx, const Scenario& s, uint64_t seed) {
   RankHarness& harness = ctx.harness;
@@ -398,16 +422,11 @@ void run_scenario(Context& ctx, const Scenario& s, uint64_t seed) {
   std::vector<reference::NormalRankDispatched> dispatched;
   reference::HierarchicalDispatched hierarchical;  // the stages' routings, when hierarchical
   const int per_node = ctx.hierarchical_ranks_per_node;
-  const auto expected_dispatch = [&](const std::vector<reference::NormalRankInput>& world) {
-    if (per_node == 0) return reference_dispatch(world, s);
-    hierarchical = reference::hierarchical_dispatch(world, num_experts(ranks), per_node, shape_of(s));
-    return hierarchical.node;
-  };
   std::unique_ptr<RankTensors> inputs;
   DeviceBytes column_scales;  // kColumnScales: this rank's x_scales, scale-major
   {
     const std::vector<reference::NormalRankInput> world = make_world(s, seed, ranks, kXStream, kScalesStream);
-    dispatched = expected_dispatch(world);
+    dispatched = expected_dispatch(ctx, world, s, hierarchical);
     inputs = std::make_unique<RankTensors>(world[me], ranks);
     if (s.has(kColumnScales)) column_scales = scale_major(world[me].x_scales, tokens_of(s, me), num_scales(s));
   }
@@ -429,14 +448,14 @@ void run_scenario(Context& ctx, const Scenario& s, uint64_t seed) {
 
   const int worst = worst_rows(s, ranks);
   DispatchResult worst_result;
-  const bool worst_case = s.has(kWorst) && per_node == 0;  // hierarchical: refused (check_hierarchical_errors)
+  const bool worst_case = s.has(kWorst);
   if (worst_case) {
     DispatchArgs worst_args = args;
     worst_args.num_worst_tokens = worst;
     worst_result = buffer.dispatch(worst_args, allocator, call);
     settle(ctx, s, worst_result.event, name + " worst-case dispatch");
     check_dispatch(harness, name + " worst-case dispatch", s, worst_result, dispatched[me], worst);
-    check_rank_prefix(harness, name + " worst-case dispatch", worst_result, dispatched);
+    if (per_node == 0) check_rank_prefix(harness, name + " worst-case dispatch", worst_result, dispatched);
   }
 
   {
@@ -447,10 +466,8 @@ void run_scenario(Context& ctx, const Scenario& s, uint64_t seed) {
       bias0 = make_bias(s, seed, ranks, kBias0Stream);
       bias1 = make_bias(s, seed, ranks, kBias1Stream);
     }
-    const reference::NormalCombineRankOutput want = std::move(
-        (per_node == 0 ? reference::normal_combine(dispatched, returned, tokens_per_rank, s.hidden, s.topk, bias0, bias1)
-                       : reference::hierarchical_combine(hierarchical, returned, tokens_per_rank, per_node, s.hidden,
-                                                         s.topk, bias0, bias1))[me]);
+    const reference::NormalCombineRankOutput want =
+        std::move(expected_combine(ctx, dispatched, hierarchical, returned, tokens_per_rank, s, bias0, bias1)[me]);
 
     // BF16: combine the received rows themselves; FP8: this rank's fresh rows.
     DeviceBytes y(s.fp8 ? returned[me].x.size() * sizeof(uint16_t) : 0);
@@ -500,7 +517,7 @@ void run_scenario(Context& ctx, const Scenario& s, uint64_t seed) {
     // Same routing, new rows: no layout, the first dispatch's handle.
     dispatched.clear();
     const std::vector<reference::NormalRankInput> world = make_world(s, seed, ranks, kNewXStream, kNewScalesStream);
-    const std::vector<reference::NormalRankDispatched> expected = expected_dispatch(world);
+    const std::vector<reference::NormalRankDispatched> expected = expected_dispatch(ctx, world, s, hierarchical);
     DeviceBytes x(world[me].x.size()), scales(world[me].x_scales.size() * sizeof(float));
     upload_exact(x, world[me].x);
     upload_exact(scales, world[me].x_scales);
@@ -569,9 +586,10 @@ void run_graph_case(Context& ctx) {
     const std::string what = std::string(s.name) + " replay " + std::to_string(replay);
     const uint64_t seed = base_seed + 1 + static_cast<uint64_t>(replay);
     std::vector<reference::NormalRankDispatched> expected;
+    reference::HierarchicalDispatched hierarchical;
     {
       const std::vector<reference::NormalRankInput> world = make_world(s, seed, ranks, kXStream, kScalesStream);
-      expected = reference_dispatch(world, s);
+      expected = expected_dispatch(ctx, world, s, hierarchical);
       inputs.upload(world[me]);
     }
     inputs.poison_layout();
@@ -588,7 +606,7 @@ void run_graph_case(Context& ctx) {
 
     std::vector<int> tokens_per_rank(ranks, s.tokens);
     const std::vector<reference::NormalCombineRankInput> returned = make_combine_inputs(expected, s, seed);
-    const auto want = reference::normal_combine(expected, returned, tokens_per_rank, s.hidden, s.topk);
+    const auto want = expected_combine(ctx, expected, hierarchical, returned, tokens_per_rank, s);
     check_combine(harness, what + " combine", s, combined, want[me], s.tokens);
   }
   EPCOMM_CUDA_CHECK(cudaGraphExecDestroy(instance));
@@ -875,10 +893,6 @@ void check_hierarchical_errors(Context& ctx) {
   ctx.buffer.synchronize(nullptr);
   const std::shared_ptr<Allocator> allocator = make_stream_ordered_allocator();
   DispatchArgs args = inputs.args(s, ctx.default_config, ranks);
-  args.num_worst_tokens = 64;
-  harness.expect_error(ErrorCode::kUnsupported, "num_worst_tokens=64 across nodes with a rail region",
-                       [&] { (void)ctx.buffer.dispatch(args, *allocator); }, "hierarchical worst-case dispatch");
-  args = inputs.args(s, ctx.default_config, ranks);
   args.topk_idx = args.topk_weights = TensorView{};
   harness.expect_error(ErrorCode::kInvalidArgument, "a new routing needs topk_idx",
                        [&] { (void)ctx.buffer.dispatch(args, *allocator); }, "hierarchical dispatch without topk_idx");
@@ -959,13 +973,12 @@ void run_normal_suite(RankHarness& harness, int emulated_nodes, TransportKind tr
       }
       run_scenario(ctx, all[i], kSeed + 7919u * (i + 1));
     }
+    run_graph_case(ctx);
     if (hierarchical) {
       check_hierarchical_errors(ctx);
       constexpr Scenario after{"after errors: fp8 h2048 uneven top8 sparse", true, 2048, -1, 8, Routing::kSparse,
-                               kPoison | kCached};
+                               kPoison | kCached | kWorst};
       run_scenario(ctx, after, kSeed + 130363u);
-    } else {
-      run_graph_case(ctx);
     }
     if (everything) {
       check_argument_errors(ctx);

@@ -31,6 +31,9 @@ struct NotifyDispatchArgs {
   NotifyResults* host_results = nullptr;          // out (mapped), or null when the host does not wait
   uint64_t sequence = 0;                          // published last into host_results
   CallSignature signature{};                      // this rank's call, compared with every peer's
+  // Hierarchical mode, when the host does not wait: the earlier stage's verdict, sent as the
+  // signature's kEarlierStageFailed (the host sets that field itself when it waited). Or null.
+  const int32_t* earlier_stage_verdict = nullptr;
   int32_t* verdict = nullptr;                     // out: 0 when every rank made the same call, else 1
 };
 void launch_notify_dispatch(const PeerWindow& window, const NotifyDispatchArgs& args, const KernelContext& context,

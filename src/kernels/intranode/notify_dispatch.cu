@@ -81,6 +81,13 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
   const uint64_t parity = *own_parity;
   const int num_ranks = context.num_ranks;
   const int experts_per_rank = args.num_experts / num_ranks;
+  // This rank's call, with an earlier stage's failure the device knows of (written by an earlier
+  // kernel of this stream: ordered before this one).
+  constexpr int kEarlierStage = static_cast<int>(CallField::kEarlierStageFailed);
+  const bool earlier_failed = args.earlier_stage_verdict != nullptr && *args.earlier_stage_verdict != 0;
+  const auto mine = [&](int field) {
+    return field == kEarlierStage && earlier_failed ? 1 : args.signature.values[field];
+  };
 
   // (1) My counts, into every destination's slot for me.
   send_channel_counts(window, args.is_token_in_rank, args.kept_is_token_in_rank, args.num_tokens, args.num_channels,
@@ -97,7 +104,7 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
   // My call's signature, for every destination to compare with its own.
   constexpr int kFields = static_cast<int>(CallField::kCount);
   for (int i = threadIdx.x; i < num_ranks * kFields; i += blockDim.x) {
-    slot_for(window, i / kFields, parity)->signature.values[i % kFields] = args.signature.values[i % kFields];
+    slot_for(window, i / kFields, parity)->signature.values[i % kFields] = mine(i % kFields);
   }
   put_staged_notify_slots(window, parity, context);
 
@@ -154,21 +161,21 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
     const CallSignature& theirs = window.own<NotifySlot>(NvlLayout::notify_slot(parity, threadIdx.x))->signature;
     for (int i = 0; i < kFields && !differs; ++i) {
       const int field = compared_field(i);
-      if (theirs.values[field] == args.signature.values[field]) continue;
+      if (theirs.values[field] == mine(field)) continue;
       differs = true;
       device::ErrorDetails details;
       details.kind = DeviceErrorKind::kCallMismatch;
       details.op = DeviceOp::kDispatch;
       details.peer = static_cast<int>(threadIdx.x);
       details.index0 = field;
-      details.expected = args.signature.values[field];
+      details.expected = mine(field);
       details.observed = theirs.values[field];
       device::report_error(context, details);
     }
   }
   // A failed earlier stage (hierarchical mode) fails this one even where every peer's did too.
   const int disagreed =
-      __syncthreads_or(differs || args.signature.values[static_cast<int>(CallField::kEarlierStageFailed)] != 0);
+      __syncthreads_or(differs || mine(kEarlierStage) != 0);
   if (threadIdx.x == 0) {
     *args.verdict = disagreed;
     if (args.host_results != nullptr) device::st_relaxed_sys(&args.host_results->disagreed, disagreed);
