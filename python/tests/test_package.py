@@ -90,8 +90,9 @@ def test_bad_values_raise_value_errors_naming_them():
         config.validate()
     with pytest.raises(ValueError, match="num_sms=7"):
         epcomm.Buffer.set_num_sms(7)
-    with pytest.raises(RuntimeError, match="num_ranks=16"):
-        epcomm.Buffer.get_dispatch_config(16)  # beyond one node: Unsupported
+    epcomm.Buffer.get_dispatch_config(16)  # 16 ranks: hierarchical normal mode, two nodes of 8
+    with pytest.raises(RuntimeError, match="num_ranks=17"):
+        epcomm.Buffer.get_dispatch_config(17)  # beyond the ranks a Buffer takes: Unsupported
 
 
 def test_warmup_shape_takes_keywords():

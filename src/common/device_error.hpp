@@ -39,6 +39,8 @@ enum class CallField : int32_t {
   kDispatchNumber,   // which of the Buffer's dispatches made the routing (a new dispatch's own
                      // number; a combine's or cached dispatch's handle's)
   kSumFormat,        // low-latency combine: how the sums travel (0: BF16, 1: LogFMT); 0 elsewhere
+  kOtherStageRingCapacity,  // hierarchical normal mode: the other stage's ring capacity, so that each
+                            // stage sees every difference either would (0 elsewhere)
   kEarlierStageFailed,  // hierarchical normal mode: 1 when this rank's earlier stage of the call found
                         // ranks making different calls (every rank's later stage then fails too)
   kOperation,        // the DeviceOp of the call (0: a peer made no checked call at that barrier)

@@ -13,7 +13,7 @@ namespace epcomm {
 
 struct LayoutWorkspace {
   // Counts of all blocks: [kLayoutMaxExperts] experts, then [kMaxNvlPeers] ranks.
-  static constexpr int kMaxCounts = kLayoutMaxExperts + kMaxNvlPeers;
+  static constexpr int kMaxCounts = kLayoutMaxExperts + kMaxRanks;
 
   static constexpr size_t kBlocksDoneOffset = 0;
   static constexpr size_t kCountsOffset = kRegionAlignment;

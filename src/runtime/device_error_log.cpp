@@ -37,6 +37,9 @@ const char* call_field_name(CallField field) {
     case CallField::kDispatchNumber: return "dispatch number (this dispatch's, or the handle's)";
     case CallField::kSumFormat: return "use_logfmt";
     case CallField::kEarlierStageFailed: return "a failed earlier stage";
+    case CallField::kOtherStageRingCapacity:
+      return "the other stage's ring capacity (hierarchical: config.num_max_rdma_chunked_recv_tokens in the node "
+             "stage, num_max_nvl_chunked_recv_tokens in the rail stage)";
     case CallField::kOperation: return "operation";
     case CallField::kCount: break;
   }

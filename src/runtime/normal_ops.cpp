@@ -235,6 +235,7 @@ CallSignature call_signature(const detail::RingGroup& group, const DispatchArgs&
   signature.set(CallField::kNumExperts, shape.num_experts);
   signature.set(CallField::kNumChannels, args.config.num_channels());
   signature.set(CallField::kRingCapacity, group.ring_capacity(args.config));
+  signature.set(CallField::kOtherStageRingCapacity, group.other_ring_capacity(args.config));
   signature.set(CallField::kHasTopkIdx, given(args.topk_idx));
   signature.set(CallField::kHasTopkWeights, given(args.topk_weights));
   signature.set(CallField::kDispatchNumber, dispatch_number);
@@ -251,6 +252,7 @@ CallSignature combine_signature(const detail::RingGroup& group, const detail::Di
   signature.set(CallField::kNumExperts, routing.num_experts);
   signature.set(CallField::kNumChannels, config.num_channels());
   signature.set(CallField::kRingCapacity, group.ring_capacity(config));
+  signature.set(CallField::kOtherStageRingCapacity, group.other_ring_capacity(config));
   signature.set(CallField::kHasTopkWeights, num_topk > 0);
   signature.set(CallField::kDispatchNumber, routing.dispatch_number);
   signature.set(CallField::kOperation, static_cast<int32_t>(DeviceOp::kCombine));

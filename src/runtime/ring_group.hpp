@@ -31,6 +31,12 @@ struct RingGroup {
   int send_chunk(const Config& config) const {
     return rail ? config.num_max_rdma_chunked_send_tokens : config.num_max_nvl_chunked_send_tokens;
   }
+  // A stage of the hierarchical mode compares the other stage's ring too (CallField::
+  // kOtherStageRingCapacity): a difference only the other stage would see must fail both. 0 flat.
+  int other_ring_capacity(const Config& config) const {
+    if (stage[0] == '\0') return 0;
+    return rail ? config.num_max_nvl_chunked_recv_tokens : config.num_max_rdma_chunked_recv_tokens;
+  }
 };
 
 }  // namespace epcomm::detail

@@ -553,7 +553,11 @@ void run_graph_case(Context& ctx) {
   const uint64_t base_seed = kSeed ^ 0x6a09e667u;
   RankTensors inputs(make_world(s, base_seed, ranks, kXStream, kScalesStream)[me], ranks);
   EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
-  BumpAllocator arena(64u << 20);
+  // Hierarchical: the forwarded rows, the received rows and the combine's partial sums are all
+  // worst-sized too.
+  constexpr size_t kArenaBytes = size_t{64} << 20;
+  const size_t worst_row_bytes = static_cast<size_t>(worst) * s.hidden * sizeof(uint16_t);
+  BumpAllocator arena(kArenaBytes + (ctx.hierarchical_ranks_per_node > 0 ? 4 * worst_row_bytes : 0));
   DispatchArgs args = inputs.args(s, ctx.default_config, ranks);
   args.num_worst_tokens = worst;
   CallOptions call;
@@ -865,6 +869,17 @@ void check_hierarchical_disagreements(Context& ctx, RankTensors& inputs, Allocat
   if (me == 0) mine.x = TensorView::contiguous(good.x.data, DType::kBFloat16, {tokens, hidden / 2});
   expect_all_fail(rail_of_rank0, "every rank must make the same call", [&] { (void)ctx.buffer.dispatch(mine, allocator); },
                   "rank 0 alone dispatching another hidden (the rail stage's notify)");
+  // A field only the node stage uses (its ring): the rail stage compares it too, so the same.
+  mine = good;
+  if (me == 0) mine.config.num_max_nvl_chunked_recv_tokens = ctx.default_config.num_max_nvl_chunked_recv_tokens / 2;
+  expect_all_fail(rail_of_rank0, "every rank must make the same call", [&] { (void)ctx.buffer.dispatch(mine, allocator); },
+                  "rank 0 alone with another NVLink ring (seen by the rail stage's notify)");
+  // Worst-case sized (no host wait): the node stage learns of the rail's failure on the device.
+  mine = good;
+  mine.num_worst_tokens = tokens * ranks;
+  if (me == 0) mine.x = TensorView::contiguous(good.x.data, DType::kBFloat16, {tokens, hidden / 2});
+  expect_all_fail(rail_of_rank0, "every rank must make the same call", [&] { (void)ctx.buffer.dispatch(mine, allocator); },
+                  "rank 0 alone dispatching another hidden, worst-case sized (the verdict on the device)");
 
   const DispatchResult older = ctx.buffer.dispatch(good, allocator);
   const DispatchResult newer = ctx.buffer.dispatch(good, allocator);
@@ -880,7 +895,9 @@ void check_hierarchical_disagreements(Context& ctx, RankTensors& inputs, Allocat
   back.handle = &newer.handle;
   back.config = ctx.default_config;
   if (me == 0) back.topk_weights = newer.recv_topk_weights.view;
-  expect_all_fail(node_of_rank0, "every rank must make the same call", [&] { (void)ctx.buffer.combine(back, allocator); },
+  // Nodes of one rank: the node stage has no peer to differ from, the rail stage (every rank) sees it.
+  expect_all_fail(node_of_rank0 || per_node == 1, "every rank must make the same call",
+                  [&] { (void)ctx.buffer.combine(back, allocator); },
                   "rank 0 alone combining with weights (the node stage's checked barrier)");
 }
 
@@ -906,8 +923,8 @@ void check_hierarchical_errors(Context& ctx) {
 // The suite on one Buffer: every scenario and the graph case; with `everything`, also the argument
 // errors and results that outlive their Buffer. `emulated_nodes` > 1 splits the ranks into nodes
 // that reach each other only by put (staged rings), over `transport`; with `hierarchical`, normal
-// mode crosses them in two stages (a rail region: num_rdma_bytes without low_latency_mode), and
-// the scenarios it refuses (no top-k, worst-case sizing, the graph) are checked as errors instead.
+// mode crosses them in two stages (a rail region: num_rdma_bytes without low_latency_mode): every
+// scenario with top-k, the graph case, then its refusals and disagreements.
 void run_normal_suite(RankHarness& harness, int emulated_nodes, TransportKind transport, bool everything,
                       bool hierarchical = false) {
   const int ranks = harness.num_ranks();

@@ -235,6 +235,18 @@ __device__ void receive_channel(const device::Window& window, const DispatchKern
 }
 
 // Worst-case sizing: rows past the received ones are marked empty (no expert, no source).
+// Rows [first_row, num_rows) carry no token: source -1, ids -1, weights 0. Thread `thread` of
+// `threads` takes every threads-th row.
+__device__ void clear_rows(const DispatchKernelArgs& args, int first_row, int thread, int threads) {
+  for (int row = first_row + thread; row < args.num_rows; row += threads) {
+    if (args.recv_src_idx != nullptr) args.recv_src_idx[row] = -1;
+    for (int k = 0; k < args.num_topk; ++k) {
+      if (args.recv_topk_idx != nullptr) args.recv_topk_idx[static_cast<int64_t>(row) * args.num_topk + k] = -1;
+      if (args.recv_topk_weights != nullptr) args.recv_topk_weights[static_cast<int64_t>(row) * args.num_topk + k] = 0.0f;
+    }
+  }
+}
+
 __device__ void mark_unused_rows(const DispatchKernelArgs& args, const HalfPlan& plan, const KernelContext& context) {
   const int channel = plan.channel;
   const int received =
@@ -248,14 +260,7 @@ __device__ void mark_unused_rows(const DispatchKernelArgs& args, const HalfPlan&
     device::report_error(context, details);
   }
   constexpr int kRoleThreads = kChannelRoleWarps * kWarpSize;
-  const int stride = args.ring.num_channels * kRoleThreads;
-  for (int row = received + channel * kRoleThreads + plan.thread; row < args.num_rows; row += stride) {
-    if (args.recv_src_idx != nullptr) args.recv_src_idx[row] = -1;
-    for (int k = 0; k < args.num_topk; ++k) {
-      if (args.recv_topk_idx != nullptr) args.recv_topk_idx[static_cast<int64_t>(row) * args.num_topk + k] = -1;
-      if (args.recv_topk_weights != nullptr) args.recv_topk_weights[static_cast<int64_t>(row) * args.num_topk + k] = 0.0f;
-    }
-  }
+  clear_rows(args, received, channel * kRoleThreads + plan.thread, args.ring.num_channels * kRoleThreads);
 }
 
 }  // namespace
@@ -268,8 +273,13 @@ template <bool kStaged>
 __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
     dispatch(const __grid_constant__ PeerWindow peers, const __grid_constant__ DispatchKernelArgs args,
              KernelContext context) {
-  // Ranks that disagreed about this call (found and reported by the notify step) send nothing.
-  if (*args.verdict != 0) return;
+  // Ranks that disagreed about this call (found and reported by the notify step) send nothing. A
+  // worst-case sized call still marks its rows unused, so that nothing reads them as routed (the
+  // hierarchical mode's node stage lays out a failed rail stage's rows).
+  if (*args.verdict != 0) {
+    clear_rows(args, 0, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
+    return;
+  }
   const device::Window window(peers);
   RingLayout ring;
   ring.slot = SlotLayout::dispatch(args.row_bytes, args.num_scales, args.num_topk);
