@@ -27,6 +27,9 @@ struct DispatchLayoutOutputs {
   TensorView num_tokens_per_rank;    // out: int32 [num_ranks]
   TensorView num_tokens_per_expert;  // out: int32 [num_experts]
   TensorView is_token_in_rank;       // out: bool  [num_tokens, num_ranks]
+  // Optional (deep_ep's num_tokens_per_rdma_rank): int32 [num_nodes()], tokens with an expert on
+  // each node. Empty (ndim 0): not computed.
+  TensorView num_tokens_per_rdma_rank = {};
 };
 
 // One timed step of a Buffer's initialisation (see Buffer::initialization_phases).

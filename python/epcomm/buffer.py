@@ -212,8 +212,8 @@ class Buffer:
     # ---- normal mode ----
     def get_dispatch_layout(self, topk_idx, num_experts: int, previous_event: Optional[EventOverlap] = None,
                             async_finish: bool = False, allocate_on_comm_stream: bool = False):
-        """-> (num_tokens_per_rank, num_tokens_per_rdma_rank (always None: epcomm's normal mode has no RDMA
-        stage of its own), num_tokens_per_expert, is_token_in_rank, event)"""
+        """-> (num_tokens_per_rank, num_tokens_per_rdma_rank (int32 [nodes], tokens with an expert on each
+        node; None on one node, as deep_ep's), num_tokens_per_expert, is_token_in_rank, event)"""
         import torch
 
         stream = _torch.current_stream()
@@ -227,10 +227,13 @@ class Buffer:
         per_rank = torch.empty((self.group_size,), dtype=torch.int32, device=device)
         per_expert = torch.empty((num_experts,), dtype=torch.int32, device=device)
         in_rank = torch.empty((num_tokens, self.group_size), dtype=torch.bool, device=device)
+        nodes = self.runtime.get_num_rdma_ranks()
+        per_node = torch.empty((nodes,), dtype=torch.int32, device=device) if nodes > 1 else None
         self.runtime.get_dispatch_layout(_torch.view(topk_idx, "topk_idx"), num_experts, _torch.view(per_rank, "per_rank"),
-                                         _torch.view(per_expert, "per_expert"), _torch.view(in_rank, "in_rank"), stream)
+                                         _torch.view(per_expert, "per_expert"), _torch.view(in_rank, "in_rank"),
+                                         _torch.view(per_node, "per_node"), stream)
         event = EventOverlap(_C.Event.record(stream), (topk_idx,)) if async_finish else EventOverlap()
-        return per_rank, None, per_expert, in_rank, event
+        return per_rank, per_node, per_expert, in_rank, event
 
     def dispatch(self, x: Union[Any, Tuple[Any, Any]], handle: Optional[Any] = None, num_tokens_per_rank=None,
                  num_tokens_per_rdma_rank=None, is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None,

@@ -369,8 +369,9 @@ void bind_buffer(nb::module_& m) {
            nb::call_guard<nb::gil_scoped_release>())
       .def("get_dispatch_layout",
            [](Buffer& b, const TensorView& topk_idx, int num_experts, const TensorView& per_rank, const TensorView& per_expert,
-              const TensorView& in_rank, uintptr_t stream) {
-             b.get_dispatch_layout(topk_idx, num_experts, DispatchLayoutOutputs{per_rank, per_expert, in_rank}, as_stream(stream));
+              const TensorView& in_rank, const TensorView& per_node, uintptr_t stream) {
+             b.get_dispatch_layout(topk_idx, num_experts, DispatchLayoutOutputs{per_rank, per_expert, in_rank, per_node},
+                                   as_stream(stream));
            },
            nb::call_guard<nb::gil_scoped_release>())
       // Each call releases the GIL while it runs and returns its outputs as the Python objects the

@@ -12,8 +12,8 @@
 namespace epcomm {
 
 struct LayoutWorkspace {
-  // Counts of all blocks: [kLayoutMaxExperts] experts, then [kMaxNvlPeers] ranks.
-  static constexpr int kMaxCounts = kLayoutMaxExperts + kMaxRanks;
+  // Counts of all blocks: experts, then ranks, then nodes (at most as many as ranks).
+  static constexpr int kMaxCounts = kLayoutMaxExperts + 2 * kMaxRanks;
 
   static constexpr size_t kBlocksDoneOffset = 0;
   static constexpr size_t kCountsOffset = kRegionAlignment;

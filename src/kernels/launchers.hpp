@@ -25,9 +25,12 @@ struct DispatchLayoutArgs {
   int32_t* num_tokens_per_rank = nullptr;    // [num_ranks]
   int32_t* num_tokens_per_expert = nullptr;  // [num_experts]
   bool* is_token_in_rank = nullptr;          // [num_tokens, num_ranks]
+  int32_t* num_tokens_per_node = nullptr;    // [num_ranks / ranks_per_node], optional
+  int ranks_per_node = 1;
   void* workspace = nullptr;                 // LayoutWorkspace::kTotalBytes, zeroed once at allocation
 };
-// One launch, no memset: every output element is written, so outputs need no zeroing.
+// One launch, no memset: every output element is written, so outputs need no zeroing. The node
+// counts are computed only when num_tokens_per_node is given.
 void launch_dispatch_layout(const DispatchLayoutArgs& args, int max_blocks, const KernelContext& context,
                             cudaStream_t stream);
 

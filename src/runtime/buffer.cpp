@@ -283,6 +283,11 @@ void Buffer::get_dispatch_layout(const TensorView& topk_idx, int num_experts, co
                                 {num_experts});
   detail::require_device_tensor(impl_->device, kOp, "outputs.is_token_in_rank", outputs.is_token_in_rank, {DType::kBool},
                                 {num_tokens, ranks});
+  const bool per_node = outputs.num_tokens_per_rdma_rank.ndim > 0;
+  if (per_node) {
+    detail::require_device_tensor(impl_->device, kOp, "outputs.num_tokens_per_rdma_rank", outputs.num_tokens_per_rdma_rank,
+                                  {DType::kInt32}, {impl_->topology.num_nodes()});
+  }
 
   detail::ScopedDevice scoped(impl_->device);
   kernels::DispatchLayoutArgs args;
@@ -295,6 +300,8 @@ void Buffer::get_dispatch_layout(const TensorView& topk_idx, int num_experts, co
   args.num_tokens_per_rank = outputs.num_tokens_per_rank.ptr<int32_t>();
   args.num_tokens_per_expert = outputs.num_tokens_per_expert.ptr<int32_t>();
   args.is_token_in_rank = outputs.is_token_in_rank.ptr<bool>();
+  args.num_tokens_per_node = per_node ? outputs.num_tokens_per_rdma_rank.ptr<int32_t>() : nullptr;
+  args.ranks_per_node = impl_->topology.ranks_per_node;
   args.workspace = impl_->layout_workspace.get();
   kernels::launch_dispatch_layout(args, impl_->num_device_sms, impl_->context(), stream);
 }

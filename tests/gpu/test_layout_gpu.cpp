@@ -58,14 +58,18 @@ void check_scenario(RankHarness& harness, Buffer& buffer, const LayoutScenario& 
   topk_idx.upload(ids);
   DeviceBytes per_rank(ranks * sizeof(int32_t)), per_expert(experts * sizeof(int32_t));
   DeviceBytes in_rank(static_cast<size_t>(scenario.num_tokens) * ranks);
+  const int nodes = buffer.num_nodes();
+  DeviceBytes per_node(nodes * sizeof(int32_t));
   per_rank.poison(kPoisonByte);
   per_expert.poison(kPoisonByte);
   in_rank.poison(kPoisonByte);
+  per_node.poison(kPoisonByte);
 
   DispatchLayoutOutputs outputs;
   outputs.num_tokens_per_rank = TensorView::contiguous(per_rank.get(), DType::kInt32, {ranks});
   outputs.num_tokens_per_expert = TensorView::contiguous(per_expert.get(), DType::kInt32, {experts});
   outputs.is_token_in_rank = TensorView::contiguous(in_rank.get(), DType::kBool, {scenario.num_tokens, ranks});
+  outputs.num_tokens_per_rdma_rank = TensorView::contiguous(per_node.get(), DType::kInt32, {nodes});
   buffer.get_dispatch_layout(
       TensorView::contiguous(topk_idx.get(), index_dtype, {scenario.num_tokens, scenario.num_topk}), experts,
       outputs, nullptr);
@@ -77,6 +81,20 @@ void check_scenario(RankHarness& harness, Buffer& buffer, const LayoutScenario& 
                 what + ": num_tokens_per_expert");
   harness.check(in_rank.download<uint8_t>(static_cast<size_t>(scenario.num_tokens) * ranks) == expected.is_token_in_rank,
                 what + ": is_token_in_rank");
+  // Tokens with an expert on each node (deep_ep's num_tokens_per_rdma_rank), from the reference's ranks.
+  std::vector<int32_t> want_per_node(nodes, 0);
+  const int per_node_ranks = ranks / nodes;
+  for (int t = 0; t < scenario.num_tokens; ++t) {
+    for (int n = 0; n < nodes; ++n) {
+      bool reached = false;
+      for (int r = n * per_node_ranks; r < (n + 1) * per_node_ranks; ++r) {
+        reached = reached || expected.is_token_in_rank[static_cast<size_t>(t) * ranks + r] != 0;
+      }
+      want_per_node[n] += reached;
+    }
+  }
+  harness.check(per_node.download<int32_t>(nodes) == want_per_node,
+                what + ": num_tokens_per_rdma_rank (" + std::to_string(nodes) + " nodes)");
 }
 
 void check_bad_ids(RankHarness& harness, Buffer& buffer) {
@@ -202,6 +220,13 @@ void run_layout_case(RankHarness& harness) {
   }
   check_bad_ids(harness, buffer);
   check_graph_replays(harness, buffer);
+  // The node counts across two emulated nodes (no rings needed for a layout).
+  if (harness.num_ranks() >= 2 && harness.num_ranks() % 2 == 0) {
+    BufferOptions two_nodes;
+    two_nodes.emulated_nodes = 2;
+    Buffer split(harness.bootstrap(), two_nodes);
+    for (const LayoutScenario& scenario : scenarios()) check_scenario<int64_t>(harness, split, scenario, DType::kInt64);
+  }
 }
 
 }  // namespace epcomm::testing

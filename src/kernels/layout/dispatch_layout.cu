@@ -16,15 +16,28 @@
 namespace epcomm::kernels {
 namespace {
 
+// Ranks r * ranks_per_node .. (r + 1) * ranks_per_node - 1 of `ranks` as bit r of the result.
+__device__ __forceinline__ uint32_t nodes_of(uint32_t ranks, int ranks_per_node, int num_nodes) {
+  uint32_t nodes = 0;
+  const uint32_t node_mask = ranks_per_node >= 32 ? ~0u : (1u << ranks_per_node) - 1u;
+  for (int node = 0; node < num_nodes; ++node) {
+    if ((ranks >> (node * ranks_per_node)) & node_mask) nodes |= 1u << node;
+  }
+  return nodes;
+}
+
 template <typename Index>
 __global__ void __launch_bounds__(kLayoutThreadsPerBlock)
     dispatch_layout_kernel(const Index* topk_idx, int num_tokens, int num_topk, int num_experts, int num_ranks,
                            int32_t* num_tokens_per_rank, int32_t* num_tokens_per_expert, bool* is_token_in_rank,
-                           void* workspace, KernelContext context) {
-  // [num_experts] expert counts, then [num_ranks] rank counts, of this block's tokens.
+                           int32_t* num_tokens_per_node, int ranks_per_node, void* workspace, KernelContext context) {
+  // [num_experts] expert counts, [num_ranks] rank counts, then (when asked) [num_nodes] node
+  // counts, of this block's tokens.
   extern __shared__ int32_t block_counts[];
-  const int num_counts = num_experts + num_ranks;
+  const int num_nodes = num_tokens_per_node != nullptr ? num_ranks / ranks_per_node : 0;
+  const int num_counts = num_experts + num_ranks + num_nodes;
   int32_t* rank_counts = block_counts + num_experts;
+  int32_t* node_counts = rank_counts + num_ranks;
   for (int i = threadIdx.x; i < num_counts; i += blockDim.x) block_counts[i] = 0;
   __syncthreads();
 
@@ -49,6 +62,10 @@ __global__ void __launch_bounds__(kLayoutThreadsPerBlock)
       in_rank[rank] = reached;
       if (reached) atomicAdd(&rank_counts[rank], 1);
     }
+    for (uint32_t nodes = num_nodes > 0 ? nodes_of(ranks_reached, ranks_per_node, num_nodes) : 0; nodes != 0;
+         nodes &= nodes - 1) {
+      atomicAdd(&node_counts[__ffs(nodes) - 1], 1);
+    }
   }
   __syncthreads();
 
@@ -65,8 +82,10 @@ __global__ void __launch_bounds__(kLayoutThreadsPerBlock)
     totals[i] = 0;
     if (i < num_experts) {
       num_tokens_per_expert[i] = total;
-    } else {
+    } else if (i < num_experts + num_ranks) {
       num_tokens_per_rank[i - num_experts] = total;
+    } else {
+      num_tokens_per_node[i - num_experts - num_ranks] = total;
     }
   }
 }
@@ -75,10 +94,12 @@ template <typename Index>
 void launch_typed(const DispatchLayoutArgs& args, int max_blocks, const KernelContext& context, cudaStream_t stream) {
   const int blocks_needed = (args.num_tokens + kLayoutThreadsPerBlock - 1) / kLayoutThreadsPerBlock;
   const int blocks = std::max(1, std::min({blocks_needed, max_blocks, kLayoutMaxBlocks}));
-  const size_t shared_bytes = static_cast<size_t>(args.num_experts + args.num_ranks) * sizeof(int32_t);
+  const int num_nodes = args.num_tokens_per_node != nullptr ? args.num_ranks / args.ranks_per_node : 0;
+  const size_t shared_bytes = static_cast<size_t>(args.num_experts + args.num_ranks + num_nodes) * sizeof(int32_t);
   dispatch_layout_kernel<Index><<<blocks, kLayoutThreadsPerBlock, shared_bytes, stream>>>(
       static_cast<const Index*>(args.topk_idx), args.num_tokens, args.num_topk, args.num_experts, args.num_ranks,
-      args.num_tokens_per_rank, args.num_tokens_per_expert, args.is_token_in_rank, args.workspace, context);
+      args.num_tokens_per_rank, args.num_tokens_per_expert, args.is_token_in_rank, args.num_tokens_per_node,
+      args.ranks_per_node, args.workspace, context);
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }
 
