@@ -30,7 +30,9 @@ const char* call_field_name(CallField field) {
     case CallField::kNumTopk: return "num_topk";
     case CallField::kNumExperts: return "num_experts";
     case CallField::kNumChannels: return "config.num_sms";
-    case CallField::kRingCapacity: return "config.num_max_nvl_chunked_recv_tokens";
+    case CallField::kRingCapacity:
+      return "config.num_max_nvl_chunked_recv_tokens (a hierarchical call's rail stage: "
+             "num_max_rdma_chunked_recv_tokens)";
     case CallField::kHasTopkIdx: return "topk_idx given";
     case CallField::kHasTopkWeights: return "topk_weights given";
     case CallField::kMaxTokens: return "num_max_dispatch_tokens_per_rank";

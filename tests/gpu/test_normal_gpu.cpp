@@ -777,7 +777,7 @@ void check_argument_errors(Context& ctx) {
                         "combine: ranks disagreeing on topk_weights");
     mine = agreed;
     if (harness.rank() == ranks - 1) mine.config.num_max_nvl_chunked_recv_tokens = agreed.config.num_max_nvl_chunked_recv_tokens * 2;
-    expect_disagreement("config.num_max_nvl_chunked_recv_tokens = ", [&] { (void)buffer.combine(mine, *allocator); },
+    expect_disagreement("config.num_max_nvl_chunked_recv_tokens (", [&] { (void)buffer.combine(mine, *allocator); },
                         "combine: ranks disagreeing on the ring size");
     mine = agreed;
     if (harness.rank() == 0) {
@@ -869,11 +869,17 @@ void check_hierarchical_disagreements(Context& ctx, RankTensors& inputs, Allocat
   if (me == 0) mine.x = TensorView::contiguous(good.x.data, DType::kBFloat16, {tokens, hidden / 2});
   expect_all_fail(rail_of_rank0, "every rank must make the same call", [&] { (void)ctx.buffer.dispatch(mine, allocator); },
                   "rank 0 alone dispatching another hidden (the rail stage's notify)");
-  // A field only the node stage uses (its ring): the rail stage compares it too, so the same.
-  mine = good;
-  if (me == 0) mine.config.num_max_nvl_chunked_recv_tokens = ctx.default_config.num_max_nvl_chunked_recv_tokens / 2;
-  expect_all_fail(rail_of_rank0, "every rank must make the same call", [&] { (void)ctx.buffer.dispatch(mine, allocator); },
-                  "rank 0 alone with another NVLink ring (seen by the rail stage's notify)");
+  // A field only the node stage uses (its ring): the rail stage compares it too, so the same. Rank
+  // 0's ring stays valid and fits (smaller), or the case would fail on rank 0 alone, before any call.
+  const int smaller_ring = std::max(ctx.default_config.num_max_nvl_chunked_recv_tokens / 2,
+                                    min_ring_tokens(ctx.default_config.num_max_nvl_chunked_send_tokens));
+  if (smaller_ring < ctx.default_config.num_max_nvl_chunked_recv_tokens) {
+    mine = good;
+    if (me == 0) mine.config.num_max_nvl_chunked_recv_tokens = smaller_ring;
+    expect_all_fail(rail_of_rank0, "every rank must make the same call",
+                    [&] { (void)ctx.buffer.dispatch(mine, allocator); },
+                    "rank 0 alone with another NVLink ring (seen by the rail stage's notify)");
+  }
   // Worst-case sized (no host wait): the node stage learns of the rail's failure on the device.
   mine = good;
   mine.num_worst_tokens = tokens * ranks;
