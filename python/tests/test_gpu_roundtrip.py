@@ -263,3 +263,48 @@ def _shrink_main(rank: int, num_ranks: int, port: int) -> None:
 @pytest.mark.parametrize("num_ranks", [1, 2, 4])
 def test_shrink_mode_leaves_masked_ranks_out(num_ranks: int) -> None:
     _spawn(_shrink_main, num_ranks)
+
+
+def _hierarchical_main(rank: int, num_ranks: int, port: int) -> None:
+    """Normal mode across two emulated nodes, hierarchical (num_rdma_bytes without low-latency mode),
+    through deep_ep's calls: the layout's tokens per node, and combine(dispatch(x)) == k x exactly
+    (rows of small dyadic values, so that the node's sum and the nodes' sum round to nothing)."""
+    import torch
+    import torch.distributed as dist
+
+    import epcomm
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=num_ranks)
+    tokens, hidden, topk, experts_per_rank, nodes = 48, 1024, 4, 4, 2
+    experts = experts_per_rank * num_ranks
+    config = epcomm.Buffer.get_dispatch_config(num_ranks)
+    config.num_sms = max(2, min(config.num_sms, torch.cuda.get_device_properties(0).multi_processor_count // num_ranks // 2 * 2))
+    buffer = epcomm.Buffer(dist.group.WORLD, num_nvl_bytes=config.get_nvl_buffer_size_hint(hidden * 2, num_ranks // nodes),
+                           num_rdma_bytes=config.rdma_buffer_size_hint(hidden * 2, nodes), emulated_nodes=nodes)
+    assert buffer.runtime.get_num_rdma_ranks() == nodes
+    generator = torch.Generator(device="cpu").manual_seed(777 + rank)
+    x = (torch.randint(-8, 9, (tokens, hidden), generator=generator).float() / 4).to(torch.bfloat16).cuda()
+    topk_idx = torch.rand(tokens, experts, generator=generator).topk(topk, dim=1).indices.to(torch.int64).cuda()
+    topk_idx[0] = -1  # a token with no expert
+
+    per_rank, per_node, per_expert, in_rank, _ = buffer.get_dispatch_layout(topk_idx, experts)
+    reaches_node = in_rank.view(tokens, nodes, num_ranks // nodes).any(dim=2)
+    assert per_node is not None and torch.equal(per_node.cpu(), reaches_node.sum(dim=0).int().cpu()), \
+        f"rank {rank}: num_tokens_per_rdma_rank {per_node}"
+    recv_x, _, _, counts, handle, _ = buffer.dispatch(
+        x, num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_node, is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert, topk_idx=topk_idx, config=config)
+    assert len(counts) == experts_per_rank and sum(counts) >= 0
+    cached_x, _, _, _, _, _ = buffer.dispatch(x, handle=handle, config=config)
+    assert torch.equal(cached_x, recv_x), f"rank {rank}: cached hierarchical dispatch differs"
+    combined, _, _ = buffer.combine(recv_x, handle, config=config)
+    expected = (x.float() * in_rank.sum(dim=1, keepdim=True).float()).to(torch.bfloat16)
+    assert torch.equal(combined, expected), f"rank {rank}: hierarchical round trip differs"
+    buffer.destroy()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("num_ranks", [2, 4])
+def test_hierarchical_round_trip_across_emulated_nodes(num_ranks: int) -> None:
+    _spawn(_hierarchical_main, num_ranks)
