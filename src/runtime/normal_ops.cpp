@@ -9,46 +9,19 @@
 #include "kernels/launchers.hpp"
 #include "runtime/buffer_impl.hpp"
 #include "runtime/dispatch_handle.hpp"
+#include "runtime/normal_stage.hpp"
 #include "runtime/tensor_group.hpp"
 #include "runtime/validate.hpp"
 
 namespace epcomm {
 namespace {
 
-constexpr const char* kDispatchOp = "dispatch";
+using detail::CallStreams;
+using detail::DispatchShape;
+using detail::given;
+using detail::kDispatchOp;
+using detail::StageLink;
 constexpr const char* kCombineOp = "combine";
-
-// An optional tensor argument is absent when it has no dimensions.
-bool given(const TensorView& tensor) { return tensor.ndim > 0; }
-
-// deep_ep's stream discipline (see CallOptions): the call runs on the communication stream,
-// ordered after the caller's stream or previous_event, and hands its end back.
-class CallStreams {
- public:
-  CallStreams(cudaStream_t comm, const CallOptions& call) : comm_(comm), call_(call) {
-    if (!call.previous_event.empty()) {
-      call.previous_event.wait(comm_);
-    } else {
-      Event::record(call.stream).wait(comm_);
-    }
-  }
-  cudaStream_t comm() const { return comm_; }
-  cudaStream_t allocation() const { return call_.allocate_on_comm_stream ? comm_ : call_.stream; }
-  // Outputs allocated in the caller's stream order must exist before the kernels touch them.
-  void order_after_allocations() const {
-    if (!call_.allocate_on_comm_stream) Event::record(call_.stream).wait(comm_);
-  }
-  Event finish() const {
-    Event done = Event::record(comm_);
-    if (call_.async_finish) return done;
-    done.wait(call_.stream);
-    return Event{};
-  }
-
- private:
-  cudaStream_t comm_;
-  const CallOptions& call_;
-};
 
 bool is_capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -144,15 +117,6 @@ void wait_for_notify(Buffer::Impl& impl, const detail::RingGroup& group, uint64_
     std::this_thread::yield();
   }
 }
-
-struct DispatchShape {
-  int num_tokens = 0;
-  int hidden = 0;
-  int64_t row_bytes = 0;
-  int num_scales = 0;
-  int num_topk = 0;
-  int num_experts = 0;
-};
 
 DispatchShape validate_dispatch(const Buffer::Impl& impl, const DispatchArgs& args,
                                 const detail::DispatchHandleState* cached, int num_ranks) {
@@ -272,17 +236,6 @@ const int32_t* checked_barrier(const Buffer::Impl& impl, const detail::RingGroup
   impl.kernels->checked_barrier(group.window, check, group.context, comm);
   return reinterpret_cast<const int32_t*>(group.window.bases[group.rank()] + NvlLayout::call_verdict());
 }
-
-// How a stage of the hierarchical mode learns that its earlier stage of the call failed (ranks made
-// different calls), and tells its later one, so that every rank of every group fails alike: every
-// node holds a rank of each rail, and every rail a rank of each node. A flat call has no link.
-struct StageLink {
-  bool earlier_failed = false;               // new routing: the host knows (it waited for the notify)
-  const int32_t* earlier_verdict = nullptr;  // cached, worst-case sized and combine: the device knows
-  bool defer_failure = false;                // a difference found here is raised by the later stage
-  bool failed = false;                       // out (new routing, defer_failure): this stage's ranks differed
-  const int32_t* verdict = nullptr;          // out: this stage's verdict, for the later stage
-};
 
 // Step 1 of a dispatch: the routing of this call in the handle. A new routing runs the notify step
 // (counts exchanged between ranks; unless the outputs are worst-case sized, the host waits for the
@@ -416,6 +369,11 @@ std::shared_ptr<detail::DispatchHandleState> new_routing(const Buffer::Impl& imp
   return state;
 }
 
+
+}  // namespace
+
+namespace detail {
+
 // One flat stage's dispatch: its notify step (or, with a cached routing, the checked barrier),
 // outputs from `allocator` in `allocation`'s order, the kernel. Returns the outputs; `state` is the
 // routing (the cached one's copy, or the new one).
@@ -439,110 +397,7 @@ DispatchResult dispatch_stage(Buffer::Impl& impl, const detail::RingGroup& group
   return result;
 }
 
-// The layout a hierarchical stage computes for itself, on the communication stream: of `ids`
-// ([tokens, K]) over `num_ranks` ranks of `num_experts` experts. Its own workspace: the caller's
-// get_dispatch_layout may run on another stream meanwhile.
-void stage_layout(Buffer::Impl& impl, const TensorView& ids, int num_experts, int num_ranks, DispatchArgs& stage_args,
-                  std::vector<Tensor>& keep, Allocator& allocator, cudaStream_t comm) {
-  const int64_t tokens = ids.shape[0];
-  std::vector<Tensor> layout = detail::allocate_together(
-      allocator,
-      {detail::piece(DType::kInt32, {num_ranks}), detail::piece(DType::kInt32, {num_experts}),
-       detail::piece(DType::kBool, {tokens, num_ranks})},
-      comm, impl.comm_stream_lifetime);
-  kernels::DispatchLayoutArgs kernel;
-  kernel.topk_idx = ids.data;
-  kernel.num_tokens = static_cast<int>(tokens);
-  kernel.num_topk = static_cast<int>(ids.shape[1]);
-  kernel.num_experts = num_experts;
-  kernel.num_ranks = num_ranks;
-  kernel.num_tokens_per_rank = layout[0].view.ptr<int32_t>();
-  kernel.num_tokens_per_expert = layout[1].view.ptr<int32_t>();
-  kernel.is_token_in_rank = layout[2].view.ptr<bool>();
-  kernel.workspace = impl.stage_layout_workspace.get();
-  kernels::launch_dispatch_layout(kernel, impl.num_device_sms, impl.context(), comm);
-  stage_args.num_tokens_per_rank = layout[0].view;
-  stage_args.num_tokens_per_expert = layout[1].view;
-  stage_args.is_token_in_rank = layout[2].view;
-  for (Tensor& tensor : layout) keep.push_back(std::move(tensor));
-}
-
-// Across nodes with a rail region: the rail stage takes each token once to every node that holds
-// one of its experts (to the rank of this rank's local index there), with its ids made local to
-// that node; there the node stage forwards it over NVLink to the ranks of its experts. Rows
-// arrive grouped by the forwarding rank, then by source node. The routing inside the destination
-// node follows topk_idx (as get_dispatch_layout derives is_token_in_rank from it).
-DispatchResult dispatch_hierarchical(Buffer::Impl& impl, const DispatchArgs& args, const DispatchShape& shape,
-                                     const detail::DispatchHandleState* cached, Allocator& allocator,
-                                     const CallStreams& streams, std::shared_ptr<detail::DispatchHandleState>& state) {
-  const detail::RingGroup rail = impl.rail_ring_group();
-  const detail::RingGroup node = impl.node_ring_group();
-  const cudaStream_t comm = streams.comm();
-  std::vector<Tensor> layouts;  // the stages' own layouts, alive until their kernels have run (stream order)
-
-  DispatchArgs rail_args = args;
-  rail_args.handle = nullptr;
-  rail_args.expert_alignment = 1;
-  if (cached == nullptr) stage_layout(impl, args.topk_idx, shape.num_experts, rail.num_ranks(), rail_args, layouts, allocator, comm);
-  // Worst-case sized (num_worst_tokens, no host wait): the forwarded rows are sized by it too.
-  const bool host_waits = cached == nullptr && args.num_worst_tokens == 0;
-  std::shared_ptr<detail::DispatchHandleState> rail_state;
-  StageLink rail_link;
-  rail_link.defer_failure = true;  // ranks that differ fail at the node stage, with every other rank
-  const DispatchResult forwarded = dispatch_stage(impl, rail, rail_args, shape, cached ? cached->rail.get() : nullptr,
-                                                  host_waits, allocator, streams, comm, rail_state, rail_link);
-
-  DispatchArgs node_args = args;
-  node_args.handle = nullptr;
-  node_args.x = forwarded.recv_x.view;
-  node_args.x_scales = forwarded.recv_x_scales.view;
-  node_args.topk_idx = forwarded.recv_topk_idx.view;
-  node_args.topk_weights = forwarded.recv_topk_weights.view;
-  DispatchShape node_shape = shape;
-  node_shape.num_tokens = rail_state->num_rows;
-  node_shape.num_experts = shape.num_experts / rail.num_ranks();
-  if (cached == nullptr) {
-    stage_layout(impl, node_args.topk_idx, node_shape.num_experts, node.num_ranks(), node_args, layouts, allocator, comm);
-  }
-  std::shared_ptr<detail::DispatchHandleState> node_state;
-  StageLink node_link;
-  node_link.earlier_failed = rail_link.failed;
-  node_link.earlier_verdict = host_waits ? nullptr : rail_link.verdict;
-  DispatchResult result = dispatch_stage(impl, node, node_args, node_shape, cached ? cached->node.get() : nullptr,
-                                         host_waits, allocator, streams, streams.allocation(), node_state, node_link);
-  // The handle: the node stage's routing as the caller sees it (rows, source indices, counts), the
-  // call's tokens and experts, and both stages' routings for combine and cached dispatch.
-  state = std::make_shared<detail::DispatchHandleState>(*node_state);
-  state->num_ranks = impl.bootstrap->num_ranks();
-  state->num_tokens = shape.num_tokens;
-  state->num_experts = shape.num_experts;
-  state->num_worst_tokens = args.num_worst_tokens;
-  state->rail = std::move(rail_state);
-  state->node = std::move(node_state);
-  return result;
-}
-
-void require_hierarchical_call(const Buffer::Impl& impl, const DispatchArgs& args, const DispatchShape& shape,
-                               const detail::DispatchHandleState* cached) {
-  if (cached != nullptr && cached->rail == nullptr) {
-    fail(ErrorCode::kInvalidArgument, kDispatchOp, ": handle was made by a flat dispatch, but this Buffer's normal mode "
-         "is hierarchical");
-  }
-  // The stages' own layouts count every expert in one block; the rail stage's notify, each node's.
-  const int nodes = impl.topology.num_nodes();
-  if (shape.num_experts > kLayoutMaxExperts || shape.num_experts / nodes > kMaxLocalExperts ||
-      shape.num_topk > kLayoutMaxTopk) {
-    fail(ErrorCode::kInvalidArgument, kDispatchOp, ": num_experts=", shape.num_experts, " and num_topk=", shape.num_topk,
-         " across nodes with a rail region: at most ", kLayoutMaxExperts, " experts (", kMaxLocalExperts,
-         " per node) and top-", kLayoutMaxTopk);
-  }
-  if (cached == nullptr && !given(args.topk_idx)) {
-    fail(ErrorCode::kInvalidArgument, kDispatchOp, ": across nodes with a rail region (num_rdma_bytes), a new routing "
-         "needs topk_idx: the ranks that forward a token inside its destination node route it by its expert ids");
-  }
-}
-
-}  // namespace
+}  // namespace detail
 
 DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, const CallOptions& call) {
   impl_->begin(kDispatchOp);
@@ -558,7 +413,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, 
          "waits on the host for received counts; pass num_worst_tokens > 0, or use a cached handle");
   }
   const bool hierarchical = impl.hierarchical();
-  if (hierarchical) require_hierarchical_call(impl, args, shape, cached);
+  if (hierarchical) detail::require_hierarchical_call(impl, args, shape, cached);
   const SlotLayout slot = SlotLayout::dispatch(static_cast<size_t>(shape.row_bytes), shape.num_scales, shape.num_topk);
   for (const detail::RingGroup& group : hierarchical ? std::vector{impl.rail_ring_group(), impl.node_ring_group()}
                                                      : std::vector{impl.world_ring_group()}) {
@@ -571,8 +426,8 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, 
   std::shared_ptr<detail::DispatchHandleState> state;
   StageLink flat;  // one stage: no earlier one, no later one
   DispatchResult result =
-      hierarchical ? dispatch_hierarchical(impl, args, shape, cached, allocator, streams, state)
-                   : dispatch_stage(impl, impl.world_ring_group(), args, shape, cached, host_waits, allocator, streams,
+      hierarchical ? detail::dispatch_hierarchical(impl, args, shape, cached, allocator, streams, state)
+                   : detail::dispatch_stage(impl, impl.world_ring_group(), args, shape, cached, host_waits, allocator, streams,
                                     streams.allocation(), state, flat);
   result.handle = DispatchHandle(std::move(state));
   result.event = streams.finish();

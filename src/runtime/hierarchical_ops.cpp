@@ -1,0 +1,118 @@
+// The hierarchical normal mode across nodes: a rail stage (the ranks of this local index, one per
+// node; over the network) then a node stage (this node's ranks; over NVLink), each a flat stage
+// over a sub-group window with its own region (runtime/ring_group.hpp). Combine reverses them in
+// normal_ops.cpp.
+#include "common/constants.hpp"
+#include "kernels/launchers.hpp"
+#include "runtime/normal_stage.hpp"
+#include "runtime/tensor_group.hpp"
+
+namespace epcomm::detail {
+namespace {
+
+// The layout a hierarchical stage computes for itself, on the communication stream: of `ids`
+// ([tokens, K]) over `num_ranks` ranks of `num_experts` experts. Its own workspace: the caller's
+// get_dispatch_layout may run on another stream meanwhile.
+void stage_layout(Buffer::Impl& impl, const TensorView& ids, int num_experts, int num_ranks, DispatchArgs& stage_args,
+                  std::vector<Tensor>& keep, Allocator& allocator, cudaStream_t comm) {
+  const int64_t tokens = ids.shape[0];
+  std::vector<Tensor> layout = allocate_together(
+      allocator,
+      {piece(DType::kInt32, {num_ranks}), piece(DType::kInt32, {num_experts}),
+       piece(DType::kBool, {tokens, num_ranks})},
+      comm, impl.comm_stream_lifetime);
+  kernels::DispatchLayoutArgs kernel;
+  kernel.topk_idx = ids.data;
+  kernel.num_tokens = static_cast<int>(tokens);
+  kernel.num_topk = static_cast<int>(ids.shape[1]);
+  kernel.num_experts = num_experts;
+  kernel.num_ranks = num_ranks;
+  kernel.num_tokens_per_rank = layout[0].view.ptr<int32_t>();
+  kernel.num_tokens_per_expert = layout[1].view.ptr<int32_t>();
+  kernel.is_token_in_rank = layout[2].view.ptr<bool>();
+  kernel.workspace = impl.stage_layout_workspace.get();
+  kernels::launch_dispatch_layout(kernel, impl.num_device_sms, impl.context(), comm);
+  stage_args.num_tokens_per_rank = layout[0].view;
+  stage_args.num_tokens_per_expert = layout[1].view;
+  stage_args.is_token_in_rank = layout[2].view;
+  for (Tensor& tensor : layout) keep.push_back(std::move(tensor));
+}
+
+}  // namespace
+
+// Across nodes with a rail region: the rail stage takes each token once to every node that holds
+// one of its experts (to the rank of this rank's local index there), with its ids made local to
+// that node; there the node stage forwards it over NVLink to the ranks of its experts. Rows
+// arrive grouped by the forwarding rank, then by source node. The routing inside the destination
+// node follows topk_idx (as get_dispatch_layout derives is_token_in_rank from it).
+DispatchResult dispatch_hierarchical(Buffer::Impl& impl, const DispatchArgs& args, const DispatchShape& shape,
+                                     const DispatchHandleState* cached, Allocator& allocator,
+                                     const CallStreams& streams, std::shared_ptr<DispatchHandleState>& state) {
+  const RingGroup rail = impl.rail_ring_group();
+  const RingGroup node = impl.node_ring_group();
+  const cudaStream_t comm = streams.comm();
+  std::vector<Tensor> layouts;  // the stages' own layouts, alive until their kernels have run (stream order)
+
+  DispatchArgs rail_args = args;
+  rail_args.handle = nullptr;
+  rail_args.expert_alignment = 1;
+  if (cached == nullptr) stage_layout(impl, args.topk_idx, shape.num_experts, rail.num_ranks(), rail_args, layouts, allocator, comm);
+  // Worst-case sized (num_worst_tokens, no host wait): the forwarded rows are sized by it too.
+  const bool host_waits = cached == nullptr && args.num_worst_tokens == 0;
+  std::shared_ptr<DispatchHandleState> rail_state;
+  StageLink rail_link;
+  rail_link.defer_failure = true;  // ranks that differ fail at the node stage, with every other rank
+  const DispatchResult forwarded = dispatch_stage(impl, rail, rail_args, shape, cached ? cached->rail.get() : nullptr,
+                                                  host_waits, allocator, streams, comm, rail_state, rail_link);
+
+  DispatchArgs node_args = args;
+  node_args.handle = nullptr;
+  node_args.x = forwarded.recv_x.view;
+  node_args.x_scales = forwarded.recv_x_scales.view;
+  node_args.topk_idx = forwarded.recv_topk_idx.view;
+  node_args.topk_weights = forwarded.recv_topk_weights.view;
+  DispatchShape node_shape = shape;
+  node_shape.num_tokens = rail_state->num_rows;
+  node_shape.num_experts = shape.num_experts / rail.num_ranks();
+  if (cached == nullptr) {
+    stage_layout(impl, node_args.topk_idx, node_shape.num_experts, node.num_ranks(), node_args, layouts, allocator, comm);
+  }
+  std::shared_ptr<DispatchHandleState> node_state;
+  StageLink node_link;
+  node_link.earlier_failed = rail_link.failed;
+  node_link.earlier_verdict = host_waits ? nullptr : rail_link.verdict;
+  DispatchResult result = dispatch_stage(impl, node, node_args, node_shape, cached ? cached->node.get() : nullptr,
+                                         host_waits, allocator, streams, streams.allocation(), node_state, node_link);
+  // The handle: the node stage's routing as the caller sees it (rows, source indices, counts), the
+  // call's tokens and experts, and both stages' routings for combine and cached dispatch.
+  state = std::make_shared<DispatchHandleState>(*node_state);
+  state->num_ranks = impl.bootstrap->num_ranks();
+  state->num_tokens = shape.num_tokens;
+  state->num_experts = shape.num_experts;
+  state->num_worst_tokens = args.num_worst_tokens;
+  state->rail = std::move(rail_state);
+  state->node = std::move(node_state);
+  return result;
+}
+
+void require_hierarchical_call(const Buffer::Impl& impl, const DispatchArgs& args, const DispatchShape& shape,
+                               const DispatchHandleState* cached) {
+  if (cached != nullptr && cached->rail == nullptr) {
+    fail(ErrorCode::kInvalidArgument, kDispatchOp, ": handle was made by a flat dispatch, but this Buffer's normal mode "
+         "is hierarchical");
+  }
+  // The stages' own layouts count every expert in one block; the rail stage's notify, each node's.
+  const int nodes = impl.topology.num_nodes();
+  if (shape.num_experts > kLayoutMaxExperts || shape.num_experts / nodes > kMaxLocalExperts ||
+      shape.num_topk > kLayoutMaxTopk) {
+    fail(ErrorCode::kInvalidArgument, kDispatchOp, ": num_experts=", shape.num_experts, " and num_topk=", shape.num_topk,
+         " across nodes with a rail region: at most ", kLayoutMaxExperts, " experts (", kMaxLocalExperts,
+         " per node) and top-", kLayoutMaxTopk);
+  }
+  if (cached == nullptr && !given(args.topk_idx)) {
+    fail(ErrorCode::kInvalidArgument, kDispatchOp, ": across nodes with a rail region (num_rdma_bytes), a new routing "
+         "needs topk_idx: the ranks that forward a token inside its destination node route it by its expert ids");
+  }
+}
+
+}  // namespace epcomm::detail
