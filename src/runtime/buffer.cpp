@@ -140,6 +140,7 @@ void Buffer::Impl::initialize(int caller_device, bool background) {
   kernels = backend.kernels;
   topology = backend.topology;
   require_normal_groups_fit();
+  build_ring_groups();
   if (bootstrap->num_ranks() > 1) {
     watchdog = std::make_unique<detail::PeerWatchdog>(
         transport->local_processes(),

@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <vector>
 
 #include "common/kernel_context.hpp"
 #include "epcomm/buffer.hpp"
@@ -150,12 +151,15 @@ struct Buffer::Impl {
   }
 
   const PeerWindow& window() const { return transport->window(); }
-  // Normal mode's stages (runtime/ring_group.hpp): hierarchical across nodes with a rail region,
-  // else one flat stage over every rank.
+  // Normal mode's stages (runtime/ring_group.hpp): hierarchical across nodes with a rail region
+  // ({rail, node}), else one flat stage over every rank ({world}). Built once the ranks have met
+  // (build_ring_groups), so that no call builds its windows again.
   bool hierarchical() const { return layout.rail_ring_bytes > 0 && topology.num_nodes() > 1; }
-  detail::RingGroup world_ring_group() const;
-  detail::RingGroup node_ring_group() const;
-  detail::RingGroup rail_ring_group() const;
+  std::vector<detail::RingGroup> normal_stages;
+  void build_ring_groups();
+  const detail::RingGroup& world_ring_group() const { return normal_stages.front(); }
+  const detail::RingGroup& rail_ring_group() const { return normal_stages.front(); }
+  const detail::RingGroup& node_ring_group() const { return normal_stages.back(); }
   char* local_base() const { return static_cast<char*>(transport->local_base()); }
 
   static uint64_t next_id() {

@@ -48,8 +48,8 @@ void stage_layout(Buffer::Impl& impl, const TensorView& ids, int num_experts, in
 DispatchResult dispatch_hierarchical(Buffer::Impl& impl, const DispatchArgs& args, const DispatchShape& shape,
                                      const DispatchHandleState* cached, Allocator& allocator,
                                      const CallStreams& streams, std::shared_ptr<DispatchHandleState>& state) {
-  const RingGroup rail = impl.rail_ring_group();
-  const RingGroup node = impl.node_ring_group();
+  const RingGroup& rail = impl.rail_ring_group();
+  const RingGroup& node = impl.node_ring_group();
   const cudaStream_t comm = streams.comm();
   std::vector<Tensor> layouts;  // the stages' own layouts, alive until their kernels have run (stream order)
 

@@ -415,8 +415,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, 
   const bool hierarchical = impl.hierarchical();
   if (hierarchical) detail::require_hierarchical_call(impl, args, shape, cached);
   const SlotLayout slot = SlotLayout::dispatch(static_cast<size_t>(shape.row_bytes), shape.num_scales, shape.num_topk);
-  for (const detail::RingGroup& group : hierarchical ? std::vector{impl.rail_ring_group(), impl.node_ring_group()}
-                                                     : std::vector{impl.world_ring_group()}) {
+  for (const detail::RingGroup& group : impl.normal_stages) {
     require_ring_fits(kDispatchOp, group, ring_layout(kDispatchOp, group, slot, args.config), args.config, shape.row_bytes);
   }
   require_resident(kDispatchOp, impl, args.config);
@@ -506,8 +505,7 @@ CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, con
   }
   const bool hierarchical = state.rail != nullptr;
   const SlotLayout slot = SlotLayout::combine(static_cast<size_t>(row_bytes), num_topk);
-  for (const detail::RingGroup& group : hierarchical ? std::vector{impl.rail_ring_group(), impl.node_ring_group()}
-                                                     : std::vector{impl.world_ring_group()}) {
+  for (const detail::RingGroup& group : impl.normal_stages) {
     require_ring_fits(kCombineOp, group, ring_layout(kCombineOp, group, slot, args.config), args.config, row_bytes);
   }
   require_resident(kCombineOp, impl, args.config);

@@ -36,26 +36,23 @@ void Buffer::Impl::require_normal_groups_fit() const {
   }
 }
 
-detail::RingGroup Buffer::Impl::world_ring_group() const {
-  detail::RingGroup group = group_of(*this, {0, 1, bootstrap->num_ranks()}, BufferLayout::normal_offset());
-  group.ring_bytes = layout.nvl_bytes;
-  return group;
-}
-
-detail::RingGroup Buffer::Impl::node_ring_group() const {
-  detail::RingGroup group = group_of(*this, topology.node_group(bootstrap->rank()), BufferLayout::normal_offset());
-  group.stage = "node stage ";
-  group.ring_bytes = layout.nvl_bytes;
-  return group;
-}
-
-detail::RingGroup Buffer::Impl::rail_ring_group() const {
-  detail::RingGroup group = group_of(*this, topology.rail_group(bootstrap->rank()), layout.rail_offset());
-  group.stage = "rail stage ";
-  group.bytes_option = "num_rdma_bytes";
-  group.ring_bytes = layout.rail_ring_bytes;
-  group.rail = true;
-  return group;
+void Buffer::Impl::build_ring_groups() {
+  normal_stages.clear();
+  if (!hierarchical()) {
+    detail::RingGroup world = group_of(*this, {0, 1, bootstrap->num_ranks()}, BufferLayout::normal_offset());
+    world.ring_bytes = layout.nvl_bytes;
+    normal_stages.push_back(world);
+    return;
+  }
+  detail::RingGroup rail = group_of(*this, topology.rail_group(bootstrap->rank()), layout.rail_offset());
+  rail.stage = "rail stage ";
+  rail.bytes_option = "num_rdma_bytes";
+  rail.ring_bytes = layout.rail_ring_bytes;
+  rail.rail = true;
+  detail::RingGroup node = group_of(*this, topology.node_group(bootstrap->rank()), BufferLayout::normal_offset());
+  node.stage = "node stage ";
+  node.ring_bytes = layout.nvl_bytes;
+  normal_stages = {rail, node};
 }
 
 }  // namespace epcomm
