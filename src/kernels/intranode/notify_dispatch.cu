@@ -174,8 +174,7 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
     }
   }
   // A failed earlier stage (hierarchical mode) fails this one even where every peer's did too.
-  const int disagreed =
-      __syncthreads_or(differs || mine(kEarlierStage) != 0);
+  const int disagreed = __syncthreads_or(differs || mine(kEarlierStage) != 0);
   if (threadIdx.x == 0) {
     *args.verdict = disagreed;
     if (args.host_results != nullptr) device::st_relaxed_sys(&args.host_results->disagreed, disagreed);
