@@ -28,6 +28,11 @@ class Bootstrap {
   // (an exception is printed and ignored). Default:
   // none known (ranks on other hosts are then noticed only when a wait for them times out).
   virtual std::vector<int> failed_ranks() { return {}; }
+  // Whether failed_ranks() notices ranks on other hosts. When it does not (the default), a Buffer
+  // whose ranks span hosts sets up a watch of its own through this bootstrap: an idle socket per
+  // rank to rank 0, on a port the system picks (EPCOMM_LIVENESS_ADDRESS on rank 0: the host to
+  // listen on, or "off").
+  virtual bool reports_failed_ranks() const { return false; }
 };
 
 struct SocketBootstrapOptions {

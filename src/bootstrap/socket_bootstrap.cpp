@@ -40,6 +40,7 @@
 
 #include "bootstrap/admission.hpp"
 #include "bootstrap/handshake.hpp"
+#include "bootstrap/socket_bootstrap.hpp"
 #include "bootstrap/socket_io.hpp"
 #include "epcomm/bootstrap.hpp"
 #include "epcomm/error.hpp"
@@ -64,6 +65,8 @@ constexpr milliseconds kAbortReadBudget{100};
 // How long rank 0 gives one new connection to finish its handshake (a rank does it at once), and
 // how many handshakes it runs at the same time.
 constexpr milliseconds kHandshakeBudget{5000};
+// With several addresses of rank 0 to try (its interfaces), how long a peer gives each one per round.
+constexpr milliseconds kAddressAttemptBudget{1000};
 constexpr size_t kMaxConcurrentHandshakes = 64;
 
 enum class Op : uint32_t { kAllgather = 1, kBarrier = 2 };
@@ -116,14 +119,16 @@ class LocalBootstrap final : public Bootstrap {
     if (bytes > 0) std::memmove(out, in, bytes);
   }
   void barrier() override {}
+  bool reports_failed_ranks() const override { return true; }  // nobody else to fail
 };
 
 // Not thread-safe, but for failed_ranks(): a rank runs its exchanges one at a time, like any
 // collective.
 class SocketBootstrap final : public Bootstrap {
  public:
-  SocketBootstrap(SocketAddress address, int rank, int num_ranks, milliseconds timeout, std::string job_secret)
-      : address_(std::move(address)), rank_(rank), num_ranks_(num_ranks), timeout_(timeout),
+  SocketBootstrap(Rendezvous rendezvous, int rank, int num_ranks, milliseconds timeout, std::string job_secret)
+      : addresses_(std::move(rendezvous.addresses)), listener_(std::move(rendezvous.listener)),
+        address_(addresses_.front()), rank_(rank), num_ranks_(num_ranks), timeout_(timeout),
         key_(std::move(job_secret)) {
     guarded([&] { rank_ == 0 ? rendezvous_as_root() : rendezvous_as_peer(); });
     healthy_ = true;
@@ -152,6 +157,8 @@ class SocketBootstrap final : public Bootstrap {
 
   // Looks at the connections only when no exchange runs (an exchange notices a closed connection
   // itself) and the bootstrap is healthy; otherwise returns what is known.
+  bool reports_failed_ranks() const override { return true; }
+
   std::vector<int> failed_ranks() override {
     std::unique_lock<std::mutex> io(io_mutex_, std::try_to_lock);
     if (io.owns_lock() && healthy_) rank_ == 0 ? look_at_peers() : look_at_root();
@@ -228,7 +235,9 @@ class SocketBootstrap final : public Bootstrap {
   // ---- rank 0 ----
 
   void rendezvous_as_root() {
-    Listener listener(address_, std::max(num_ranks_, kMinListenBacklog));
+    std::unique_ptr<Listener> listening = std::move(listener_);
+    if (!listening) listening = std::make_unique<Listener>(address_, std::max(num_ranks_, kMinListenBacklog));
+    Listener& listener = *listening;
     peers_.resize(static_cast<size_t>(num_ranks_));
     const Deadline deadline(timeout_);
     Admission admission(listener, key_, std::min(timeout_, kHandshakeBudget), kMaxConcurrentHandshakes);
@@ -332,28 +341,58 @@ class SocketBootstrap final : public Bootstrap {
   // ---- ranks 1 .. num_ranks-1 ----
 
   void rendezvous_as_peer() {
-    UniqueFd connection;
     {
       const Deadline deadline(timeout_);
       std::string last_error;
       milliseconds delay = kFirstRetryDelay;
       // Rank 0 may start later than us, so refusals are expected until the deadline.
-      while (!(connection = try_connect(address_, deadline, last_error))) {
+      while (!join_root(deadline, last_error)) {
         if (deadline.expired()) {
           fail(ErrorCode::kBootstrapError, "rank ", rank_, " waited ", timeout_.count(), " ms to connect to rank 0 at ",
-               address_.text, " (last attempt: ", last_error, ")");
+               addresses_text(), " (last attempt: ", last_error, ")");
         }
         std::this_thread::sleep_for(std::min(delay, milliseconds(deadline.remaining_ms())));
         delay = std::min(delay * 2, kMaxRetryDelay);
       }
     }
-    peers_.push_back(std::move(connection));
-
     // A fresh deadline: rank 0 is up now and will itself report any rank that never connects.
     const Deadline deadline(timeout_);
-    prove_membership(deadline);
     expect_frame(FrameKind::kWelcome, 0, deadline,
                  "confirm the rendezvous (rank 0 does so once every rank has connected)");
+  }
+
+  // One round over rank 0's addresses: true once one of them answered as rank 0 of this job. With
+  // one address, a process there that is not rank 0 of this job is an error; with several (rank
+  // 0's interfaces, some of which may lead elsewhere from here) the next one is tried.
+  bool join_root(const Deadline& deadline, std::string& last_error) {
+    for (const SocketAddress& address : addresses_) {
+      const bool alone = addresses_.size() == 1;
+      const Deadline attempt =
+          alone ? deadline : Deadline(std::min(kAddressAttemptBudget, milliseconds(deadline.remaining_ms())));
+      UniqueFd connection = try_connect(address, attempt, last_error);
+      if (!connection) continue;
+      address_ = address;
+      peers_.clear();
+      peers_.push_back(std::move(connection));
+      if (alone) {
+        prove_membership(Deadline(timeout_));
+        return true;
+      }
+      try {
+        prove_membership(Deadline(timeout_));
+        return true;
+      } catch (const Error& error) {
+        last_error = message_of(error);
+        peers_.clear();
+      }
+    }
+    return false;
+  }
+
+  std::string addresses_text() const {
+    std::string text;
+    for (const SocketAddress& address : addresses_) text += (text.empty() ? "" : " or ") + address.text;
+    return text;
   }
 
   // The peer's half of the handshake: rank 0 must prove it knows the job's secret before this
@@ -551,7 +590,9 @@ class SocketBootstrap final : public Bootstrap {
 
   int fd_of(int peer) const { return rank_ == 0 ? peers_[static_cast<size_t>(peer)].get() : peers_[0].get(); }
 
-  SocketAddress address_;
+  std::vector<SocketAddress> addresses_;  // peers: rank 0's, tried in turn; rank 0: [0] is where it listens
+  std::unique_ptr<Listener> listener_;    // rank 0: listening already (else it listens at addresses_[0])
+  SocketAddress address_;                 // the one in use
   int rank_;
   int num_ranks_;
   milliseconds timeout_;
@@ -613,8 +654,22 @@ std::unique_ptr<Bootstrap> make_socket_bootstrap(const std::string& address, int
   }
   // A single rank has nobody to talk to, so its address is neither parsed nor used.
   if (num_ranks == 1) return std::make_unique<LocalBootstrap>();
-  return std::make_unique<SocketBootstrap>(parse_address(address), rank, num_ranks, timeout, options.job_secret);
+  Rendezvous rendezvous;
+  rendezvous.addresses.push_back(parse_address(address));
+  return std::make_unique<SocketBootstrap>(std::move(rendezvous), rank, num_ranks, timeout, options.job_secret);
 }
+
+namespace bootstrap_detail {
+
+std::unique_ptr<Bootstrap> make_socket_bootstrap(Rendezvous rendezvous, int rank, int num_ranks, milliseconds timeout,
+                                                 std::string job_secret) {
+  if (rendezvous.addresses.empty()) {
+    fail(ErrorCode::kInvalidArgument, "make_socket_bootstrap: rank ", rank, " was given no address of rank 0");
+  }
+  return std::make_unique<SocketBootstrap>(std::move(rendezvous), rank, num_ranks, timeout, std::move(job_secret));
+}
+
+}  // namespace bootstrap_detail
 
 std::unique_ptr<Bootstrap> make_bootstrap_from_env(milliseconds timeout) {
   const int num_ranks = parse_env_int(kEnvNumRanks, require_env(kEnvNumRanks), 1, kMaxBootstrapRanks);

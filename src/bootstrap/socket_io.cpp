@@ -280,6 +280,25 @@ Listener::Listener(const SocketAddress& address, int backlog) {
   }
 }
 
+SocketAddress any_port_of(const std::string& host) {
+  SocketAddress address = parse_address(host + ":1");  // the host part checked as any address's
+  address.port = "0";
+  address.text = host + ":0";
+  return address;
+}
+
+std::string Listener::port() const {
+  if (!unix_path_.empty() || !fd_) return "";
+  sockaddr_storage bound{};
+  socklen_t length = sizeof(bound);
+  if (getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&bound), &length) != 0) {
+    fail(ErrorCode::kBootstrapError, "cannot read the port a listening socket was given: ", errno_text("getsockname", errno));
+  }
+  if (bound.ss_family == AF_INET) return std::to_string(ntohs(reinterpret_cast<const sockaddr_in*>(&bound)->sin_port));
+  if (bound.ss_family == AF_INET6) return std::to_string(ntohs(reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port));
+  return "";
+}
+
 void Listener::close() noexcept {
   fd_.reset();
   if (!unix_path_.empty()) {

@@ -76,6 +76,9 @@ struct SocketAddress {
 
 // Throws Error(kInvalidArgument) naming the address and what is wrong with it.
 SocketAddress parse_address(const std::string& text);
+// HOST (a name, an IPv4 address, or "[v6addr]") with port 0, for a Listener on a port the system
+// picks (Listener::port()); parse_address refuses port 0 from users.
+SocketAddress any_port_of(const std::string& host);
 
 // Owns a listening socket; for a unix address it also removes the socket file it created.
 class Listener {
@@ -87,6 +90,8 @@ class Listener {
   ~Listener() { close(); }
 
   int fd() const { return fd_.get(); }
+  // The TCP port it listens on (the one the system chose for port "0"); "" for a unix socket.
+  std::string port() const;
   // Stops listening and removes the unix socket file; safe to call twice.
   void close() noexcept;
   // The accepted connection (non-blocking), or an empty fd with `status` telling why not.

@@ -11,6 +11,7 @@
 #include "epcomm/error.hpp"
 #include "epcomm_build_info.hpp"
 #include "kernels/launchers.hpp"
+#include "bootstrap/liveness_channel.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/buffer_impl.hpp"
 #include "common/cuda_check.hpp"
@@ -142,24 +143,44 @@ void Buffer::Impl::initialize(int caller_device, bool background) {
   require_normal_groups_fit();
   build_ring_groups();
   if (bootstrap->num_ranks() > 1) {
-    watchdog = std::make_unique<detail::PeerWatchdog>(
-        transport->local_processes(),
-        [this](const std::vector<detail::DeadProcess>& dead) {
-          // Every wait that is not shrink mode's gives up; later calls fail, except low-latency
-          // ones in shrink mode, where the dead ranks are masked instead.
-          try {
-            errors.mark_peers_dead(dead);
-            if (options.enable_shrink) mask_dead_ranks(dead);
-          } catch (const std::exception& error) {  // the watchdog's thread must not throw
-            std::fprintf(stderr, "epcomm: marking dead ranks failed: %s\n", error.what());
-          }
-        },
-        kPeerWatchInterval, /*keep_watching=*/options.enable_shrink,
-        // Ranks on other hosts: the bootstrap sees their connections close (pids mean nothing here).
-        [bootstrap = bootstrap] { return bootstrap->failed_ranks(); });
+    start_watchdog();
   }
   // After the agreement: every rank has the same options now, so every rank fails here alike.
   detail::check_warmup_fits(options, bootstrap->num_ranks());
+}
+
+void Buffer::Impl::start_watchdog() {
+  const std::vector<detail::ProcessIdentity>& processes = transport->local_processes();
+  const int me = bootstrap->rank();
+  // Collective: every rank decides alike (watches_every_peer).
+  if (!detail::watches_every_peer(processes, me) && !bootstrap->reports_failed_ranks()) {
+    bootstrap_detail::LivenessChannel channel =
+        bootstrap_detail::make_liveness_channel(*bootstrap, bootstrap_detail::LivenessOptions::from_env());
+    liveness = std::move(channel.watch);
+    if (!liveness && !channel.why_not.empty() && me == 0) {
+      std::fprintf(stderr,
+                   "epcomm: warning: ranks on other hosts will be found dead only when a wait for them times out "
+                   "(after wait_timeout_ms): the watch of their processes could not be set up: %s\n",
+                   channel.why_not.c_str());
+    }
+  }
+  Bootstrap* asked = liveness ? liveness.get() : bootstrap.get();
+  watchdog = std::make_unique<detail::PeerWatchdog>(
+      processes,
+      [this](const std::vector<detail::DeadProcess>& dead) {
+        // Every wait that is not shrink mode's gives up; later calls fail, except low-latency
+        // ones in shrink mode, where the dead ranks are masked instead.
+        try {
+          errors.mark_peers_dead(dead);
+          if (options.enable_shrink) mask_dead_ranks(dead);
+        } catch (const std::exception& error) {  // the watchdog's thread must not throw
+          std::fprintf(stderr, "epcomm: marking dead ranks failed: %s\n", error.what());
+        }
+      },
+      kPeerWatchInterval, /*keep_watching=*/options.enable_shrink,
+      // Ranks on other hosts: the bootstrap (or the liveness channel) sees their connections
+      // close (pids mean nothing here). Both outlive the watchdog.
+      [asked] { return asked->failed_ranks(); });
 }
 
 Buffer::Impl::~Impl() {
@@ -258,6 +279,7 @@ void Buffer::destroy() {
     impl_->transport->release_collectively(*impl_->bootstrap);
     impl_->transport.reset();
   }
+  impl_->liveness.reset();  // after the barrier: a rank that closes it earlier would look dead
   impl_->layout_workspace = detail::DeviceAllocation();
   impl_->stage_layout_workspace = detail::DeviceAllocation();
 }

@@ -71,8 +71,11 @@ struct Buffer::Impl {
   std::shared_ptr<void> mask_stream_lifetime;
   std::mutex dead_ranks_mutex;
   std::vector<int> dead_ranks;                // every rank the watchdog found dead (shrink mode)
-  // Watches the processes of the ranks on this host, and asks the bootstrap about the others,
-  // while the transport lives; declared after `errors` and the mask, which it writes to, so it
+  // Across hosts with a bootstrap that cannot name failed ranks (torch.distributed's): a channel
+  // that can (bootstrap/liveness_channel.hpp); declared before the watchdog, which asks it.
+  std::unique_ptr<Bootstrap> liveness;
+  // Watches the processes of the ranks on this host, and asks the bootstrap (or `liveness`) about
+  // the others, while the transport lives; declared after `errors` and the mask, which it writes to, so it
   // stops first.
   std::unique_ptr<detail::PeerWatchdog> watchdog;
   detail::DeviceAllocation layout_workspace;  // LayoutWorkspace, zeroed once
@@ -176,6 +179,8 @@ struct Buffer::Impl {
     errors.raise_if_recorded(/*dead_peers_fatal=*/!(low_latency && options.enable_shrink));
   }
   int32_t* shrink_mask() const { return options.enable_shrink ? static_cast<int32_t*>(low_latency_mask.get()) : nullptr; }
+  // The watchdog of the peers' processes (and, across hosts, of the liveness channel if needed).
+  void start_watchdog();
   void mask_dead_ranks(const std::vector<detail::DeadProcess>& dead);  // from the watchdog's thread
   void keep_dead_ranks_masked(cudaStream_t stream);  // before a low-latency launch: survives a clean
 };

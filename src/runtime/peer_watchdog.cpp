@@ -51,4 +51,11 @@ void PeerWatchdog::watch() {
   }
 }
 
+bool watches_every_peer(const std::vector<ProcessIdentity>& processes, int me) {
+  for (size_t peer = 0; peer < processes.size(); ++peer) {
+    if (static_cast<int>(peer) != me && processes[peer].pid == 0) return false;
+  }
+  return true;
+}
+
 }  // namespace epcomm::detail

@@ -16,6 +16,11 @@
 
 namespace epcomm::detail {
 
+// Whether rank `me` can watch every peer's process itself (`processes` from the census: pid 0 for
+// a peer on another host or in another pid namespace). All ranks or none can: a rank that cannot
+// watch some peer has a peer that cannot watch it, so every rank answers alike.
+bool watches_every_peer(const std::vector<ProcessIdentity>& processes, int me);
+
 class PeerWatchdog {
  public:
   using OnDeath = std::function<void(const std::vector<DeadProcess>& dead)>;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/free_tcp_port.hpp"
+#include "common/rank_threads.hpp"
 #include "common/temp_dir.hpp"
 #include "epcomm/bootstrap.hpp"
 #include "epcomm/error.hpp"
@@ -29,7 +30,10 @@ namespace epcomm {
 namespace {
 
 using namespace std::chrono_literals;
+using test_support::expect_all_ok;
 using test_support::free_tcp_port;
+using test_support::Outcome;
+using test_support::run_threads;
 using test_support::TempDir;
 using Clock = std::chrono::steady_clock;
 
@@ -38,38 +42,6 @@ constexpr std::chrono::milliseconds kGenerousTimeout = 30s;
 constexpr std::chrono::milliseconds kShortTimeout = 500ms;
 constexpr auto kPromptly = 5s;
 constexpr size_t kMiB = size_t{1} << 20;
-
-struct Outcome {
-  bool ok = true;
-  ErrorCode code = ErrorCode::kInternal;
-  std::string message;
-};
-
-// Runs body(index) on one thread per index and returns how each ended.
-std::vector<Outcome> run_threads(int count, const std::function<void(int)>& body) {
-  std::vector<Outcome> outcomes(static_cast<size_t>(count));
-  std::vector<std::thread> threads;
-  for (int index = 0; index < count; ++index) {
-    threads.emplace_back([&outcomes, &body, index] {
-      Outcome& outcome = outcomes[static_cast<size_t>(index)];
-      try {
-        body(index);
-      } catch (const Error& error) {
-        outcome = {false, error.code(), error.what()};
-      } catch (const std::exception& error) {
-        outcome = {false, ErrorCode::kInternal, std::string("unexpected exception: ") + error.what()};
-      }
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
-  return outcomes;
-}
-
-void expect_all_ok(const std::vector<Outcome>& outcomes) {
-  for (size_t rank = 0; rank < outcomes.size(); ++rank) {
-    EXPECT_TRUE(outcomes[rank].ok) << "rank " << rank << ": " << outcomes[rank].message;
-  }
-}
 
 void expect_bootstrap_error(const Outcome& outcome, const std::string& expected_text) {
   EXPECT_FALSE(outcome.ok);

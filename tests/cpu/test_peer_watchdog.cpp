@@ -108,6 +108,19 @@ TEST(PeerWatchdog, ReportsRanksTheBootstrapFoundFailedOnce) {
   EXPECT_EQ(dead[0].pid, 0);
 }
 
+// Whether a Buffer needs more than the operating system to watch its peers (across hosts with a
+// bootstrap that cannot name failed ranks, it then sets up a liveness channel): a rank's own entry
+// does not count, any unwatchable peer does.
+TEST(PeerWatchdog, WatchesEveryPeerOnlyWhenEveryPeerHasAPid) {
+  const ProcessIdentity here = current_process();
+  const ProcessIdentity elsewhere{};  // another host or pid namespace
+  EXPECT_TRUE(watches_every_peer({elsewhere}, 0)) << "a single rank has no peer";
+  EXPECT_TRUE(watches_every_peer({elsewhere, here, here}, 0));
+  EXPECT_FALSE(watches_every_peer({here, elsewhere, here}, 0));
+  EXPECT_FALSE(watches_every_peer({here, here, elsewhere}, 1));
+  EXPECT_TRUE(watches_every_peer({here, here, elsewhere}, 2));
+}
+
 TEST(DeviceErrorLog, ARankReportedByTheBootstrapIsNamedByItsConnection) {
   DeviceErrorLog log;
   log.mark_peers_dead({{6, 0}});
