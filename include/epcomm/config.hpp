@@ -47,7 +47,17 @@ struct BufferOptions {
   // node, to the rank of its own local index there, which forwards it over NVLink; combine reduces
   // inside the node first. 0 (or one node) keeps normal mode flat: across nodes every token is put
   // once per destination rank, in the rings of num_nvl_bytes (nvl_buffer_size_hint with num_nodes).
+  // With low_latency_mode across nodes, normal mode is hierarchical too, its rail rings beside the
+  // low-latency region (num_rail_bytes).
   int64_t num_rdma_bytes = 0;
+  // Low-latency mode across nodes (with num_nvl_bytes > 0): the bytes of normal mode's rail rings,
+  // a region of their own beside the low-latency one, so that the two modes never need
+  // clean_low_latency_buffer between them (deep_ep's modes share one region). -1: num_rdma_bytes
+  // (deep_ep's callers size it for both modes); 0: none (normal mode across nodes then flat).
+  // Without low_latency_mode it must stay -1: num_rdma_bytes holds the rail rings.
+  int64_t num_rail_bytes = -1;
+  // The rail rings' bytes when the ranks form several nodes, from the two fields above.
+  int64_t rail_bytes_across_nodes() const;
   // Prepare the low-latency mode's double-buffered per-expert receive buffers.
   bool low_latency_mode = false;
   // RDMA queue pairs per peer rank (NVSHMEM transport; recorded for it).

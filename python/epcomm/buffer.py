@@ -32,14 +32,16 @@ class Buffer:
     at construction. Differences from deep_ep, all deliberate:
       - ``dispatch`` / ``combine`` run inside a node and across nodes (NVSHMEM, picked when ranks
         span hosts, or with ``transport="nvshmem"``). Across nodes with ``num_rdma_bytes``
-        (``Config.get_rdma_buffer_size_hint``) and without ``low_latency_mode`` they are
-        hierarchical as deep_ep's internode calls are (a token crosses the network once per
-        node, then NVLink; a new routing needs ``topk_idx``); otherwise
-        every rank is a peer of every other and the rings take
+        (``Config.get_rdma_buffer_size_hint``) they are hierarchical as deep_ep's internode calls
+        are (a token crosses the network once per node, then NVLink; a new routing needs
+        ``topk_idx``); otherwise every rank is a peer of every other and the rings take
         ``Config.get_nvl_buffer_size_hint(hidden_bytes, num_ranks, num_nodes)``. There are no
         separate ``internode_*`` methods; a hierarchical handle's entries describe its node stage.
-        With ``low_latency_mode``, num_rdma_bytes is the low-latency region. Normal mode runs at
-        most 8 ranks flat, 16 hierarchical (nodes of at most 8); low-latency mode 16;
+        With ``low_latency_mode``, num_rdma_bytes is the low-latency region, and across nodes
+        normal mode's rail rings get a region of their own, ``num_rail_bytes`` (epcomm's own;
+        default -1: num_rdma_bytes again; 0: none, normal mode flat), so the modes never need
+        ``clean_low_latency_buffer`` between them. Normal mode runs at most 8 ranks flat, 16
+        hierarchical (nodes of at most 8); low-latency mode 16;
       - ``emulated_nodes`` (epcomm's own) splits the ranks into nodes that reach each other only by
         put and signal, to test the path across nodes on one machine; ``ranks_per_node`` (epcomm's
         own) gives the node size outright (0: the consecutive ranks of one host);
@@ -72,7 +74,8 @@ class Buffer:
                  wait_timeout_ms: int = _C.BUFFER_DEFAULTS["wait_timeout_ms"],
                  warmup_shape: Optional[WarmupShape] = None, transport: str = "auto",
                  emulated_nodes: int = _C.BUFFER_DEFAULTS["emulated_nodes"],
-                 ranks_per_node: int = _C.BUFFER_DEFAULTS["ranks_per_node"]) -> None:
+                 ranks_per_node: int = _C.BUFFER_DEFAULTS["ranks_per_node"],
+                 num_rail_bytes: int = _C.BUFFER_DEFAULTS["num_rail_bytes"]) -> None:
         import torch
         import torch.distributed as dist
 
@@ -112,7 +115,8 @@ class Buffer:
                                  output_allocator=self.allocator,
                                  warmup_stream=None if initialize_in_background else _torch.current_stream(),
                                  comm_stream=self.comm_stream.cuda_stream, enable_shrink=enable_shrink,
-                                 transport=transport, emulated_nodes=emulated_nodes, ranks_per_node=ranks_per_node)
+                                 transport=transport, emulated_nodes=emulated_nodes, ranks_per_node=ranks_per_node,
+                                 num_rail_bytes=num_rail_bytes)
 
     def __del__(self) -> None:
         # Wait (without the GIL) for a background initialisation before the runtime is torn down:

@@ -55,8 +55,8 @@ class DispatchHandle(_Handle):
     - send_head: int32 [T, R]; each token's position in its (channel, destination) stream, -1 if
       not sent there.
 
-    A handle of a hierarchical dispatch (across nodes with ``num_rdma_bytes`` and no low-latency
-    mode) holds the same entries for its node stage: R is the ranks of this node, and a row's
+    A handle of a hierarchical dispatch (across nodes with a rail region: ``num_rdma_bytes``, or
+    ``num_rail_bytes`` in low-latency mode) holds the same entries for its node stage: R is the ranks of this node, and a row's
     source is the row of the node's rank that forwarded it (T: that rank's forwarded rows), not
     the original token. Pass the handle itself back to combine or a cached dispatch.
     """

@@ -266,8 +266,10 @@ BufferOptions make_options(int64_t num_nvl_bytes, int64_t num_rdma_bytes, bool l
                            bool initialize_in_background, int64_t wait_timeout_ms, int emulated_nodes,
                            const WarmupShape& warmup_shape, std::shared_ptr<PythonAllocator> output_allocator,
                            std::optional<uintptr_t> warmup_stream, std::optional<uintptr_t> comm_stream,
-                           bool enable_shrink, const std::string& transport, int ranks_per_node) {
+                           bool enable_shrink, const std::string& transport, int ranks_per_node,
+                           int64_t num_rail_bytes) {
   BufferOptions options;
+  options.num_rail_bytes = num_rail_bytes;
   options.ranks_per_node = ranks_per_node;
   options.transport = parse_transport_kind(transport, "Buffer: transport");
   options.enable_shrink = enable_shrink;
@@ -302,6 +304,7 @@ nb::dict buffer_defaults(const BufferOptions& defaults) {
   values["wait_timeout_ms"] = static_cast<int64_t>(defaults.wait_timeout.count());
   values["emulated_nodes"] = defaults.emulated_nodes;
   values["ranks_per_node"] = defaults.ranks_per_node;
+  values["num_rail_bytes"] = defaults.num_rail_bytes;
   values["enable_shrink"] = defaults.enable_shrink;
   return values;
 }
@@ -320,12 +323,12 @@ void bind_buffer(nb::module_& m) {
               bool in_background, int64_t wait_timeout_ms, int emulated_nodes, const WarmupShape& warmup_shape,
               std::shared_ptr<PythonAllocator> output_allocator, std::optional<uintptr_t> warmup_stream,
               std::optional<uintptr_t> comm_stream, bool enable_shrink, const std::string& transport,
-              int ranks_per_node) {
+              int ranks_per_node, int64_t num_rail_bytes) {
              const BufferOptions options =
                  make_options(num_nvl_bytes, num_rdma_bytes, low_latency_mode, num_qps_per_rank, allow_nvlink, device,
                               preinitialize, in_background, wait_timeout_ms, emulated_nodes, warmup_shape,
                               std::move(output_allocator), warmup_stream, comm_stream, enable_shrink, transport,
-                              ranks_per_node);
+                              ranks_per_node, num_rail_bytes);
              nb::gil_scoped_release release;  // the exchange calls back into Python from C++
              new (self) Buffer(std::move(bootstrap), options);
            },
@@ -340,7 +343,7 @@ void bind_buffer(nb::module_& m) {
            nb::arg("warmup_shape") = WarmupShape{}, nb::arg("output_allocator").none() = nb::none(),
            nb::arg("warmup_stream").none() = nb::none(), nb::arg("comm_stream").none() = nb::none(),
            nb::arg("enable_shrink") = defaults.enable_shrink, nb::arg("transport") = "auto",
-           nb::arg("ranks_per_node") = defaults.ranks_per_node)
+           nb::arg("ranks_per_node") = defaults.ranks_per_node, nb::arg("num_rail_bytes") = defaults.num_rail_bytes)
       .def_prop_ro("rank", &Buffer::rank)
       .def_prop_ro("num_ranks", &Buffer::num_ranks)
       .def_prop_ro("device", &Buffer::device, nb::call_guard<nb::gil_scoped_release>())

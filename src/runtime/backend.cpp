@@ -88,9 +88,13 @@ Backend connect(Bootstrap& bootstrap, const TransportOptions& requested, Transpo
   const std::vector<RankCensus> census = take_census(bootstrap, mine);
   TransportOptions options = requested;
   options.topology = find_topology(census, options.emulated_nodes, options.ranks_per_node);
+  if (options.topology.num_nodes() > 1) {
+    options.layout.rail_ring_bytes = std::max(options.layout.rail_ring_bytes, options.rail_ring_bytes_across_nodes);
+  }
   const bool nvshmem = kind == TransportKind::kNvshmem || (kind == TransportKind::kAuto && !one_host(census, rank));
   Backend backend;
   backend.topology = options.topology;
+  backend.layout = options.layout;
   if (!nvshmem) {
     backend.transport = std::make_unique<IpcTransport>(bootstrap, options, census);
     backend.kernels = &kernels::builtin_kernels();

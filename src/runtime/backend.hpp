@@ -19,6 +19,7 @@ struct Backend {
   std::unique_ptr<Transport> transport;
   const kernels::KernelTable* kernels = nullptr;
   Topology topology;  // from the same census, the same on every rank
+  BufferLayout layout;  // as requested, with the rail region the topology asks for
 };
 
 // Collective over `bootstrap`: every rank describes itself (host, GPU, options), the ranks check

@@ -48,8 +48,9 @@ Buffer::Buffer(std::shared_ptr<Bootstrap> bootstrap, const BufferOptions& option
   impl_->bootstrap = std::move(bootstrap);
   impl_->options = options;
   impl_->layout.nvl_bytes = static_cast<size_t>(options.num_nvl_bytes);
-  // deep_ep's RDMA buffer: the low-latency region in low-latency mode, else the rail stage's rings
-  // (the hierarchical normal mode across nodes; runtime/ring_group.hpp).
+  // deep_ep's RDMA buffer: the low-latency region in low-latency mode (and across nodes also the
+  // rail stage's rings: connect() adds them), else the rail stage's rings (the hierarchical
+  // normal mode across nodes; runtime/ring_group.hpp).
   if (options.low_latency_mode) {
     impl_->layout.low_latency_bytes = static_cast<size_t>(options.num_rdma_bytes);
   } else {
@@ -105,10 +106,6 @@ void Buffer::Impl::initialize(int caller_device, bool background) {
     notify_results = detail::MappedHostMemory(sizeof(NotifyResults));
     layout_workspace = detail::DeviceAllocation(LayoutWorkspace::kTotalBytes);
     EPCOMM_CUDA_CHECK(cudaMemset(layout_workspace.get(), 0, LayoutWorkspace::kTotalBytes));
-    if (layout.rail_ring_bytes > 0) {
-      stage_layout_workspace = detail::DeviceAllocation(LayoutWorkspace::kTotalBytes);
-      EPCOMM_CUDA_CHECK(cudaMemset(stage_layout_workspace.get(), 0, LayoutWorkspace::kTotalBytes));
-    }
     outputs = options.output_allocator ? options.output_allocator : make_stream_ordered_allocator();
     if (options.enable_shrink) {
       low_latency_mask = detail::DeviceAllocation(sizeof(int32_t) * kMaxRanks);
@@ -130,8 +127,10 @@ void Buffer::Impl::initialize(int caller_device, bool background) {
   transport_options.layout = layout;
   transport_options.emulated_nodes = options.emulated_nodes;
   transport_options.ranks_per_node = options.ranks_per_node;
+  transport_options.rail_ring_bytes_across_nodes = static_cast<size_t>(options.rail_bytes_across_nodes());
   transport_options.agreed = join_message(
-      "num_nvl_bytes=", options.num_nvl_bytes, " num_rdma_bytes=", options.num_rdma_bytes, " low_latency_mode=",
+      "num_nvl_bytes=", options.num_nvl_bytes, " num_rdma_bytes=", options.num_rdma_bytes, " num_rail_bytes=",
+      options.num_rail_bytes, " low_latency_mode=",
       options.low_latency_mode, " enable_shrink=", options.enable_shrink, " preinitialize=", options.preinitialize,
       " emulated_nodes=", options.emulated_nodes, " ranks_per_node=", options.ranks_per_node, " transport=", static_cast<int>(options.transport),
       " warmup_shape=", options.warmup_shape.num_tokens, "/", options.warmup_shape.num_low_latency_tokens, "/",
@@ -140,6 +139,11 @@ void Buffer::Impl::initialize(int caller_device, bool background) {
   transport = std::move(backend.transport);
   kernels = backend.kernels;
   topology = backend.topology;
+  layout = backend.layout;
+  if (layout.rail_ring_bytes > 0) {
+    stage_layout_workspace = detail::DeviceAllocation(LayoutWorkspace::kTotalBytes);
+    EPCOMM_CUDA_CHECK(cudaMemset(stage_layout_workspace.get(), 0, LayoutWorkspace::kTotalBytes));
+  }
   require_normal_groups_fit();
   build_ring_groups();
   if (bootstrap->num_ranks() > 1) {

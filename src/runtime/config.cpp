@@ -8,20 +8,26 @@
 
 namespace epcomm {
 
+int64_t BufferOptions::rail_bytes_across_nodes() const {
+  if (!low_latency_mode) return num_rdma_bytes;
+  if (num_nvl_bytes == 0) return 0;  // no normal mode
+  return num_rail_bytes < 0 ? num_rdma_bytes : num_rail_bytes;
+}
+
 void BufferOptions::validate(int num_ranks) const {
   if (num_ranks < 1) fail(ErrorCode::kInvalidArgument, "Buffer: num_ranks=", num_ranks, " must be at least 1");
   if (num_ranks > kMaxRanks) {
     fail(ErrorCode::kUnsupported, "Buffer: num_ranks=", num_ranks, " exceeds the ", kMaxRanks,
          " ranks this build runs (low-latency mode; normal mode ", kMaxNvlPeers, ")");
   }
-  // Past kMaxNvlPeers ranks normal mode runs only hierarchical (num_rdma_bytes without
-  // low-latency mode), each stage among at most that many (the nodes are checked once known).
-  const bool rail = num_rdma_bytes > 0 && !low_latency_mode;
+  // Past kMaxNvlPeers ranks normal mode runs only hierarchical (a rail region), each stage among
+  // at most that many (the nodes are checked once known).
+  const bool rail = rail_bytes_across_nodes() > 0;
   if (num_ranks > kMaxNvlPeers && num_nvl_bytes > 0 && !rail) {
     fail(ErrorCode::kUnsupported, "Buffer: num_ranks=", num_ranks, " with num_nvl_bytes=", num_nvl_bytes,
          ": flat normal mode runs at most ", kMaxNvlPeers, " ranks (its kernels give each peer a team of warps); with ",
          num_ranks, " ranks pass num_nvl_bytes=0 (low-latency mode only), or make normal mode hierarchical across "
-         "nodes of at most ", kMaxNvlPeers, " ranks (num_rdma_bytes without low_latency_mode)");
+         "nodes of at most ", kMaxNvlPeers, " ranks (num_rdma_bytes > 0, or num_rail_bytes in low-latency mode)");
   }
   if (num_nvl_bytes < 0 || num_nvl_bytes % static_cast<int64_t>(kRegionAlignment) != 0) {
     fail(ErrorCode::kInvalidArgument, "Buffer: num_nvl_bytes=", num_nvl_bytes, " must be a non-negative multiple of ",
@@ -34,6 +40,14 @@ void BufferOptions::validate(int num_ranks) const {
     fail(ErrorCode::kInvalidArgument, "Buffer: num_rdma_bytes=", num_rdma_bytes,
          " without low_latency_mode holds the network stage of normal mode across nodes, which also needs the "
          "NVLink stage's rings: pass num_nvl_bytes > 0 (Config::nvl_buffer_size_hint)");
+  }
+  if (num_rail_bytes != -1 && !low_latency_mode) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: num_rail_bytes=", num_rail_bytes,
+         " is for low-latency mode; without it num_rdma_bytes holds the rail rings (leave num_rail_bytes at -1)");
+  }
+  if (num_rail_bytes < -1 || (num_rail_bytes > 0 && num_rail_bytes % static_cast<int64_t>(kRegionAlignment) != 0)) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: num_rail_bytes=", num_rail_bytes, " must be -1 (num_rdma_bytes), 0 or a "
+         "multiple of ", kRegionAlignment);
   }
   if (enable_shrink && !low_latency_mode) {
     fail(ErrorCode::kInvalidArgument, "Buffer: enable_shrink=true needs low_latency_mode=true (it masks ranks in "

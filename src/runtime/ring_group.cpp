@@ -46,7 +46,7 @@ void Buffer::Impl::build_ring_groups() {
   }
   detail::RingGroup rail = group_of(*this, topology.rail_group(bootstrap->rank()), layout.rail_offset());
   rail.stage = "rail stage ";
-  rail.bytes_option = "num_rdma_bytes";
+  rail.bytes_option = options.low_latency_mode ? "num_rail_bytes (or num_rdma_bytes)" : "num_rdma_bytes";
   rail.ring_bytes = layout.rail_ring_bytes;
   rail.rail = true;
   detail::RingGroup node = group_of(*this, topology.node_group(bootstrap->rank()), BufferLayout::normal_offset());

@@ -31,6 +31,9 @@ struct TransportOptions {
   // signal, as ranks of different nodes do (BufferOptions::emulated_nodes).
   int emulated_nodes = 1;
   int ranks_per_node = 0;  // BufferOptions::ranks_per_node (transport/topology.hpp)
+  // When the ranks form several nodes, layout.rail_ring_bytes becomes this if it is larger (a rail
+  // region only across nodes: low-latency mode's num_rdma_bytes); connect() returns the layout.
+  size_t rail_ring_bytes_across_nodes = 0;
   // Which ranks form each node: found once by connect() (runtime/backend.hpp) from the census and
   // the two fields above; a transport reaches a rank of its own node directly.
   Topology topology;

@@ -127,12 +127,14 @@ TEST(BufferOptions, WhatThisBuildCannotDoIsUnsupported) {
     EXPECT_EQ(error.code(), ErrorCode::kUnsupported);
     EXPECT_NE(std::string(error.what()).find("num_ranks=" + std::to_string(kMaxRanks + 1)), std::string::npos);
   }
-  // Past normal mode's ranks only low-latency mode runs: an NVLink buffer is refused, saying so.
+  // Past normal mode's ranks, without a rail region, only low-latency mode runs: an NVLink buffer
+  // is refused, saying so.
   BufferOptions low_latency;
   low_latency.low_latency_mode = true;
   low_latency.num_rdma_bytes = 1 << 20;
   EXPECT_NO_THROW(low_latency.validate(kMaxRanks));
   low_latency.num_nvl_bytes = 1 << 20;
+  low_latency.num_rail_bytes = 0;
   try {
     low_latency.validate(kMaxNvlPeers + 1);
     FAIL();
@@ -277,8 +279,42 @@ TEST(BufferOptions, PastEightRanksNormalModeIsHierarchicalOnly) {
   EXPECT_NE(validation_error(options, 16).find("make normal mode hierarchical"), std::string::npos);
   options.num_rdma_bytes = 1 << 20;  // a rail region: the nodes are checked once known
   EXPECT_EQ(validation_error(options, 16), "");
-  options.low_latency_mode = true;  // then num_rdma_bytes is the low-latency region
+  options.low_latency_mode = true;  // num_rdma_bytes is the low-latency region; the rail's too, beside it
+  EXPECT_EQ(validation_error(options, 16), "");
+  options.num_rail_bytes = 0;  // no rail region: flat, at most 8 ranks
   EXPECT_NE(validation_error(options, 16).find("make normal mode hierarchical"), std::string::npos);
+  options.num_rail_bytes = 1 << 20;
+  EXPECT_EQ(validation_error(options, 16), "");
+}
+
+// Low-latency mode's rail region: num_rdma_bytes again by default, its own size, or none; only in
+// low-latency mode, only with normal mode (num_nvl_bytes), never a size that breaks alignment.
+TEST(BufferOptions, RailBytesAcrossNodes) {
+  BufferOptions options;
+  options.num_rdma_bytes = 4 << 20;
+  EXPECT_EQ(options.rail_bytes_across_nodes(), 4 << 20) << "without low-latency mode num_rdma_bytes is the rail's";
+  options.num_nvl_bytes = 1 << 20;
+  options.low_latency_mode = true;
+  EXPECT_EQ(options.rail_bytes_across_nodes(), 4 << 20) << "deep_ep's callers size num_rdma_bytes for both modes";
+  options.num_rail_bytes = 2 << 20;
+  EXPECT_EQ(options.rail_bytes_across_nodes(), 2 << 20);
+  options.num_rail_bytes = 0;
+  EXPECT_EQ(options.rail_bytes_across_nodes(), 0);
+  options.num_rail_bytes = -1;
+  options.num_nvl_bytes = 0;
+  EXPECT_EQ(options.rail_bytes_across_nodes(), 0) << "no normal mode, no rail rings";
+
+  BufferOptions bad;
+  bad.num_nvl_bytes = 1 << 20;
+  bad.num_rdma_bytes = 1 << 20;
+  bad.num_rail_bytes = 1 << 20;
+  EXPECT_NE(validation_error(bad, 2).find("num_rail_bytes=1048576 is for low-latency mode"), std::string::npos)
+      << validation_error(bad, 2);
+  bad.low_latency_mode = true;
+  bad.num_rail_bytes = -2;
+  EXPECT_NE(validation_error(bad, 2).find("num_rail_bytes=-2"), std::string::npos);
+  bad.num_rail_bytes = (1 << 20) + 1;
+  EXPECT_NE(validation_error(bad, 2).find("multiple of"), std::string::npos);
 }
 
 TEST(Config, DefaultsAreValidAndBadFieldsNamed) {

@@ -24,5 +24,6 @@ void run_low_latency_case(RankHarness& harness);
 void run_low_latency_emulated_case(RankHarness& harness);
 void run_low_latency_nvshmem_case(RankHarness& harness);
 void run_soak_case(RankHarness& harness);
+void run_modes_across_nodes_case(RankHarness& harness);
 
 }  // namespace epcomm::testing

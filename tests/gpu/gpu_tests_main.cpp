@@ -35,6 +35,7 @@ constexpr Case kCases[] = {
     {"low_latency_emulated", epcomm::testing::run_low_latency_emulated_case},
     {"low_latency_nvshmem", epcomm::testing::run_low_latency_nvshmem_case, nullptr, true},
     {"soak", epcomm::testing::run_soak_case, "EPCOMM_SOAK_CALLS"},
+    {"modes_across_nodes", epcomm::testing::run_modes_across_nodes_case},
 };
 
 int usage() {

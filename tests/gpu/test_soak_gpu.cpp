@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/constants.hpp"
 #include "common/process_resources.hpp"
 #include "epcomm/buffer.hpp"
 #include "gpu/gpu_cases.hpp"
@@ -91,8 +92,10 @@ Inputs make_inputs(const Shape& shape, uint64_t seed, int num_experts) {
 
 class Soak {
  public:
-  Soak(RankHarness& harness, Buffer& buffer, int num_experts)
-      : harness_(harness), buffer_(buffer), num_experts_(num_experts), allocator_(make_stream_ordered_allocator()) {
+  // `hierarchical`: normal mode's handles must say they came from the hierarchical dispatch.
+  Soak(RankHarness& harness, Buffer& buffer, int num_experts, bool hierarchical = false)
+      : harness_(harness), buffer_(buffer), num_experts_(num_experts), hierarchical_(hierarchical),
+        allocator_(make_stream_ordered_allocator()) {
     config_ = default_dispatch_config(harness.num_ranks());
     int device = 0, sms = 0;
     EPCOMM_CUDA_CHECK(cudaGetDevice(&device));
@@ -129,6 +132,8 @@ class Soak {
     buffer_.get_dispatch_layout(args.topk_idx, num_experts_, {args.num_tokens_per_rank, args.num_tokens_per_expert,
                                                               args.is_token_in_rank}, nullptr);
     DispatchResult dispatched = buffer_.dispatch(args, *allocator_);
+    harness_.check(dispatched.handle.hierarchical() == hierarchical_,
+                   what + ": the dispatch was " + (dispatched.handle.hierarchical() ? "" : "not ") + "hierarchical");
     if (cached) {  // the same routing again, from the handle
       DispatchArgs again = args;
       again.num_tokens_per_rank = again.num_tokens_per_expert = again.is_token_in_rank = TensorView{};
@@ -204,6 +209,7 @@ class Soak {
   RankHarness& harness_;
   Buffer& buffer_;
   int num_experts_;
+  bool hierarchical_;
   std::shared_ptr<Allocator> allocator_;
   Config config_;
 };
@@ -257,6 +263,41 @@ void run_soak_case(RankHarness& harness) {
   harness.check(memory_mappings() <= mappings_before + kAllowedMappingDrift,
                 "memory mappings: " + std::to_string(mappings_before) + " after the first calls, " +
                     std::to_string(memory_mappings()) + " at the end");
+}
+
+// Both modes in one low-latency-mode Buffer across two emulated nodes, as frameworks that switch
+// between normal (prefill) and low-latency (decode) calls use it: normal mode is hierarchical, its
+// rail rings in a region of their own beside the low-latency one (num_rail_bytes -1: sized as
+// num_rdma_bytes, deep_ep's one size for both), and the soak's rounds of both modes interleave
+// with no clean_low_latency_buffer between them. Every round is checked as the soak's.
+void run_modes_across_nodes_case(RankHarness& harness) {
+  const int ranks = harness.num_ranks();
+  constexpr int kNodes = 2;
+  if (ranks < kNodes || ranks % kNodes != 0) {
+    std::printf("modes_across_nodes: %d rank(s) cannot form %d emulated nodes; nothing to run\n", ranks, kNodes);
+    return;
+  }
+  constexpr int kRounds = 120;
+  const int num_experts = kExpertsPerRank * ranks;
+  const Config config = default_dispatch_config(ranks);
+  const int64_t row_bytes = int64_t{kMaxHidden} * 2;
+  BufferOptions options;
+  options.emulated_nodes = kNodes;
+  options.num_nvl_bytes = config.nvl_buffer_size_hint(row_bytes, ranks / kNodes);
+  options.low_latency_mode = true;
+  const int64_t both = std::max(Buffer::low_latency_buffer_size_hint(kMaxTokens, kMaxHidden, ranks, num_experts),
+                                config.rdma_buffer_size_hint(row_bytes, kNodes));
+  constexpr int64_t kAlign = static_cast<int64_t>(kRegionAlignment);
+  options.num_rdma_bytes = (both + kAlign - 1) / kAlign * kAlign;
+  Buffer buffer(harness.bootstrap(), options);
+  Soak soak(harness, buffer, num_experts, /*hierarchical=*/true);
+  if (harness.rank() == 0) {
+    std::printf("modes_across_nodes: %d rounds of both modes, %d ranks in %d nodes, num_sms=%d\n", kRounds, ranks,
+                kNodes, soak.config().num_sms);
+    std::fflush(stdout);
+  }
+  for (int round = 0; round < kRounds; ++round) soak.round(round, 0x30DEull * 1000003ull + static_cast<uint64_t>(round));
+  harness.bootstrap()->barrier();
 }
 
 }  // namespace epcomm::testing

@@ -181,26 +181,27 @@ int run_cold_trial(BenchContext& context, double context_ms) {
   // and their uploads) would leave the first call alone after a long stretch of host work with
   // the GPU idle, a cost any CUDA work pays there, not a one-time cost (see --cold-pause-ms).
   // Across emulated nodes (--nodes) as the warm benchmark runs them: flat (rings staged), or
-  // hierarchical (a rail region; then no low-latency mode, whose region it would be).
+  // hierarchical (a rail region beside the low-latency one).
   const Config config = default_dispatch_config(ranks);
   const int64_t hidden_bytes = static_cast<int64_t>(options.hidden) * 2;
   BufferOptions buffer_options;
   buffer_options.emulated_nodes = options.nodes;
   buffer_options.transport = parse_transport_kind(options.transport, "epcomm-bench: --transport");
-  buffer_options.low_latency_mode = !options.hierarchical;
+  buffer_options.low_latency_mode = true;
+  buffer_options.num_rdma_bytes =
+      Buffer::low_latency_buffer_size_hint(options.low_latency_tokens, options.hidden, ranks, options.num_experts);
   if (options.hierarchical) {
     buffer_options.num_nvl_bytes = config.nvl_buffer_size_hint(hidden_bytes, ranks / options.nodes);
-    buffer_options.num_rdma_bytes = config.rdma_buffer_size_hint(hidden_bytes, options.nodes);
+    buffer_options.num_rail_bytes = config.rdma_buffer_size_hint(hidden_bytes, options.nodes);
   } else {
     buffer_options.num_nvl_bytes = config.nvl_buffer_size_hint(hidden_bytes, ranks, options.nodes);
-    buffer_options.num_rdma_bytes =
-        Buffer::low_latency_buffer_size_hint(options.low_latency_tokens, options.hidden, ranks, options.num_experts);
+    buffer_options.num_rail_bytes = 0;  // flat across nodes
   }
   buffer_options.preinitialize = options.cold_preinitialize;
   // What a caller that wants no first-call cost states: the largest calls, and the stream and
   // allocator they will use (the Buffer's own pool here).
-  buffer_options.warmup_shape = WarmupShape{options.num_tokens, options.hierarchical ? 0 : options.low_latency_tokens,
-                                            options.hidden, options.num_topk, options.num_experts};
+  buffer_options.warmup_shape =
+      WarmupShape{options.num_tokens, options.low_latency_tokens, options.hidden, options.num_topk, options.num_experts};
   buffer_options.warmup_stream = context.stream;
   const auto construction = std::chrono::steady_clock::now();
   Buffer buffer(context.bootstrap, buffer_options);
@@ -222,7 +223,6 @@ int run_cold_trial(BenchContext& context, double context_ms) {
       {"ll_dispatch", [&] { ll_kept = buffer.low_latency_dispatch(ll_args, *allocator, call); }},
       {"ll_combine", [&] { buffer.low_latency_combine(ll_back, *allocator, call); }},
   };
-  if (options.hierarchical) ops.resize(ops.size() - 2);  // no low-latency mode in this Buffer
   const std::vector<CallTimes> results = time_ops(context, ops);
   buffer.synchronize(context.stream);
 

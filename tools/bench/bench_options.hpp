@@ -32,8 +32,8 @@ struct BenchOptions {
   // nodes reached by put and signal, against the same ranks' intranode numbers of another run.
   std::string transport = "auto";
   int nodes = 1;
-  // --hierarchical: normal mode across the --nodes in two stages (a rail region, BufferOptions::
-  // num_rdma_bytes without low-latency mode), so low-latency mode is not timed.
+  // --hierarchical: normal mode across the --nodes in two stages (a rail region beside the
+  // low-latency one, BufferOptions::num_rail_bytes); otherwise flat across them (num_rail_bytes 0).
   bool hierarchical = false;
   // --cold: trials of fresh processes, each timing init and the first / second / steady call of
   // every op, with and without preinitialize. The last two are set for the processes it starts.

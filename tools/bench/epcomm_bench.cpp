@@ -107,12 +107,11 @@ int run_rank(const BenchOptions& options) {
   // Past flat normal mode's ranks the Buffer has no NVLink buffer unless hierarchical (--skip-normal otherwise).
   const bool nvl_buffer = options.num_ranks <= kMaxNvlPeers || options.hierarchical;
   BufferOptions buffer_options;
-  // deep_ep's RDMA buffer: the low-latency region, or (hierarchical) the rail stage's rings.
-  buffer_options.low_latency_mode = !options.hierarchical;
-  buffer_options.num_rdma_bytes =
-      options.hierarchical ? rail_bytes
-                           : Buffer::low_latency_buffer_size_hint(options.low_latency_tokens, options.hidden,
-                                                                  options.num_ranks, options.num_experts);
+  // deep_ep's RDMA buffer: the low-latency region; hierarchical, the rail stage's rings beside it.
+  buffer_options.low_latency_mode = true;
+  buffer_options.num_rdma_bytes = Buffer::low_latency_buffer_size_hint(options.low_latency_tokens, options.hidden,
+                                                                       options.num_ranks, options.num_experts);
+  buffer_options.num_rail_bytes = options.hierarchical ? rail_bytes : 0;
   buffer_options.num_nvl_bytes = !nvl_buffer ? 0 : static_cast<int64_t>(
       (std::max<size_t>(bytes_per_peer * options.num_ranks, static_cast<size_t>(ring_bytes)) + kBufferSlackBytes) /
       kRegionAlignment * kRegionAlignment);
@@ -133,7 +132,7 @@ int run_rank(const BenchOptions& options) {
     bench_normal(context, copy_gbps, bench_configs(context).front());
   }
   context.options.num_tokens = options.num_tokens;
-  if (!options.hierarchical) bench_low_latency(context, copy_gbps);
+  bench_low_latency(context, copy_gbps);
 
   buffer.synchronize(context.stream);
   EPCOMM_CUDA_CHECK(cudaStreamDestroy(context.stream));
