@@ -139,8 +139,12 @@ class Buffer {
                          CopyPath path = CopyPath::kSmKernel);
   // This rank's NVLink buffer (device memory, num_nvl_bytes long).
   void* local_nvl_buffer() const;
-  // This rank's low-latency region (num_rdma_bytes), or null after destroy(): deep_ep's RDMA buffer.
+  // This rank's low-latency region (num_rdma_bytes), or null without low_latency_mode or after
+  // destroy().
   void* local_low_latency_buffer() const;
+  // deep_ep's RDMA buffer (num_rdma_bytes long): the low-latency region in low-latency mode, else
+  // the rail stage's rings; null with num_rdma_bytes=0 or after destroy().
+  void* local_rdma_buffer() const;
 
   // Library version and the git revision it was built from, e.g. "0.1.0 (3f2c9a1b0d4e)".
   static std::string version();

@@ -174,7 +174,8 @@ class Buffer:
         self.runtime.warmup(_torch.current_stream())
 
     def get_local_buffer_tensor(self, dtype, size=None, offset: int = 0, use_rdma_buffer: bool = False):
-        """This rank's raw NVLink buffer (or, with use_rdma_buffer, the low-latency region) from byte
+        """This rank's raw NVLink buffer (or, with use_rdma_buffer, deep_ep's RDMA buffer: the
+        low-latency region in low-latency mode, else the rail stage's rings) from byte
         `offset` on, as a tensor of `dtype` (shaped `size` if given), over the Buffer's memory: the
         same memory the calls use, so write to it only between them, knowing the layout."""
         import torch

@@ -445,10 +445,14 @@ void bind_buffer(nb::module_& m) {
              char* data = nullptr;
              {
                nb::gil_scoped_release release;  // may wait for a background initialisation
-               data = static_cast<char*>(use_rdma_buffer ? buffer.local_low_latency_buffer() : buffer.local_nvl_buffer());
+               data = static_cast<char*>(use_rdma_buffer ? buffer.local_rdma_buffer() : buffer.local_nvl_buffer());
+             }
+             const int64_t bytes = use_rdma_buffer ? buffer.options().num_rdma_bytes : buffer.options().num_nvl_bytes;
+             if (bytes == 0) {
+               fail(ErrorCode::kInvalidArgument, "local_buffer_bytes: the Buffer has no ",
+                    use_rdma_buffer ? "RDMA buffer (num_rdma_bytes=0)" : "NVLink buffer (num_nvl_bytes=0)");
              }
              if (data == nullptr) fail(ErrorCode::kInvalidArgument, "local_buffer_bytes: the Buffer was destroyed");
-             const int64_t bytes = use_rdma_buffer ? buffer.options().num_rdma_bytes : buffer.options().num_nvl_bytes;
              const size_t shape[1] = {static_cast<size_t>(bytes)};
              return nb::ndarray<nb::pytorch, nb::device::cuda>(data, 1, shape, self, nullptr, nb::dtype<uint8_t>(),
                                                                nb::device::cuda::value, buffer.device());

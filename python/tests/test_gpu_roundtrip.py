@@ -265,10 +265,12 @@ def test_shrink_mode_leaves_masked_ranks_out(num_ranks: int) -> None:
     _spawn(_shrink_main, num_ranks)
 
 
-def _hierarchical_main(rank: int, num_ranks: int, port: int) -> None:
-    """Normal mode across two emulated nodes, hierarchical (num_rdma_bytes without low-latency mode),
+def _hierarchical_main(rank: int, num_ranks: int, port: int, low_latency: bool = False) -> None:
+    """Normal mode across two emulated nodes, hierarchical (num_rdma_bytes without low-latency mode,
+    or with it: the rail rings then take num_rdma_bytes again, beside the low-latency region),
     through deep_ep's calls: the layout's tokens per node, and combine(dispatch(x)) == k x exactly
-    (rows of small dyadic values, so that the node's sum and the nodes' sum round to nothing)."""
+    (rows of small dyadic values, so that the node's sum and the nodes' sum round to nothing). With
+    low-latency mode, a low-latency round trip between two normal ones, with no clean between."""
     import torch
     import torch.distributed as dist
 
@@ -280,9 +282,15 @@ def _hierarchical_main(rank: int, num_ranks: int, port: int) -> None:
     experts = experts_per_rank * num_ranks
     config = epcomm.Buffer.get_dispatch_config(num_ranks)
     config.num_sms = max(2, min(config.num_sms, torch.cuda.get_device_properties(0).multi_processor_count // num_ranks // 2 * 2))
+    rdma_bytes = config.rdma_buffer_size_hint(hidden * 2, nodes)
+    if low_latency:  # deep_ep's callers size one num_rdma_bytes for both modes
+        rdma_bytes = max(rdma_bytes, epcomm.Buffer.get_low_latency_rdma_size_hint(tokens, hidden, num_ranks, experts))
     buffer = epcomm.Buffer(dist.group.WORLD, num_nvl_bytes=config.get_nvl_buffer_size_hint(hidden * 2, num_ranks // nodes),
-                           num_rdma_bytes=config.rdma_buffer_size_hint(hidden * 2, nodes), emulated_nodes=nodes)
+                           num_rdma_bytes=rdma_bytes, low_latency_mode=low_latency, emulated_nodes=nodes)
     assert buffer.runtime.get_num_rdma_ranks() == nodes
+    # deep_ep's RDMA buffer: the low-latency region, or without low-latency mode the rail rings.
+    region = buffer.get_local_buffer_tensor(torch.uint8, use_rdma_buffer=True)
+    assert region.numel() == rdma_bytes and region[-1].item() >= 0
     generator = torch.Generator(device="cpu").manual_seed(777 + rank)
     x = (torch.randint(-8, 9, (tokens, hidden), generator=generator).float() / 4).to(torch.bfloat16).cuda()
     topk_idx = torch.rand(tokens, experts, generator=generator).topk(topk, dim=1).indices.to(torch.int64).cuda()
@@ -301,10 +309,25 @@ def _hierarchical_main(rank: int, num_ranks: int, port: int) -> None:
     combined, _, _ = buffer.combine(recv_x, handle, config=config)
     expected = (x.float() * in_rank.sum(dim=1, keepdim=True).float()).to(torch.bfloat16)
     assert torch.equal(combined, expected), f"rank {rank}: hierarchical round trip differs"
+    if low_latency:
+        weights = torch.rand(tokens, topk, generator=generator).cuda()
+        received, _, ll_handle, _, _ = buffer.low_latency_dispatch(x, topk_idx, tokens, experts, use_fp8=False)
+        out, _, _ = buffer.low_latency_combine(received, topk_idx, weights, ll_handle)
+        ll_expected = low_latency_combined(torch, x, weights, topk_idx, experts_per_rank, num_ranks)
+        assert torch.equal(out, ll_expected), f"rank {rank}: low-latency round trip beside the rail rings differs"
+        again, _, _, _, handle, _ = buffer.dispatch(
+            x, num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_node, is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert, topk_idx=topk_idx, config=config)
+        assert torch.equal(again, recv_x), f"rank {rank}: hierarchical dispatch after low-latency calls differs"
     buffer.destroy()
     dist.destroy_process_group()
 
 
+def _hierarchical_low_latency_main(rank: int, num_ranks: int, port: int) -> None:
+    _hierarchical_main(rank, num_ranks, port, low_latency=True)
+
+
 @pytest.mark.parametrize("num_ranks", [2, 4])
-def test_hierarchical_round_trip_across_emulated_nodes(num_ranks: int) -> None:
-    _spawn(_hierarchical_main, num_ranks)
+@pytest.mark.parametrize("low_latency", [False, True])
+def test_hierarchical_round_trip_across_emulated_nodes(num_ranks: int, low_latency: bool) -> None:
+    _spawn(_hierarchical_low_latency_main if low_latency else _hierarchical_main, num_ranks)

@@ -74,12 +74,11 @@ std::string as_host(const std::string& address) {
   return address.find(':') != std::string::npos && address.front() != '[' ? "[" + address + "]" : address;
 }
 
-// Rank 0: listens, and returns the announcement (or one saying why there is no channel).
-std::vector<char> listen_and_announce(const LivenessOptions& options, const std::string& secret,
-                                      std::unique_ptr<Listener>& listener) {
+// Rank 0: listens, and returns the announcement, or one saying why there is no channel. Never
+// throws: the other ranks wait for this record in the caller's allgather.
+std::vector<char> listen_and_announce(const LivenessOptions& options, std::unique_ptr<Listener>& listener) {
   if (options.address == kOff) return to_record({kVersionLine, kOff, ""}, kAnnouncementBytes);
   std::vector<std::string> hosts;
-  std::string why_not;
   try {
     if (!options.address.empty()) {
       hosts = {as_host(options.address)};
@@ -93,12 +92,16 @@ std::vector<char> listen_and_announce(const LivenessOptions& options, const std:
       listener = std::make_unique<Listener>(any_port_of(v4 || hosts.front() == "127.0.0.1" ? "0.0.0.0" : "[::]"),
                                             kListenBacklog);
     }
-  } catch (const Error& error) {
+    std::vector<std::string> lines = {kVersionLine, make_job_secret(), listener->port()};
+    lines.insert(lines.end(), hosts.begin(), hosts.end());
+    return to_record(lines, kAnnouncementBytes);
+  } catch (const std::exception& error) {
+    listener.reset();
     return to_record({kVersionLine, kOff, join_message("rank 0 cannot listen: ", error.what())}, kAnnouncementBytes);
+  } catch (...) {
+    listener.reset();
+    return to_record({kVersionLine, kOff, "rank 0 cannot listen: an unexpected exception"}, kAnnouncementBytes);
   }
-  std::vector<std::string> lines = {kVersionLine, secret, listener->port()};
-  lines.insert(lines.end(), hosts.begin(), hosts.end());
-  return to_record(lines, kAnnouncementBytes);
 }
 
 }  // namespace
@@ -117,9 +120,8 @@ LivenessChannel make_liveness_channel(Bootstrap& carrier, const LivenessOptions&
 
   // 1. Rank 0 listens and announces; the others take its record.
   std::unique_ptr<Listener> listener;
-  const std::string secret = rank == 0 ? make_job_secret() : std::string();
-  const std::vector<char> mine = rank == 0 ? listen_and_announce(options, secret, listener)
-                                           : std::vector<char>(kAnnouncementBytes, '\0');
+  const std::vector<char> mine =
+      rank == 0 ? listen_and_announce(options, listener) : std::vector<char>(kAnnouncementBytes, '\0');
   std::vector<char> all(kAnnouncementBytes * static_cast<size_t>(num_ranks));
   carrier.allgather(mine.data(), all.data(), kAnnouncementBytes);
   const std::vector<std::string> announced = split_lines(all.data(), kAnnouncementBytes);
@@ -140,8 +142,10 @@ LivenessChannel make_liveness_channel(Bootstrap& carrier, const LivenessOptions&
       }
       rendezvous.listener = std::move(listener);
       channel.watch = make_socket_bootstrap(std::move(rendezvous), rank, num_ranks, options.setup_budget, announced[1]);
-    } catch (const Error& error) {
+    } catch (const std::exception& error) {
       failure = error.what();  // names the rank that waited, and for whom
+    } catch (...) {
+      failure = join_message("rank ", rank, ": an unexpected exception while meeting rank 0");
     }
   }
   const std::vector<char> verdict = to_record({failure}, kVerdictBytes);

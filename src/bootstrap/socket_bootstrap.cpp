@@ -65,8 +65,10 @@ constexpr milliseconds kAbortReadBudget{100};
 // How long rank 0 gives one new connection to finish its handshake (a rank does it at once), and
 // how many handshakes it runs at the same time.
 constexpr milliseconds kHandshakeBudget{5000};
-// With several addresses of rank 0 to try (its interfaces), how long a peer gives each one per round.
+// With several addresses of rank 0 to try (its interfaces), how long a peer gives each one per
+// round to accept, and then to answer the greeting (something else may listen there, silently).
 constexpr milliseconds kAddressAttemptBudget{1000};
+constexpr milliseconds kAddressHandshakeBudget{2000};
 constexpr size_t kMaxConcurrentHandshakes = 64;
 
 enum class Op : uint32_t { kAllgather = 1, kBarrier = 2 };
@@ -365,25 +367,30 @@ class SocketBootstrap final : public Bootstrap {
   // one address, a process there that is not rank 0 of this job is an error; with several (rank
   // 0's interfaces, some of which may lead elsewhere from here) the next one is tried.
   bool join_root(const Deadline& deadline, std::string& last_error) {
+    const bool alone = addresses_.size() == 1;
     for (const SocketAddress& address : addresses_) {
-      const bool alone = addresses_.size() == 1;
-      const Deadline attempt =
-          alone ? deadline : Deadline(std::min(kAddressAttemptBudget, milliseconds(deadline.remaining_ms())));
+      const auto within = [&](milliseconds budget) {
+        return alone ? budget : std::min(budget, milliseconds(deadline.remaining_ms()));
+      };
+      const Deadline attempt = alone ? deadline : Deadline(within(kAddressAttemptBudget));
       UniqueFd connection = try_connect(address, attempt, last_error);
       if (!connection) continue;
       address_ = address;
       peers_.clear();
       peers_.push_back(std::move(connection));
+      const milliseconds handshake = alone ? std::min(timeout_, kHandshakeBudget) : within(kAddressHandshakeBudget);
       if (alone) {
-        prove_membership(Deadline(timeout_));
+        prove_membership(Deadline(timeout_), handshake);
         return true;
       }
       try {
-        prove_membership(Deadline(timeout_));
+        prove_membership(Deadline(handshake), handshake);
         return true;
       } catch (const Error& error) {
+        // Not rank 0 of this job: nothing learned there counts (a closed connection names rank 0).
         last_error = message_of(error);
         peers_.clear();
+        forget_failures();
       }
     }
     return false;
@@ -397,7 +404,7 @@ class SocketBootstrap final : public Bootstrap {
 
   // The peer's half of the handshake: rank 0 must prove it knows the job's secret before this
   // rank proves it does.
-  void prove_membership(const Deadline& deadline) {
+  void prove_membership(const Deadline& deadline, milliseconds challenge_budget) {
     Hello hello;
     hello.rank = rank_;
     hello.num_ranks = num_ranks_;
@@ -407,7 +414,7 @@ class SocketBootstrap final : public Bootstrap {
     IoStatus status = write_all(fd_of(0), hello_bytes.data(), hello_bytes.size(), deadline);
     if (!status.ok()) fail_from_root(status, "accept our greeting");
     std::array<uint8_t, Challenge::kBytes> challenge_bytes{};
-    status = read_all(fd_of(0), challenge_bytes.data(), challenge_bytes.size(), Deadline(std::min(timeout_, kHandshakeBudget)));
+    status = read_all(fd_of(0), challenge_bytes.data(), challenge_bytes.size(), Deadline(challenge_budget));
     if (!status.ok()) {
       fail(ErrorCode::kBootstrapError, "rank ", rank_, ": the process listening at ", address_.text,
            " did not answer our greeting (", status.describe(), "): it is not rank 0 of this job (job ", key_.id_text(),
@@ -575,6 +582,10 @@ class SocketBootstrap final : public Bootstrap {
   bool is_known_failure(int rank) const {
     const std::lock_guard<std::mutex> lock(failed_mutex_);
     return std::find(failed_.begin(), failed_.end(), rank) != failed_.end();
+  }
+  void forget_failures() const {
+    const std::lock_guard<std::mutex> lock(failed_mutex_);
+    failed_.clear();
   }
   std::vector<int> known_failures() const {
     const std::lock_guard<std::mutex> lock(failed_mutex_);

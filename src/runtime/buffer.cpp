@@ -4,17 +4,18 @@
 #include <cstdio>
 #include <optional>
 
+#include "bootstrap/liveness_channel.hpp"
 #include "common/constants.hpp"
+#include "common/cuda_check.hpp"
 #include "common/gpu_presence.hpp"
 #include "common/layout_workspace.hpp"
 #include "common/notify_results.hpp"
+#include "common/nvl_layout.hpp"
 #include "epcomm/error.hpp"
 #include "epcomm_build_info.hpp"
 #include "kernels/launchers.hpp"
-#include "bootstrap/liveness_channel.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/buffer_impl.hpp"
-#include "common/cuda_check.hpp"
 #include "runtime/validate.hpp"
 
 
@@ -140,17 +141,23 @@ void Buffer::Impl::initialize(int caller_device, bool background) {
   kernels = backend.kernels;
   topology = backend.topology;
   layout = backend.layout;
+  if (options.low_latency_mode && options.num_rail_bytes < 0 && layout.rail_ring_bytes > 0 && bootstrap->rank() == 0) {
+    // Not deep_ep's footprint (its modes share one region): say so once, with the way out.
+    std::fprintf(stderr,
+                 "epcomm: low-latency mode across %d nodes: normal mode's rail rings take num_rdma_bytes again "
+                 "(%lld MiB per rank) beside the low-latency region; BufferOptions::num_rail_bytes sizes them "
+                 "(0: none, normal mode flat across nodes)\n",
+                 topology.num_nodes(), static_cast<long long>(layout.rail_ring_bytes >> 20));
+  }
   if (layout.rail_ring_bytes > 0) {
     stage_layout_workspace = detail::DeviceAllocation(LayoutWorkspace::kTotalBytes);
     EPCOMM_CUDA_CHECK(cudaMemset(stage_layout_workspace.get(), 0, LayoutWorkspace::kTotalBytes));
   }
   require_normal_groups_fit();
   build_ring_groups();
-  if (bootstrap->num_ranks() > 1) {
-    start_watchdog();
-  }
   // After the agreement: every rank has the same options now, so every rank fails here alike.
-  detail::check_warmup_fits(options, bootstrap->num_ranks());
+  detail::check_warmup_fits(options, bootstrap->num_ranks(), topology.ranks_per_node);
+  if (bootstrap->num_ranks() > 1) start_watchdog();
 }
 
 void Buffer::Impl::start_watchdog() {
@@ -168,7 +175,6 @@ void Buffer::Impl::start_watchdog() {
                    channel.why_not.c_str());
     }
   }
-  Bootstrap* asked = liveness ? liveness.get() : bootstrap.get();
   watchdog = std::make_unique<detail::PeerWatchdog>(
       processes,
       [this](const std::vector<detail::DeadProcess>& dead) {
@@ -182,9 +188,17 @@ void Buffer::Impl::start_watchdog() {
         }
       },
       kPeerWatchInterval, /*keep_watching=*/options.enable_shrink,
-      // Ranks on other hosts: the bootstrap (or the liveness channel) sees their connections
-      // close (pids mean nothing here). Both outlive the watchdog.
-      [asked] { return asked->failed_ranks(); });
+      // Ranks on other hosts: the bootstrap and the liveness channel see their connections close
+      // (pids mean nothing here). Both outlive the watchdog.
+      [this] {
+        std::vector<int> failed = bootstrap->failed_ranks();
+        if (liveness) {
+          for (const int rank : liveness->failed_ranks()) {
+            if (std::find(failed.begin(), failed.end(), rank) == failed.end()) failed.push_back(rank);
+          }
+        }
+        return failed;
+      });
 }
 
 Buffer::Impl::~Impl() {
@@ -413,8 +427,16 @@ void* Buffer::local_nvl_buffer() const {
 void* Buffer::local_low_latency_buffer() const {
   if (!impl_) return nullptr;
   impl_->wait_until_ready();
-  if (!impl_->transport) return nullptr;
+  if (!impl_->transport || impl_->layout.low_latency_bytes == 0) return nullptr;
   return impl_->local_base() + impl_->layout.low_latency_offset();
+}
+
+void* Buffer::local_rdma_buffer() const {
+  if (!impl_ || impl_->options.num_rdma_bytes == 0) return nullptr;
+  if (impl_->options.low_latency_mode) return local_low_latency_buffer();
+  impl_->wait_until_ready();
+  if (!impl_->transport) return nullptr;
+  return impl_->local_base() + impl_->layout.rail_offset() + NvlLayout::kDataOffset;  // the rings, past their control
 }
 
 std::string Buffer::version() {

@@ -38,8 +38,9 @@ namespace detail {
 // round) must not wait for the initialisation to finish.
 inline thread_local bool initializing_on_this_thread = false;
 
-// Throws InvalidArgument if options.warmup_shape's dummy rounds would not fit the buffers.
-void check_warmup_fits(const BufferOptions& options, int num_ranks);
+// Throws InvalidArgument if options.warmup_shape's dummy rounds would not fit the buffers, with
+// the ranks in nodes of `ranks_per_node` (the topology, once the ranks have met).
+void check_warmup_fits(const BufferOptions& options, int num_ranks, int ranks_per_node);
 
 }  // namespace detail
 

@@ -167,7 +167,7 @@ RoundShape small_round_shape(int num_ranks) { return RoundShape{1, kWarmupHidden
 
 namespace detail {
 
-void check_warmup_fits(const BufferOptions& options, int num_ranks) {
+void check_warmup_fits(const BufferOptions& options, int num_ranks, int ranks_per_node) {
   const WarmupShape& shape = options.warmup_shape;
   const int64_t rail_bytes = options.rail_bytes_across_nodes();
   const char* rail_field = options.low_latency_mode ? "num_rail_bytes" : "num_rdma_bytes";
@@ -177,27 +177,21 @@ void check_warmup_fits(const BufferOptions& options, int num_ranks) {
          "region: num_rdma_bytes, or num_rail_bytes in low-latency mode): set it to 0, or make normal mode hierarchical");
   }
   if (shape.num_tokens > 0) {
-    // As the options say (emulated nodes, or nodes given outright); across real hosts, where the
-    // node size is not known yet, the warmup's own call says so. Flat across nodes the rings are
-    // staged; with a rail region (without low_latency_mode always, with it across nodes) they
-    // serve one node's ranks, and the rail's rings must fit too.
-    const int per_node = options.ranks_per_node > 0 ? options.ranks_per_node
-                         : options.emulated_nodes > 1 ? num_ranks / options.emulated_nodes
-                                                      : 0;  // 0: unknown
-    const bool rail = rail_bytes > 0 && (!options.low_latency_mode || (per_node > 0 && per_node < num_ranks));
-    const bool known = per_node > 0 || !rail;
-    const int nvl_ranks = rail ? per_node : num_ranks;
-    const bool staged = !rail && per_node > 0 && per_node < num_ranks;
+    // As the Buffer runs it (Impl::hierarchical): across nodes with a rail region the NVLink rings
+    // serve one node's ranks and the rail's rings must fit too; flat across nodes they are staged.
+    const int nodes = num_ranks / ranks_per_node;
+    const bool rail = rail_bytes > 0 && nodes > 1;
+    const int nvl_ranks = rail ? ranks_per_node : num_ranks;
+    const bool staged = !rail && nodes > 1;
     const int64_t hidden_bytes = int64_t{shape.hidden} * 2;
-    const int nodes = per_node > 0 ? num_ranks / per_node : 1;
-    const Config config = full_size_config(options.num_nvl_bytes, shape.hidden, std::max(nvl_ranks, 1), staged, nodes,
+    const Config config = full_size_config(options.num_nvl_bytes, shape.hidden, nvl_ranks, staged, nodes,
                                            rail ? rail_bytes : 0);
-    const int64_t needed = known ? config.ring_buffer_bytes(hidden_bytes, nvl_ranks, staged) : 0;
+    const int64_t needed = config.ring_buffer_bytes(hidden_bytes, nvl_ranks, staged);
     if (needed > options.num_nvl_bytes) {
       fail(ErrorCode::kInvalidArgument, "Buffer: warmup_shape.hidden=", shape.hidden, " needs num_nvl_bytes >= ", needed,
            " for its normal-mode dummy round, but num_nvl_bytes=", options.num_nvl_bytes);
     }
-    const int64_t rail_needed = rail && nodes > 1 ? config.rdma_buffer_size_hint(hidden_bytes, nodes) : 0;
+    const int64_t rail_needed = rail ? config.rdma_buffer_size_hint(hidden_bytes, nodes) : 0;
     if (rail_needed > rail_bytes) {
       fail(ErrorCode::kInvalidArgument, "Buffer: warmup_shape.hidden=", shape.hidden, " needs ", rail_field, " >= ",
            rail_needed, " for the rail stage of its normal-mode dummy round, but it gives ", rail_bytes);

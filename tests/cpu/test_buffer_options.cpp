@@ -208,25 +208,28 @@ TEST(BufferOptions, WarmupShapeIsCheckedFieldByField) {
   EXPECT_EQ(validation_error(options, 8), "");
 }
 
+constexpr int kOneNode = 8;   // ranks per node of an 8-rank job on one node
+constexpr int kTwoNodes = 4;  // ... and in two nodes of 4
+
 TEST(BufferOptions, WarmupShapeMustFitTheBuffers) {
   BufferOptions options;
   options.low_latency_mode = true;
   options.warmup_shape = WarmupShape{4096, 0, 7168, 8, 256};
   options.num_nvl_bytes = 1 << 20;
   try {
-    detail::check_warmup_fits(options, 8);
+    detail::check_warmup_fits(options, 8, kOneNode);
     FAIL();
   } catch (const Error& error) {
     EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument);
     EXPECT_NE(std::string(error.what()).find("needs num_nvl_bytes >= "), std::string::npos) << error.what();
   }
   options.num_nvl_bytes = default_dispatch_config(8).nvl_buffer_size_hint(7168 * 2, 8);  // what callers allocate
-  EXPECT_NO_THROW(detail::check_warmup_fits(options, 8));
+  EXPECT_NO_THROW(detail::check_warmup_fits(options, 8, kOneNode));
   options.warmup_shape.num_low_latency_tokens = 128;
   options.num_rdma_bytes = Buffer::low_latency_buffer_size_hint(64, 7168, 8, 256);
-  EXPECT_THROW(detail::check_warmup_fits(options, 8), Error);
+  EXPECT_THROW(detail::check_warmup_fits(options, 8, kOneNode), Error);
   options.num_rdma_bytes = Buffer::low_latency_buffer_size_hint(128, 7168, 8, 256);
-  EXPECT_NO_THROW(detail::check_warmup_fits(options, 8));
+  EXPECT_NO_THROW(detail::check_warmup_fits(options, 8, kOneNode));
 }
 
 TEST(BufferOptions, WarmupWithARailRegionSizesEachStageByItsRanks) {
@@ -236,17 +239,30 @@ TEST(BufferOptions, WarmupWithARailRegionSizesEachStageByItsRanks) {
   const Config config = default_dispatch_config(8);
   options.num_nvl_bytes = config.nvl_buffer_size_hint(7168 * 2, 4);  // one node's ranks, unstaged
   options.num_rdma_bytes = config.rdma_buffer_size_hint(7168 * 2, 2);
-  EXPECT_NO_THROW(detail::check_warmup_fits(options, 8));
+  EXPECT_NO_THROW(detail::check_warmup_fits(options, 8, kTwoNodes));
   options.num_rdma_bytes = 1 << 20;  // not even the smallest rail rings
   try {
-    detail::check_warmup_fits(options, 8);
+    detail::check_warmup_fits(options, 8, kTwoNodes);
     FAIL();
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("needs num_rdma_bytes >= "), std::string::npos) << error.what();
   }
-  // Nodes not known before the hosts are (no emulated_nodes, no ranks_per_node): left to the round.
-  options.emulated_nodes = 1;
-  EXPECT_NO_THROW(detail::check_warmup_fits(options, 8));
+  // On one node the rail region goes unused (normal mode is flat), so its size is not checked.
+  EXPECT_NO_THROW(detail::check_warmup_fits(options, 8, kOneNode));
+  // Low-latency mode across nodes: the rail rings beside the low-latency region, num_rail_bytes.
+  options.low_latency_mode = true;
+  options.num_rdma_bytes = Buffer::low_latency_buffer_size_hint(128, 7168, 8, 256);
+  ASSERT_GE(options.num_rdma_bytes, config.rdma_buffer_size_hint(7168 * 2, 2));
+  EXPECT_NO_THROW(detail::check_warmup_fits(options, 8, kTwoNodes)) << "num_rail_bytes -1: num_rdma_bytes again";
+  options.num_rail_bytes = 1 << 20;
+  try {
+    detail::check_warmup_fits(options, 8, kTwoNodes);
+    FAIL();
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("needs num_rail_bytes >= "), std::string::npos) << error.what();
+  }
+  options.num_rail_bytes = 0;  // no rail region: flat across the nodes, nothing of it to check
+  EXPECT_NO_THROW(detail::check_warmup_fits(options, 8, kTwoNodes));
 }
 
 TEST(LowLatencySizeHint, CoversTheLayoutAndGrowsWithEveryShape) {

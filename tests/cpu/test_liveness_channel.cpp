@@ -11,6 +11,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -35,6 +36,7 @@ using test_support::run_threads;
 using Clock = std::chrono::steady_clock;
 
 constexpr auto kPromptly = 5s;
+constexpr auto kCarrierPatience = 30s;
 constexpr std::chrono::milliseconds kShortSetup = 1000ms;
 
 // Exchanges among threads through memory, knowing nothing of failed ranks: the carrier a channel
@@ -77,14 +79,15 @@ class ThreadGroup {
       arrive(lock);  // everyone has read: the next exchange may write
     }
   }
+  // A rank that never comes (its test body ended early) fails the others instead of hanging them.
   void arrive(std::unique_lock<std::mutex>& lock) {
     const uint64_t generation = generation_;
     if (++arrived_ == num_ranks_) {
       arrived_ = 0;
       ++generation_;
       changed_.notify_all();
-    } else {
-      changed_.wait(lock, [&] { return generation_ != generation; });
+    } else if (!changed_.wait_for(lock, kCarrierPatience, [&] { return generation_ != generation; })) {
+      throw std::runtime_error("a rank never reached the carrier's exchange");
     }
   }
 
@@ -135,8 +138,9 @@ TEST_P(LivenessAddresses, APeerThatLeavesIsNamedOnEveryOtherRank) {
     }
     EXPECT_TRUE(learns_of_failure(*channel.watch, kLeaver)) << "rank " << rank << " never learned that rank 2 left";
     EXPECT_EQ(channel.watch->failed_ranks(), std::vector<int>{kLeaver}) << "rank " << rank;
-    ++checked;  // nobody else leaves before every survivor has looked
-    while (checked.load() < kRanks - 1) std::this_thread::sleep_for(1ms);
+    ++checked;  // nobody else leaves before every survivor has looked (or a while has passed)
+    const auto until = Clock::now() + kPromptly;
+    while (checked.load() < kRanks - 1 && Clock::now() < until) std::this_thread::sleep_for(1ms);
   }));
 }
 
@@ -215,27 +219,49 @@ TEST(Liveness, APeerThatCannotConnectCostsEveryRankTheChannelButNotTheJob) {
   std::printf("the reason every rank was given: %s\n", reasons.front().c_str());
 }
 
+// A rank that cannot read rank 0's announcement (another epcomm version) costs every rank the
+// channel, with the same reason, and never the job.
+TEST(Liveness, AnAnnouncementARankCannotReadCostsEveryRankTheChannel) {
+  constexpr int kRanks = 3;
+  ThreadGroup group(kRanks, [](int rank, int call, std::vector<char>& out) {
+    if (rank == 1 && call == 0) std::memcpy(out.data(), "epcomm-liveness-9", 17);  // the version line
+  });
+  std::vector<std::string> reasons(kRanks);
+  expect_all_ok(run_threads(kRanks, [&](int rank) {
+    ThreadGroup::Member carrier(group, rank);
+    const LivenessChannel channel = make_liveness_channel(carrier, options_with("127.0.0.1", kShortSetup));
+    EXPECT_EQ(channel.watch, nullptr) << "rank " << rank;
+    reasons[static_cast<size_t>(rank)] = channel.why_not;
+    carrier.barrier();
+  }));
+  for (const std::string& reason : reasons) EXPECT_EQ(reason, reasons.front());
+  EXPECT_FALSE(reasons.front().empty());
+}
+
 // With several addresses of rank 0, a peer passes over one where nobody listens and one where
-// another job's rank 0 does (it cannot prove this job's secret), and joins at the next.
+// another job's rank 0 does (it cannot prove this job's secret), and joins at the next; nothing
+// it met on the way counts as a failed rank.
 TEST(Liveness, APeerTriesRankZerosAddressesInTurn) {
   using bootstrap_detail::Listener;
   using bootstrap_detail::parse_address;
   auto listener = std::make_unique<Listener>(bootstrap_detail::any_port_of("127.0.0.1"), 16);
+  auto stranger_listener = std::make_unique<Listener>(bootstrap_detail::any_port_of("127.0.0.1"), 16);
   const std::string good = "127.0.0.1:" + listener->port();
+  const std::string stranger = "127.0.0.1:" + stranger_listener->port();  // listening before anyone tries it
   const std::string nobody = "127.0.0.1:" + std::to_string(test_support::free_tcp_port());
-  const std::string stranger = "127.0.0.1:" + std::to_string(test_support::free_tcp_port());
   std::thread other_job([&] {  // another job's rank 0, waiting for a rank 1 that never comes
-    SocketBootstrapOptions options;
-    options.timeout = 1500ms;
-    options.job_secret = "another job's secret";
-    EXPECT_THROW(make_socket_bootstrap(stranger, 0, 2, options), Error);
+    bootstrap_detail::Rendezvous rendezvous;
+    rendezvous.addresses.push_back(parse_address(stranger));
+    rendezvous.listener = std::move(stranger_listener);
+    EXPECT_THROW(bootstrap_detail::make_socket_bootstrap(std::move(rendezvous), 0, 2, 1500ms, "another job's secret"),
+                 Error);
   });
-  std::this_thread::sleep_for(100ms);  // it listens
   expect_all_ok(run_threads(2, [&](int rank) {
     bootstrap_detail::Rendezvous rendezvous;
     for (const std::string& address : {nobody, stranger, good}) rendezvous.addresses.push_back(parse_address(address));
     if (rank == 0) rendezvous.listener = std::move(listener);
     auto bootstrap = bootstrap_detail::make_socket_bootstrap(std::move(rendezvous), rank, 2, 10s, "this job's secret");
+    EXPECT_TRUE(bootstrap->failed_ranks().empty()) << "rank " << rank << " counts a rank failed";
     bootstrap->barrier();
   }));
   other_job.join();

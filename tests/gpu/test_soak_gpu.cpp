@@ -147,15 +147,27 @@ class Soak {
     const CombineResult combined = buffer_.combine(back, *allocator_);
     buffer_.synchronize(nullptr);
     const std::vector<uint8_t> went = download<uint8_t>(args.is_token_in_rank);
+    // Flat, one sum of the copies; hierarchical, each node's sum rounded to BF16, then those added
+    // in node order (docs/SEMANTICS.md). A node's sum of c copies is exact in float: c * x.
+    const int nodes = hierarchical_ ? buffer_.num_nodes() : 1;
+    const int per_node = ranks / nodes;
     std::vector<uint16_t> want(in.x.size());
     for (int t = 0; t < shape.tokens; ++t) {
-      int copies = 0;
-      for (int r = 0; r < ranks; ++r) copies += went[static_cast<size_t>(t) * ranks + r] != 0;
+      std::vector<int> copies(static_cast<size_t>(nodes), 0);
+      for (int r = 0; r < ranks; ++r) copies[static_cast<size_t>(r / per_node)] += went[static_cast<size_t>(t) * ranks + r] != 0;
       for (int c = 0; c < shape.hidden; ++c) {
         const size_t i = static_cast<size_t>(t) * shape.hidden + c;
+        const float x = reference::bf16_to_float(in.x[i]);
+        float sum = 0.0f;
+        bool any = false;
+        for (const int count : copies) {
+          if (count == 0) continue;
+          const float partial = static_cast<float>(count) * x;
+          sum += nodes > 1 ? reference::bf16_to_float(reference::float_to_bf16(partial)) : partial;
+          any = true;
+        }
         // A token sent nowhere combines to +0 (a sum of nothing), whatever the sign of x.
-        want[i] = copies == 0 ? uint16_t{0}
-                              : reference::float_to_bf16(reference::bf16_to_float(in.x[i]) * static_cast<float>(copies));
+        want[i] = any ? reference::float_to_bf16(sum) : uint16_t{0};
       }
     }
     expect_equal(harness_, what + ": normal round trip", download<uint16_t>(combined.combined_x.view), want,
