@@ -33,8 +33,7 @@ class Buffer:
       - ``dispatch`` / ``combine`` run inside a node and across nodes (NVSHMEM, picked when ranks
         span hosts, or with ``transport="nvshmem"``). Across nodes with ``num_rdma_bytes``
         (``Config.get_rdma_buffer_size_hint``) they are hierarchical as deep_ep's internode calls
-        are (a token crosses the network once per node, then NVLink; a new routing needs
-        ``topk_idx``); otherwise every rank is a peer of every other and the rings take
+        are (a token crosses the network once per node, then NVLink); otherwise every rank is a peer of every other and the rings take
         ``Config.get_nvl_buffer_size_hint(hidden_bytes, num_ranks, num_nodes)``. There are no
         separate ``internode_*`` methods; a hierarchical handle's entries describe its node stage.
         With ``low_latency_mode``, num_rdma_bytes is the low-latency region, and across nodes

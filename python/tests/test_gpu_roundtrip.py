@@ -309,6 +309,15 @@ def _hierarchical_main(rank: int, num_ranks: int, port: int, low_latency: bool =
     combined, _, _ = buffer.combine(recv_x, handle, config=config)
     expected = (x.float() * in_rank.sum(dim=1, keepdim=True).float()).to(torch.bfloat16)
     assert torch.equal(combined, expected), f"rank {rank}: hierarchical round trip differs"
+    # Without top-k (deep_ep's test_internode does it): routed by is_token_in_rank, the same rows.
+    plain_x, plain_idx, plain_weights, plain_counts, plain_handle, _ = buffer.dispatch(
+        x, num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_node, is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert, config=config)
+    assert plain_idx is None and plain_weights is None and plain_counts == counts, f"rank {rank}: {plain_counts}"
+    assert torch.equal(plain_x, recv_x), f"rank {rank}: hierarchical dispatch without top-k differs"
+    plain_combined, plain_combined_weights, _ = buffer.combine(plain_x, plain_handle, config=config)
+    assert plain_combined_weights is None and torch.equal(plain_combined, expected), \
+        f"rank {rank}: hierarchical round trip without top-k differs"
     if low_latency:
         weights = torch.rand(tokens, topk, generator=generator).cuda()
         received, _, ll_handle, _, _ = buffer.low_latency_dispatch(x, topk_idx, tokens, experts, use_fp8=False)

@@ -7,6 +7,7 @@ namespace epcomm::kernels {
 
 // Each kernel file defines the loader for its own kernels.
 void load_layout_kernel_modules();
+void load_ids_of_ranks_kernel_module();
 void load_barrier_kernel_module();
 void load_peer_copy_kernel_module();
 void load_notify_dispatch_kernel_module();
@@ -17,6 +18,7 @@ void load_low_latency_combine_kernel_module();
 
 void load_all_kernel_modules() {
   load_layout_kernel_modules();
+  load_ids_of_ranks_kernel_module();
   load_barrier_kernel_module();
   load_peer_copy_kernel_module();
   load_notify_dispatch_kernel_module();

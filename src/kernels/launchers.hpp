@@ -34,6 +34,17 @@ struct DispatchLayoutArgs {
 void launch_dispatch_layout(const DispatchLayoutArgs& args, int max_blocks, const KernelContext& context,
                             cudaStream_t stream);
 
+// Ids that route as is_token_in_rank does (a dispatch without topk_idx across nodes): slot r of
+// token t is rank r's first expert where the token goes to rank r, else -1.
+struct IdsOfRanksArgs {
+  const bool* is_token_in_rank = nullptr;  // [num_tokens, num_ranks]
+  int num_tokens = 0;
+  int num_ranks = 0;
+  int experts_per_rank = 0;
+  int64_t* ids = nullptr;  // [num_tokens, num_ranks]
+};
+void launch_ids_of_ranks(const IdsOfRanksArgs& args, int max_blocks, cudaStream_t stream);
+
 // Every rank waits until every rank has arrived; orders all earlier stream work on this rank
 // before later stream work on every rank.
 void launch_nvl_barrier(const PeerWindow& window, const KernelContext& context, cudaStream_t stream);

@@ -38,13 +38,32 @@ void stage_layout(Buffer::Impl& impl, const TensorView& ids, int num_experts, in
   for (Tensor& tensor : layout) keep.push_back(std::move(tensor));
 }
 
+// Without topk_idx (deep_ep allows it): ids that route as the caller's is_token_in_rank does
+// ([tokens, ranks], each rank's first expert or -1), for the stages, which route by ids. They
+// stand for ranks, not experts, and reach no output of the caller's.
+TensorView ids_of_ranks(Buffer::Impl& impl, const DispatchArgs& args, const DispatchShape& shape,
+                        std::vector<Tensor>& keep, Allocator& allocator, cudaStream_t comm) {
+  const int ranks = impl.bootstrap->num_ranks();
+  keep.push_back(std::move(allocate_together(allocator, {piece(DType::kInt64, {shape.num_tokens, ranks})}, comm,
+                                              impl.comm_stream_lifetime)[0]));
+  kernels::IdsOfRanksArgs kernel;
+  kernel.is_token_in_rank = args.is_token_in_rank.ptr<bool>();
+  kernel.num_tokens = shape.num_tokens;
+  kernel.num_ranks = ranks;
+  kernel.experts_per_rank = shape.num_experts / ranks;
+  kernel.ids = keep.back().view.ptr<int64_t>();
+  kernels::launch_ids_of_ranks(kernel, impl.num_device_sms, comm);
+  return keep.back().view;
+}
+
 }  // namespace
 
 // Across nodes with a rail region: the rail stage takes each token once to every node that holds
 // one of its experts (to the rank of this rank's local index there), with its ids made local to
 // that node; there the node stage forwards it over NVLink to the ranks of its experts. Rows
 // arrive grouped by the forwarding rank, then by source node. The routing inside the destination
-// node follows topk_idx (as get_dispatch_layout derives is_token_in_rank from it).
+// node follows topk_idx (as get_dispatch_layout derives is_token_in_rank from it), or without it
+// ids made from is_token_in_rank, with the caller's num_tokens_per_expert for the counts.
 DispatchResult dispatch_hierarchical(Buffer::Impl& impl, const DispatchArgs& args, const DispatchShape& shape,
                                      const DispatchHandleState* cached, Allocator& allocator,
                                      const CallStreams& streams, std::shared_ptr<DispatchHandleState>& state) {
@@ -56,13 +75,23 @@ DispatchResult dispatch_hierarchical(Buffer::Impl& impl, const DispatchArgs& arg
   DispatchArgs rail_args = args;
   rail_args.handle = nullptr;
   rail_args.expert_alignment = 1;
-  if (cached == nullptr) stage_layout(impl, args.topk_idx, shape.num_experts, rail.num_ranks(), rail_args, layouts, allocator, comm);
+  DispatchShape rail_shape = shape;
+  const bool routed_by_ranks = cached == nullptr && !given(args.topk_idx);
+  if (routed_by_ranks) {
+    rail_args.topk_idx = ids_of_ranks(impl, args, shape, layouts, allocator, comm);
+    rail_shape.num_topk = impl.bootstrap->num_ranks();
+  }
+  if (cached == nullptr) {
+    stage_layout(impl, rail_args.topk_idx, shape.num_experts, rail.num_ranks(), rail_args, layouts, allocator, comm);
+    // The layout counted the ids' experts, which stand for ranks; the experts' counts are the caller's.
+    if (routed_by_ranks) rail_args.num_tokens_per_expert = args.num_tokens_per_expert;
+  }
   // Worst-case sized (num_worst_tokens, no host wait): the forwarded rows are sized by it too.
   const bool host_waits = cached == nullptr && args.num_worst_tokens == 0;
   std::shared_ptr<DispatchHandleState> rail_state;
   StageLink rail_link;
   rail_link.defer_failure = true;  // ranks that differ fail at the node stage, with every other rank
-  const DispatchResult forwarded = dispatch_stage(impl, rail, rail_args, shape, cached ? cached->rail.get() : nullptr,
+  const DispatchResult forwarded = dispatch_stage(impl, rail, rail_args, rail_shape, cached ? cached->rail.get() : nullptr,
                                                   host_waits, allocator, streams, comm, rail_state, rail_link);
 
   DispatchArgs node_args = args;
@@ -76,6 +105,12 @@ DispatchResult dispatch_hierarchical(Buffer::Impl& impl, const DispatchArgs& arg
   node_shape.num_experts = shape.num_experts / rail.num_ranks();
   if (cached == nullptr) {
     stage_layout(impl, node_args.topk_idx, node_shape.num_experts, node.num_ranks(), node_args, layouts, allocator, comm);
+    if (routed_by_ranks) {
+      // Each of this node's experts' tokens from the rail's ranks, as the rail's notify summed
+      // the callers' counts; the ids go no further.
+      node_args.num_tokens_per_expert = rail_state->num_recv_tokens_per_expert_device.view;
+      node_args.topk_idx = TensorView{};
+    }
   }
   std::shared_ptr<DispatchHandleState> node_state;
   StageLink node_link;
@@ -108,10 +143,6 @@ void require_hierarchical_call(const Buffer::Impl& impl, const DispatchArgs& arg
     fail(ErrorCode::kInvalidArgument, kDispatchOp, ": num_experts=", shape.num_experts, " and num_topk=", shape.num_topk,
          " across nodes with a rail region: at most ", kLayoutMaxExperts, " experts (", kMaxLocalExperts,
          " per node) and top-", kLayoutMaxTopk);
-  }
-  if (cached == nullptr && !given(args.topk_idx)) {
-    fail(ErrorCode::kInvalidArgument, kDispatchOp, ": across nodes with a rail region (num_rdma_bytes), a new routing "
-         "needs topk_idx: the ranks that forward a token inside its destination node route it by its expert ids");
   }
 }
 

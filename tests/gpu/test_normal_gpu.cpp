@@ -916,10 +916,6 @@ void check_hierarchical_errors(Context& ctx) {
   ctx.buffer.synchronize(nullptr);
   const std::shared_ptr<Allocator> allocator = make_stream_ordered_allocator();
   DispatchArgs args = inputs.args(s, ctx.default_config, ranks);
-  args.topk_idx = args.topk_weights = TensorView{};
-  harness.expect_error(ErrorCode::kInvalidArgument, "a new routing needs topk_idx",
-                       [&] { (void)ctx.buffer.dispatch(args, *allocator); }, "hierarchical dispatch without topk_idx");
-  args = inputs.args(s, ctx.default_config, ranks);
   args.config.num_max_rdma_chunked_recv_tokens = 1 << 20;
   harness.expect_error(ErrorCode::kInvalidArgument, "num_rdma_bytes=",
                        [&] { (void)ctx.buffer.dispatch(args, *allocator); }, "rail rings larger than num_rdma_bytes");
@@ -930,7 +926,7 @@ void check_hierarchical_errors(Context& ctx) {
 // errors and results that outlive their Buffer. `emulated_nodes` > 1 splits the ranks into nodes
 // that reach each other only by put (staged rings), over `transport`; with `hierarchical`, normal
 // mode crosses them in two stages (a rail region: num_rdma_bytes without low_latency_mode): every
-// scenario with top-k, the graph case, then its refusals and disagreements.
+// scenario (without top-k too), the graph case, then its refusals and disagreements.
 void run_normal_suite(RankHarness& harness, int emulated_nodes, TransportKind transport, bool everything,
                       bool hierarchical = false) {
   const int ranks = harness.num_ranks();
@@ -990,7 +986,6 @@ void run_normal_suite(RankHarness& harness, int emulated_nodes, TransportKind tr
     // reference holds the whole world's rows.
     constexpr int64_t kMaxElementsPast8Ranks = int64_t{1024} * 8192;
     for (size_t i = 0; i < all.size(); ++i) {
-      if (hierarchical && all[i].has(kNoTopk)) continue;
       if (ranks > kMaxNvlPeers && int64_t{tokens_of(all[i], ranks - 1)} * all[i].hidden > kMaxElementsPast8Ranks) {
         continue;
       }
