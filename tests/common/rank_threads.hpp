@@ -4,12 +4,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <exception>
 #include <functional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "epcomm/bootstrap.hpp"
 #include "epcomm/error.hpp"
 
 namespace epcomm::test_support {
@@ -44,6 +47,17 @@ inline void expect_all_ok(const std::vector<Outcome>& outcomes) {
   for (size_t rank = 0; rank < outcomes.size(); ++rank) {
     EXPECT_TRUE(outcomes[rank].ok) << "rank " << rank << ": " << outcomes[rank].message;
   }
+}
+
+// Polls bootstrap.failed_ranks() until it names `rank` or `budget` runs out; whether it did.
+inline bool learns_of_failure(Bootstrap& bootstrap, int rank, std::chrono::milliseconds budget) {
+  const auto until = std::chrono::steady_clock::now() + budget;
+  while (std::chrono::steady_clock::now() < until) {
+    const std::vector<int> failed = bootstrap.failed_ranks();
+    if (std::find(failed.begin(), failed.end(), rank) != failed.end()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
 }
 
 }  // namespace epcomm::test_support

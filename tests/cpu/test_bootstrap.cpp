@@ -231,15 +231,8 @@ TEST(BootstrapErrors, PeerThatExitsIsNamedAndLaterCallsFailFast) {
 
 // ---- failed_ranks(): ranks whose connection closed, for the Buffer's watchdog ----
 
-// Polls failed_ranks() until it names `rank` or `budget` runs out; whether it did.
-bool learns_of_failure(Bootstrap& bootstrap, int rank, std::chrono::milliseconds budget = kPromptly) {
-  const auto until = Clock::now() + budget;
-  while (Clock::now() < until) {
-    const std::vector<int> failed = bootstrap.failed_ranks();
-    if (std::find(failed.begin(), failed.end(), rank) != failed.end()) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return false;
+bool learns_of_failure(Bootstrap& bootstrap, int rank) {
+  return test_support::learns_of_failure(bootstrap, rank, kPromptly);
 }
 
 // Fulfils a promise when it goes out of scope (or earlier, by set()), however the scope ends, so

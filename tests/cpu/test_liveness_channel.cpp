@@ -100,22 +100,29 @@ class ThreadGroup {
   std::vector<char> data_;
 };
 
-// Polls failed_ranks() until it names `rank` or kPromptly runs out; whether it did.
-bool learns_of_failure(Bootstrap& watch, int rank) {
-  const auto until = Clock::now() + kPromptly;
-  while (Clock::now() < until) {
-    const std::vector<int> failed = watch.failed_ranks();
-    if (std::find(failed.begin(), failed.end(), rank) != failed.end()) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return false;
-}
+bool learns_of_failure(Bootstrap& watch, int rank) { return test_support::learns_of_failure(watch, rank, kPromptly); }
 
 LivenessOptions options_with(const std::string& address, std::chrono::milliseconds setup = 10s) {
   LivenessOptions options;
   options.address = address;
   options.setup_budget = setup;
   return options;
+}
+
+// Sets up a channel on every rank of `group` (rank 0 on loopback, a short set-up) expecting none:
+// checks that every rank goes without one, for the same reason, and that the carrier still works
+// afterwards; returns the reason.
+std::string reason_every_rank_goes_without(ThreadGroup& group, int num_ranks) {
+  std::vector<std::string> reasons(static_cast<size_t>(num_ranks));
+  expect_all_ok(run_threads(num_ranks, [&](int rank) {
+    ThreadGroup::Member carrier(group, rank);
+    const LivenessChannel channel = make_liveness_channel(carrier, options_with("127.0.0.1", kShortSetup));
+    EXPECT_EQ(channel.watch, nullptr) << "rank " << rank;
+    reasons[static_cast<size_t>(rank)] = channel.why_not;
+    carrier.barrier();
+  }));
+  for (const std::string& reason : reasons) EXPECT_EQ(reason, reasons.front());
+  return reasons.front();
 }
 
 // The default (rank 0 announces its interfaces' addresses) and an address given outright.
@@ -204,19 +211,11 @@ TEST(Liveness, APeerThatCannotConnectCostsEveryRankTheChannelButNotTheJob) {
     std::fill(out.begin(), out.begin() + 1024, '\0');
     std::memcpy(out.data(), text.data(), text.size());
   });
-  std::vector<std::string> reasons(kRanks);
   const auto start = Clock::now();
-  expect_all_ok(run_threads(kRanks, [&](int rank) {
-    ThreadGroup::Member carrier(group, rank);
-    const LivenessChannel channel = make_liveness_channel(carrier, options_with("127.0.0.1", kShortSetup));
-    EXPECT_EQ(channel.watch, nullptr) << "rank " << rank;
-    reasons[static_cast<size_t>(rank)] = channel.why_not;
-    carrier.barrier();
-  }));
+  const std::string reason = reason_every_rank_goes_without(group, kRanks);
   EXPECT_LT(Clock::now() - start, kShortSetup + kPromptly);
-  for (const std::string& reason : reasons) EXPECT_EQ(reason, reasons.front());
-  EXPECT_NE(reasons.front().find("rank 2"), std::string::npos) << reasons.front();
-  std::printf("the reason every rank was given: %s\n", reasons.front().c_str());
+  EXPECT_NE(reason.find("rank 2"), std::string::npos) << reason;
+  std::printf("the reason every rank was given: %s\n", reason.c_str());
 }
 
 // A rank that cannot read rank 0's announcement (another epcomm version) costs every rank the
@@ -226,16 +225,7 @@ TEST(Liveness, AnAnnouncementARankCannotReadCostsEveryRankTheChannel) {
   ThreadGroup group(kRanks, [](int rank, int call, std::vector<char>& out) {
     if (rank == 1 && call == 0) std::memcpy(out.data(), "epcomm-liveness-9", 17);  // the version line
   });
-  std::vector<std::string> reasons(kRanks);
-  expect_all_ok(run_threads(kRanks, [&](int rank) {
-    ThreadGroup::Member carrier(group, rank);
-    const LivenessChannel channel = make_liveness_channel(carrier, options_with("127.0.0.1", kShortSetup));
-    EXPECT_EQ(channel.watch, nullptr) << "rank " << rank;
-    reasons[static_cast<size_t>(rank)] = channel.why_not;
-    carrier.barrier();
-  }));
-  for (const std::string& reason : reasons) EXPECT_EQ(reason, reasons.front());
-  EXPECT_FALSE(reasons.front().empty());
+  EXPECT_FALSE(reason_every_rank_goes_without(group, kRanks).empty());
 }
 
 // With several addresses of rank 0, a peer passes over one where nobody listens and one where
