@@ -2,6 +2,9 @@
 // name failed ranks (as torch.distributed's cannot), it names them within seconds; when it cannot
 // be set up, every rank goes on without it, alike. Ranks are threads of this process.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -255,6 +258,63 @@ TEST(Liveness, APeerTriesRankZerosAddressesInTurn) {
     bootstrap->barrier();
   }));
   other_job.join();
+}
+
+// A carrier across processes that, like torch.distributed's, says nothing about failed ranks: the
+// socket rendezvous with its own failure reports hidden.
+class BlindCarrier final : public Bootstrap {
+ public:
+  explicit BlindCarrier(std::unique_ptr<Bootstrap> inner) : inner_(std::move(inner)) {}
+  int rank() const override { return inner_->rank(); }
+  int num_ranks() const override { return inner_->num_ranks(); }
+  void allgather(const void* in, void* out, size_t bytes) override { inner_->allgather(in, out, bytes); }
+  void barrier() override { inner_->barrier(); }
+
+ private:
+  std::unique_ptr<Bootstrap> inner_;
+};
+
+// A rank whose process is killed (SIGKILL: nothing of it runs any more; the kernel closes its
+// sockets) is named by the channel on every other rank within seconds.
+TEST(Liveness, ARankWhoseProcessIsKilledIsNamedOnTheOthers) {
+  constexpr int kRanks = 3;
+  constexpr int kVictim = 2;
+  constexpr unsigned kChildLifetimeSeconds = 60;  // the child never outlives a test that went wrong
+  const std::string address = "127.0.0.1:" + std::to_string(test_support::free_tcp_port());
+  SocketBootstrapOptions options;
+  options.timeout = 20s;
+  options.job_secret = "liveness kill test";
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // rank 2: joins, then waits to be killed
+    alarm(kChildLifetimeSeconds);
+    try {
+      BlindCarrier carrier(make_socket_bootstrap(address, kVictim, kRanks, options));
+      const LivenessChannel channel = make_liveness_channel(carrier, options_with("127.0.0.1"));
+      carrier.barrier();
+      while (true) pause();
+    } catch (...) {
+      _exit(1);
+    }
+  }
+  std::atomic<int> ready{0};
+  std::thread killer([&] {
+    while (ready.load() < kRanks - 1) std::this_thread::sleep_for(1ms);
+    kill(child, SIGKILL);
+  });
+  expect_all_ok(run_threads(kRanks - 1, [&](int rank) {
+    BlindCarrier carrier(make_socket_bootstrap(address, rank, kRanks, options));
+    const LivenessChannel channel = make_liveness_channel(carrier, options_with("127.0.0.1"));
+    carrier.barrier();
+    ++ready;
+    ASSERT_NE(channel.watch, nullptr) << channel.why_not;
+    EXPECT_TRUE(learns_of_failure(*channel.watch, kVictim)) << "rank " << rank << " never learned that rank 2 died";
+  }));
+  if (ready.load() < kRanks - 1) ready = kRanks;  // a rank that failed early must not leave the killer waiting
+  killer.join();
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
 }
 
 }  // namespace
