@@ -33,7 +33,7 @@ const char* call_field_name(CallField field) {
     case CallField::kRingCapacity:
       return "config.num_max_nvl_chunked_recv_tokens (a hierarchical call's rail stage: "
              "num_max_rdma_chunked_recv_tokens)";
-    case CallField::kHasTopkIdx: return "topk_idx given";
+    case CallField::kHasTopkIdx: return "topk_idx given (2: not given, the hierarchical stages route by is_token_in_rank)";
     case CallField::kHasTopkWeights: return "topk_weights given";
     case CallField::kMaxTokens: return "num_max_dispatch_tokens_per_rank";
     case CallField::kDispatchNumber: return "dispatch number (this dispatch's, or the handle's)";

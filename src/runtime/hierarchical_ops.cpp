@@ -91,6 +91,7 @@ DispatchResult dispatch_hierarchical(Buffer::Impl& impl, const DispatchArgs& arg
   std::shared_ptr<DispatchHandleState> rail_state;
   StageLink rail_link;
   rail_link.defer_failure = true;  // ranks that differ fail at the node stage, with every other rank
+  rail_link.ids_stand_for_ranks = routed_by_ranks;
   const DispatchResult forwarded = dispatch_stage(impl, rail, rail_args, rail_shape, cached ? cached->rail.get() : nullptr,
                                                   host_waits, allocator, streams, comm, rail_state, rail_link);
 

@@ -278,6 +278,8 @@ const int32_t* notify(Buffer::Impl& impl, const detail::RingGroup& group, const 
   state.dispatch_number = ++impl.dispatches_made;
   notify.signature = call_signature(group, args, shape, state.dispatch_number);
   notify.signature.set(CallField::kEarlierStageFailed, link.earlier_failed);
+  // Ids that stand for ranks (no topk_idx) are not a caller's ids of the same width.
+  if (link.ids_stand_for_ranks) notify.signature.set(CallField::kHasTopkIdx, detail::kIdsStandForRanks);
   notify.earlier_stage_verdict = link.earlier_verdict;  // when the host did not wait for the earlier stage
   notify.verdict = state.verdict.view.ptr<int32_t>();
   notify.num_recv_tokens_per_expert = state.num_recv_tokens_per_expert_device.view.ptr<int32_t>();
@@ -414,8 +416,10 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, 
   }
   const bool hierarchical = impl.hierarchical();
   if (hierarchical) detail::require_hierarchical_call(impl, args, shape, cached);
-  const SlotLayout slot = SlotLayout::dispatch(static_cast<size_t>(shape.row_bytes), shape.num_scales, shape.num_topk);
   for (const detail::RingGroup& group : impl.normal_stages) {
+    // Without topk_idx a new routing's rail stage carries ids that stand for ranks (hierarchical_ops.cpp).
+    const int topk = group.rail && cached == nullptr && shape.num_topk == 0 ? ranks : shape.num_topk;
+    const SlotLayout slot = SlotLayout::dispatch(static_cast<size_t>(shape.row_bytes), shape.num_scales, topk);
     require_ring_fits(kDispatchOp, group, ring_layout(kDispatchOp, group, slot, args.config), args.config, shape.row_bytes);
   }
   require_resident(kDispatchOp, impl, args.config);

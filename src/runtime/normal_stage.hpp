@@ -13,6 +13,8 @@
 namespace epcomm::detail {
 
 inline constexpr const char* kDispatchOp = "dispatch";
+// CallField::kHasTopkIdx of a stage whose ids were made from is_token_in_rank (no topk_idx).
+inline constexpr int32_t kIdsStandForRanks = 2;
 
 // An optional tensor argument is absent when it has no dimensions.
 inline bool given(const TensorView& tensor) { return tensor.ndim > 0; }
@@ -63,6 +65,7 @@ struct StageLink {
   bool earlier_failed = false;               // new routing: the host knows (it waited for the notify)
   const int32_t* earlier_verdict = nullptr;  // cached, worst-case sized and combine: the device knows
   bool defer_failure = false;                // a difference found here is raised by the later stage
+  bool ids_stand_for_ranks = false;          // new routing without topk_idx: the stage's ids are made up
   bool failed = false;                       // out (new routing, defer_failure): this stage's ranks differed
   const int32_t* verdict = nullptr;          // out: this stage's verdict, for the later stage
 };
