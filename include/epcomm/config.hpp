@@ -145,9 +145,9 @@ struct Config {
   int64_t nvl_buffer_size_hint(int64_t hidden_bytes, int num_ranks, int num_nodes = 1) const;
   // The same, said directly: `staged` when some rank is reached only by put.
   int64_t ring_buffer_bytes(int64_t hidden_bytes, int num_ranks, bool staged) const;
-  // RDMA buffer bytes (BufferOptions::num_rdma_bytes without low_latency_mode) the hierarchical
-  // normal mode's network stage needs among `num_nodes` nodes: staged rings of the rdma fields'
-  // sizes, one peer per node. 0 for one node.
+  // Rail ring bytes (BufferOptions::num_rdma_bytes without low_latency_mode, num_rail_bytes with
+  // it) the hierarchical normal mode's network stage needs among `num_nodes` nodes: staged rings
+  // of the rdma fields' sizes, one peer per node. 0 for one node.
   int64_t rdma_buffer_size_hint(int64_t hidden_bytes, int num_nodes) const;
 
  private:

@@ -54,8 +54,8 @@ struct DispatchArgs {
   TensorView topk_idx;      // in: int64 [T, K], optional; rewritten to local expert ids on arrival
   TensorView topk_weights;  // in: float32 [T, K], optional (requires topk_idx)
   // The layout of these tokens (get_dispatch_layout); required unless `handle` is given. Across
-  // nodes with a rail region the dispatch routes by topk_idx (required there) and lays out each
-  // stage itself; these are checked but not read.
+  // nodes with a rail region the dispatch lays out each stage itself from topk_idx (these are then
+  // checked but not read), or without topk_idx from is_token_in_rank and num_tokens_per_expert.
   TensorView num_tokens_per_rank;    // int32 [R]
   TensorView num_tokens_per_expert;  // int32 [E]
   TensorView is_token_in_rank;       // bool [T, R]
