@@ -1,15 +1,13 @@
 #include "bootstrap/liveness_channel.hpp"
 
-#include <ifaddrs.h>
-#include <net/if.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
+#include "bootstrap/host_addresses.hpp"
 #include "bootstrap/socket_bootstrap.hpp"
 #include "bootstrap/socket_io.hpp"
 #include "epcomm/error.hpp"
@@ -46,30 +44,6 @@ std::vector<char> to_record(const std::vector<std::string>& lines, size_t bytes)
   return record;
 }
 
-// This host's addresses of `family` on interfaces that are up, loopback excluded (a rank on this
-// host reaches the others too), IPv6 link-local excluded (it needs an interface name).
-std::vector<std::string> interface_addresses(int family) {
-  std::vector<std::string> found;
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return found;
-  for (const ifaddrs* entry = list; entry != nullptr && found.size() < kMaxAnnouncedAddresses; entry = entry->ifa_next) {
-    if (entry->ifa_addr == nullptr || entry->ifa_addr->sa_family != family) continue;
-    if (!(entry->ifa_flags & IFF_UP) || (entry->ifa_flags & IFF_LOOPBACK)) continue;
-    char text[INET6_ADDRSTRLEN] = {};
-    if (family == AF_INET) {
-      inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(entry->ifa_addr)->sin_addr, text, sizeof(text));
-    } else {
-      const in6_addr& address = reinterpret_cast<const sockaddr_in6*>(entry->ifa_addr)->sin6_addr;
-      if (IN6_IS_ADDR_LINKLOCAL(&address)) continue;
-      inet_ntop(AF_INET6, &address, text, sizeof(text));
-    }
-    const std::string host = family == AF_INET6 ? join_message("[", text, "]") : std::string(text);
-    if (std::find(found.begin(), found.end(), host) == found.end()) found.push_back(host);
-  }
-  freeifaddrs(list);
-  return found;
-}
-
 std::string as_host(const std::string& address) {
   return address.find(':') != std::string::npos && address.front() != '[' ? "[" + address + "]" : address;
 }
@@ -85,9 +59,9 @@ std::vector<char> listen_and_announce(const LivenessOptions& options, std::uniqu
       listener = std::make_unique<Listener>(any_port_of(hosts.front()), kListenBacklog);
     } else {
       // IPv4 where the host has it (every cluster network does), else IPv6.
-      hosts = interface_addresses(AF_INET);
+      hosts = interface_addresses(AF_INET, kMaxAnnouncedAddresses);
       const bool v4 = !hosts.empty();
-      if (!v4) hosts = interface_addresses(AF_INET6);
+      if (!v4) hosts = interface_addresses(AF_INET6, kMaxAnnouncedAddresses);
       if (hosts.empty()) hosts = {"127.0.0.1"};  // no network: only this host's ranks could join
       listener = std::make_unique<Listener>(any_port_of(v4 || hosts.front() == "127.0.0.1" ? "0.0.0.0" : "[::]"),
                                             kListenBacklog);

@@ -72,6 +72,7 @@ EnvironmentReport hopper_node(int gpus) {
   report.mps_pipe_directory = "/tmp/nvidia-mps";
   report.nvshmem.detail = "libnvshmem_host.so.3: cannot open shared object file";
   report.infiniband_error = "/sys/class/infiniband: No such file or directory";
+  report.host_addresses = {"10.0.0.7", "[2001:db8::7]"};
   report.environment = {{"NCCL_NVLS_ENABLE", "0"}, {"NVSHMEM_DISABLE_NVLS", "1"}, {"TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"}};
   return report;
 }
@@ -472,10 +473,11 @@ TEST(CheckEnvFormat, TextHasEverySection) {
   const std::vector<Advice> advice = advise(report, 2);
   const std::string text = format_report(report, advice, 2);
   for (const char* section :
-       {"CUDA", "GPUs", "Peer access", "MPS", "NVSHMEM", "InfiniBand", "GPUDirect RDMA", "Environment", "Advice"}) {
+       {"CUDA", "GPUs", "Peer access", "MPS", "NVSHMEM", "InfiniBand", "Network", "GPUDirect RDMA", "Environment", "Advice"}) {
     EXPECT_TRUE(contains(text, std::string("== ") + section + " ==")) << section << "\n" << text;
   }
   EXPECT_TRUE(contains(text, "NVIDIA H200, compute capability 9.0, 132 SMs")) << text;
+  EXPECT_TRUE(contains(text, "addresses of this host: 10.0.0.7, [2001:db8::7]\n")) << text;
   EXPECT_TRUE(contains(text, "NVLink")) << text;
   EXPECT_TRUE(contains(text, "NO")) << text;
   EXPECT_TRUE(contains(text, "FATAL: GPUs 0 and 1")) << text;
@@ -499,12 +501,13 @@ TEST(CheckEnvFormat, JsonIsOneObject) {
     const std::string json = format_report_json(subject, advise(subject, 4), 4);
     EXPECT_EQ(json.front(), '{');
     EXPECT_EQ(json.back(), '}');
-    for (const char* key : {"\"gpus\"", "\"peers\"", "\"advice\"", "\"environment\"", "\"ok\""}) {
+    for (const char* key : {"\"gpus\"", "\"peers\"", "\"advice\"", "\"environment\"", "\"host_addresses\"", "\"ok\""}) {
       EXPECT_TRUE(contains(json, key)) << key;
     }
     EXPECT_TRUE(JsonChecker(json).is_one_object()) << json;
   }
   EXPECT_TRUE(contains(format_report_json(no_gpu_node(), advise(no_gpu_node(), 1), 1), "\"ok\": false"));
+  EXPECT_TRUE(contains(format_report_json(report, advise(report, 4), 4), "\"host_addresses\": [\"10.0.0.7\", \"[2001:db8::7]\"]"));
 }
 
 TEST(CheckEnvFormat, JsonCheckerRejectsBrokenJson) {

@@ -1,11 +1,13 @@
 #include "check_env/environment_report.hpp"
 
+#include "bootstrap/host_addresses.hpp"
 #include "common/gpu_presence.hpp"
 #include "runtime/nvshmem_plugin.hpp"
 
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <link.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
 
@@ -473,6 +475,8 @@ EnvironmentReport collect_environment_report() {
   report.plugin = find_plugin();
   report.infiniband = collect_infiniband(kInfinibandSysfsRoot, &report.infiniband_error);
   report.gpudirect = collect_gpudirect("/sys/module", "/proc/driver/nvidia", "/dev", kernel_release());
+  report.host_addresses = bootstrap_detail::interface_addresses(AF_INET);
+  for (const std::string& address : bootstrap_detail::interface_addresses(AF_INET6)) report.host_addresses.push_back(address);
   report.environment = collect_relevant_environment(environ);
   return report;
 }

@@ -87,6 +87,9 @@ struct EnvironmentReport {
   std::vector<InfinibandDevice> infiniband;
   std::string infiniband_error;                                  // why no devices could be listed, if none were
   GpuDirectRdmaInfo gpudirect;
+  // This host's addresses (IPv4, then IPv6), which rank 0 announces to ranks on other hosts for
+  // the watch of dead ranks with a bootstrap of the caller's (EPCOMM_LIVENESS_ADDRESS overrides).
+  std::vector<std::string> host_addresses;
   std::vector<std::pair<std::string, std::string>> environment;  // relevant variables, sorted by name
 };
 

@@ -144,6 +144,14 @@ void format_services(std::ostringstream& out, const EnvironmentReport& report) {
     }
   }
 
+  section(out, "Network");
+  out << kIndent << "addresses of this host: ";
+  if (report.host_addresses.empty()) out << "none but loopback";
+  for (size_t i = 0; i < report.host_addresses.size(); ++i) out << (i ? ", " : "") << report.host_addresses[i];
+  out << "\n" << kIndent << "(as rank 0 with a bootstrap of the caller's, such as torch.distributed's, it announces "
+      << "the IPv4 ones, else the IPv6 ones, to ranks on other hosts for the dead-rank watch; "
+      << "EPCOMM_LIVENESS_ADDRESS on rank 0 names another, or off)\n";
+
   const GpuDirectRdmaInfo& gdr = report.gpudirect;
   section(out, "GPUDirect RDMA");
   out << kIndent << "peer memory module: " << (gdr.peer_memory_module.empty() ? "none loaded" : gdr.peer_memory_module)
@@ -274,6 +282,8 @@ std::string format_report_json(const EnvironmentReport& report, const std::vecto
   }
   nvshmem.set_json("plugin", plugin.to_json());
 
+  std::vector<std::string> host_addresses;
+  for (const std::string& address : report.host_addresses) host_addresses.push_back(json_string(address));
   Record root;
   root.set("intended_ranks", intended_ranks)
       .set_json("cuda", cuda.to_json())
@@ -286,6 +296,7 @@ std::string format_report_json(const EnvironmentReport& report, const std::vecto
       .set_json("nvshmem", nvshmem.to_json())
       .set_json("infiniband", json_array(infiniband))
       .set("infiniband_error", report.infiniband_error)
+      .set_json("host_addresses", json_array(host_addresses))
       .set_json("gpudirect", Record()
                                  .set("ready", report.gpudirect.ready())
                                  .set("peer_memory_module", report.gpudirect.peer_memory_module)
