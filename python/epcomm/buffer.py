@@ -33,9 +33,12 @@ class Buffer:
       - ``dispatch`` / ``combine`` run inside a node and across nodes (NVSHMEM, picked when ranks
         span hosts, or with ``transport="nvshmem"``). Across nodes with ``num_rdma_bytes``
         (``Config.get_rdma_buffer_size_hint``) they are hierarchical as deep_ep's internode calls
-        are (a token crosses the network once per node, then NVLink); otherwise every rank is a peer of every other and the rings take
-        ``Config.get_nvl_buffer_size_hint(hidden_bytes, num_ranks, num_nodes)``. There are no
-        separate ``internode_*`` methods; a hierarchical handle's entries describe its node stage.
+        are (a token crosses the network once per node, then NVLink; received rows ordered by
+        forwarding rank, then source node, where deep_ep orders them by source rank); otherwise
+        every rank is a peer of every other and the rings take
+        ``Config.get_nvl_buffer_size_hint(hidden_bytes, num_ranks, num_nodes)``.
+        ``internode_dispatch`` / ``internode_combine`` are ``dispatch`` / ``combine``; a
+        hierarchical handle's entries describe its node stage.
         With ``low_latency_mode``, num_rdma_bytes is the low-latency region, and across nodes
         normal mode's rail rings get a region of their own, ``num_rail_bytes`` (epcomm's own;
         default -1: num_rdma_bytes again; 0: none, normal mode flat), so the modes never need
@@ -283,6 +286,11 @@ class Buffer:
         self._after_call((combined, weights), (x, topk_weights, bias0, bias1), async_finish, allocate_on_comm_stream)
         overlap = EventOverlap(done, (x, topk_weights)) if async_finish else EventOverlap()
         return combined, weights, overlap
+
+    # deep_ep's internode methods, which its dispatch and combine call across nodes: here dispatch
+    # and combine themselves, which take the hierarchical path when the ranks span nodes.
+    internode_dispatch = dispatch
+    internode_combine = combine
 
     # ---- low-latency mode ----
     def low_latency_dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank: int, num_experts: int,

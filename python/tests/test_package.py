@@ -34,6 +34,9 @@ def test_deep_ep_helpers_exist():
         epcomm.no_such_name  # noqa: B018
     for name in ("get_num_rdma_ranks", "get_rdma_rank", "get_root_rdma_rank", "get_local_device_id"):
         assert hasattr(_C.Buffer, name), name  # deep_ep's runtime queries, on Buffer.runtime
+    # deep_ep's internode methods, for code that calls them directly: the same calls.
+    assert epcomm.Buffer.internode_dispatch is epcomm.Buffer.dispatch
+    assert epcomm.Buffer.internode_combine is epcomm.Buffer.combine
 
 
 def test_defaults_come_from_cpp():
@@ -44,7 +47,7 @@ def test_defaults_come_from_cpp():
     assert defaults["emulated_nodes"] == 1
     signature = inspect.signature(epcomm.Buffer.__init__)
     for name in ("num_qps_per_rank", "allow_nvlink_for_low_latency_mode", "preinitialize", "initialize_in_background",
-                 "wait_timeout_ms", "emulated_nodes", "ranks_per_node"):
+                 "wait_timeout_ms", "emulated_nodes", "ranks_per_node", "num_rail_bytes"):
         assert signature.parameters[name].default == defaults[name], name
     assert signature.parameters["transport"].default == "auto"
 
