@@ -371,7 +371,6 @@ std::shared_ptr<detail::DispatchHandleState> new_routing(const Buffer::Impl& imp
   return state;
 }
 
-
 }  // namespace
 
 namespace detail {

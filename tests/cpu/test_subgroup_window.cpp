@@ -30,9 +30,7 @@ PeerWindow world_of(int me) {
 }
 
 TEST(SubgroupWindow, RailHoldsOneRankPerNode) {
-  detail::Topology topology;
-  topology.num_ranks = 8;
-  topology.ranks_per_node = 4;
+  const detail::Topology topology{/*num_ranks=*/8, /*ranks_per_node=*/4};
   const detail::RankGroup rail = topology.rail_group(5);
   const PeerWindow window = subgroup_window(world_of(5), rail.first, rail.stride, rail.count, 16);
   EXPECT_EQ(window.num_ranks, 2);
@@ -47,9 +45,7 @@ TEST(SubgroupWindow, RailHoldsOneRankPerNode) {
 }
 
 TEST(SubgroupWindow, NodeIsAllDirect) {
-  detail::Topology topology;
-  topology.num_ranks = 8;
-  topology.ranks_per_node = 4;
+  const detail::Topology topology{/*num_ranks=*/8, /*ranks_per_node=*/4};
   const detail::RankGroup node = topology.node_group(6);
   const PeerWindow window = subgroup_window(world_of(6), node.first, node.stride, node.count, 0);
   EXPECT_EQ(window.num_ranks, 4);
