@@ -32,11 +32,21 @@ class DispatchHandle {
   // Made by a hierarchical dispatch (across nodes with a rail region): the routing below is then
   // its node stage's, among this node's ranks (R = ranks per node), and a row's source is the row
   // of the node's rank that forwarded it (T = that rank's forwarded rows), not the token of the
-  // rank it came from: combine and cached dispatch still take the handle whole.
+  // rank it came from: combine and cached dispatch still take the handle whole. Its rows arrive
+  // in deep_ep's order all the same: by source rank (node, then local index), then token.
   bool hierarchical() const;
+  // A hierarchical dispatch's rail stage as a routing of its own, to read (no call takes it):
+  // R = the nodes (this rank's rail: its local index on each), T = the call's tokens, rows = those
+  // forwarded to this rank, by source node. Empty for a flat dispatch.
+  DispatchHandle rail_stage() const;
   // The routing on the device, for callers that need it (as deep_ep's handle tuple exposes it).
   TensorView recv_src_idx() const;         // int32 [num_rows]: source token index, -1 for unused rows
-  TensorView recv_channel_prefix() const;  // int32 [R, num_channels + 1]: first row of (source, channel)
+  TensorView recv_channel_prefix() const;  // int32 [R, num_channels + 1]: first row of (source, channel), then each source's end
+  TensorView recv_channel_count() const;   // int32 [R, num_channels]: rows of (source, channel)
+  // How many runs of source nodes the channels follow (a hierarchical dispatch's node stage: the
+  // nodes, channel c serving node c * nodes / num_channels, so its runs are not in source order
+  // but by source node, then source), or 0: the runs are by source, then channel.
+  int num_channel_segments() const;
   TensorView send_position() const;        // int32 [T, R]: position of each token in its (channel, rank) stream, -1 if not sent
   TensorView is_token_in_rank() const;     // bool [T, R]
   TensorView rank_prefix_matrix() const;   // int32 [R, R]: [i][j] = tokens ranks 0..i send to rank j

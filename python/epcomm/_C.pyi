@@ -245,12 +245,27 @@ class DispatchHandle:
     @property
     def num_channels(self) -> int: ...
 
+    # Made by a hierarchical dispatch across nodes: the routing below is its node stage's.
+    @property
+    def hierarchical(self) -> bool: ...
+
+    # A hierarchical dispatch's rail stage, to read (no call takes it); an empty handle otherwise.
+    @property
+    def rail_stage(self) -> "DispatchHandle": ...
+
+    # The nodes whose rows the channels follow (a hierarchical node stage), else 0.
+    @property
+    def num_channel_segments(self) -> int: ...
+
     # The routing, as torch tensors over the handle's device memory (they keep the handle alive).
     @property
     def recv_src_idx(self) -> torch.Tensor: ...
 
     @property
     def recv_channel_prefix(self) -> torch.Tensor: ...
+
+    @property
+    def recv_channel_count(self) -> torch.Tensor: ...
 
     @property
     def send_position(self) -> torch.Tensor: ...

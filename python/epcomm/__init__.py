@@ -11,7 +11,7 @@ from ._C import Config, TensorView, WarmupShape, low_latency_buffer_size_hint
 from . import utils
 from .buffer import Buffer
 from .event import EventHandle, EventOverlap
-from .handles import DispatchHandle, LowLatencyHandle
+from .handles import DispatchHandle, InternodeDispatchHandle, LowLatencyHandle
 
 __version__ = "0.1.0"
 
@@ -50,5 +50,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'epcomm' has no attribute {name!r}")
 
 
-__all__ = ["Buffer", "Config", "DispatchHandle", "EventHandle", "EventOverlap", "LowLatencyHandle", "TensorView", "WarmupShape", "install_as_deep_ep",
+__all__ = ["Buffer", "Config", "DispatchHandle", "EventHandle", "EventOverlap", "InternodeDispatchHandle", "LowLatencyHandle", "TensorView", "WarmupShape", "install_as_deep_ep",
            "low_latency_buffer_size_hint", "utils", "version"]

@@ -6,7 +6,7 @@ from typing import Any, Callable, Optional, Tuple, Union
 from . import _C
 from . import _torch
 from .event import EventOverlap, runtime_event
-from .handles import DispatchHandle, LowLatencyHandle, runtime_handle
+from .handles import DispatchHandle, InternodeDispatchHandle, LowLatencyHandle, runtime_handle
 
 Config = _C.Config
 WarmupShape = _C.WarmupShape
@@ -269,7 +269,12 @@ class Buffer:
                           is_token_in_rank), async_finish, allocate_on_comm_stream)
         received = (recv_x, recv_scales) if x_scales is not None else recv_x
         overlap = EventOverlap(done, (x_data, x_scales, topk_idx, topk_weights)) if async_finish else EventOverlap()
-        return received, recv_idx, recv_weights, list(per_expert), DispatchHandle(new_handle), overlap
+        if new_handle.hierarchical:  # across nodes: deep_ep's internode handle (the call's own is_token_in_rank)
+            in_rank = handle._in_rank if isinstance(handle, InternodeDispatchHandle) else is_token_in_rank
+            wrapped = InternodeDispatchHandle(new_handle, in_rank)
+        else:
+            wrapped = DispatchHandle(new_handle)
+        return received, recv_idx, recv_weights, list(per_expert), wrapped, overlap
 
     def combine(self, x, handle: Any, topk_weights=None, bias: Union[Any, Tuple[Any, Any], None] = None,
                 config: Optional[Config] = None, previous_event: Optional[EventOverlap] = None,

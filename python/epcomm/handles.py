@@ -55,10 +55,8 @@ class DispatchHandle(_Handle):
     - send_head: int32 [T, R]; each token's position in its (channel, destination) stream, -1 if
       not sent there.
 
-    A handle of a hierarchical dispatch (across nodes with a rail region: ``num_rdma_bytes``, or
-    ``num_rail_bytes`` in low-latency mode) holds the same entries for its node stage: R is the ranks of this node, and a row's
-    source is the row of the node's rank that forwarded it (T: that rank's forwarded rows), not
-    the original token. Pass the handle itself back to combine or a cached dispatch.
+    A hierarchical dispatch (across nodes with a rail region) returns an InternodeDispatchHandle,
+    with deep_ep's internode entries. Pass the handle itself back to combine or a cached dispatch.
     """
 
     __slots__ = ()
@@ -80,6 +78,82 @@ class DispatchHandle(_Handle):
         in_rank = runtime.is_token_in_rank
         return (runtime.rank_prefix_matrix, channel_prefix_matrix(in_rank, channels),
                 runtime.recv_channel_prefix[:, :channels], runtime.recv_src_idx, in_rank, runtime.send_position)
+
+
+class InternodeDispatchHandle(DispatchHandle):
+    """deep_ep's internode handle, of a hierarchical dispatch across nodes (a rail region:
+    ``num_rdma_bytes``, or ``num_rail_bytes`` in low-latency mode): ``(is_token_in_rank,
+    rdma_channel_prefix_matrix, gbl_channel_prefix_matrix, recv_rdma_channel_prefix_matrix,
+    recv_rdma_rank_prefix_sum, recv_gbl_channel_prefix_matrix, recv_gbl_rank_prefix_sum,
+    recv_src_meta, send_rdma_head, send_nvl_head)``. N: nodes, L: ranks per node, R = N * L, C:
+    channels (the rail stage splits the T tokens evenly over them).
+
+    - is_token_in_rank: bool [T, R], as the dispatch was given it (a cached dispatch keeps it).
+    - rdma_channel_prefix_matrix: int32 [N, C]; [n][c] = tokens of channels 0..c bound for node n.
+    - gbl_channel_prefix_matrix: int32 [R, C]; [j][c] = tokens of channels 0..c bound for rank j.
+    - recv_rdma_channel_prefix_matrix: int32 [N, C]; [n][c] = rows forwarded to this rank from node
+      n's channels 0..c (node n's rows, in token order, are its channels' one after another).
+    - recv_rdma_rank_prefix_sum: int32 [N]; [n] = rows forwarded to this rank from nodes 0..n.
+    - recv_gbl_channel_prefix_matrix: int32 [R, C]; [i][c] = first row of recv_x from source rank
+      i's tokens that this node's channel c forwarded (the node's channels serve one source node
+      each, so a source's rows from other channels are empty, at its first or past its last row).
+    - recv_gbl_rank_prefix_sum: int32 [R]; [i] = rows from source ranks 0..i: rows arrive by source
+      rank, then token, as deep_ep's, so ``recv_x[sum[i - 1]:sum[i]]`` came from rank i.
+    - recv_src_meta: int32 [rows]; epcomm's own (deep_ep: kernel-private bytes): the forwarded
+      row, at the rank of the source's local index on this node, that each row was copied from.
+    - send_rdma_head: int32 [T, N]; each token's position in its (channel, node) stream, -1 if it
+      does not go to node n.
+    - send_nvl_head: int32 [forwarded rows, L]; each forwarded row's position in its (channel, rank)
+      stream inside the node, -1 if not sent there.
+    """
+
+    __slots__ = ("_in_rank",)
+    names = ("is_token_in_rank", "rdma_channel_prefix_matrix", "gbl_channel_prefix_matrix",
+             "recv_rdma_channel_prefix_matrix", "recv_rdma_rank_prefix_sum", "recv_gbl_channel_prefix_matrix",
+             "recv_gbl_rank_prefix_sum", "recv_src_meta", "send_rdma_head", "send_nvl_head")
+
+    def __init__(self, runtime: Any, is_token_in_rank: Any) -> None:
+        super().__init__(runtime)
+        self._in_rank = is_token_in_rank  # the call's own [T, R]: the runtime keeps only its stages'
+
+    def __repr__(self) -> str:
+        return (f"epcomm.InternodeDispatchHandle(tokens={self.runtime.num_tokens}, rows={self.runtime.num_rows}, "
+                f"nodes={self.runtime.num_channel_segments}, channels={self.runtime.num_channels})")
+
+    def _build(self, runtime: Any) -> Tuple[Any, ...]:
+        rail = runtime.rail_stage
+        channels = runtime.num_channels
+        rail_prefix = rail.recv_channel_prefix  # [N, C + 1]: rows by source node, then channel
+        recv_gbl_channel_prefix, recv_gbl_rank_prefix_sum = source_rank_runs(
+            runtime.recv_channel_prefix, runtime.recv_channel_count, runtime.num_channel_segments)
+        in_rank = self._in_rank
+        return (in_rank, channel_prefix_matrix(rail.is_token_in_rank, channels),
+                channel_prefix_matrix(in_rank, channels) if in_rank is not None else None,
+                rail_prefix[:, 1:] - rail_prefix[:, :1], rail_prefix[:, channels].contiguous(),
+                recv_gbl_channel_prefix, recv_gbl_rank_prefix_sum, runtime.recv_src_idx, rail.send_position,
+                runtime.send_position)
+
+
+def source_rank_runs(recv_channel_prefix: Any, recv_channel_count: Any, num_nodes: int) -> Tuple[Any, Any]:
+    """A hierarchical node stage's runs, per source rank: (first row of each (source rank, channel)
+    [R, C], rows from source ranks 0..i [R]). The node stage's runs are (source node n, forwarding
+    rank f, channel c of node n's), in that order, so source rank n * L + f's rows are its runs of
+    node n's channels, one after another."""
+    import torch
+
+    local, channels = recv_channel_count.shape
+    starts = recv_channel_prefix[:, :channels]
+    ends = starts + recv_channel_count
+    by_source = torch.empty((num_nodes, local, channels), dtype=torch.int32, device=starts.device)
+    last_rows = []
+    for node in range(num_nodes):
+        lo = (node * channels + num_nodes - 1) // num_nodes  # common/channel_split.hpp: node's channels [lo, hi)
+        hi = ((node + 1) * channels + num_nodes - 1) // num_nodes
+        by_source[node, :, :lo] = starts[:, lo:lo + 1]
+        by_source[node, :, lo:hi] = starts[:, lo:hi]
+        by_source[node, :, hi:] = ends[:, hi - 1:hi]
+        last_rows.append(ends[:, hi - 1])
+    return by_source.view(num_nodes * local, channels), torch.stack(last_rows).view(-1).to(torch.int32)
 
 
 class LowLatencyHandle(_Handle):

@@ -242,7 +242,11 @@ void bind_types(nb::module_& m) {
       .def_prop_ro("num_rows", &DispatchHandle::num_rows)
       .def_prop_ro("num_channels", &DispatchHandle::num_channels)
       .def_prop_ro("recv_src_idx", routing(&DispatchHandle::recv_src_idx))
+      .def_prop_ro("hierarchical", &DispatchHandle::hierarchical)
+      .def_prop_ro("rail_stage", &DispatchHandle::rail_stage)
+      .def_prop_ro("num_channel_segments", &DispatchHandle::num_channel_segments)
       .def_prop_ro("recv_channel_prefix", routing(&DispatchHandle::recv_channel_prefix))
+      .def_prop_ro("recv_channel_count", routing(&DispatchHandle::recv_channel_count))
       .def_prop_ro("send_position", routing(&DispatchHandle::send_position))
       .def_prop_ro("is_token_in_rank", routing(&DispatchHandle::is_token_in_rank))
       .def_prop_ro("rank_prefix_matrix", routing(&DispatchHandle::rank_prefix_matrix));

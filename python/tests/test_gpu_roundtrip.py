@@ -268,7 +268,8 @@ def test_shrink_mode_leaves_masked_ranks_out(num_ranks: int) -> None:
 def _hierarchical_main(rank: int, num_ranks: int, port: int, low_latency: bool = False) -> None:
     """Normal mode across two emulated nodes, hierarchical (num_rdma_bytes without low-latency mode,
     or with it: the rail rings then take num_rdma_bytes again, beside the low-latency region),
-    through deep_ep's calls: the layout's tokens per node, and combine(dispatch(x)) == k x exactly
+    through deep_ep's calls: the layout's tokens per node, rows in deep_ep's order (by source rank,
+    then token) as its internode handle's recv_gbl_rank_prefix_sum says, and combine(dispatch(x)) == k x exactly
     (rows of small dyadic values, so that the node's sum and the nodes' sum round to nothing). With
     low-latency mode, a low-latency round trip between two normal ones, with no clean between."""
     import torch
@@ -306,6 +307,22 @@ def _hierarchical_main(rank: int, num_ranks: int, port: int, low_latency: bool =
     assert len(counts) == experts_per_rank and sum(counts) >= 0
     cached_x, _, _, _, _, _ = buffer.dispatch(x, handle=handle, config=config)
     assert torch.equal(cached_x, recv_x), f"rank {rank}: cached hierarchical dispatch differs"
+    # deep_ep's internode handle, and its order (test_internode's check_data): rows by source rank,
+    # then token; recv_gbl_rank_prefix_sum (handle[-4]) bounds each source's.
+    assert isinstance(handle, epcomm.InternodeDispatchHandle) and len(handle) == 10 and handle[0] is in_rank
+    everyone = [torch.empty_like(in_rank, device="cpu") for _ in range(num_ranks)]
+    dist.all_gather(everyone, in_rank.cpu())
+    marked = torch.zeros(tokens, hidden, dtype=torch.bfloat16, device="cuda")
+    marked[:, 0] = rank
+    marked[:, 1] = torch.arange(tokens, device="cuda").to(torch.bfloat16)
+    marked_x, _, _, _, _, _ = buffer.dispatch(marked, handle=handle, config=config)
+    bounds = [0] + handle[-4].tolist()
+    assert bounds[-1] == marked_x.size(0), f"rank {rank}: recv_gbl_rank_prefix_sum {bounds[1:]}"
+    for source in range(num_ranks):
+        rows = marked_x[bounds[source]:bounds[source + 1]].float().cpu()
+        want = everyone[source][:, rank].nonzero().flatten().float()
+        assert (rows[:, 0] == source).all() and torch.equal(rows[:, 1], want), \
+            f"rank {rank}: rows from rank {source} are {rows[:, :2].tolist()}, want tokens {want.tolist()}"
     combined, _, _ = buffer.combine(recv_x, handle, config=config)
     expected = (x.float() * in_rank.sum(dim=1, keepdim=True).float()).to(torch.bfloat16)
     assert torch.equal(combined, expected), f"rank {rank}: hierarchical round trip differs"

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from epcomm import _C
-from epcomm.handles import DispatchHandle, LowLatencyHandle, runtime_handle
+from epcomm.handles import DispatchHandle, InternodeDispatchHandle, LowLatencyHandle, runtime_handle
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
@@ -19,6 +19,10 @@ def test_handles_have_deep_eps_lengths_and_names():
     assert handle.num_rows == 5 and handle.num_channels == 2  # epcomm's extras, from the runtime handle
     assert "tokens=3" in repr(handle)
     assert len(LowLatencyHandle(SimpleNamespace())) == 5
+    internode = InternodeDispatchHandle(SimpleNamespace(num_tokens=3, num_rows=5, num_channels=4, num_channel_segments=2),
+                                        None)
+    assert len(internode) == 10 and internode.names[6] == "recv_gbl_rank_prefix_sum" and "nodes=2" in repr(internode)
+    assert runtime_handle(internode, DispatchHandle, "dispatch", "handle") is internode.runtime
 
 
 def test_only_the_handle_object_goes_back():
@@ -60,6 +64,70 @@ def test_dispatch_handle_entries(tokens: int, ranks: int, channels: int):
                 expected[rank, _channel_of(token, tokens, channels)] += 1
     assert channel_prefix.dtype == torch.int32 and torch.equal(channel_prefix, expected.cumsum(dim=1, dtype=torch.int32))
     assert handle[1] is channel_prefix and list(handle[3:5]) == [recv_src_idx, in_rank]  # built once
+
+
+def _node_stage_runs(rows, nodes: int, channels: int):
+    """The node stage's notify, on the host: rows[n][f][c] rows of (source node n, forwarding rank f,
+    channel c) placed by node, then forwarder, then channel (common/channel_split.hpp's channels of
+    node n hold the rest at 0)."""
+    import torch
+
+    local = len(rows[0])
+    prefix = torch.zeros(local, channels + 1, dtype=torch.int32)
+    count = torch.zeros(local, channels, dtype=torch.int32)
+    base = 0
+    for node in range(nodes):
+        lo, hi = (node * channels + nodes - 1) // nodes, ((node + 1) * channels + nodes - 1) // nodes
+        for f in range(local):
+            for c in range(lo, hi):
+                prefix[f, c], count[f, c] = base, rows[node][f][c]
+                base += rows[node][f][c]
+    prefix[:, channels] = prefix[:, channels - 1] + count[:, channels - 1]
+    return prefix, count
+
+
+@needs_torch
+@pytest.mark.parametrize("nodes,local,channels", [(2, 2, 5), (2, 1, 2), (4, 2, 6), (3, 3, 24)])
+def test_internode_handle_entries(nodes: int, local: int, channels: int):
+    import torch
+
+    generator = torch.Generator().manual_seed(nodes * 100 + local * 10 + channels)
+    rows = torch.randint(0, 4, (nodes, local, channels), generator=generator)
+    rows[0, 0] = 0  # a source rank with no rows
+    for node in range(nodes):  # only node n's channels carry node n's rows
+        lo, hi = (node * channels + nodes - 1) // nodes, ((node + 1) * channels + nodes - 1) // nodes
+        rows[node, :, :lo] = 0
+        rows[node, :, hi:] = 0
+    prefix, count = _node_stage_runs(rows.tolist(), nodes, channels)
+    tokens = 6
+    in_rank = torch.rand(tokens, nodes * local, generator=generator) < 0.5
+    rail_in_rank = in_rank.view(tokens, nodes, local).any(dim=2)
+    rail = SimpleNamespace(recv_channel_prefix=torch.arange(nodes * (channels + 1), dtype=torch.int32).view(nodes, channels + 1),
+                           is_token_in_rank=rail_in_rank, send_position=torch.zeros(tokens, nodes, dtype=torch.int32))
+    runtime = SimpleNamespace(num_tokens=tokens, num_rows=int(rows.sum()), num_channels=channels, num_channel_segments=nodes,
+                              rail_stage=rail, recv_channel_prefix=prefix, recv_channel_count=count,
+                              recv_src_idx=torch.zeros(int(rows.sum()), dtype=torch.int32),
+                              send_position=torch.zeros(3, local, dtype=torch.int32))
+    (is_token_in_rank, rdma_channel_prefix, gbl_channel_prefix, recv_rdma_channel_prefix, recv_rdma_rank_prefix_sum,
+     recv_gbl_channel_prefix, recv_gbl_rank_prefix_sum, recv_src_meta, send_rdma_head, send_nvl_head) = \
+        InternodeDispatchHandle(runtime, in_rank)
+    assert is_token_in_rank is in_rank and recv_src_meta is runtime.recv_src_idx
+    assert send_rdma_head is rail.send_position and send_nvl_head is runtime.send_position
+    # By source rank (node-major): deep_ep's check_data reads recv_x[sum[i - 1]:sum[i]] as rank i's.
+    per_source = rows.sum(dim=2).view(-1)
+    assert recv_gbl_rank_prefix_sum.dtype == torch.int32
+    assert recv_gbl_rank_prefix_sum.tolist() == per_source.cumsum(0).tolist()
+    # Each source rank's channel starts run from its first row to its last, in its node's channels.
+    firsts = torch.cat([torch.zeros(1, dtype=torch.int64), per_source.cumsum(0)[:-1]])
+    expected = firsts[:, None] + torch.cat([torch.zeros(nodes * local, 1, dtype=torch.int64),
+                                            rows.view(nodes * local, channels).cumsum(1)[:, :-1]], dim=1)
+    assert recv_gbl_channel_prefix.tolist() == expected.tolist()
+    # The rail's entries, relative to each node, and the channel prefixes of the call's layout.
+    assert recv_rdma_channel_prefix.tolist() == [[c + 1 for c in range(channels)]] * nodes
+    assert recv_rdma_rank_prefix_sum.tolist() == [(n + 1) * (channels + 1) - 1 for n in range(nodes)]
+    assert rdma_channel_prefix.shape == (nodes, channels) and gbl_channel_prefix.shape == (nodes * local, channels)
+    assert gbl_channel_prefix[:, -1].tolist() == in_rank.sum(dim=0).tolist()
+    assert rdma_channel_prefix[:, -1].tolist() == rail_in_rank.sum(dim=0).tolist()
 
 
 @needs_torch

@@ -70,9 +70,4 @@ __device__ __forceinline__ void warp_copy_any(void* destination, const void* sou
   for (int w = lane_id(); w < words; w += kWarpSize) to[w] = from[w];
 }
 
-// Tokens [begin, end) of `channel` when `num_tokens` tokens are split over `num_channels`.
-__device__ __forceinline__ int channel_begin(int channel, int num_tokens, int num_channels) {
-  return static_cast<int>(static_cast<int64_t>(num_tokens) * channel / num_channels);
-}
-
 }  // namespace epcomm::device

@@ -97,8 +97,11 @@ std::vector<NormalCombineRankOutput> normal_combine(
 // flat dispatch among the ranks of each local index, one per node, over the nodes' experts: a
 // token reaches each node that holds one of its experts once, at the rank of its own local
 // index, with ids local to that node. The node stage is a flat dispatch among each node's ranks
-// of what the rail stage delivered there. `rail` and `node` keep both stages' results (indexed by
-// rank), `output` is what each rank's dispatch returns: the node stage's.
+// of what the rail stage delivered there, its rows put in deep_ep's order: by source rank (the
+// source node of the forwarded row, then the forwarding rank), then token; a row's recv_src_rank
+// and recv_src_token still name the forwarding rank (in the node) and its forwarded row. `rail`
+// and `node` keep both stages' results (indexed by rank); each rank's dispatch returns the node
+// stage's.
 struct HierarchicalDispatched {
   std::vector<NormalRankDispatched> rail;  // [R]: the rows forwarded to each rank
   std::vector<NormalRankDispatched> node;  // [R]: what each rank receives (the call's outputs)

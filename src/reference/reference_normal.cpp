@@ -210,6 +210,36 @@ NormalRankInput forwarded_input(const NormalRankDispatched& delivered) {
   return in;
 }
 
+// Rows [N, width] of `rows` in the order `order` gives (row i of the result is order[i]).
+template <typename T>
+void permute_rows(std::vector<T>& rows, const std::vector<size_t>& order) {
+  if (order.empty() || rows.empty()) return;
+  const size_t width = rows.size() / order.size();
+  std::vector<T> permuted;
+  permuted.reserve(rows.size());
+  for (size_t row : order) permuted.insert(permuted.end(), rows.begin() + row * width, rows.begin() + (row + 1) * width);
+  rows = std::move(permuted);
+}
+
+// The node stage's rows at a rank, which normal_dispatch leaves by forwarding rank then forwarded
+// row, put by the source node of each forwarded row first (stably): by source rank (node, then
+// local index), then token, deep_ep's order. `forwarders` are the node's ranks' rail results.
+void order_by_source_node(NormalRankDispatched& received, const std::vector<const NormalRankDispatched*>& forwarders) {
+  std::vector<size_t> order(static_cast<size_t>(received.num_recv_tokens));
+  std::vector<int> source_node(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    order[i] = i;
+    source_node[i] = forwarders.at(received.recv_src_rank[i])->recv_src_rank.at(received.recv_src_token[i]);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return source_node[a] < source_node[b]; });
+  permute_rows(received.recv_x, order);
+  permute_rows(received.recv_x_scales, order);
+  permute_rows(received.recv_topk_idx, order);
+  permute_rows(received.recv_topk_weights, order);
+  permute_rows(received.recv_src_rank, order);
+  permute_rows(received.recv_src_token, order);
+}
+
 int checked_node_count(const char* op, int num_ranks, int ranks_per_node) {
   detail::check_at_least(op, "ranks_per_node", ranks_per_node, 1);
   detail::check_divisible(op, "num_ranks", num_ranks, ranks_per_node, "into nodes");
@@ -237,10 +267,17 @@ HierarchicalDispatched hierarchical_dispatch(const std::vector<NormalRankInput>&
   for (int node = 0; node < num_nodes; ++node) {
     const std::vector<int> members = node_members(node * ranks_per_node, ranks_per_node);
     std::vector<NormalRankInput> world;
-    for (int member : members) world.push_back(forwarded_input(out.rail[member]));
+    std::vector<const NormalRankDispatched*> forwarders;
+    for (int member : members) {
+      world.push_back(forwarded_input(out.rail[member]));
+      forwarders.push_back(&out.rail[member]);
+    }
     std::vector<NormalRankDispatched> received =
         normal_dispatch(world, ExpertPartition(num_experts / num_nodes, ranks_per_node), shape);
-    for (size_t i = 0; i < members.size(); ++i) out.node[members[i]] = std::move(received[i]);
+    for (size_t i = 0; i < members.size(); ++i) {
+      order_by_source_node(received[i], forwarders);
+      out.node[members[i]] = std::move(received[i]);
+    }
   }
   return out;
 }

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "epcomm/normal.hpp"
+#include "common/channel_split.hpp"
 
 namespace epcomm::detail {
 
@@ -20,7 +21,8 @@ struct DispatchHandleState {
   uint32_t dispatch_number = 0;  // which of the Buffer's dispatches made it (the same on every rank)
   // Freed in the order of the Buffer's communication stream, which each tensor's storage keeps
   // alive: a handle (or a result's copy of a tensor) may outlive the Buffer.
-  Tensor recv_channel_prefix;   // int32 [R, C + 1]
+  Tensor recv_channel_prefix;   // int32 [R, C + 1]: first row of each (source, channel) run, then each source's end
+  Tensor recv_channel_count;    // int32 [R, C]: rows of each run (intranode_launchers.hpp: the receive order)
   Tensor rank_prefix_matrix;    // int32 [R, R]
   Tensor verdict;               // int32 [1]: nonzero when the ranks disagreed about the call
   Tensor is_token_in_rank;      // bool [T, R], a copy of the layout's
@@ -28,6 +30,11 @@ struct DispatchHandleState {
   Tensor recv_src_idx;          // int32 [num_rows]
   Tensor num_recv_tokens_per_expert_device;  // int32 [E / R]
   std::vector<int> num_recv_tokens_per_expert;  // empty in worst-case mode
+  // How the channels split the tokens: even, or (the node stage of a hierarchical dispatch) by
+  // the source nodes of the forwarded rows, read from `split_tokens` (the rail stage's
+  // recv_channel_prefix, kept alive here).
+  ChannelSplit channel_split{};
+  Tensor split_tokens;
   // The hierarchical dispatch across nodes (runtime/ring_group.hpp): each stage's own routing.
   // The fields above are then the node stage's, except the call's num_ranks, num_tokens and
   // num_experts. Null for a flat dispatch.

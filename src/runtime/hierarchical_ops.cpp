@@ -60,8 +60,9 @@ TensorView ids_of_ranks(Buffer::Impl& impl, const DispatchArgs& args, const Disp
 
 // Across nodes with a rail region: the rail stage takes each token once to every node that holds
 // one of its experts (to the rank of this rank's local index there), with its ids made local to
-// that node; there the node stage forwards it over NVLink to the ranks of its experts. Rows
-// arrive grouped by the forwarding rank, then by source node. The routing inside the destination
+// that node; there the node stage forwards it over NVLink to the ranks of its experts, its
+// channels following the source nodes, so that rows arrive by source rank (node, then local
+// index), then token, as deep_ep's do. The routing inside the destination
 // node follows topk_idx (as get_dispatch_layout derives is_token_in_rank from it), or without it
 // ids made from is_token_in_rank, with the caller's num_tokens_per_expert for the counts.
 DispatchResult dispatch_hierarchical(Buffer::Impl& impl, const DispatchArgs& args, const DispatchShape& shape,
@@ -117,6 +118,7 @@ DispatchResult dispatch_hierarchical(Buffer::Impl& impl, const DispatchArgs& arg
   StageLink node_link;
   node_link.earlier_failed = rail_link.failed;
   node_link.earlier_verdict = host_waits ? nullptr : rail_link.verdict;
+  node_link.forwarded_by = rail_state.get();  // rows arrive by source rank, as deep_ep's
   DispatchResult result = dispatch_stage(impl, node, node_args, node_shape, cached ? cached->node.get() : nullptr,
                                          host_waits, allocator, streams, streams.allocation(), node_state, node_link);
   // The handle: the node stage's routing as the caller sees it (rows, source indices, counts), the
@@ -137,8 +139,14 @@ void require_hierarchical_call(const Buffer::Impl& impl, const DispatchArgs& arg
     fail(ErrorCode::kInvalidArgument, kDispatchOp, ": handle was made by a flat dispatch, but this Buffer's normal mode "
          "is hierarchical");
   }
-  // The stages' own layouts count every expert in one block; the rail stage's notify, each node's.
   const int nodes = impl.topology.num_nodes();
+  // The node stage's channels follow the source nodes (common/channel_split.hpp): one at least each.
+  if (args.config.num_channels() < nodes) {
+    fail(ErrorCode::kInvalidArgument, kDispatchOp, ": config.num_sms=", args.config.num_sms, " gives ",
+         args.config.num_channels(), " channels, fewer than the ", nodes, " nodes: across nodes with a rail region "
+         "each source node's rows need a channel of their own at the forwarding rank");
+  }
+  // The stages' own layouts count every expert in one block; the rail stage's notify, each node's.
   if (shape.num_experts > kLayoutMaxExperts || shape.num_experts / nodes > kMaxLocalExperts ||
       shape.num_topk > kLayoutMaxTopk) {
     fail(ErrorCode::kInvalidArgument, kDispatchOp, ": num_experts=", shape.num_experts, " and num_topk=", shape.num_topk,

@@ -237,6 +237,16 @@ const int32_t* checked_barrier(const Buffer::Impl& impl, const detail::RingGroup
   return reinterpret_cast<const int32_t*>(group.window.bases[group.rank()] + NvlLayout::call_verdict());
 }
 
+// The node stage's channels follow the source nodes of its tokens, the rows the rail stage
+// forwarded: node n's rows begin at the rail's recv_channel_prefix[n][0] (device memory, so a
+// worst-case sized call needs no host wait for it).
+void split_by_source_node(detail::DispatchHandleState& node_stage, const detail::DispatchHandleState& rail_stage) {
+  node_stage.split_tokens = rail_stage.recv_channel_prefix;
+  node_stage.channel_split.segment_first_token = rail_stage.recv_channel_prefix.view.ptr<int32_t>();
+  node_stage.channel_split.segment_stride = rail_stage.num_channels + 1;
+  node_stage.channel_split.num_segments = rail_stage.num_ranks;
+}
+
 // Step 1 of a dispatch: the routing of this call in the handle. A new routing runs the notify step
 // (counts exchanged between ranks; unless the outputs are worst-case sized, the host waits for the
 // received counts); a cached one only needs every rank past its previous call (a checked barrier).
@@ -254,16 +264,19 @@ const int32_t* notify(Buffer::Impl& impl, const detail::RingGroup& group, const 
   // runs there, so freeing them there (when the last handle goes) can never overtake a reader.
   std::vector<Tensor> routing = detail::allocate_together(
       allocator,
-      {detail::piece(DType::kInt32, {ranks, channels + 1}), detail::piece(DType::kBool, {shape.num_tokens, ranks}),
+      {detail::piece(DType::kInt32, {ranks, channels + 1}), detail::piece(DType::kInt32, {ranks, channels}),
+       detail::piece(DType::kBool, {shape.num_tokens, ranks}),
        detail::piece(DType::kInt32, {shape.num_tokens, ranks}), detail::piece(DType::kInt32, {shape.num_experts / ranks}),
        detail::piece(DType::kInt32, {ranks, ranks}), detail::piece(DType::kInt32, {1})},
       comm, impl.comm_stream_lifetime);
   state.recv_channel_prefix = std::move(routing[0]);
-  state.is_token_in_rank = std::move(routing[1]);
-  state.send_position = std::move(routing[2]);
-  state.num_recv_tokens_per_expert_device = std::move(routing[3]);
-  state.rank_prefix_matrix = std::move(routing[4]);
-  state.verdict = std::move(routing[5]);
+  state.recv_channel_count = std::move(routing[1]);
+  state.is_token_in_rank = std::move(routing[2]);
+  state.send_position = std::move(routing[3]);
+  state.num_recv_tokens_per_expert_device = std::move(routing[4]);
+  state.rank_prefix_matrix = std::move(routing[5]);
+  state.verdict = std::move(routing[6]);
+  if (link.forwarded_by != nullptr) split_by_source_node(state, *link.forwarded_by);
   kernels::NotifyDispatchArgs notify;
   notify.is_token_in_rank = args.is_token_in_rank.ptr<bool>();
   notify.kept_is_token_in_rank = state.is_token_in_rank.view.ptr<bool>();
@@ -273,7 +286,9 @@ const int32_t* notify(Buffer::Impl& impl, const detail::RingGroup& group, const 
   notify.num_experts = shape.num_experts;
   notify.num_channels = channels;
   notify.expert_alignment = args.expert_alignment;
+  notify.split = state.channel_split;
   notify.recv_channel_prefix = state.recv_channel_prefix.view.ptr<int32_t>();
+  notify.recv_channel_count = state.recv_channel_count.view.ptr<int32_t>();
   notify.rank_prefix_matrix = state.rank_prefix_matrix.view.ptr<int32_t>();
   state.dispatch_number = ++impl.dispatches_made;
   notify.signature = call_signature(group, args, shape, state.dispatch_number);
@@ -344,7 +359,9 @@ void launch(const Buffer::Impl& impl, const detail::RingGroup& group, const Disp
   kernel.is_token_in_rank = state.is_token_in_rank.view.ptr<bool>();
   kernel.num_tokens = shape.num_tokens;
   kernel.num_experts = shape.num_experts;
+  kernel.split = state.channel_split;
   kernel.recv_channel_prefix = state.recv_channel_prefix.view.ptr<int32_t>();
+  kernel.recv_channel_count = state.recv_channel_count.view.ptr<int32_t>();
   kernel.num_rows = state.num_rows;
   kernel.recv_x = result.recv_x.view.data;
   kernel.recv_x_scales = result.recv_x_scales.view.ptr<float>();
@@ -463,7 +480,9 @@ const int32_t* combine_stage(const Buffer::Impl& impl, const detail::RingGroup& 
   kernel.num_topk = num_topk;
   kernel.bias0 = in.bias0;
   kernel.bias1 = in.bias1;
+  kernel.split = routing.channel_split;
   kernel.recv_channel_prefix = routing.recv_channel_prefix.view.ptr<int32_t>();
+  kernel.recv_channel_count = routing.recv_channel_count.view.ptr<int32_t>();
   kernel.send_position = routing.send_position.view.ptr<int32_t>();
   kernel.verdict = verdict;
   kernel.num_tokens = routing.num_tokens;
@@ -558,6 +577,14 @@ int DispatchHandle::num_channels() const { return state_ ? state_->num_channels 
 bool DispatchHandle::hierarchical() const { return state_ && state_->rail != nullptr; }
 TensorView DispatchHandle::recv_src_idx() const { return state_ ? state_->recv_src_idx.view : TensorView{}; }
 TensorView DispatchHandle::recv_channel_prefix() const { return state_ ? state_->recv_channel_prefix.view : TensorView{}; }
+TensorView DispatchHandle::recv_channel_count() const { return state_ ? state_->recv_channel_count.view : TensorView{}; }
+int DispatchHandle::num_channel_segments() const { return state_ ? state_->channel_split.num_segments : 0; }
+DispatchHandle DispatchHandle::rail_stage() const {
+  if (!state_ || state_->rail == nullptr) return DispatchHandle{};
+  auto rail = std::make_shared<detail::DispatchHandleState>(*state_->rail);
+  rail->owner = 0;  // made by no Buffer: to read, never to pass to a call
+  return DispatchHandle(std::move(rail));
+}
 TensorView DispatchHandle::send_position() const { return state_ ? state_->send_position.view : TensorView{}; }
 TensorView DispatchHandle::is_token_in_rank() const { return state_ ? state_->is_token_in_rank.view : TensorView{}; }
 TensorView DispatchHandle::rank_prefix_matrix() const { return state_ ? state_->rank_prefix_matrix.view : TensorView{}; }

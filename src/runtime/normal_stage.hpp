@@ -66,6 +66,9 @@ struct StageLink {
   const int32_t* earlier_verdict = nullptr;  // cached, worst-case sized and combine: the device knows
   bool defer_failure = false;                // a difference found here is raised by the later stage
   bool ids_stand_for_ranks = false;          // new routing without topk_idx: the stage's ids are made up
+  // New routing of the node stage: the rail stage's routing of its tokens (the forwarded rows),
+  // whose source nodes the channels follow (common/channel_split.hpp), so rows arrive by source rank.
+  const DispatchHandleState* forwarded_by = nullptr;
   bool failed = false;                       // out (new routing, defer_failure): this stage's ranks differed
   const int32_t* verdict = nullptr;          // out: this stage's verdict, for the later stage
 };

@@ -269,6 +269,38 @@ void check_rank_prefix(RankHarness& harness, const std::string& what, const Disp
   }
 }
 
+// The handle's runs (intranode_launchers.hpp: the receive order): every (source, channel) run holds
+// rows of that source only, and the runs cover the received rows once, ending at [R - 1][C].
+void check_runs(RankHarness& harness, const std::string& what, const DispatchResult& got,
+                const reference::NormalRankDispatched& want) {
+  const int ranks = static_cast<int>(want.num_recv_tokens_per_rank.size());
+  const int channels = got.handle.num_channels();
+  if (!check_shape(harness, what + ": handle.recv_channel_prefix()", got.handle.recv_channel_prefix(), DType::kInt32,
+                   {ranks, channels + 1}) ||
+      !check_shape(harness, what + ": handle.recv_channel_count()", got.handle.recv_channel_count(), DType::kInt32,
+                   {ranks, channels})) {
+    return;
+  }
+  const std::vector<int32_t> prefix = download<int32_t>(got.handle.recv_channel_prefix());
+  const std::vector<int32_t> count = download<int32_t>(got.handle.recv_channel_count());
+  std::vector<int> covered(static_cast<size_t>(want.num_recv_tokens), 0);
+  bool runs_ok = true;
+  for (int source = 0; source < ranks; ++source) {
+    for (int c = 0; c < channels; ++c) {
+      const int first = prefix[static_cast<size_t>(source) * (channels + 1) + c];
+      const int rows = count[static_cast<size_t>(source) * channels + c];
+      for (int row = first; row < first + rows && runs_ok; ++row) {
+        runs_ok = row >= 0 && row < want.num_recv_tokens && want.recv_src_rank[row] == source && ++covered[row] == 1;
+      }
+    }
+  }
+  const bool all_covered = std::all_of(covered.begin(), covered.end(), [](int times) { return times == 1; });
+  const int end = prefix[static_cast<size_t>(ranks - 1) * (channels + 1) + channels];
+  harness.check(runs_ok && all_covered && end == want.num_recv_tokens,
+                what + ": the handle's (source, channel) runs do not cover the received rows by source once each (end " +
+                    std::to_string(end) + " of " + std::to_string(want.num_recv_tokens) + ")");
+}
+
 // Checks one rank's dispatch outputs; worst > 0: in worst-case mode with that many rows.
 void check_dispatch(RankHarness& harness, const std::string& what, const Scenario& s, const DispatchResult& got,
                     const reference::NormalRankDispatched& want, int worst) {
@@ -444,7 +476,21 @@ void run_scenario(Context& ctx, const Scenario& s, uint64_t seed) {
   settle(ctx, s, first.event, name + " dispatch");
   check_dispatch(harness, name + " dispatch", s, first, dispatched[me], 0);
   harness.check(first.handle.hierarchical() == (per_node > 0), name + ": handle.hierarchical()");
+  check_runs(harness, name + " dispatch", first, dispatched[me]);
   if (per_node == 0) check_rank_prefix(harness, name + " dispatch", first, dispatched);
+  // Across nodes the node stage's channels follow the source nodes; its rail stage reads, never calls.
+  harness.check(first.handle.num_channel_segments() == (per_node > 0 ? ranks / per_node : 0),
+                name + ": handle.num_channel_segments()=" + std::to_string(first.handle.num_channel_segments()));
+  harness.check(first.handle.rail_stage().empty() == (per_node == 0), name + ": handle.rail_stage()");
+  if (per_node > 0) {
+    const DispatchHandle rail = first.handle.rail_stage();
+    harness.check(rail.num_tokens() == tokens_of(s, me) && rail.recv_channel_prefix().shape[0] == ranks / per_node,
+                  name + ": handle.rail_stage() is the rail's routing of this rank's tokens over the nodes");
+    DispatchArgs from_rail = args;
+    from_rail.handle = &rail;
+    harness.expect_error(ErrorCode::kInvalidArgument, "made by another Buffer",
+                         [&] { (void)buffer.dispatch(from_rail, allocator, call); }, name + ": a rail stage as a handle");
+  }
 
   const int worst = worst_rows(s, ranks);
   DispatchResult worst_result;

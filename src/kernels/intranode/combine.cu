@@ -31,9 +31,8 @@ template <bool kStaged>
 __device__ void send_channel(const device::Window& window, const CombineKernelArgs& args, const KernelContext& context,
                              const RingLayout& ring, int channel, const Team& team) {
   const int destination = team.peer;
-  const int32_t* prefix = args.recv_channel_prefix + destination * (args.ring.num_channels + 1);
-  const int first_row = prefix[channel];
-  const uint64_t total = static_cast<uint64_t>(prefix[channel + 1] - first_row);
+  const int first_row = args.recv_channel_prefix[destination * (args.ring.num_channels + 1) + channel];
+  const uint64_t total = static_cast<uint64_t>(args.recv_channel_count[destination * args.ring.num_channels + channel]);
   const size_t row_bytes = static_cast<size_t>(args.hidden) * sizeof(__nv_bfloat16);
   uint64_t* own_sent = window.own<uint64_t>(NvlLayout::ring_sent(channel, destination));
   const uint64_t start = *own_sent;
@@ -180,8 +179,8 @@ __device__ void receive_channel(const device::Window& window, const CombineKerne
   }
   sync_half(plan);
 
-  const int begin = device::channel_begin(channel, args.num_tokens, args.ring.num_channels);
-  const int end = device::channel_begin(channel + 1, args.num_tokens, args.ring.num_channels);
+  const int begin = channel_first_token(args.split, channel, args.num_tokens, args.ring.num_channels);
+  const int end = channel_first_token(args.split, channel + 1, args.num_tokens, args.ring.num_channels);
   // Thread `source` (< num_ranks) tracks how far this channel has consumed source's ring.
   uint64_t consumed = thread < num_ranks ? ring_start[thread] : 0;
   int32_t position = position_of(args, begin + plan.warp, end, num_ranks);

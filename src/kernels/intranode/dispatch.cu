@@ -1,7 +1,7 @@
 // Normal-mode dispatch.
 //
-// Tokens are split into channels (contiguous token ranges); each channel has a sender half-block
-// and a receiver half-block (channel_block.cuh, kDispatchChannelLayout):
+// Tokens are split into channels (contiguous token ranges: common/channel_split.hpp); each channel
+// has a sender half-block and a receiver half-block (channel_block.cuh, kDispatchChannelLayout):
 //   sender warps:   team g sends this rank's channel tokens bound for rank g into g's ring
 //                   (channel, me), in token order, waiting for free slots.
 //   receiver warps: team g copies rows from my ring (channel, g) into the outputs, at the rows
@@ -124,8 +124,8 @@ template <bool kStaged>
 __device__ void send_channel(const device::Window& window, const DispatchKernelArgs& args, const KernelContext& context,
                              const RingLayout& ring, int channel, const Team& team) {
   const int destination = team.peer;
-  const int begin = device::channel_begin(channel, args.num_tokens, args.ring.num_channels);
-  const int end = device::channel_begin(channel + 1, args.num_tokens, args.ring.num_channels);
+  const int begin = channel_first_token(args.split, channel, args.num_tokens, args.ring.num_channels);
+  const int end = channel_first_token(args.split, channel + 1, args.num_tokens, args.ring.num_channels);
   const int experts_per_rank = args.num_experts / context.num_ranks;
   const int lane = device::lane_id();
 
@@ -201,9 +201,8 @@ __device__ void receive_channel(const device::Window& window, const DispatchKern
   uint64_t* team_tail = tails[plan.half];
   const int channel = plan.channel;
   const int source = team.peer;
-  const int32_t* prefix = args.recv_channel_prefix + source * (args.ring.num_channels + 1);
-  const int first_row = prefix[channel];
-  const uint64_t expected = static_cast<uint64_t>(prefix[channel + 1] - first_row);
+  const int first_row = args.recv_channel_prefix[source * (args.ring.num_channels + 1) + channel];
+  const uint64_t expected = static_cast<uint64_t>(args.recv_channel_count[source * args.ring.num_channels + channel]);
   uint64_t* own_consumed = window.own<uint64_t>(NvlLayout::ring_consumed(channel, source));
   const uint64_t start = *own_consumed;
   const int lane = device::lane_id();

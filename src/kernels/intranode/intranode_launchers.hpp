@@ -9,12 +9,18 @@
 
 #include <cuda_runtime_api.h>
 
+#include "common/channel_split.hpp"
 #include "common/kernel_context.hpp"
 #include "common/notify_results.hpp"
 #include "common/nvl_layout.hpp"
 #include "transport/window.hpp"
 
 namespace epcomm::kernels {
+
+// The receive order: the rows of source s's channel c (a run) are rows recv_channel_prefix[s][c]
+// up to that + recv_channel_count[s][c] at the destination. Runs are ordered by segment, then
+// source, then channel (with an even split: by source, then channel). recv_channel_prefix[s][C]
+// is the end of source s's last run, so [R - 1][C] is every row received.
 
 struct NotifyDispatchArgs {
   const bool* is_token_in_rank = nullptr;        // [num_tokens, R], the caller's layout
@@ -25,7 +31,9 @@ struct NotifyDispatchArgs {
   int num_experts = 0;
   int num_channels = 0;
   int expert_alignment = 1;
-  int32_t* recv_channel_prefix = nullptr;         // out: [R, num_channels + 1] absolute row starts
+  ChannelSplit split;                             // the same in the dispatch and combine of this routing
+  int32_t* recv_channel_prefix = nullptr;         // out: [R, num_channels + 1], the receive order
+  int32_t* recv_channel_count = nullptr;          // out: [R, num_channels], the receive order
   int32_t* rank_prefix_matrix = nullptr;          // out: [R, R], tokens ranks 0..i send to rank j
   int32_t* num_recv_tokens_per_expert = nullptr;  // out: [num_experts / R], padded
   NotifyResults* host_results = nullptr;          // out (mapped), or null when the host does not wait
@@ -60,7 +68,9 @@ struct DispatchKernelArgs {
   const bool* is_token_in_rank = nullptr;  // [num_tokens, R]
   int num_tokens = 0;
   int num_experts = 0;
+  ChannelSplit split;
   const int32_t* recv_channel_prefix = nullptr;  // [R, num_channels + 1]
+  const int32_t* recv_channel_count = nullptr;   // [R, num_channels]
   int num_rows = 0;                     // rows of the recv tensors (>= rows received)
   void* recv_x = nullptr;               // out: [num_rows, row_bytes]
   float* recv_x_scales = nullptr;       // out, or null
@@ -81,7 +91,9 @@ struct CombineKernelArgs {
   int num_topk = 0;
   const void* bias0 = nullptr;           // bf16 [num_tokens, hidden] or null
   const void* bias1 = nullptr;
+  ChannelSplit split;                            // the dispatch's
   const int32_t* recv_channel_prefix = nullptr;  // [R, num_channels + 1] (dispatch's)
+  const int32_t* recv_channel_count = nullptr;   // [R, num_channels] (dispatch's)
   const int32_t* send_position = nullptr;        // [num_tokens, R] (dispatch's)
   int num_tokens = 0;
   int num_rows = 0;                      // rows of x (rows past it were dropped by the dispatch)

@@ -42,11 +42,14 @@ __device__ void put_staged_notify_slots(const device::Window& window, uint64_t p
 // (1) Tokens of each channel bound for each rank: warp per channel, lanes over tokens. The rows
 // read are also copied into the handle (`kept`): this pass reads them anyway, and a separate copy
 // would cost the host one more driver call per dispatch.
-__device__ void send_channel_counts(const device::Window& window, const bool* is_token_in_rank, bool* kept, int num_tokens,
-                                    int num_channels, uint64_t parity, const KernelContext& context) {
+__device__ void send_channel_counts(const device::Window& window, const NotifyDispatchArgs& args, uint64_t parity,
+                                    const KernelContext& context) {
+  const int num_tokens = args.num_tokens, num_channels = args.num_channels;
+  const bool* is_token_in_rank = args.is_token_in_rank;
+  bool* kept = args.kept_is_token_in_rank;
   for (int channel = device::warp_id(); channel < num_channels; channel += kNormalWarpsPerBlock) {
-    const int begin = device::channel_begin(channel, num_tokens, num_channels);
-    const int end = device::channel_begin(channel + 1, num_tokens, num_channels);
+    const int begin = channel_first_token(args.split, channel, num_tokens, num_channels);
+    const int end = channel_first_token(args.split, channel + 1, num_tokens, num_channels);
     int counts[kMaxNvlPeers] = {};
     for (int token = begin + device::lane_id(); token < end; token += kWarpSize) {
       const int64_t row = static_cast<int64_t>(token) * context.num_ranks;
@@ -67,6 +70,42 @@ __device__ void send_channel_counts(const device::Window& window, const bool* is
       }
     }
   }
+}
+
+// (3a) Runs of rows in the receive order: for each segment of the channels (one when the split is
+// even), each source's runs of that segment's channels, one after another from row 0; then each
+// source's end. One warp; channels in runs of its lanes (there may be more channels than lanes).
+// With the node stage's split by source node, rows come by source node, then forwarding rank,
+// then token: deep_ep's order (by source rank).
+__device__ void place_runs(const device::Window& window, const NotifyDispatchArgs& args, uint64_t parity, bool arrived) {
+  const int lane = device::lane_id();
+  const int channels = args.num_channels;
+  const int segments = args.split.num_segments > 0 ? args.split.num_segments : 1;
+  const int num_ranks = window.num_ranks();
+  int base = 0;
+  for (int segment = 0; segment < segments; ++segment) {
+    const int first_channel = first_channel_of_segment(segment, segments, channels);
+    const int end_channel = first_channel_of_segment(segment + 1, segments, channels);
+    for (int source = 0; source < num_ranks; ++source) {
+      const NotifySlot* slot = window.own<NotifySlot>(NvlLayout::notify_slot(parity, source));
+      for (int first = first_channel; first < end_channel; first += kWarpSize) {
+        const int channel = first + lane;
+        const int count = arrived && channel < end_channel ? slot->channel_counts[channel] : 0;
+        const int inclusive = device::warp_inclusive_scan(count);
+        if (channel < end_channel) {
+          args.recv_channel_prefix[source * (channels + 1) + channel] = base + inclusive - count;
+          args.recv_channel_count[source * channels + channel] = count;
+        }
+        base += __shfl_sync(0xffffffffu, inclusive, kWarpSize - 1);
+      }
+    }
+  }
+  __syncwarp();  // every lane's runs are written
+  for (int source = lane; source < num_ranks; source += kWarpSize) {
+    const int last = source * (channels + 1) + channels - 1;
+    args.recv_channel_prefix[last + 1] = args.recv_channel_prefix[last] + args.recv_channel_count[source * channels + channels - 1];
+  }
+  if (args.host_results != nullptr && lane == 0) device::st_relaxed_sys(&args.host_results->num_recv_tokens, base);
 }
 
 }  // namespace
@@ -90,8 +129,7 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
   };
 
   // (1) My counts, into every destination's slot for me.
-  send_channel_counts(window, args.is_token_in_rank, args.kept_is_token_in_rank, args.num_tokens, args.num_channels,
-                      parity, context);
+  send_channel_counts(window, args, parity, context);
   for (int i = threadIdx.x; i < args.num_experts; i += blockDim.x) {
     const int destination = i / experts_per_rank;
     slot_for(window, destination, parity)->expert_counts[i % experts_per_rank] = args.num_tokens_per_expert[i];
@@ -113,27 +151,9 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
   // and the dispatch kernel behind this one writes nowhere it should not.
   const bool arrived = device::block_barrier(window, context, DeviceOp::kNotifyDispatch);
 
-  // (3a) Row prefix over (source, channel), in receive order: source-major, then channel.
-  if (device::warp_id() == 0) {
-    int base = 0;
-    const int lane = device::lane_id();
-    for (int source = 0; source < num_ranks; ++source) {
-      const NotifySlot* slot = window.own<NotifySlot>(NvlLayout::notify_slot(parity, source));
-      int32_t* prefix = args.recv_channel_prefix + source * (args.num_channels + 1);
-      // Channels in runs of one warp's lanes (there may be more channels than lanes).
-      for (int first = 0; first < args.num_channels; first += kWarpSize) {
-        const int channel = first + lane;
-        const int count = arrived && channel < args.num_channels ? slot->channel_counts[channel] : 0;
-        const int inclusive = device::warp_inclusive_scan(count);
-        if (channel < args.num_channels) prefix[channel] = base + inclusive - count;
-        base += __shfl_sync(0xffffffffu, inclusive, kWarpSize - 1);
-      }
-      if (lane == 0) prefix[args.num_channels] = base;
-    }
-    if (args.host_results != nullptr && device::lane_id() == 0) {
-      device::st_relaxed_sys(&args.host_results->num_recv_tokens, base);
-    }
-  }
+  // (3a) Where each (source, channel) run of rows lands: runs in the receive order
+  // (intranode_launchers.hpp), by segment, then source, then channel.
+  if (device::warp_id() == 0) place_runs(window, args, parity, arrived);
   // (3b) Tokens ranks 0..i send to rank j, summed: deep_ep's rank_prefix_matrix [i][j].
   for (int i = threadIdx.x; i < num_ranks * num_ranks; i += blockDim.x) {
     const int last_source = i / num_ranks, rank = i % num_ranks;
