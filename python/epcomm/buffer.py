@@ -33,12 +33,12 @@ class Buffer:
       - ``dispatch`` / ``combine`` run inside a node and across nodes (NVSHMEM, picked when ranks
         span hosts, or with ``transport="nvshmem"``). Across nodes with ``num_rdma_bytes``
         (``Config.get_rdma_buffer_size_hint``) they are hierarchical as deep_ep's internode calls
-        are (a token crosses the network once per node, then NVLink; received rows ordered by
-        forwarding rank, then source node, where deep_ep orders them by source rank); otherwise
+        are (a token crosses the network once per node, then NVLink; received rows by source rank,
+        then token, as deep_ep's), returning deep_ep's internode handle
+        (``InternodeDispatchHandle``); otherwise
         every rank is a peer of every other and the rings take
         ``Config.get_nvl_buffer_size_hint(hidden_bytes, num_ranks, num_nodes)``.
-        ``internode_dispatch`` / ``internode_combine`` are ``dispatch`` / ``combine``; a
-        hierarchical handle's entries describe its node stage.
+        ``internode_dispatch`` / ``internode_combine`` are ``dispatch`` / ``combine``.
         With ``low_latency_mode``, num_rdma_bytes is the low-latency region, and across nodes
         normal mode's rail rings get a region of their own, ``num_rail_bytes`` (epcomm's own;
         default -1: num_rdma_bytes again; 0: none, normal mode flat), so the modes never need
