@@ -5,6 +5,7 @@
 // Inputs are a hash of (rank, token, channel), so every rank can check every row it receives
 // without building other ranks' tensors, and combine's expected value is exact: a token sent to k
 // ranks and returned unchanged sums to bf16(k * x).
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 
@@ -57,10 +58,10 @@ struct ExpectedRow {
   int source_index;  // what the handle's recv_src_idx says: the token, or (hierarchical) its forwarded row
 };
 
-// Rows this rank receives, in receive order: by source rank, then source token. Hierarchical
-// (--hierarchical): by the node's forwarding rank j, then source node n (its rank of local index
-// j), then token; a row's source index is its token's place among the rows forwarded to j's rank,
-// which are every token of that rail that reaches this node.
+// Rows this rank receives, in receive order: by source rank, then source token (hierarchical too,
+// as deep_ep's). Hierarchical (--hierarchical): a row's source index is its token's place among
+// the rows forwarded to the rank of its source's local index j on this node, which are every
+// token of that rail that reaches this node, by source node, then token.
 std::vector<ExpectedRow> expected_rows(const BenchOptions& options, int me) {
   const int ranks = options.num_ranks;
   const reference::ExpertPartition partition(options.num_experts, ranks);
@@ -97,6 +98,9 @@ std::vector<ExpectedRow> expected_rows(const BenchOptions& options, int me) {
       }
     }
   }
+  // Made by forwarder, then source node, then token: the receive order is by source rank first.
+  std::stable_sort(rows.begin(), rows.end(),
+                   [](const ExpectedRow& a, const ExpectedRow& b) { return a.source_rank < b.source_rank; });
   return rows;
 }
 
