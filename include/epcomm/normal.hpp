@@ -41,15 +41,20 @@ class DispatchHandle {
   DispatchHandle rail_stage() const;
   // The routing on the device, for callers that need it (as deep_ep's handle tuple exposes it).
   TensorView recv_src_idx() const;         // int32 [num_rows]: source token index, -1 for unused rows
-  TensorView recv_channel_prefix() const;  // int32 [R, num_channels + 1]: first row of (source, channel), then each source's end
-  TensorView recv_channel_count() const;   // int32 [R, num_channels]: rows of (source, channel)
+  // int32 [R, num_channels + 1]: first row of each (source, channel) run; [s][C] is where source
+  // s's last run ends, which is where its rows end unless num_channel_segments() > 0 (then its
+  // rows are not contiguous); [R - 1][C] is every row received.
+  TensorView recv_channel_prefix() const;
+  TensorView recv_channel_count() const;   // int32 [R, num_channels]: rows of each (source, channel) run
   // How many runs of source nodes the channels follow (a hierarchical dispatch's node stage: the
   // nodes, channel c serving node c * nodes / num_channels, so its runs are not in source order
   // but by source node, then source), or 0: the runs are by source, then channel.
   int num_channel_segments() const;
   TensorView send_position() const;        // int32 [T, R]: position of each token in its (channel, rank) stream, -1 if not sent
   TensorView is_token_in_rank() const;     // bool [T, R]
-  TensorView rank_prefix_matrix() const;   // int32 [R, R]: [i][j] = tokens ranks 0..i send to rank j
+  // int32 [R, R]: [i][j] = tokens ranks 0..i send to rank j (counts; rows from source i are the
+  // range they bound only when num_channel_segments() is 0)
+  TensorView rank_prefix_matrix() const;
 
  private:
   friend class Buffer;

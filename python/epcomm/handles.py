@@ -14,7 +14,7 @@ SM of the call's config, where deep_ep has one per two SMs). docs/DEEP_EP.md lis
 """
 
 from collections.abc import Sequence
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from . import _C
 
@@ -88,7 +88,8 @@ class InternodeDispatchHandle(DispatchHandle):
     recv_src_meta, send_rdma_head, send_nvl_head)``. N: nodes, L: ranks per node, R = N * L, C:
     channels (the rail stage splits the T tokens evenly over them).
 
-    - is_token_in_rank: bool [T, R], as the dispatch was given it (a cached dispatch keeps it).
+    - is_token_in_rank: bool [T, R], as the dispatch was given it (a cached dispatch keeps it; None
+      when a cached dispatch got neither it nor this handle but the runtime's).
     - rdma_channel_prefix_matrix: int32 [N, C]; [n][c] = tokens of channels 0..c bound for node n.
     - gbl_channel_prefix_matrix: int32 [R, C]; [j][c] = tokens of channels 0..c bound for rank j.
     - recv_rdma_channel_prefix_matrix: int32 [N, C]; [n][c] = rows forwarded to this rank from node
@@ -124,8 +125,10 @@ class InternodeDispatchHandle(DispatchHandle):
         rail = runtime.rail_stage
         channels = runtime.num_channels
         rail_prefix = rail.recv_channel_prefix  # [N, C + 1]: rows by source node, then channel
+        # The node stage's channels per source node, from where each node's forwarded rows begin.
+        ranges = segment_channel_ranges(rail_prefix[:, 0].tolist(), rail.num_rows, channels)
         recv_gbl_channel_prefix, recv_gbl_rank_prefix_sum = source_rank_runs(
-            runtime.recv_channel_prefix, runtime.recv_channel_count, runtime.num_channel_segments)
+            runtime.recv_channel_prefix, runtime.recv_channel_count, ranges)
         in_rank = self._in_rank
         return (in_rank, channel_prefix_matrix(rail.is_token_in_rank, channels),
                 channel_prefix_matrix(in_rank, channels) if in_rank is not None else None,
@@ -134,21 +137,40 @@ class InternodeDispatchHandle(DispatchHandle):
                 runtime.send_position)
 
 
-def source_rank_runs(recv_channel_prefix: Any, recv_channel_count: Any, num_nodes: int) -> Tuple[Any, Any]:
+def segment_channel_ranges(first_tokens: List[int], num_tokens: int, num_channels: int) -> List[Tuple[int, int]]:
+    """Each segment's channels [lo, hi) as common/channel_split.hpp gives them: segment s begins at
+    token first_tokens[s] (clamped to num_tokens, never running backwards), and gets one channel
+    plus the spare C - S in proportion to the tokens before it."""
+    segments = len(first_tokens)
+    firsts, first = [], 0
+    for s in range(segments):
+        if s > 0:
+            first = max(first, min(int(first_tokens[s]), num_tokens))
+        firsts.append(first)
+
+    def first_channel(s: int) -> int:
+        if s >= segments:
+            return num_channels
+        return s + ((num_channels - segments) * firsts[s] // num_tokens if num_tokens > 0 else 0)
+
+    return [(first_channel(s), first_channel(s + 1)) for s in range(segments)]
+
+
+def source_rank_runs(recv_channel_prefix: Any, recv_channel_count: Any,
+                     node_channels: List[Tuple[int, int]]) -> Tuple[Any, Any]:
     """A hierarchical node stage's runs, per source rank: (first row of each (source rank, channel)
     [R, C], rows from source ranks 0..i [R]). The node stage's runs are (source node n, forwarding
-    rank f, channel c of node n's), in that order, so source rank n * L + f's rows are its runs of
-    node n's channels, one after another."""
+    rank f, channel c of node n's: node_channels[n]), in that order, so source rank n * L + f's rows
+    are its runs of node n's channels, one after another."""
     import torch
 
     local, channels = recv_channel_count.shape
+    num_nodes = len(node_channels)
     starts = recv_channel_prefix[:, :channels]
     ends = starts + recv_channel_count
     by_source = torch.empty((num_nodes, local, channels), dtype=torch.int32, device=starts.device)
     last_rows = []
-    for node in range(num_nodes):
-        lo = (node * channels + num_nodes - 1) // num_nodes  # common/channel_split.hpp: node's channels [lo, hi)
-        hi = ((node + 1) * channels + num_nodes - 1) // num_nodes
+    for node, (lo, hi) in enumerate(node_channels):
         by_source[node, :, :lo] = starts[:, lo:lo + 1]
         by_source[node, :, lo:hi] = starts[:, lo:hi]
         by_source[node, :, hi:] = ends[:, hi - 1:hi]

@@ -6,7 +6,8 @@ from types import SimpleNamespace
 import pytest
 
 from epcomm import _C
-from epcomm.handles import DispatchHandle, InternodeDispatchHandle, LowLatencyHandle, runtime_handle
+from epcomm.handles import (DispatchHandle, InternodeDispatchHandle, LowLatencyHandle, runtime_handle,
+                            segment_channel_ranges)
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
@@ -66,18 +67,25 @@ def test_dispatch_handle_entries(tokens: int, ranks: int, channels: int):
     assert handle[1] is channel_prefix and list(handle[3:5]) == [recv_src_idx, in_rank]  # built once
 
 
-def _node_stage_runs(rows, nodes: int, channels: int):
+def test_segment_channel_ranges_follow_the_split():
+    """As common/channel_split.hpp (its CPU test's hand-worked case): segments beginning at rows
+    0, 7, 7, 30 of 41 over 8 channels take channels 0 | 1 | 2-4 | 5-7."""
+    assert segment_channel_ranges([0, 7, 7, 30], 41, 8) == [(0, 1), (1, 2), (2, 5), (5, 8)]
+    assert segment_channel_ranges([0, 50, 12, 90], 20, 6) == [(0, 3), (3, 4), (4, 5), (5, 6)]  # clamped
+    assert segment_channel_ranges([0, 0], 0, 4) == [(0, 1), (1, 4)]  # no rows: the spare to the last
+    assert segment_channel_ranges([0, 900], 1000, 24) == [(0, 20), (20, 24)]  # a busy node, most channels
+
+
+def _node_stage_runs(rows, node_channels):
     """The node stage's notify, on the host: rows[n][f][c] rows of (source node n, forwarding rank f,
-    channel c) placed by node, then forwarder, then channel (common/channel_split.hpp's channels of
-    node n hold the rest at 0)."""
+    channel c) placed by node, then forwarder, then channel."""
     import torch
 
-    local = len(rows[0])
+    local, channels = len(rows[0]), len(rows[0][0])
     prefix = torch.zeros(local, channels + 1, dtype=torch.int32)
     count = torch.zeros(local, channels, dtype=torch.int32)
     base = 0
-    for node in range(nodes):
-        lo, hi = (node * channels + nodes - 1) // nodes, ((node + 1) * channels + nodes - 1) // nodes
+    for node, (lo, hi) in enumerate(node_channels):
         for f in range(local):
             for c in range(lo, hi):
                 prefix[f, c], count[f, c] = base, rows[node][f][c]
@@ -92,18 +100,21 @@ def test_internode_handle_entries(nodes: int, local: int, channels: int):
     import torch
 
     generator = torch.Generator().manual_seed(nodes * 100 + local * 10 + channels)
+    tokens = 6
+    # The rail stage: node n's forwarded rows begin at row 5 n (T = 5 N), over the even channel split.
+    rail_prefix = torch.arange(nodes, dtype=torch.int32)[:, None] * 5 + torch.zeros(1, channels + 1, dtype=torch.int32)
+    rail_prefix[:, channels] += 5
+    node_channels = segment_channel_ranges(rail_prefix[:, 0].tolist(), 5 * nodes, channels)
     rows = torch.randint(0, 4, (nodes, local, channels), generator=generator)
     rows[0, 0] = 0  # a source rank with no rows
-    for node in range(nodes):  # only node n's channels carry node n's rows
-        lo, hi = (node * channels + nodes - 1) // nodes, ((node + 1) * channels + nodes - 1) // nodes
+    for node, (lo, hi) in enumerate(node_channels):  # only node n's channels carry node n's rows
         rows[node, :, :lo] = 0
         rows[node, :, hi:] = 0
-    prefix, count = _node_stage_runs(rows.tolist(), nodes, channels)
-    tokens = 6
+    prefix, count = _node_stage_runs(rows.tolist(), node_channels)
     in_rank = torch.rand(tokens, nodes * local, generator=generator) < 0.5
     rail_in_rank = in_rank.view(tokens, nodes, local).any(dim=2)
-    rail = SimpleNamespace(recv_channel_prefix=torch.arange(nodes * (channels + 1), dtype=torch.int32).view(nodes, channels + 1),
-                           is_token_in_rank=rail_in_rank, send_position=torch.zeros(tokens, nodes, dtype=torch.int32))
+    rail = SimpleNamespace(recv_channel_prefix=rail_prefix, num_rows=5 * nodes, is_token_in_rank=rail_in_rank,
+                           send_position=torch.zeros(tokens, nodes, dtype=torch.int32))
     runtime = SimpleNamespace(num_tokens=tokens, num_rows=int(rows.sum()), num_channels=channels, num_channel_segments=nodes,
                               rail_stage=rail, recv_channel_prefix=prefix, recv_channel_count=count,
                               recv_src_idx=torch.zeros(int(rows.sum()), dtype=torch.int32),
@@ -123,8 +134,8 @@ def test_internode_handle_entries(nodes: int, local: int, channels: int):
                                             rows.view(nodes * local, channels).cumsum(1)[:, :-1]], dim=1)
     assert recv_gbl_channel_prefix.tolist() == expected.tolist()
     # The rail's entries, relative to each node, and the channel prefixes of the call's layout.
-    assert recv_rdma_channel_prefix.tolist() == [[c + 1 for c in range(channels)]] * nodes
-    assert recv_rdma_rank_prefix_sum.tolist() == [(n + 1) * (channels + 1) - 1 for n in range(nodes)]
+    assert recv_rdma_channel_prefix.tolist() == [[0] * (channels - 1) + [5]] * nodes
+    assert recv_rdma_rank_prefix_sum.tolist() == [5 * (n + 1) for n in range(nodes)]
     assert rdma_channel_prefix.shape == (nodes, channels) and gbl_channel_prefix.shape == (nodes * local, channels)
     assert gbl_channel_prefix[:, -1].tolist() == in_rank.sum(dim=0).tolist()
     assert rdma_channel_prefix[:, -1].tolist() == rail_in_rank.sum(dim=0).tolist()

@@ -3,10 +3,13 @@
 //
 // Even (num_segments 0): channel c holds tokens [T * c / C, T * (c + 1) / C).
 // By segments: the tokens form num_segments contiguous runs, run s starting at token
-// segment_first_token[s * segment_stride] (the first at 0, the last ending at T); channel c
-// serves run c * S / C, which it shares evenly with that run's other channels, so no channel
-// straddles two runs (C >= S). The node stage of the hierarchical mode splits its forwarded rows by
-// source node this way, which makes its receivers' rows arrive in deep_ep's order (by source rank).
+// segment_first_token[s * segment_stride] (the first at 0, the last ending at T). Each segment gets
+// channels of its own, one at least and the other C - S shared in proportion to the segments'
+// tokens, and splits its tokens evenly over them, so no channel straddles two segments and a busy
+// segment gets as many channels as its share. That needs C >= S (the host refuses fewer channels
+// than nodes); with fewer the split is even (segments_in_use), every token still in one channel.
+// The node stage of the hierarchical mode splits its forwarded rows by source node this way, which
+// makes its receivers' rows arrive in deep_ep's order (by source rank).
 #pragma once
 
 #include <cstdint>
@@ -21,37 +24,65 @@ struct ChannelSplit {
   int num_segments = 0;
 };
 
-// The first channel that serves segment `segment`: channel c serves segment c * S / C, so segment
-// s begins at channel ceil(s * C / S) (s = S: one past the last channel).
-EPCOMM_HOST_DEVICE inline int first_channel_of_segment(int segment, int num_segments, int num_channels) {
-  return (segment * num_channels + num_segments - 1) / num_segments;
+// The segments a split of `num_channels` channels follows: 0 (even) when it has none, or too many
+// to give each a channel.
+EPCOMM_HOST_DEVICE inline int segments_in_use(const ChannelSplit& split, int num_channels) {
+  return split.num_segments <= num_channels ? split.num_segments : 0;
 }
 
-// The first token of `channel` (channel == num_channels: num_tokens) under `split`. Segment bounds
-// are clamped to num_tokens and never run backwards (each is the largest so far), so whatever the
-// counts hold (a failed earlier stage's, more rows than num_worst_tokens) every token is in exactly
-// one channel.
+// One segment's tokens [first_token, end_token) and channels [first_channel, end_channel).
+struct SegmentChannels {
+  int first_token = 0, end_token = 0;
+  int first_channel = 0, end_channel = 0;
+};
+
+// Where segment `segment` begins (segment == S: num_tokens). Bounds are clamped to num_tokens and
+// never run backwards (each is the largest so far), so whatever they hold (a failed earlier
+// stage's counts, more rows than num_worst_tokens) every token is in exactly one segment.
+EPCOMM_HOST_DEVICE inline int segment_first_token(const ChannelSplit& split, int segment, int num_tokens) {
+  if (segment >= split.num_segments) return num_tokens;
+  int first = 0;
+  for (int s = 1; s <= segment; ++s) {  // a node count of segments at most: a short loop
+    const int given = split.segment_first_token[s * split.segment_stride];
+    const int clamped = given < num_tokens ? given : num_tokens;
+    first = clamped > first ? clamped : first;
+  }
+  return first;
+}
+
+// The first channel of the segment that begins at `first_token`: one channel for each earlier
+// segment, plus the spare channels in proportion to the tokens before it.
+EPCOMM_HOST_DEVICE inline int segment_first_channel(int segment, int first_token, int num_segments, int num_tokens,
+                                                    int num_channels) {
+  if (segment >= num_segments) return num_channels;
+  const int64_t spare = num_channels - num_segments;
+  return segment + (num_tokens > 0 ? static_cast<int>(spare * first_token / num_tokens) : 0);
+}
+
+// Segment `segment`'s tokens and channels (a split with segments_in_use > 0).
+EPCOMM_HOST_DEVICE inline SegmentChannels segment_channels(const ChannelSplit& split, int segment, int num_tokens,
+                                                           int num_channels) {
+  SegmentChannels out;
+  out.first_token = segment_first_token(split, segment, num_tokens);
+  out.end_token = segment_first_token(split, segment + 1, num_tokens);
+  out.first_channel = segment_first_channel(segment, out.first_token, split.num_segments, num_tokens, num_channels);
+  out.end_channel = segment_first_channel(segment + 1, out.end_token, split.num_segments, num_tokens, num_channels);
+  return out;
+}
+
+// The first token of `channel` (channel == num_channels: num_tokens) under `split`.
 EPCOMM_HOST_DEVICE inline int channel_first_token(const ChannelSplit& split, int channel, int num_tokens,
                                                   int num_channels) {
-  if (split.num_segments == 0) return static_cast<int>(static_cast<int64_t>(num_tokens) * channel / num_channels);
-  if (channel >= num_channels) return num_tokens;
-  const int segments = split.num_segments;
-  const auto segment_first = [&](int segment) {  // at most a node count of segments: a short loop
-    if (segment == segments) return num_tokens;
-    int first = 0;
-    for (int s = 1; s <= segment; ++s) {
-      const int given = split.segment_first_token[s * split.segment_stride];
-      const int clamped = given < num_tokens ? given : num_tokens;
-      first = clamped > first ? clamped : first;
-    }
-    return first;
-  };
-  const int segment = static_cast<int>(static_cast<int64_t>(channel) * segments / num_channels);
-  const int first_channel = first_channel_of_segment(segment, segments, num_channels);
-  const int channels = first_channel_of_segment(segment + 1, segments, num_channels) - first_channel;
-  const int begin = segment_first(segment);
-  const int end = segment_first(segment + 1);
-  return begin + static_cast<int>(static_cast<int64_t>(end - begin) * (channel - first_channel) / channels);
+  const int segments = segments_in_use(split, num_channels);
+  if (segments == 0) return static_cast<int>(static_cast<int64_t>(num_tokens) * channel / num_channels);
+  for (int s = 0; s < segments; ++s) {
+    const SegmentChannels seg = segment_channels(split, s, num_tokens, num_channels);
+    if (channel >= seg.end_channel) continue;
+    const int64_t tokens = seg.end_token - seg.first_token;
+    return seg.first_token +
+           static_cast<int>(tokens * (channel - seg.first_channel) / (seg.end_channel - seg.first_channel));
+  }
+  return num_tokens;
 }
 
 }  // namespace epcomm

@@ -17,6 +17,7 @@ namespace {
 constexpr int kWarmupHidden = 128;
 constexpr int kFullSizeRounds = 2;   // a caller keeps the previous call's results while making the next
 constexpr int kFullSizeRoundSms = 8;  // few SMs: every rank's blocks fit on one GPU under MPS
+static_assert(kFullSizeRoundSms >= kMaxNvlPeers, "a channel per node: the rail stage has at most kMaxNvlPeers nodes");
 
 struct RoundShape {
   int tokens = 0;
@@ -25,10 +26,11 @@ struct RoundShape {
   int experts = 0;
 };
 
-// A config small enough to fit any normal-mode buffer a real call could use.
-Config small_round_config() {
+// A config small enough to fit any normal-mode buffer a real call could use: the fewest channels,
+// at least one per node (the hierarchical node stage's channels each serve one source node).
+Config small_round_config(int num_nodes) {
   Config config;
-  config.num_sms = 2;
+  config.num_sms = std::max(2, (num_nodes + 1) / 2 * 2);  // num_sms is even
   config.num_max_nvl_chunked_send_tokens = 8;
   config.num_max_nvl_chunked_recv_tokens = kMinRingTokens;
   config.num_max_rdma_chunked_recv_tokens = kMinRingTokens;
@@ -267,7 +269,7 @@ void Buffer::warm_up(cudaStream_t stream) {
   auto scratch = make_stream_ordered_allocator();
   Allocator& outputs = *impl.outputs;
   const RoundShape small = small_round_shape(ranks);
-  const Config small_config = small_round_config();
+  const Config small_config = small_round_config(impl.topology.num_nodes());
   // Hierarchical across nodes: the NVLink rings serve one node (unstaged), the rail's the nodes.
   const bool hierarchical = impl.hierarchical();
   const bool staged = hierarchical ? impl.node_ring_group().staged() : !impl.window().all_direct();

@@ -27,51 +27,78 @@ TEST(ChannelSplit, EvenSplitIsTheKernelsFormula) {
   EXPECT_EQ(bounds(ChannelSplit{}, 0, 3), (std::vector<int>{0, 0, 0, 0}));
 }
 
-TEST(ChannelSplit, SegmentsBeginAtTheirFirstChannel) {
-  // Channel c serves segment c * S / C: 5 channels over 2 segments give 3 + 2, over 3 give 2 + 2 + 1.
-  EXPECT_EQ(first_channel_of_segment(0, 2, 5), 0);
-  EXPECT_EQ(first_channel_of_segment(1, 2, 5), 3);
-  EXPECT_EQ(first_channel_of_segment(2, 2, 5), 5);
-  EXPECT_EQ(first_channel_of_segment(1, 3, 5), 2);
-  EXPECT_EQ(first_channel_of_segment(2, 3, 5), 4);
-  for (int segments = 1; segments <= 8; ++segments) {
-    for (int channels = segments; channels <= 40; ++channels) {
-      for (int c = 0; c < channels; ++c) {
-        const int segment = c * segments / channels;
-        EXPECT_LE(first_channel_of_segment(segment, segments, channels), c);
-        EXPECT_GT(first_channel_of_segment(segment + 1, segments, channels), c);
-      }
+// Every channel inside one segment, every segment starting at its first channel with one channel
+// at least, and the channels of each segment sharing its tokens evenly.
+void expect_segmented(const ChannelSplit& split, int num_tokens, int num_channels) {
+  const std::vector<int> firsts = bounds(split, num_tokens, num_channels);
+  expect_cover(firsts, num_tokens);
+  int channels_seen = 0;
+  for (int s = 0; s < split.num_segments; ++s) {
+    const SegmentChannels seg = segment_channels(split, s, num_tokens, num_channels);
+    ASSERT_EQ(seg.first_channel, channels_seen) << "segment " << s;
+    ASSERT_GE(seg.end_channel - seg.first_channel, 1) << "segment " << s;
+    EXPECT_EQ(firsts[seg.first_channel], seg.first_token) << "segment " << s;
+    EXPECT_EQ(firsts[seg.end_channel], seg.end_token) << "segment " << s;
+    const int tokens = seg.end_token - seg.first_token, channels = seg.end_channel - seg.first_channel;
+    for (int c = seg.first_channel; c < seg.end_channel; ++c) {
+      const int size = firsts[c + 1] - firsts[c];
+      EXPECT_TRUE(size == tokens / channels || size == tokens / channels + 1) << "channel " << c << ": " << size;
     }
+    channels_seen = seg.end_channel;
   }
+  EXPECT_EQ(channels_seen, num_channels);
 }
 
 TEST(ChannelSplit, NoChannelStraddlesTwoSegments) {
   // Segments begin at rows 0, 7, 7 (empty), 30 of 41, read with a stride of 3 as the rail's
   // recv_channel_prefix[node][0] is.
   const std::vector<int32_t> prefix = {0, -1, -1, 7, -1, -1, 7, -1, -1, 30, -1, -1};
-  const std::vector<int> segment_first = {0, 7, 7, 30, 41};
   const ChannelSplit split{prefix.data(), 3, 4};
-  for (int channels = 4; channels <= 13; ++channels) {
-    const std::vector<int> firsts = bounds(split, 41, channels);
-    expect_cover(firsts, 41);
-    for (int c = 0; c < channels; ++c) {
-      const int segment = c * 4 / channels;
-      EXPECT_GE(firsts[c], segment_first[segment]) << channels << " channels, channel " << c;
-      EXPECT_LE(firsts[c + 1], segment_first[segment + 1]) << channels << " channels, channel " << c;
-    }
-    // Every segment's first channel starts at the segment, and its rows are shared out evenly.
-    for (int s = 0; s < 4; ++s) EXPECT_EQ(firsts[first_channel_of_segment(s, 4, channels)], segment_first[s]);
+  for (int channels = 4; channels <= 13; ++channels) expect_segmented(split, 41, channels);
+  // 8 channels: one per segment, the 4 spare ones in proportion to the tokens before each segment
+  // (0, 0, 2 more from segment 2 on, 4 in all): channels 0 | 1 | 2-4 | 5-7.
+  EXPECT_EQ(bounds(split, 41, 8), (std::vector<int>{0, 7, 7, 14, 22, 30, 33, 37, 41}));
+}
+
+TEST(ChannelSplit, ABusySegmentGetsMostChannels) {
+  const std::vector<int32_t> prefix = {0, 900};  // 900 of 1000 tokens from the first segment
+  const ChannelSplit split{prefix.data(), 1, 2};
+  expect_segmented(split, 1000, 24);
+  const SegmentChannels busy = segment_channels(split, 0, 1000, 24);
+  EXPECT_EQ(busy.end_channel - busy.first_channel, 1 + 22 * 900 / 1000);
+}
+
+TEST(ChannelSplit, RandomSegmentsAtEveryChannelCount) {
+  uint32_t state = 12345;
+  const auto next = [&] { return state = state * 1664525u + 1013904223u; };
+  for (int trial = 0; trial < 200; ++trial) {
+    const int segments = 1 + static_cast<int>(next() % 8);
+    const int tokens = static_cast<int>(next() % 300);
+    std::vector<int32_t> firsts(segments, 0);
+    for (int s = 1; s < segments; ++s) firsts[s] = firsts[s - 1] + static_cast<int32_t>(next() % (tokens / segments + 1));
+    const ChannelSplit split{firsts.data(), 1, segments};
+    for (int channels = segments; channels <= 40; channels += 3) expect_segmented(split, tokens, channels);
   }
-  EXPECT_EQ(bounds(split, 41, 8), (std::vector<int>{0, 3, 7, 7, 7, 18, 30, 35, 41}));
 }
 
 TEST(ChannelSplit, BoundsOutsideTheTokensAreClampedAndNeverRunBack) {
   // A failed stage's counts, or more rows than num_worst_tokens: still one channel per token.
   const std::vector<int32_t> prefix = {0, 50, 12, 90};
   const ChannelSplit split{prefix.data(), 1, 4};
-  const std::vector<int> firsts = bounds(split, 20, 6);
-  expect_cover(firsts, 20);
-  EXPECT_EQ(firsts, (std::vector<int>{0, 10, 20, 20, 20, 20, 20}));
+  expect_segmented(split, 20, 6);
+  EXPECT_EQ(bounds(split, 20, 6), (std::vector<int>{0, 6, 13, 20, 20, 20, 20}));
+  // No tokens at all: one channel each, the spare ones to the last segment.
+  EXPECT_EQ(bounds(split, 0, 6), (std::vector<int>{0, 0, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(segment_channels(split, 3, 0, 6).first_channel, 3);
+}
+
+TEST(ChannelSplit, FewerChannelsThanSegmentsSplitEvenly) {
+  // The host refuses this; the split itself still puts every token in one channel.
+  const std::vector<int32_t> prefix = {0, 4, 9};
+  const ChannelSplit split{prefix.data(), 1, 3};
+  EXPECT_EQ(segments_in_use(split, 2), 0);
+  EXPECT_EQ(segments_in_use(split, 3), 3);
+  EXPECT_EQ(bounds(split, 12, 2), bounds(ChannelSplit{}, 12, 2));
 }
 
 }  // namespace

@@ -80,12 +80,13 @@ __device__ void send_channel_counts(const device::Window& window, const NotifyDi
 __device__ void place_runs(const device::Window& window, const NotifyDispatchArgs& args, uint64_t parity, bool arrived) {
   const int lane = device::lane_id();
   const int channels = args.num_channels;
-  const int segments = args.split.num_segments > 0 ? args.split.num_segments : 1;
+  const int segmented = segments_in_use(args.split, channels);
   const int num_ranks = window.num_ranks();
   int base = 0;
-  for (int segment = 0; segment < segments; ++segment) {
-    const int first_channel = first_channel_of_segment(segment, segments, channels);
-    const int end_channel = first_channel_of_segment(segment + 1, segments, channels);
+  for (int segment = 0; segment < (segmented > 0 ? segmented : 1); ++segment) {
+    const SegmentChannels seg = segmented > 0 ? segment_channels(args.split, segment, args.num_tokens, channels)
+                                              : SegmentChannels{0, args.num_tokens, 0, channels};
+    const int first_channel = seg.first_channel, end_channel = seg.end_channel;
     for (int source = 0; source < num_ranks; ++source) {
       const NotifySlot* slot = window.own<NotifySlot>(NvlLayout::notify_slot(parity, source));
       for (int first = first_channel; first < end_channel; first += kWarpSize) {
