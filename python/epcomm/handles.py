@@ -125,8 +125,7 @@ class InternodeDispatchHandle(DispatchHandle):
         rail = runtime.rail_stage
         channels = runtime.num_channels
         rail_prefix = rail.recv_channel_prefix  # [N, C + 1]: rows by source node, then channel
-        # The node stage's channels per source node, from where each node's forwarded rows begin.
-        ranges = segment_channel_ranges(rail_prefix[:, 0].tolist(), rail.num_rows, channels)
+        ranges = segment_channel_ranges(runtime.num_channel_segments, channels)  # the node stage's, per source node
         recv_gbl_channel_prefix, recv_gbl_rank_prefix_sum = source_rank_runs(
             runtime.recv_channel_prefix, runtime.recv_channel_count, ranges)
         in_rank = self._in_rank
@@ -137,23 +136,11 @@ class InternodeDispatchHandle(DispatchHandle):
                 runtime.send_position)
 
 
-def segment_channel_ranges(first_tokens: List[int], num_tokens: int, num_channels: int) -> List[Tuple[int, int]]:
-    """Each segment's channels [lo, hi) as common/channel_split.hpp gives them: segment s begins at
-    token first_tokens[s] (clamped to num_tokens, never running backwards), and gets one channel
-    plus the spare C - S in proportion to the tokens before it."""
-    segments = len(first_tokens)
-    firsts, first = [], 0
-    for s in range(segments):
-        if s > 0:
-            first = max(first, min(int(first_tokens[s]), num_tokens))
-        firsts.append(first)
-
-    def first_channel(s: int) -> int:
-        if s >= segments:
-            return num_channels
-        return s + ((num_channels - segments) * firsts[s] // num_tokens if num_tokens > 0 else 0)
-
-    return [(first_channel(s), first_channel(s + 1)) for s in range(segments)]
+def segment_channel_ranges(num_segments: int, num_channels: int) -> List[Tuple[int, int]]:
+    """Each segment's channels [lo, hi) as common/channel_split.hpp gives them: channel c serves
+    segment c * S // C, so segment s begins at channel ceil(s * C / S)."""
+    first = [(s * num_channels + num_segments - 1) // num_segments for s in range(num_segments + 1)]
+    return list(zip(first[:-1], first[1:]))
 
 
 def source_rank_runs(recv_channel_prefix: Any, recv_channel_count: Any,

@@ -68,12 +68,12 @@ def test_dispatch_handle_entries(tokens: int, ranks: int, channels: int):
 
 
 def test_segment_channel_ranges_follow_the_split():
-    """As common/channel_split.hpp (its CPU test's hand-worked case): segments beginning at rows
-    0, 7, 7, 30 of 41 over 8 channels take channels 0 | 1 | 2-4 | 5-7."""
-    assert segment_channel_ranges([0, 7, 7, 30], 41, 8) == [(0, 1), (1, 2), (2, 5), (5, 8)]
-    assert segment_channel_ranges([0, 50, 12, 90], 20, 6) == [(0, 3), (3, 4), (4, 5), (5, 6)]  # clamped
-    assert segment_channel_ranges([0, 0], 0, 4) == [(0, 1), (1, 4)]  # no rows: the spare to the last
-    assert segment_channel_ranges([0, 900], 1000, 24) == [(0, 20), (20, 24)]  # a busy node, most channels
+    """As common/channel_split.hpp (its CPU test's cases): 8 channels over 4 segments, two each;
+    5 over 2 give 3 + 2, over 3 give 2 + 2 + 1."""
+    assert segment_channel_ranges(4, 8) == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    assert segment_channel_ranges(2, 5) == [(0, 3), (3, 5)]
+    assert segment_channel_ranges(3, 5) == [(0, 2), (2, 4), (4, 5)]
+    assert segment_channel_ranges(1, 24) == [(0, 24)]
 
 
 def _node_stage_runs(rows, node_channels):
@@ -104,7 +104,7 @@ def test_internode_handle_entries(nodes: int, local: int, channels: int):
     # The rail stage: node n's forwarded rows begin at row 5 n (T = 5 N), over the even channel split.
     rail_prefix = torch.arange(nodes, dtype=torch.int32)[:, None] * 5 + torch.zeros(1, channels + 1, dtype=torch.int32)
     rail_prefix[:, channels] += 5
-    node_channels = segment_channel_ranges(rail_prefix[:, 0].tolist(), 5 * nodes, channels)
+    node_channels = segment_channel_ranges(nodes, channels)
     rows = torch.randint(0, 4, (nodes, local, channels), generator=generator)
     rows[0, 0] = 0  # a source rank with no rows
     for node, (lo, hi) in enumerate(node_channels):  # only node n's channels carry node n's rows

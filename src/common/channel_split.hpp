@@ -3,10 +3,11 @@
 //
 // Even (num_segments 0): channel c holds tokens [T * c / C, T * (c + 1) / C).
 // By segments: the tokens form num_segments contiguous runs, run s starting at token
-// segment_first_token[s * segment_stride] (the first at 0, the last ending at T). Each segment gets
-// channels of its own, one at least and the other C - S shared in proportion to the segments'
-// tokens, and splits its tokens evenly over them, so no channel straddles two segments and a busy
-// segment gets as many channels as its share. That needs C >= S (the host refuses fewer channels
+// segment_first_token[s * segment_stride] (the first at 0, the last ending at T). Channel c serves
+// segment c * S / C and shares its tokens evenly with that segment's other channels, so no channel
+// straddles two segments. Which channels serve a segment depends on S and C alone, not on the
+// tokens: a receiver places every source's runs by segment without knowing the sources' splits
+// (a split in proportion to each segment's tokens would differ between sources). That needs C >= S (the host refuses fewer channels
 // than nodes); with fewer the split is even (segments_in_use), every token still in one channel.
 // The node stage of the hierarchical mode splits its forwarded rows by source node this way, which
 // makes its receivers' rows arrive in deep_ep's order (by source rank).
@@ -50,13 +51,10 @@ EPCOMM_HOST_DEVICE inline int segment_first_token(const ChannelSplit& split, int
   return first;
 }
 
-// The first channel of the segment that begins at `first_token`: one channel for each earlier
-// segment, plus the spare channels in proportion to the tokens before it.
-EPCOMM_HOST_DEVICE inline int segment_first_channel(int segment, int first_token, int num_segments, int num_tokens,
-                                                    int num_channels) {
-  if (segment >= num_segments) return num_channels;
-  const int64_t spare = num_channels - num_segments;
-  return segment + (num_tokens > 0 ? static_cast<int>(spare * first_token / num_tokens) : 0);
+// The first channel of segment `segment`: channel c serves segment c * S / C, so segment s begins
+// at channel ceil(s * C / S) (s = S: num_channels).
+EPCOMM_HOST_DEVICE inline int segment_first_channel(int segment, int num_segments, int num_channels) {
+  return (segment * num_channels + num_segments - 1) / num_segments;
 }
 
 // Segment `segment`'s tokens and channels (a split with segments_in_use > 0).
@@ -65,8 +63,8 @@ EPCOMM_HOST_DEVICE inline SegmentChannels segment_channels(const ChannelSplit& s
   SegmentChannels out;
   out.first_token = segment_first_token(split, segment, num_tokens);
   out.end_token = segment_first_token(split, segment + 1, num_tokens);
-  out.first_channel = segment_first_channel(segment, out.first_token, split.num_segments, num_tokens, num_channels);
-  out.end_channel = segment_first_channel(segment + 1, out.end_token, split.num_segments, num_tokens, num_channels);
+  out.first_channel = segment_first_channel(segment, split.num_segments, num_channels);
+  out.end_channel = segment_first_channel(segment + 1, split.num_segments, num_channels);
   return out;
 }
 

@@ -55,17 +55,23 @@ TEST(ChannelSplit, NoChannelStraddlesTwoSegments) {
   const std::vector<int32_t> prefix = {0, -1, -1, 7, -1, -1, 7, -1, -1, 30, -1, -1};
   const ChannelSplit split{prefix.data(), 3, 4};
   for (int channels = 4; channels <= 13; ++channels) expect_segmented(split, 41, channels);
-  // 8 channels: one per segment, the 4 spare ones in proportion to the tokens before each segment
-  // (0, 0, 2 more from segment 2 on, 4 in all): channels 0 | 1 | 2-4 | 5-7.
-  EXPECT_EQ(bounds(split, 41, 8), (std::vector<int>{0, 7, 7, 14, 22, 30, 33, 37, 41}));
+  // 8 channels: two per segment, whatever its tokens: channels 0-1 | 2-3 | 4-5 | 6-7.
+  EXPECT_EQ(bounds(split, 41, 8), (std::vector<int>{0, 3, 7, 7, 7, 18, 30, 35, 41}));
 }
 
-TEST(ChannelSplit, ABusySegmentGetsMostChannels) {
-  const std::vector<int32_t> prefix = {0, 900};  // 900 of 1000 tokens from the first segment
-  const ChannelSplit split{prefix.data(), 1, 2};
-  expect_segmented(split, 1000, 24);
-  const SegmentChannels busy = segment_channels(split, 0, 1000, 24);
-  EXPECT_EQ(busy.end_channel - busy.first_channel, 1 + 22 * 900 / 1000);
+TEST(ChannelSplit, ASegmentsChannelsDependOnTheCountsAlone) {
+  // Every source of a stage splits its own tokens, and a receiver places their runs by segment:
+  // the channels of a segment must be the same for every source. 5 channels over 2 segments give
+  // 3 + 2, over 3 give 2 + 2 + 1.
+  EXPECT_EQ(segment_first_channel(1, 2, 5), 3);
+  EXPECT_EQ(segment_first_channel(2, 2, 5), 5);
+  EXPECT_EQ(segment_first_channel(1, 3, 5), 2);
+  EXPECT_EQ(segment_first_channel(2, 3, 5), 4);
+  const std::vector<int32_t> busy = {0, 900}, idle = {0, 10};
+  for (int tokens : {0, 20, 1000}) {
+    EXPECT_EQ(segment_channels(ChannelSplit{busy.data(), 1, 2}, 0, tokens, 24).end_channel, 12);
+    EXPECT_EQ(segment_channels(ChannelSplit{idle.data(), 1, 2}, 1, tokens, 24).first_channel, 12);
+  }
 }
 
 TEST(ChannelSplit, RandomSegmentsAtEveryChannelCount) {
@@ -86,10 +92,8 @@ TEST(ChannelSplit, BoundsOutsideTheTokensAreClampedAndNeverRunBack) {
   const std::vector<int32_t> prefix = {0, 50, 12, 90};
   const ChannelSplit split{prefix.data(), 1, 4};
   expect_segmented(split, 20, 6);
-  EXPECT_EQ(bounds(split, 20, 6), (std::vector<int>{0, 6, 13, 20, 20, 20, 20}));
-  // No tokens at all: one channel each, the spare ones to the last segment.
+  EXPECT_EQ(bounds(split, 20, 6), (std::vector<int>{0, 10, 20, 20, 20, 20, 20}));
   EXPECT_EQ(bounds(split, 0, 6), (std::vector<int>{0, 0, 0, 0, 0, 0, 0}));
-  EXPECT_EQ(segment_channels(split, 3, 0, 6).first_channel, 3);
 }
 
 TEST(ChannelSplit, FewerChannelsThanSegmentsSplitEvenly) {
