@@ -4,8 +4,8 @@
 #include <memory>
 #include <vector>
 
-#include "epcomm/normal.hpp"
 #include "common/channel_split.hpp"
+#include "epcomm/normal.hpp"
 
 namespace epcomm::detail {
 
