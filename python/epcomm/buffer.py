@@ -1,6 +1,7 @@
 """deep_ep-compatible Buffer over epcomm's C++ runtime (NVLink inside a node, NVSHMEM across nodes)."""
 
 import functools
+import os
 from typing import Any, Callable, Optional, Tuple, Union
 
 from . import _C
@@ -25,6 +26,21 @@ def _call(previous_event: Any, async_finish: bool, allocate_on_comm_stream: bool
                  async_finish=async_finish, allocate_on_comm_stream=allocate_on_comm_stream)
 
 
+def emulated_nodes_from_env(emulated_nodes: int) -> int:
+    """``emulated_nodes``, or where it is left at 1, ``EPCOMM_EMULATED_NODES`` when that is set."""
+    value = os.environ.get("EPCOMM_EMULATED_NODES", "")
+    if emulated_nodes != 1 or value == "":
+        return emulated_nodes
+    try:
+        nodes = int(value)
+    except ValueError:
+        nodes = 0
+    if nodes < 1:
+        raise ValueError(f"epcomm: EPCOMM_EMULATED_NODES={value!r} must be a positive integer (the emulated nodes "
+                         "the ranks form; unset it for none)")
+    return nodes
+
+
 class Buffer:
     """Communication buffers of one rank, with deep_ep's methods and return tuples.
 
@@ -46,7 +62,10 @@ class Buffer:
         hierarchical (nodes of at most 8); low-latency mode 16;
       - ``emulated_nodes`` (epcomm's own) splits the ranks into nodes that reach each other only by
         put and signal, to test the path across nodes on one machine; ``ranks_per_node`` (epcomm's
-        own) gives the node size outright (0: the consecutive ranks of one host);
+        own) gives the node size outright (0: the consecutive ranks of one host). The environment
+        variable ``EPCOMM_EMULATED_NODES``, when set, stands for ``emulated_nodes`` left at 1, so
+        that code that cannot pass it (deep_ep's own tests: test_internode.py on one host) runs
+        across emulated nodes;
       - handles are sequences with deep_ep's tuple entries (index, unpack, len; see
         epcomm.handles), but pass back the object itself: a tuple rebuilt from its entries
         cannot carry epcomm's routing; the channel entries count epcomm's channels (one per SM);
@@ -83,6 +102,7 @@ class Buffer:
 
         if allow_mnnvl or use_fabric or comm is not None:
             raise ValueError("epcomm: allow_mnnvl, use_fabric and comm are not supported in this build")
+        emulated_nodes = emulated_nodes_from_env(emulated_nodes)
         self.group = group
         self.rank = dist.get_rank(group)
         self.group_size = dist.get_world_size(group)

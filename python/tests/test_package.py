@@ -52,6 +52,20 @@ def test_defaults_come_from_cpp():
     assert signature.parameters["transport"].default == "auto"
 
 
+def test_emulated_nodes_from_the_environment(monkeypatch):
+    from epcomm.buffer import emulated_nodes_from_env
+
+    monkeypatch.delenv("EPCOMM_EMULATED_NODES", raising=False)
+    assert emulated_nodes_from_env(1) == 1 and emulated_nodes_from_env(4) == 4
+    monkeypatch.setenv("EPCOMM_EMULATED_NODES", "2")
+    assert emulated_nodes_from_env(1) == 2  # left at 1: the environment's
+    assert emulated_nodes_from_env(4) == 4  # given: the caller's
+    for bad in ("0", "-2", "two"):
+        monkeypatch.setenv("EPCOMM_EMULATED_NODES", bad)
+        with pytest.raises(ValueError, match=f"EPCOMM_EMULATED_NODES='{bad}' must be a positive integer"):
+            emulated_nodes_from_env(1)
+
+
 def test_rings_across_nodes_take_twice_the_bytes():
     config = epcomm.Config()
     one_node = config.get_nvl_buffer_size_hint(7168 * 2, 8)
