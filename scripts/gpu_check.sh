@@ -13,7 +13,8 @@
 #           then in rounds after 20 ms host pauses
 #   sanitize  compute-sanitizer memcheck, racecheck and synccheck on GPU test cases at 2 ranks
 #           (MPS stopped: the sanitizer does not run under it); EPCOMM_SANITIZE_CASES picks the
-#           cases (default: layout peer lifecycle normal low_latency low_latency_emulated)
+#           cases (default: layout peer lifecycle normal normal_emulated normal_hierarchical
+#           modes_across_nodes low_latency low_latency_emulated)
 #   soak    (only when named) gpu.soak.ranks8: 10,000 mixed calls of random sizes, each checked,
 #           then device memory, file descriptors and mappings compared (EPCOMM_SOAK_CALLS)
 # MPS is started when ranks must share GPUs, and stopped at the end. Knobs: EPCOMM_TEST_EXCLUDE (a
@@ -142,7 +143,7 @@ if wants sanitize; then
   stop_mps
   : >"$results/sanitize.log"
   for tool in memcheck racecheck synccheck; do
-    for case in ${EPCOMM_SANITIZE_CASES:-layout peer lifecycle normal low_latency low_latency_emulated}; do
+    for case in ${EPCOMM_SANITIZE_CASES:-layout peer lifecycle normal normal_emulated normal_hierarchical modes_across_nodes low_latency low_latency_emulated}; do
       # Each rank under the tool; --error-exitcode makes a finding fail the run.
       if timeout 900 compute-sanitizer --tool "$tool" --target-processes all --error-exitcode 9 \
           "$EPCOMM_BUILD_DIR"/tools/epcomm-launch -n 2 --timeout 880 -- "$EPCOMM_BUILD_DIR"/tests/gpu/epcomm_gpu_tests "$case" \
