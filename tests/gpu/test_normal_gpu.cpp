@@ -965,6 +965,16 @@ void check_hierarchical_errors(Context& ctx) {
   args.config.num_max_rdma_chunked_recv_tokens = 1 << 20;
   harness.expect_error(ErrorCode::kInvalidArgument, "num_rdma_bytes=",
                        [&] { (void)ctx.buffer.dispatch(args, *allocator); }, "rail rings larger than num_rdma_bytes");
+  // The node stage gives each source node a channel: fewer channels than nodes are refused (more
+  // than two nodes: num_sms is even, at least 2).
+  const int nodes = ctx.buffer.num_nodes();
+  if (nodes > 2) {
+    DispatchArgs narrow = inputs.args(s, ctx.default_config, ranks);
+    narrow.config.num_sms = 2;
+    harness.expect_error(ErrorCode::kInvalidArgument,
+                         "gives 2 channels, fewer than the " + std::to_string(nodes) + " nodes",
+                         [&] { (void)ctx.buffer.dispatch(narrow, *allocator); }, "fewer channels than nodes");
+  }
   check_hierarchical_disagreements(ctx, inputs, *allocator);
 }
 
