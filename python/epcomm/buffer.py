@@ -58,8 +58,8 @@ class Buffer:
         With ``low_latency_mode``, num_rdma_bytes is the low-latency region, and across nodes
         normal mode's rail rings get a region of their own, ``num_rail_bytes`` (epcomm's own;
         default -1: num_rdma_bytes again; 0: none, normal mode flat), so the modes never need
-        ``clean_low_latency_buffer`` between them. Normal mode runs at most 8 ranks flat, 16
-        hierarchical (nodes of at most 8); low-latency mode 16;
+        ``clean_low_latency_buffer`` between them. Normal mode runs at most 8 ranks flat, 32
+        hierarchical (nodes of at most 8); low-latency mode 32 (past 16 not yet run on a GPU);
       - ``emulated_nodes`` (epcomm's own) splits the ranks into nodes that reach each other only by
         put and signal, to test the path across nodes on one machine; ``ranks_per_node`` (epcomm's
         own) gives the node size outright (0: the consecutive ranks of one host). The environment

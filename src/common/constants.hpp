@@ -7,9 +7,10 @@
 namespace epcomm {
 
 // Ranks of one Buffer, and so the size of every per-rank table both modes share (the transport
-// window, barrier signals, low-latency flags). Low-latency mode runs them all: its receive gives
-// each source at least one of a block's warps.
-inline constexpr int kMaxRanks = 16;
+// window, barrier signals, low-latency flags). Low-latency mode runs them all (its kernels give a
+// source a lane or a thread, never a warp of its own); normal mode runs them hierarchical, in
+// nodes of at most kMaxNvlPeers. 32 is the most a warp's lanes and a 32-bit rank mask cover.
+inline constexpr int kMaxRanks = 32;
 // Ranks normal mode runs (its kernels give each peer a team of a half-block's warps), and so the
 // size of its per-peer tables (rings, notify slots).
 inline constexpr int kMaxNvlPeers = 8;
@@ -94,7 +95,7 @@ inline constexpr int kPollsPerErrorCheck = 64 * kPollsPerTimerRead;
 inline constexpr int64_t kDefaultWaitTimeoutMs = 100 * 1000;
 
 static_assert(kMaxNvlPeers <= kMaxRanks, "normal mode's ranks are some of a Buffer's");
-static_assert(kMaxRanks <= kLowLatencyWarpsPerBlock, "low-latency receive: at least one warp per source");
+static_assert(kMaxRanks <= kLowLatencyThreadsPerBlock, "low-latency kernels: a thread per rank (waits, signals)");
 static_assert(kMaxRanks <= kWarpSize, "rank masks are 32 bits; a warp's lanes cover every rank");
 
 }  // namespace epcomm

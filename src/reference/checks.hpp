@@ -21,6 +21,12 @@ inline void check_at_least(const char* op, const char* what, int64_t value, int6
   if (value < minimum) fail(ErrorCode::kInvalidArgument, op, ": ", what, " = ", value, " must be >= ", minimum);
 }
 
+inline void check_in_range(const char* op, const char* what, int64_t value, int64_t first, int64_t last) {
+  if (value < first || value > last) {
+    fail(ErrorCode::kInvalidArgument, op, ": ", what, " = ", value, " must be in [", first, ", ", last, "]");
+  }
+}
+
 inline void check_divisible(const char* op, const char* what, int64_t value, int64_t divisor, const char* why) {
   if (value % divisor != 0) {
     fail(ErrorCode::kInvalidArgument, op, ": ", what, " = ", value, " must be a multiple of ", divisor, " ", why);

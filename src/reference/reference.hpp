@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "reference/numeric.hpp"
@@ -160,6 +161,11 @@ struct LowLatencyRankDispatched {
 std::vector<LowLatencyRankDispatched> low_latency_dispatch(const std::vector<LowLatencyRankInput>& inputs,
                                                            const ExpertPartition& partition,
                                                            const LowLatencyShape& shape);
+// What rank `destination` alone receives (the same as low_latency_dispatch(...)[destination]), in
+// the memory of one rank's receive buffer rather than every rank's.
+LowLatencyRankDispatched low_latency_dispatch_to(const std::vector<LowLatencyRankInput>& inputs,
+                                                 const ExpertPartition& partition, const LowLatencyShape& shape,
+                                                 int destination);
 
 // Combine: rank d holds y_d [E_local, S, hidden] BF16 (expert outputs in dispatch slots). For
 // token t of source rank s, each rank d holding some of its experts sums its own pairs:
@@ -172,5 +178,14 @@ std::vector<std::vector<uint16_t>> low_latency_combine(const std::vector<LowLate
                                                        const std::vector<std::vector<uint16_t>>& expert_outputs,
                                                        const ExpertPartition& partition,
                                                        const LowLatencyShape& shape);
+// Row `row` ([E_local * S] rows) of rank `owner`'s expert outputs: hidden BF16 values, valid until
+// the next call. The combine asks only for the rows of the tokens it combines.
+using ExpertOutputRow = std::function<const uint16_t*(int owner, size_t row)>;
+// The combine of rank `source`'s tokens alone (low_latency_combine(...)[source]), reading the
+// expert outputs row by row: no rank's whole output buffer needs to exist.
+std::vector<uint16_t> low_latency_combine_for(const std::vector<LowLatencyRankInput>& inputs,
+                                              const ExpertOutputRow& expert_output_row,
+                                              const ExpertPartition& partition, const LowLatencyShape& shape,
+                                              int source);
 
 }  // namespace epcomm::reference

@@ -155,12 +155,14 @@ std::vector<float> logfmt_received(const uint16_t* row, int hidden) {
   return received;
 }
 
-std::vector<LowLatencyRankDispatched> low_latency_dispatch(const std::vector<LowLatencyRankInput>& inputs,
-                                                           const ExpertPartition& partition,
-                                                           const LowLatencyShape& shape) {
-  constexpr const char* kOp = "low_latency_dispatch";
-  check_args(kOp, inputs, partition, shape, Use::kDispatch);
-  const std::vector<std::vector<int>> slots = assign_slots(kOp, inputs, partition, shape);
+namespace {
+
+// The rows every source sends into `outputs` (one per rank), or with `destination` >= 0 only the
+// rows that rank receives (the other entries stay empty). A token's FP8 cast is made once, when
+// one of its pairs is first received.
+void dispatch_rows(const char* op, const std::vector<LowLatencyRankInput>& inputs, const ExpertPartition& partition,
+                   const LowLatencyShape& shape, int destination, std::vector<LowLatencyRankDispatched>& outputs) {
+  const std::vector<std::vector<int>> slots = assign_slots(op, inputs, partition, shape);
   const int num_ranks = partition.num_ranks;
   const int hidden = shape.hidden;
   const int num_topk = shape.num_topk;
@@ -168,19 +170,20 @@ std::vector<LowLatencyRankDispatched> low_latency_dispatch(const std::vector<Low
   const bool round_scale = shape.round_scale || shape.use_ue8m0;
   const int scales_per_row = hidden / kFp8ChannelsPerScale;
   const int ue8m0_words_per_row = hidden / kUe8m0ChannelsPerWord;
-
-  std::vector<LowLatencyRankDispatched> outputs(num_ranks, empty_dispatched(partition, shape));
   for (int source = 0; source < num_ranks; ++source) {
     const LowLatencyRankInput& in = inputs[source];
     for (int t = 0; t < in.num_tokens; ++t) {
       const uint16_t* x = &in.x[product(t, hidden)];
-      const Fp8Row fp8 = shape.use_fp8 ? cast_row_to_fp8(x, hidden, round_scale) : Fp8Row{};
+      Fp8Row fp8;
+      bool cast = false;
       for (int k = 0; k < num_topk; ++k) {
         const size_t pair = product(t, num_topk) + k;
         if (slots[source][pair] == kNoSlot) continue;
         const int64_t expert = in.topk_idx[pair];
+        const int owner = partition.owner(expert);
+        if (destination >= 0 && owner != destination) continue;
         const int local_expert = partition.local_id(expert);
-        LowLatencyRankDispatched& out = outputs[partition.owner(expert)];
+        LowLatencyRankDispatched& out = outputs[owner];
         const size_t row = product(local_expert, slots_per_expert) + slots[source][pair];
         out.recv_src_token[row] = t;
         ++out.recv_count[local_expert];
@@ -189,6 +192,8 @@ std::vector<LowLatencyRankDispatched> low_latency_dispatch(const std::vector<Low
           std::copy(x, x + hidden, &out.recv_x_bf16[row * hidden]);
           continue;
         }
+        if (!cast) fp8 = cast_row_to_fp8(x, hidden, round_scale);
+        cast = true;
         std::copy(fp8.values.begin(), fp8.values.end(), &out.recv_x_fp8[row * hidden]);
         if (shape.use_ue8m0) {
           pack_ue8m0(fp8.scales, &out.recv_x_scales_ue8m0[row * ue8m0_words_per_row]);
@@ -198,8 +203,77 @@ std::vector<LowLatencyRankDispatched> low_latency_dispatch(const std::vector<Low
       }
     }
   }
+}
+
+}  // namespace
+
+std::vector<LowLatencyRankDispatched> low_latency_dispatch(const std::vector<LowLatencyRankInput>& inputs,
+                                                           const ExpertPartition& partition,
+                                                           const LowLatencyShape& shape) {
+  constexpr const char* kOp = "low_latency_dispatch";
+  check_args(kOp, inputs, partition, shape, Use::kDispatch);
+  std::vector<LowLatencyRankDispatched> outputs(partition.num_ranks, empty_dispatched(partition, shape));
+  dispatch_rows(kOp, inputs, partition, shape, -1, outputs);
   return outputs;
 }
+
+LowLatencyRankDispatched low_latency_dispatch_to(const std::vector<LowLatencyRankInput>& inputs,
+                                                 const ExpertPartition& partition, const LowLatencyShape& shape,
+                                                 int destination) {
+  constexpr const char* kOp = "low_latency_dispatch_to";
+  check_args(kOp, inputs, partition, shape, Use::kDispatch);
+  detail::check_in_range(kOp, "destination", destination, 0, partition.num_ranks - 1);
+  std::vector<LowLatencyRankDispatched> outputs(partition.num_ranks);
+  outputs[destination] = empty_dispatched(partition, shape);
+  dispatch_rows(kOp, inputs, partition, shape, destination, outputs);
+  return std::move(outputs[destination]);
+}
+
+namespace {
+
+// Token t of `source`, combined: each rank holding some of its experts sums their weighted rows
+// (k order) and rounds that to BF16; the source adds those sums in rank order.
+void combine_token(const LowLatencyRankInput& in, const std::vector<int>& slots, int t,
+                   const ExpertOutputRow& expert_output_row, const ExpertPartition& partition,
+                   const LowLatencyShape& shape, uint16_t* combined) {
+  const int num_ranks = partition.num_ranks;
+  const int hidden = shape.hidden;
+  const int num_topk = shape.num_topk;
+  const int slots_per_expert = num_ranks * shape.max_tokens_per_rank;
+  std::vector<float> sum(hidden, 0.0f), partial(hidden);
+  std::vector<uint16_t> rounded(hidden);
+  for (int owner = 0; owner < num_ranks; ++owner) {
+    bool holds = false;
+    std::fill(partial.begin(), partial.end(), 0.0f);
+    for (int k = 0; k < num_topk; ++k) {
+      const size_t pair = product(t, num_topk) + k;
+      if (slots[pair] == kNoSlot) continue;
+      const int64_t expert = in.topk_idx[pair];
+      if (partition.owner(expert) != owner) continue;
+      holds = true;
+      const size_t row = product(partition.local_id(expert), slots_per_expert) + slots[pair];
+      const uint16_t* y = expert_output_row(owner, row);
+      const float weight = in.topk_weights[pair];
+      // Multiply, round, then add: the build keeps the compiler from fusing these (no FMA).
+      for (int c = 0; c < hidden; ++c) partial[c] += weight * bf16_to_float(y[c]);
+    }
+    if (!holds) continue;
+    for (int c = 0; c < hidden; ++c) rounded[c] = float_to_bf16(partial[c]);
+    if (shape.use_logfmt) {
+      const std::vector<float> received = logfmt_received(rounded.data(), hidden);
+      for (int c = 0; c < hidden; ++c) sum[c] += received[c];
+    } else {
+      for (int c = 0; c < hidden; ++c) sum[c] += bf16_to_float(rounded[c]);
+    }
+  }
+  for (int c = 0; c < hidden; ++c) combined[c] = float_to_bf16(sum[c]);
+}
+
+void check_combine_shape(const char* op, const LowLatencyShape& shape) {
+  if (shape.use_logfmt) detail::check_divisible(op, "hidden", shape.hidden, kLogfmtChannelsPerGroup, "with use_logfmt");
+}
+
+}  // namespace
 
 std::vector<std::vector<uint16_t>> low_latency_combine(const std::vector<LowLatencyRankInput>& inputs,
                                                        const std::vector<std::vector<uint16_t>>& expert_outputs,
@@ -209,7 +283,6 @@ std::vector<std::vector<uint16_t>> low_latency_combine(const std::vector<LowLate
   check_args(kOp, inputs, partition, shape, Use::kCombine);
   const int num_ranks = partition.num_ranks;
   const int hidden = shape.hidden;
-  const int num_topk = shape.num_topk;
   const int slots_per_expert = num_ranks * shape.max_tokens_per_rank;
   detail::check_size(kOp, "expert_outputs (one per rank)", expert_outputs.size(), num_ranks);
   for (int d = 0; d < num_ranks; ++d) {
@@ -217,44 +290,31 @@ std::vector<std::vector<uint16_t>> low_latency_combine(const std::vector<LowLate
                        product(partition.experts_per_rank(), product(slots_per_expert, hidden)));
   }
   const std::vector<std::vector<int>> slots = assign_slots(kOp, inputs, partition, shape);
-  if (shape.use_logfmt) detail::check_divisible(kOp, "hidden", shape.hidden, kLogfmtChannelsPerGroup, "with use_logfmt");
-
+  check_combine_shape(kOp, shape);
+  const ExpertOutputRow row_of = [&](int owner, size_t row) { return &expert_outputs[owner][row * hidden]; };
   std::vector<std::vector<uint16_t>> combined(num_ranks);
-  std::vector<float> sum(hidden), partial(hidden);
-  std::vector<uint16_t> rounded(hidden);
   for (int source = 0; source < num_ranks; ++source) {
-    const LowLatencyRankInput& in = inputs[source];
-    combined[source].resize(product(in.num_tokens, hidden));
-    for (int t = 0; t < in.num_tokens; ++t) {
-      std::fill(sum.begin(), sum.end(), 0.0f);
-      // Each rank holding some of the token's experts sums their weighted rows (k order) and
-      // rounds that to BF16; the source adds those sums in rank order.
-      for (int owner = 0; owner < num_ranks; ++owner) {
-        bool holds = false;
-        std::fill(partial.begin(), partial.end(), 0.0f);
-        for (int k = 0; k < num_topk; ++k) {
-          const size_t pair = product(t, num_topk) + k;
-          if (slots[source][pair] == kNoSlot) continue;
-          const int64_t expert = in.topk_idx[pair];
-          if (partition.owner(expert) != owner) continue;
-          holds = true;
-          const size_t row = product(partition.local_id(expert), slots_per_expert) + slots[source][pair];
-          const uint16_t* y = &expert_outputs[owner][row * hidden];
-          const float weight = in.topk_weights[pair];
-          // Multiply, round, then add: the build keeps the compiler from fusing these (no FMA).
-          for (int c = 0; c < hidden; ++c) partial[c] += weight * bf16_to_float(y[c]);
-        }
-        if (!holds) continue;
-        for (int c = 0; c < hidden; ++c) rounded[c] = float_to_bf16(partial[c]);
-        if (shape.use_logfmt) {
-          const std::vector<float> received = logfmt_received(rounded.data(), hidden);
-          for (int c = 0; c < hidden; ++c) sum[c] += received[c];
-        } else {
-          for (int c = 0; c < hidden; ++c) sum[c] += bf16_to_float(rounded[c]);
-        }
-      }
-      for (int c = 0; c < hidden; ++c) combined[source][product(t, hidden) + c] = float_to_bf16(sum[c]);
+    combined[source].resize(product(inputs[source].num_tokens, hidden));
+    for (int t = 0; t < inputs[source].num_tokens; ++t) {
+      combine_token(inputs[source], slots[source], t, row_of, partition, shape, &combined[source][product(t, hidden)]);
     }
+  }
+  return combined;
+}
+
+std::vector<uint16_t> low_latency_combine_for(const std::vector<LowLatencyRankInput>& inputs,
+                                              const ExpertOutputRow& expert_output_row,
+                                              const ExpertPartition& partition, const LowLatencyShape& shape,
+                                              int source) {
+  constexpr const char* kOp = "low_latency_combine_for";
+  check_args(kOp, inputs, partition, shape, Use::kCombine);
+  detail::check_in_range(kOp, "source", source, 0, partition.num_ranks - 1);
+  const std::vector<std::vector<int>> slots = assign_slots(kOp, inputs, partition, shape);
+  check_combine_shape(kOp, shape);
+  const int hidden = shape.hidden;
+  std::vector<uint16_t> combined(product(inputs[source].num_tokens, hidden));
+  for (int t = 0; t < inputs[source].num_tokens; ++t) {
+    combine_token(inputs[source], slots[source], t, expert_output_row, partition, shape, &combined[product(t, hidden)]);
   }
   return combined;
 }

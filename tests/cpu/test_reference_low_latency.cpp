@@ -4,6 +4,7 @@
 
 #include "expect_error.hpp"
 #include "reference/reference.hpp"
+#include "reference/workload.hpp"
 
 namespace epcomm::reference {
 namespace {
@@ -282,6 +283,81 @@ TEST(LowLatencyCombine, RejectsBadArguments) {
   y[1].pop_back();
   EXPECT_TRUE(throws_invalid_argument([&] { low_latency_combine(two_rank_inputs(), y, partition, bf16_shape()); },
                                       "expert_outputs[1] has 23 elements, expected 24"));
+}
+
+// A random world of 5 ranks (tokens 0 to 16 each, M 16), 20 experts, top-3, FP8 or BF16.
+std::vector<LowLatencyRankInput> random_world(const LowLatencyShape& shape, int ranks, int experts, uint64_t seed) {
+  std::vector<LowLatencyRankInput> inputs(ranks);
+  RoutingOptions routing;
+  routing.prob_empty_slot = 0.2;
+  for (int r = 0; r < ranks; ++r) {
+    LowLatencyRankInput& in = inputs[r];
+    in.num_tokens = (4 * r + 3) % (shape.max_tokens_per_rank + 1) * (r == 2 ? 0 : 1);  // rank 2 sends nothing
+    in.topk_idx = random_topk_idx(derive_seed(seed, r, 0), in.num_tokens, shape.num_topk, experts, routing);
+    in.topk_weights = random_topk_weights(derive_seed(seed, r, 1), in.num_tokens, shape.num_topk);
+    in.x = random_bf16(derive_seed(seed, r, 2), static_cast<size_t>(in.num_tokens) * shape.hidden);
+  }
+  return inputs;
+}
+
+LowLatencyShape random_world_shape(bool fp8) {
+  LowLatencyShape shape;
+  shape.hidden = 256;
+  shape.num_topk = 3;
+  shape.max_tokens_per_rank = 16;
+  shape.use_fp8 = fp8;
+  return shape;
+}
+
+TEST(LowLatencyDispatch, OneDestinationIsWhatEveryRankGets) {
+  constexpr int kWorldRanks = 5, kExperts = 20;
+  const ExpertPartition partition(kExperts, kWorldRanks);
+  for (const bool fp8 : {false, true}) {
+    const LowLatencyShape shape = random_world_shape(fp8);
+    const auto inputs = random_world(shape, kWorldRanks, kExperts, fp8 ? 31 : 37);
+    const auto every = low_latency_dispatch(inputs, partition, shape);
+    for (int d = 0; d < kWorldRanks; ++d) {
+      const LowLatencyRankDispatched one = low_latency_dispatch_to(inputs, partition, shape, d);
+      EXPECT_EQ(one.recv_x_bf16, every[d].recv_x_bf16) << "rank " << d;
+      EXPECT_EQ(one.recv_x_fp8, every[d].recv_x_fp8) << "rank " << d;
+      EXPECT_EQ(one.recv_x_scales, every[d].recv_x_scales) << "rank " << d;
+      EXPECT_EQ(one.recv_count, every[d].recv_count) << "rank " << d;
+      EXPECT_EQ(one.recv_count_from, every[d].recv_count_from) << "rank " << d;
+      EXPECT_EQ(one.recv_src_token, every[d].recv_src_token) << "rank " << d;
+    }
+  }
+  EXPECT_TRUE(throws_invalid_argument(
+      [&] { (void)low_latency_dispatch_to(random_world(random_world_shape(false), kWorldRanks, kExperts, 1), partition,
+                                          random_world_shape(false), kWorldRanks); },
+      "destination = 5 must be in [0, 4]"));
+}
+
+TEST(LowLatencyCombine, OneSourceReadingRowsIsWhatEveryRankGets) {
+  constexpr int kWorldRanks = 5, kExperts = 20;
+  const ExpertPartition partition(kExperts, kWorldRanks);
+  for (const bool logfmt : {false, true}) {
+    LowLatencyShape shape = random_world_shape(false);
+    shape.use_logfmt = logfmt;
+    const auto inputs = random_world(shape, kWorldRanks, kExperts, 41);
+    const size_t rows = static_cast<size_t>(partition.experts_per_rank()) * kWorldRanks * shape.max_tokens_per_rank;
+    std::vector<std::vector<uint16_t>> outputs(kWorldRanks);
+    for (int d = 0; d < kWorldRanks; ++d) outputs[d] = random_bf16(derive_seed(43, d, 3), rows * shape.hidden, 0.25f);
+    const auto every = low_latency_combine(inputs, outputs, partition, shape);
+    size_t rows_read = 0;
+    const ExpertOutputRow row_of = [&](int owner, size_t row) {
+      ++rows_read;
+      return &outputs[owner][row * shape.hidden];
+    };
+    for (int s = 0; s < kWorldRanks; ++s) {
+      EXPECT_EQ(low_latency_combine_for(inputs, row_of, partition, shape, s), every[s]) << "rank " << s;
+    }
+    // Only the rows of pairs that went somewhere were read: at most one per pair.
+    size_t pairs = 0;
+    for (const LowLatencyRankInput& in : inputs) {
+      for (int64_t id : in.topk_idx) pairs += id >= 0 ? 1 : 0;
+    }
+    EXPECT_LE(rows_read, pairs);
+  }
 }
 
 }  // namespace

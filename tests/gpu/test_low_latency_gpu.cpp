@@ -147,27 +147,55 @@ reference::LowLatencyRankInput make_input(const Scenario& s, uint64_t seed, int 
   return in;
 }
 
-// Rank `rank`'s expert outputs [E_local, R * M, hidden]: where the dispatch put a row
-// (row_source >= 0) a window of `hidden` values at a random offset into a pool of N(0, 1) values
-// (cheap, and distinct from row to row); NaN elsewhere.
-std::vector<uint16_t> make_expert_outputs(const Scenario& s, uint64_t seed, int rank,
-                                          const std::vector<int32_t>& row_source) {
-  constexpr int kPoolRows = 64;
-  const size_t hidden = static_cast<size_t>(s.hidden);
-  const std::vector<uint16_t> pool = reference::random_bf16(reference::derive_seed(seed, rank, kYStream),
-                                                            (kPoolRows + 1) * hidden);
-  reference::Rng offsets(reference::derive_seed(seed, rank, kYOffsetStream));
-  std::vector<uint16_t> y(row_source.size() * hidden, kBf16NaN);
-  for (size_t row = 0; row < row_source.size(); ++row) {
-    if (row_source[row] < 0) continue;
-    const auto first = pool.begin() + offsets.uniform_int(0, kPoolRows * s.hidden);
-    std::copy(first, first + s.hidden, y.begin() + static_cast<std::ptrdiff_t>(row * hidden));
+// Every rank's expert outputs, row by row: row r of rank d is a window of `hidden` values at an
+// offset (seeded by d and r) into a pool of N(0, 1) values of d's (cheap, distinct from row to
+// row), so any rank can make any row of any rank's outputs without the whole buffer: the combine
+// reference reads only the rows of this rank's tokens.
+class ExpertOutputRows {
+ public:
+  ExpertOutputRows(const Scenario& s, uint64_t seed, int ranks)
+      : s_(s), seed_(seed), pools_(ranks), scratch_(static_cast<size_t>(s.hidden)) {}
+
+  // Row `row` of rank `rank`'s outputs; valid until the next call.
+  const uint16_t* row(int rank, size_t row) {
+    fill(rank, row, scratch_.data());
+    return scratch_.data();
   }
-  if (s.has(kLogfmt)) {  // sums below 1, so that LogFMT casts most groups (exact: a power of two)
-    for (uint16_t& value : y) value = reference::float_to_bf16(reference::bf16_to_float(value) * 0.125f);
+
+  // Rank `rank`'s outputs [E_local, R * M, hidden]: a row where the dispatch put one
+  // (row_source >= 0), NaN elsewhere.
+  std::vector<uint16_t> all(int rank, const std::vector<int32_t>& row_source) {
+    const size_t hidden = static_cast<size_t>(s_.hidden);
+    std::vector<uint16_t> y(row_source.size() * hidden, kBf16NaN);
+    for (size_t r = 0; r < row_source.size(); ++r) {
+      if (row_source[r] >= 0) fill(rank, r, y.data() + r * hidden);
+    }
+    return y;
   }
-  return y;
-}
+
+ private:
+  static constexpr int kPoolRows = 64;
+
+  void fill(int rank, size_t row, uint16_t* out) {
+    std::vector<uint16_t>& pool = pools_.at(static_cast<size_t>(rank));
+    if (pool.empty()) {
+      pool = reference::random_bf16(reference::derive_seed(seed_, rank, kYStream),
+                                    (kPoolRows + 1) * static_cast<size_t>(s_.hidden));
+    }
+    const uint64_t row_seed = reference::derive_seed(seed_, rank, kYOffsetStream);
+    reference::Rng offsets(reference::derive_seed(row_seed, static_cast<int>(row)));
+    const auto first = pool.begin() + offsets.uniform_int(0, kPoolRows * s_.hidden);
+    std::copy(first, first + s_.hidden, out);
+    if (s_.has(kLogfmt)) {  // sums below 1, so that LogFMT casts most groups (exact: a power of two)
+      for (int c = 0; c < s_.hidden; ++c) out[c] = reference::float_to_bf16(reference::bf16_to_float(out[c]) * 0.125f);
+    }
+  }
+
+  const Scenario& s_;
+  uint64_t seed_;
+  std::vector<std::vector<uint16_t>> pools_;  // per rank, made when first needed
+  std::vector<uint16_t> scratch_;
+};
 
 // One dispatch + combine round as this rank sees it: its inputs and expert outputs, and what the
 // reference says it must receive and combine.
@@ -179,27 +207,31 @@ struct Round {
   std::vector<uint16_t> combined_exact;  // kLogfmt: what the combine gives without LogFMT
 };
 
-Round make_round(const Scenario& s, uint64_t seed, int ranks, int me) {
-  std::vector<reference::LowLatencyRankInput> world(ranks);
-  for (int r = 0; r < ranks; ++r) world[r] = make_input(s, seed, r, ranks);
+// The reference for this rank alone: what it receives, and the combine of its own tokens (every
+// rank's inputs, but no other rank's receive or output buffers: at 16 and more ranks those would
+// hold R^2 rows per process).
+Round make_round_of(const Scenario& s, const std::vector<reference::LowLatencyRankInput>& world,
+                    const reference::LowLatencyRankInput& call, uint64_t seed, int ranks, int me) {
   const reference::ExpertPartition partition(experts_of(s, ranks), ranks);
-  std::vector<reference::LowLatencyRankDispatched> dispatched = reference::low_latency_dispatch(world, partition, shape_of(s));
-  std::vector<std::vector<uint16_t>> outputs(ranks);
-  for (int d = 0; d < ranks; ++d) {
-    outputs[d] = make_expert_outputs(s, seed, d, dispatched[d].recv_src_token);
-    if (d != me) dispatched[d] = reference::LowLatencyRankDispatched{};  // keep the memory down
-  }
+  ExpertOutputRows rows(s, seed, ranks);
+  const reference::ExpertOutputRow row_of = [&](int owner, size_t row) { return rows.row(owner, row); };
   Round round;
-  round.combined = std::move(reference::low_latency_combine(world, outputs, partition, shape_of(s))[me]);
+  round.dispatched = reference::low_latency_dispatch_to(world, partition, shape_of(s), me);
+  round.expert_outputs = rows.all(me, round.dispatched.recv_src_token);
+  round.combined = reference::low_latency_combine_for(world, row_of, partition, shape_of(s), me);
   if (s.has(kLogfmt)) {
     reference::LowLatencyShape exact = shape_of(s);
     exact.use_logfmt = false;
-    round.combined_exact = std::move(reference::low_latency_combine(world, outputs, partition, exact)[me]);
+    round.combined_exact = reference::low_latency_combine_for(world, row_of, partition, exact, me);
   }
-  round.input = std::move(world[me]);
-  round.dispatched = std::move(dispatched[me]);
-  round.expert_outputs = std::move(outputs[me]);
+  round.input = call;
   return round;
+}
+
+Round make_round(const Scenario& s, uint64_t seed, int ranks, int me) {
+  std::vector<reference::LowLatencyRankInput> world(ranks);
+  for (int r = 0; r < ranks; ++r) world[r] = make_input(s, seed, r, ranks);
+  return make_round_of(s, world, world[me], seed, ranks, me);
 }
 
 LowLatencyDispatchArgs dispatch_args_for(void* x, void* topk_idx, int tokens, const Scenario& s, int ranks) {
@@ -824,14 +856,8 @@ void check_shrink(RankHarness& harness, cudaStream_t stream, int emulated_nodes,
       if (r == masked) left[r] = reference::LowLatencyRankInput{};
       for (int64_t& id : left[r].topk_idx) id = id >= 0 && partition.owner(id) == masked ? -1 : id;
     }
-    std::vector<reference::LowLatencyRankDispatched> dispatched = reference::low_latency_dispatch(left, partition, shape_of(s));
-    std::vector<std::vector<uint16_t>> outputs(ranks);
-    for (int d = 0; d < ranks; ++d) outputs[d] = make_expert_outputs(s, kSeed, d, dispatched[d].recv_src_token);
-    Round round;
-    round.combined = reference::low_latency_combine(left, outputs, partition, shape_of(s))[me];
-    round.input = world[me];  // what this rank calls with: the masking leaves the rest out
-    round.dispatched = dispatched[me];
-    round.expert_outputs = outputs[me];
+    // What this rank calls with is world[me]: the masking leaves the rest out.
+    const Round round = make_round_of(s, left, world[me], kSeed, ranks, me);
     const RoundTensors tensors(s, round);
     PoisoningAllocator allocator(kPoisonByte);
     CallOptions call;
@@ -853,6 +879,18 @@ void check_shrink(RankHarness& harness, cudaStream_t stream, int emulated_nodes,
 
 }  // namespace
 
+// The low-latency region the suite's Buffer takes: room for the largest shape in every dimension,
+// or past 16 ranks (every rank's region on one GPU) for the largest scenario alone (the error
+// checks' shapes are smaller).
+int64_t suite_buffer_bytes(int ranks) {
+  if (ranks <= 16) return Buffer::low_latency_buffer_size_hint(kMaxTokens, kMaxHidden, ranks, kMaxExpertsPerRank * ranks);
+  int64_t bytes = 0;
+  for (const Scenario& s : scenarios()) {
+    bytes = std::max(bytes, Buffer::low_latency_buffer_size_hint(s.max_tokens, s.hidden, ranks, experts_of(s, ranks)));
+  }
+  return bytes;
+}
+
 void run_low_latency_suite(RankHarness& harness, int emulated_nodes,
                            TransportKind transport = TransportKind::kAuto) {
   const int ranks = harness.num_ranks();
@@ -862,8 +900,7 @@ void run_low_latency_suite(RankHarness& harness, int emulated_nodes,
   options.preinitialize = emulated_nodes > 1;  // the warmup's first touch of every peer goes by put there
   options.num_nvl_bytes = 0;
   options.low_latency_mode = true;
-  options.num_rdma_bytes =
-      Buffer::low_latency_buffer_size_hint(kMaxTokens, kMaxHidden, ranks, kMaxExpertsPerRank * ranks);
+  options.num_rdma_bytes = suite_buffer_bytes(ranks);
   options.wait_timeout = kWaitTimeout;
 
   cudaStream_t stream = nullptr;

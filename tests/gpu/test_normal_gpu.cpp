@@ -1038,13 +1038,12 @@ void run_normal_suite(RankHarness& harness, int emulated_nodes, TransportKind tr
                   "nodes as the Buffer reports them (num_nodes, node, local_rank)");
     Context ctx{harness, buffer, default_config, small_config, wide_config, side_stream, hierarchical ? per_node : 0};
     const std::vector<Scenario> all = scenarios();
-    // Past 8 ranks (EP16: hierarchical only) the largest scenarios are left out: every rank's CPU
-    // reference holds the whole world's rows.
-    constexpr int64_t kMaxElementsPast8Ranks = int64_t{1024} * 8192;
+    // Past 8 ranks (EP16, EP32: hierarchical only) the largest scenarios are left out: every
+    // rank's CPU reference holds the whole world's rows, R^2 rows over the processes.
+    constexpr int64_t kMaxElementsAt16Ranks = int64_t{1024} * 8192;
+    const int64_t max_elements = ranks <= 16 ? kMaxElementsAt16Ranks : kMaxElementsAt16Ranks * 16 * 16 / (ranks * ranks);
     for (size_t i = 0; i < all.size(); ++i) {
-      if (ranks > kMaxNvlPeers && int64_t{tokens_of(all[i], ranks - 1)} * all[i].hidden > kMaxElementsPast8Ranks) {
-        continue;
-      }
+      if (ranks > kMaxNvlPeers && int64_t{tokens_of(all[i], ranks - 1)} * all[i].hidden > max_elements) continue;
       run_scenario(ctx, all[i], kSeed + 7919u * (i + 1));
     }
     run_graph_case(ctx);
@@ -1113,12 +1112,14 @@ void run_normal_nvshmem_case(RankHarness& harness) {
   run_normal_suite(harness, 1, TransportKind::kNvshmem, false);
 }
 
-// The hierarchical mode across emulated nodes (a rail region): two nodes, and at 8 ranks also four
-// (2 x 4 and 4 x 2); the rail stage's puts are stores through the IPC mapping.
+// The hierarchical mode across emulated nodes (a rail region): two nodes (nodes of 8 past 16
+// ranks: 4 x 8 at 32), and at 8 ranks also four (2 x 4 and 4 x 2); the rail stage's puts are
+// stores through the IPC mapping.
 void run_normal_hierarchical_case(RankHarness& harness) {
   if (!forms_two_nodes(harness, "normal_hierarchical")) return;
-  run_normal_suite(harness, 2, TransportKind::kAuto, false, /*hierarchical=*/true);
-  if (harness.num_ranks() == 8) run_normal_suite(harness, 4, TransportKind::kAuto, false, /*hierarchical=*/true);
+  const int ranks = harness.num_ranks();
+  run_normal_suite(harness, std::max(2, ranks / kMaxNvlPeers), TransportKind::kAuto, false, /*hierarchical=*/true);
+  if (ranks == 8) run_normal_suite(harness, 4, TransportKind::kAuto, false, /*hierarchical=*/true);
 }
 
 // The same over the NVSHMEM transport: the rail stage's puts and signals are NVSHMEM's, to PEs that

@@ -284,9 +284,9 @@ void run_soak_case(RankHarness& harness) {
 // with no clean_low_latency_buffer between them. Every round is checked as the soak's.
 void run_modes_across_nodes_case(RankHarness& harness) {
   const int ranks = harness.num_ranks();
-  constexpr int kNodes = 2;
-  if (ranks < kNodes || ranks % kNodes != 0) {
-    std::printf("modes_across_nodes: %d rank(s) cannot form %d emulated nodes; nothing to run\n", ranks, kNodes);
+  const int nodes = std::max(2, ranks / kMaxNvlPeers);  // nodes of at most 8: 4 x 8 at 32 ranks
+  if (ranks < nodes || ranks % nodes != 0) {
+    std::printf("modes_across_nodes: %d rank(s) cannot form %d emulated nodes; nothing to run\n", ranks, nodes);
     return;
   }
   constexpr int kRounds = 120;
@@ -294,18 +294,18 @@ void run_modes_across_nodes_case(RankHarness& harness) {
   const Config config = default_dispatch_config(ranks);
   const int64_t row_bytes = int64_t{kMaxHidden} * 2;
   BufferOptions options;
-  options.emulated_nodes = kNodes;
-  options.num_nvl_bytes = config.nvl_buffer_size_hint(row_bytes, ranks / kNodes);
+  options.emulated_nodes = nodes;
+  options.num_nvl_bytes = config.nvl_buffer_size_hint(row_bytes, ranks / nodes);
   options.low_latency_mode = true;
   const int64_t both = std::max(Buffer::low_latency_buffer_size_hint(kMaxTokens, kMaxHidden, ranks, num_experts),
-                                config.rdma_buffer_size_hint(row_bytes, kNodes));
+                                config.rdma_buffer_size_hint(row_bytes, nodes));
   constexpr int64_t kAlign = static_cast<int64_t>(kRegionAlignment);
   options.num_rdma_bytes = (both + kAlign - 1) / kAlign * kAlign;
   Buffer buffer(harness.bootstrap(), options);
   Soak soak(harness, buffer, num_experts, /*hierarchical=*/true);
   if (harness.rank() == 0) {
     std::printf("modes_across_nodes: %d rounds of both modes, %d ranks in %d nodes, num_sms=%d\n", kRounds, ranks,
-                kNodes, soak.config().num_sms);
+                nodes, soak.config().num_sms);
     std::fflush(stdout);
   }
   for (int round = 0; round < kRounds; ++round) soak.round(round, 0x30DEull * 1000003ull + static_cast<uint64_t>(round));
