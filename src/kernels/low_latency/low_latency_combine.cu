@@ -26,9 +26,27 @@ constexpr int kChunksPerItem = 4;         // a sending warp's share of a row: 10
 constexpr int kPairsInFlight = 8;         // a sending lane's loads in flight: top-8 in one run
 constexpr int kLanesPerGroup = kLogfmtChannelsPerGroup / kBf16PerVector;  // 16: a LogFMT group
 constexpr size_t kGroupRowBytes = kLogfmtChannelsPerGroup * sizeof(__nv_bfloat16);  // 256: a group's place in a row
-// Owners whose partial sums a receiving lane loads at once: a token's owners up to 8 ranks cost
-// one round trip, and the registers for 8 rows are what the kernel can hold without spilling.
+// Owners whose partial sums a receiving lane loads at once: a top-8 token's owners cost one round
+// trip wherever they are among 32 ranks, and the registers for 8 rows are what the kernel can hold
+// without spilling.
 constexpr int kOwnersPerBatch = 8;
+
+// The next kOwnersPerBatch owners of a token (its set bits, lowest rank first), taken out of
+// `left`; -1 pads a short batch. Batches of set bits, not of consecutive ranks: at 32 ranks a
+// top-8 token's owners span up to 4 groups of 8 ranks but are one batch.
+struct OwnerBatch {
+  int rank[kOwnersPerBatch];
+};
+
+__device__ __forceinline__ OwnerBatch take_owner_batch(uint32_t& left) {
+  OwnerBatch batch;
+#pragma unroll
+  for (int i = 0; i < kOwnersPerBatch; ++i) {
+    batch.rank[i] = left != 0 ? __ffs(static_cast<int>(left)) - 1 : -1;
+    left &= left - 1;  // the lowest set bit out (none left: stays 0)
+  }
+  return batch;
+}
 
 // One lane's 8 channels of a sum in LogFMT (common/logfmt.hpp); the 16 lanes of a 128-channel
 // group decide together whether it is cast.
@@ -258,10 +276,10 @@ __device__ void send_partials(const device::Window& window, const LowLatencyComb
 }
 
 // A warp adds one chunk of one token: the partial sums of the ranks holding its experts, summed in
-// rank order. Owners go in batches of kOwnersPerBatch ranks, each batch's loads issued before any
-// of its adds: one batch (one round trip) up to 8 ranks, as many registers as one batch holds.
+// rank order. Owners go in batches (take_owner_batch), each batch's loads issued before any of its
+// adds: one batch (one round trip) for up to 8 owners, as many registers as one batch holds.
 __device__ void reduce_chunk(const device::Window& window, const LowLatencyCombineKernelArgs& args,
-                             const LowLatencyLayout& layout, int num_ranks, uint32_t counted, int token, int chunk) {
+                             const LowLatencyLayout& layout, uint32_t counted, int token, int chunk) {
   const LowLatencyCommon& common = args.common;
   const int lane = device::lane_id();
   // `counted`: the owners whose sums arrived (shrink mode); a masked owner's experts add nothing
@@ -271,18 +289,17 @@ __device__ void reduce_chunk(const device::Window& window, const LowLatencyCombi
   const int v = chunk * kChunkVectors + lane;
   if (v >= vectors) return;
   float sum[kBf16PerVector] = {};
-  for (int first_owner = 0; first_owner < num_ranks; first_owner += kOwnersPerBatch) {
-    const uint32_t batch = owners >> first_owner;
-    if (batch == 0) break;  // no owner from here on
+  for (uint32_t left = owners; left != 0;) {
+    const OwnerBatch batch = take_owner_batch(left);
     int4 raw[kOwnersPerBatch];
 #pragma unroll
     for (int i = 0; i < kOwnersPerBatch; ++i) {
-      if (!(batch & (1u << i))) continue;
-      raw[i] = __ldcg(window.own<const int4>(layout.returned(common.set_index, first_owner + i, token)) + v);
+      if (batch.rank[i] < 0) continue;
+      raw[i] = __ldcg(window.own<const int4>(layout.returned(common.set_index, batch.rank[i], token)) + v);
     }
 #pragma unroll
     for (int i = 0; i < kOwnersPerBatch; ++i) {
-      if (!(batch & (1u << i))) continue;
+      if (batch.rank[i] < 0) continue;
       const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&raw[i]);
 #pragma unroll
       for (int j = 0; j < kBf16PerVector; ++j) sum[j] = __fadd_rn(sum[j], __bfloat162float(values[j]));
@@ -295,8 +312,7 @@ __device__ void reduce_chunk(const device::Window& window, const LowLatencyCombi
 // both of the lane's possible encodings are loaded at once (one round trip per batch of owners),
 // then decoded.
 __device__ void reduce_logfmt_chunk(const device::Window& window, const LowLatencyCombineKernelArgs& args,
-                                    const LowLatencyLayout& layout, int num_ranks, uint32_t counted, int token,
-                                    int chunk) {
+                                    const LowLatencyLayout& layout, uint32_t counted, int token, int chunk) {
   const LowLatencyCommon& common = args.common;
   const int lane = device::lane_id();
   const uint32_t owners = device::ranks_of_token(common, layout, token) & counted;
@@ -305,17 +321,16 @@ __device__ void reduce_logfmt_chunk(const device::Window& window, const LowLaten
   if (v >= vectors) return;
   const int group = v / kLanesPerGroup, lane_in_group = v % kLanesPerGroup;
   float sum[kBf16PerVector] = {};
-  for (int first_owner = 0; first_owner < num_ranks; first_owner += kOwnersPerBatch) {
-    const uint32_t batch = owners >> first_owner;
-    if (batch == 0) break;  // no owner from here on
+  for (uint32_t left = owners; left != 0;) {
+    const OwnerBatch batch = take_owner_batch(left);
     int4 raw[kOwnersPerBatch];
     float2 meta[kOwnersPerBatch];
     uint2 low[kOwnersPerBatch];
     uint16_t high[kOwnersPerBatch];
 #pragma unroll
     for (int i = 0; i < kOwnersPerBatch; ++i) {
-      if (!(batch & (1u << i))) continue;
-      const char* slot = window.own<const char>(layout.returned(common.set_index, first_owner + i, token));
+      if (batch.rank[i] < 0) continue;
+      const char* slot = window.own<const char>(layout.returned(common.set_index, batch.rank[i], token));
       const char* data = slot + group * kGroupRowBytes;
       meta[i] = __ldcg(reinterpret_cast<const float2*>(slot + layout.logfmt_meta()) + group);
       raw[i] = __ldcg(reinterpret_cast<const int4*>(slot) + v);
@@ -324,7 +339,7 @@ __device__ void reduce_logfmt_chunk(const device::Window& window, const LowLaten
     }
 #pragma unroll
     for (int i = 0; i < kOwnersPerBatch; ++i) {
-      if (!(batch & (1u << i))) continue;
+      if (batch.rank[i] < 0) continue;
       LogfmtGroup decoded;
       decoded.log_min = meta[i].x;
       decoded.step = meta[i].y;
@@ -351,21 +366,20 @@ __device__ void reduce_logfmt_chunk(const device::Window& window, const LowLaten
 __device__ void check_owner_calls(const device::Window& window, const LowLatencyCombineKernelArgs& args,
                                   const KernelContext& context, const LowLatencyLayout& layout, uint64_t epoch,
                                   uint32_t owners) {
-  for (int first_owner = 0; first_owner < context.num_ranks; first_owner += kOwnersPerBatch) {
-    const uint32_t batch = owners >> first_owner;
-    if (batch == 0) break;  // no owner from here on
+  for (uint32_t left = owners; left != 0;) {
+    const OwnerBatch batch = take_owner_batch(left);
     int32_t theirs[kOwnersPerBatch];
 #pragma unroll
     for (int i = 0; i < kOwnersPerBatch; ++i) {
-      if (batch & (1u << i)) {
+      if (batch.rank[i] >= 0) {
         theirs[i] =
-            device::signature_field(window, layout.combine_signature(args.common.set_index, epoch, first_owner + i));
+            device::signature_field(window, layout.combine_signature(args.common.set_index, epoch, batch.rank[i]));
       }
     }
 #pragma unroll
     for (int i = 0; i < kOwnersPerBatch; ++i) {
-      if (batch & (1u << i)) {
-        device::same_call_as(theirs[i], args.signature, DeviceOp::kLowLatencyCombine, first_owner + i, context);
+      if (batch.rank[i] >= 0) {
+        device::same_call_as(theirs[i], args.signature, DeviceOp::kLowLatencyCombine, batch.rank[i], context);
       }
     }
   }
@@ -428,9 +442,9 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
       // Outside shrink mode every owner counts (a failed wait is an error recorded already).
       const uint32_t counted = kShrink ? arrived_owners : ~0u;
       if (kLogfmt) {
-        reduce_logfmt_chunk(window, args, layout, context.num_ranks, counted, item / chunks, item % chunks);
+        reduce_logfmt_chunk(window, args, layout, counted, item / chunks, item % chunks);
       } else {
-        reduce_chunk(window, args, layout, context.num_ranks, counted, item / chunks, item % chunks);
+        reduce_chunk(window, args, layout, counted, item / chunks, item % chunks);
       }
     }
     device::finish_receive_phase(window, layout, common.set_index, epoch);
