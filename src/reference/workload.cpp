@@ -146,4 +146,45 @@ std::vector<float> random_scales(uint64_t seed, size_t count) {
   return scales;
 }
 
+namespace {
+constexpr int kExpertOutputPoolRows = 64;  // a pool holds this many rows' worth of values, plus one
+enum ExpertOutputStream : int { kPoolStream, kRowOffsetStream };
+}  // namespace
+
+ExpertOutputRows::ExpertOutputRows(uint64_t seed, int num_ranks, int hidden, float scale)
+    : seed_(seed), hidden_(hidden), scale_(scale), pools_(static_cast<size_t>(num_ranks)),
+      scratch_(static_cast<size_t>(hidden)) {
+  if (num_ranks < 1 || hidden < 1) {
+    fail(ErrorCode::kInvalidArgument, "ExpertOutputRows: num_ranks ", num_ranks, " and hidden ", hidden,
+         " must be positive");
+  }
+}
+
+const uint16_t* ExpertOutputRows::row(int rank, size_t row) {
+  fill(rank, row, scratch_.data());
+  return scratch_.data();
+}
+
+std::vector<uint16_t> ExpertOutputRows::all(int rank, const std::vector<int32_t>& row_source, uint16_t unfilled) {
+  const size_t hidden = static_cast<size_t>(hidden_);
+  std::vector<uint16_t> y(row_source.size() * hidden, unfilled);
+  for (size_t r = 0; r < row_source.size(); ++r) {
+    if (row_source[r] >= 0) fill(rank, r, y.data() + r * hidden);
+  }
+  return y;
+}
+
+void ExpertOutputRows::fill(int rank, size_t row, uint16_t* out) {
+  std::vector<uint16_t>& pool = pools_.at(static_cast<size_t>(rank));
+  if (pool.empty()) {
+    pool = random_bf16(derive_seed(seed_, rank, kPoolStream), (kExpertOutputPoolRows + 1) * static_cast<size_t>(hidden_));
+  }
+  Rng offsets(derive_seed(derive_seed(seed_, rank, kRowOffsetStream), static_cast<int>(row)));
+  const auto first = pool.begin() + offsets.uniform_int(0, kExpertOutputPoolRows * hidden_);
+  std::copy(first, first + hidden_, out);
+  if (scale_ != 1.0f) {
+    for (int c = 0; c < hidden_; ++c) out[c] = float_to_bf16(bf16_to_float(out[c]) * scale_);
+  }
+}
+
 }  // namespace epcomm::reference

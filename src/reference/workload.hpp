@@ -43,4 +43,30 @@ std::vector<uint16_t> random_bf16(uint64_t seed, size_t count, float stddev = 1.
 std::vector<uint8_t> random_e4m3(uint64_t seed, size_t count);
 std::vector<float> random_scales(uint64_t seed, size_t count);
 
+// Every rank's low-latency expert outputs ([E_local, R * M, hidden] BF16), row by row: row r of
+// rank d is a window of `hidden` values at an offset (seeded by d and r) into a pool of N(0, 1)
+// values of d's, times `scale` (cheap, distinct from row to row). Any rank can make any row of any
+// rank's outputs without the whole buffer, so a combine's reference reads only the rows of the
+// tokens it combines (reference::low_latency_combine_for): at 16 and more ranks, every rank's whole
+// buffer in every process would not fit in a host's memory.
+class ExpertOutputRows {
+ public:
+  ExpertOutputRows(uint64_t seed, int num_ranks, int hidden, float scale = 1.0f);
+
+  // Row `row` of rank `rank`'s outputs; valid until the next call.
+  const uint16_t* row(int rank, size_t row);
+  // Rank `rank`'s whole outputs: row r where a dispatch put one (row_source[r] >= 0, as a
+  // dispatch's recv_src_token says), `unfilled` elsewhere.
+  std::vector<uint16_t> all(int rank, const std::vector<int32_t>& row_source, uint16_t unfilled);
+
+ private:
+  void fill(int rank, size_t row, uint16_t* out);
+
+  uint64_t seed_;
+  int hidden_;
+  float scale_;
+  std::vector<std::vector<uint16_t>> pools_;  // per rank, made when first needed
+  std::vector<uint16_t> scratch_;
+};
+
 }  // namespace epcomm::reference

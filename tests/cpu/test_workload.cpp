@@ -165,5 +165,35 @@ TEST(RandomValues, ScalesPositiveAndFinite) {
   for (float s : scales) ASSERT_TRUE(std::isnormal(s) && s > 0.0f) << s;
 }
 
+TEST(ExpertOutputRows, AnyRowOfAnyRankAloneIsWhatTheWholeBufferHolds) {
+  constexpr int kRanks = 3, kHidden = 256;
+  ExpertOutputRows rows(kSeed, kRanks, kHidden);
+  const std::vector<int32_t> row_source = {4, -1, 0, 7, -1};
+  constexpr uint16_t kUnfilled = 0x7FC0;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    const std::vector<uint16_t> whole = rows.all(rank, row_source, kUnfilled);
+    ASSERT_EQ(whole.size(), row_source.size() * kHidden);
+    ExpertOutputRows again(kSeed, kRanks, kHidden);  // another process makes the same rows
+    for (size_t r = 0; r < row_source.size(); ++r) {
+      const uint16_t* held = &whole[r * kHidden];
+      if (row_source[r] < 0) {
+        EXPECT_TRUE(std::all_of(held, held + kHidden, [](uint16_t v) { return v == kUnfilled; })) << "row " << r;
+        continue;
+      }
+      const uint16_t* alone = again.row(rank, r);
+      EXPECT_TRUE(std::equal(held, held + kHidden, alone)) << "rank " << rank << ", row " << r;
+    }
+  }
+  // Rows differ from row to row and from rank to rank.
+  const std::vector<uint16_t> first(rows.row(0, 0), rows.row(0, 0) + kHidden);
+  EXPECT_FALSE(std::equal(first.begin(), first.end(), rows.row(0, 1)));
+  EXPECT_FALSE(std::equal(first.begin(), first.end(), rows.row(1, 0)));
+  // A scale multiplies every value (a power of two: exactly).
+  ExpertOutputRows scaled(kSeed, kRanks, kHidden, 0.125f);
+  const uint16_t* small = scaled.row(0, 0);
+  for (int c = 0; c < kHidden; ++c) ASSERT_EQ(bf16_to_float(small[c]), bf16_to_float(first[c]) * 0.125f) << c;
+  EXPECT_TRUE(throws_invalid_argument([] { ExpertOutputRows(kSeed, 0, kHidden); }, "num_ranks 0"));
+}
+
 }  // namespace
 }  // namespace epcomm::reference

@@ -30,7 +30,8 @@ constexpr unsigned char kPoisonByte = 0xAB;
 constexpr uint16_t kBf16NaN = 0x7FC0;  // expert-output rows that must never be read
 constexpr std::chrono::milliseconds kWaitTimeout{30 * 1000};
 
-enum SeedStream : int { kTopkStream, kWeightsStream, kXStream, kYStream, kYOffsetStream };
+enum SeedStream : int { kTopkStream, kWeightsStream, kXStream, kYStream };
+constexpr float kLogfmtOutputScale = 0.125f;
 
 enum class Cast { kBf16, kFp8, kFp8Round, kFp8Ue8m0 };
 
@@ -147,56 +148,6 @@ reference::LowLatencyRankInput make_input(const Scenario& s, uint64_t seed, int 
   return in;
 }
 
-// Every rank's expert outputs, row by row: row r of rank d is a window of `hidden` values at an
-// offset (seeded by d and r) into a pool of N(0, 1) values of d's (cheap, distinct from row to
-// row), so any rank can make any row of any rank's outputs without the whole buffer: the combine
-// reference reads only the rows of this rank's tokens.
-class ExpertOutputRows {
- public:
-  ExpertOutputRows(const Scenario& s, uint64_t seed, int ranks)
-      : s_(s), seed_(seed), pools_(ranks), scratch_(static_cast<size_t>(s.hidden)) {}
-
-  // Row `row` of rank `rank`'s outputs; valid until the next call.
-  const uint16_t* row(int rank, size_t row) {
-    fill(rank, row, scratch_.data());
-    return scratch_.data();
-  }
-
-  // Rank `rank`'s outputs [E_local, R * M, hidden]: a row where the dispatch put one
-  // (row_source >= 0), NaN elsewhere.
-  std::vector<uint16_t> all(int rank, const std::vector<int32_t>& row_source) {
-    const size_t hidden = static_cast<size_t>(s_.hidden);
-    std::vector<uint16_t> y(row_source.size() * hidden, kBf16NaN);
-    for (size_t r = 0; r < row_source.size(); ++r) {
-      if (row_source[r] >= 0) fill(rank, r, y.data() + r * hidden);
-    }
-    return y;
-  }
-
- private:
-  static constexpr int kPoolRows = 64;
-
-  void fill(int rank, size_t row, uint16_t* out) {
-    std::vector<uint16_t>& pool = pools_.at(static_cast<size_t>(rank));
-    if (pool.empty()) {
-      pool = reference::random_bf16(reference::derive_seed(seed_, rank, kYStream),
-                                    (kPoolRows + 1) * static_cast<size_t>(s_.hidden));
-    }
-    const uint64_t row_seed = reference::derive_seed(seed_, rank, kYOffsetStream);
-    reference::Rng offsets(reference::derive_seed(row_seed, static_cast<int>(row)));
-    const auto first = pool.begin() + offsets.uniform_int(0, kPoolRows * s_.hidden);
-    std::copy(first, first + s_.hidden, out);
-    if (s_.has(kLogfmt)) {  // sums below 1, so that LogFMT casts most groups (exact: a power of two)
-      for (int c = 0; c < s_.hidden; ++c) out[c] = reference::float_to_bf16(reference::bf16_to_float(out[c]) * 0.125f);
-    }
-  }
-
-  const Scenario& s_;
-  uint64_t seed_;
-  std::vector<std::vector<uint16_t>> pools_;  // per rank, made when first needed
-  std::vector<uint16_t> scratch_;
-};
-
 // One dispatch + combine round as this rank sees it: its inputs and expert outputs, and what the
 // reference says it must receive and combine.
 struct Round {
@@ -213,11 +164,13 @@ struct Round {
 Round make_round_of(const Scenario& s, const std::vector<reference::LowLatencyRankInput>& world,
                     const reference::LowLatencyRankInput& call, uint64_t seed, int ranks, int me) {
   const reference::ExpertPartition partition(experts_of(s, ranks), ranks);
-  ExpertOutputRows rows(s, seed, ranks);
+  // Sums below 1 with LogFMT, so that it casts most groups (the scale is a power of two: exact).
+  reference::ExpertOutputRows rows(reference::derive_seed(seed, 0, kYStream), ranks, s.hidden,
+                                   s.has(kLogfmt) ? kLogfmtOutputScale : 1.0f);
   const reference::ExpertOutputRow row_of = [&](int owner, size_t row) { return rows.row(owner, row); };
   Round round;
   round.dispatched = reference::low_latency_dispatch_to(world, partition, shape_of(s), me);
-  round.expert_outputs = rows.all(me, round.dispatched.recv_src_token);
+  round.expert_outputs = rows.all(me, round.dispatched.recv_src_token, kBf16NaN);
   round.combined = reference::low_latency_combine_for(world, row_of, partition, shape_of(s), me);
   if (s.has(kLogfmt)) {
     reference::LowLatencyShape exact = shape_of(s);

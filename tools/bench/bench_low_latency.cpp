@@ -19,14 +19,15 @@ using testing::download;
 
 constexpr double kBytesPerGigabyte = 1e9;
 constexpr double kMicrosecondsPerSecond = 1e6;
+enum SeedStream : int { kXStream = 10, kTopkStream, kWeightsStream, kExpertOutputStream };
 
 reference::LowLatencyRankInput rank_input(const BenchOptions& options, int rank, int tokens) {
   reference::LowLatencyRankInput input;
   input.num_tokens = tokens;
-  input.x = reference::random_bf16(reference::derive_seed(options.seed, rank, 10), static_cast<size_t>(tokens) * options.hidden);
-  input.topk_idx = reference::random_topk_idx(reference::derive_seed(options.seed, rank, 11), tokens, options.num_topk,
+  input.x = reference::random_bf16(reference::derive_seed(options.seed, rank, kXStream), static_cast<size_t>(tokens) * options.hidden);
+  input.topk_idx = reference::random_topk_idx(reference::derive_seed(options.seed, rank, kTopkStream), tokens, options.num_topk,
                                               options.num_experts);
-  input.topk_weights = reference::random_topk_weights(reference::derive_seed(options.seed, rank, 12), tokens, options.num_topk);
+  input.topk_weights = reference::random_topk_weights(reference::derive_seed(options.seed, rank, kWeightsStream), tokens, options.num_topk);
   return input;
 }
 
@@ -46,7 +47,9 @@ void bench_low_latency(BenchContext& context, double copy_gbps) {
   shape.max_tokens_per_rank = tokens;
   shape.use_fp8 = true;
   const reference::ExpertPartition partition(options.num_experts, ranks);
-  const std::vector<reference::LowLatencyRankDispatched> expected = reference::low_latency_dispatch(inputs, partition, shape);
+  // This rank's part of the reference alone: every rank's receive in every process would not fit
+  // in a host's memory at 16 and more ranks.
+  const reference::LowLatencyRankDispatched expected = reference::low_latency_dispatch_to(inputs, partition, shape, rank);
 
   const reference::LowLatencyRankInput& mine = inputs[rank];
   testing::DeviceBytes x(mine.x.size() * sizeof(uint16_t)), topk_idx(mine.topk_idx.size() * sizeof(int64_t));
@@ -68,19 +71,19 @@ void bench_low_latency(BenchContext& context, double copy_gbps) {
   const int groups = options.hidden / 128;
   // Checks one dispatch's outputs against the reference (the receive must have run).
   auto dispatch_matches = [&](const LowLatencyDispatchResult& dispatched) {
-    bool ok = download<int32_t>(dispatched.recv_count.view) == expected[rank].recv_count;
+    bool ok = download<int32_t>(dispatched.recv_count.view) == expected.recv_count;
     const std::vector<uint8_t> recv_x = download<uint8_t>(dispatched.recv_x.view);
     const std::vector<float> recv_scales = download<float>(dispatched.recv_x_scales.view);
     const std::vector<int32_t> src = download<int32_t>(dispatched.handle.recv_src_info());
     for (int le = 0; le < experts_per_rank && ok; ++le) {
       size_t first = static_cast<size_t>(le) * slots;  // source s's rows follow those of sources before it
       for (int s = 0; s < ranks && ok; ++s) {
-        const int count = expected[rank].recv_count_from[static_cast<size_t>(le) * ranks + s];
+        const int count = expected.recv_count_from[static_cast<size_t>(le) * ranks + s];
         for (int j = 0; j < count && ok; ++j) {
           const size_t row = first + j;
-          ok = src[row] == expected[rank].recv_src_token[row] &&
-               std::memcmp(&recv_x[row * options.hidden], &expected[rank].recv_x_fp8[row * options.hidden], options.hidden) == 0 &&
-               std::memcmp(&recv_scales[row * groups], &expected[rank].recv_x_scales[row * groups], groups * sizeof(float)) == 0;
+          ok = src[row] == expected.recv_src_token[row] &&
+               std::memcmp(&recv_x[row * options.hidden], &expected.recv_x_fp8[row * options.hidden], options.hidden) == 0 &&
+               std::memcmp(&recv_scales[row * groups], &expected.recv_x_scales[row * groups], groups * sizeof(float)) == 0;
         }
         first += count;
       }
@@ -91,18 +94,15 @@ void bench_low_latency(BenchContext& context, double copy_gbps) {
   context.buffer->synchronize(context.stream);
   const bool dispatch_ok = dispatch_matches(dispatched);
 
-  // Expert outputs: the dequantised rows, as BF16 (rows past the counts are left as allocated).
-  std::vector<std::vector<uint16_t>> outputs(ranks);
-  for (int r = 0; r < ranks; ++r) {
-    outputs[r].assign(static_cast<size_t>(experts_per_rank) * slots * options.hidden, 0);
-    for (size_t i = 0; i < outputs[r].size(); ++i) {
-      outputs[r][i] = reference::float_to_bf16(reference::e4m3_to_float(expected[r].recv_x_fp8[i]));
-    }
-  }
-  const std::vector<std::vector<uint16_t>> expected_combined =
-      reference::low_latency_combine(inputs, outputs, partition, shape);
-  testing::DeviceBytes y(outputs[rank].size() * sizeof(uint16_t));
-  y.upload(outputs[rank]);
+  // Expert outputs: random rows that any rank can make for any rank (the combine moves them, what
+  // they hold does not matter), zero where the dispatch put no row.
+  reference::ExpertOutputRows output_rows(reference::derive_seed(options.seed, 0, kExpertOutputStream), ranks,
+                                          options.hidden);
+  const std::vector<uint16_t> outputs = output_rows.all(rank, expected.recv_src_token, 0);
+  const std::vector<uint16_t> expected_combined = reference::low_latency_combine_for(
+      inputs, [&](int owner, size_t row) { return output_rows.row(owner, row); }, partition, shape, rank);
+  testing::DeviceBytes y(outputs.size() * sizeof(uint16_t));
+  y.upload(outputs);
   LowLatencyCombineArgs combine_args;
   combine_args.x = TensorView::contiguous(y.get(), DType::kBFloat16, {experts_per_rank, static_cast<int64_t>(slots), options.hidden});
   combine_args.topk_idx = args.topk_idx;
@@ -111,7 +111,7 @@ void bench_low_latency(BenchContext& context, double copy_gbps) {
   LowLatencyCombineResult combined = context.buffer->low_latency_combine(combine_args, *allocator, call);
   context.buffer->synchronize(context.stream);
   auto combine_matches = [&](const LowLatencyCombineResult& result) {
-    return download<uint16_t>(result.combined_x.view) == expected_combined[rank];
+    return download<uint16_t>(result.combined_x.view) == expected_combined;
   };
   const bool combine_ok = combine_matches(combined);
   const bool all_dispatch_ok = all_ranks_agree(*context.bootstrap, dispatch_ok);

@@ -187,17 +187,18 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
 }
 
 void require_host_memory_for_reference(const BenchOptions& options) {
-  // Every rank checks the low-latency ops against the reference of the whole world, which holds
-  // every rank's received rows (FP8) and expert outputs (BF16): experts x ranks x tokens x hidden
-  // x 3 bytes per process. Refused when the ranks together would not fit in this machine's memory.
-  const double reference_bytes = 3.0 * options.num_experts * options.num_ranks * options.low_latency_tokens *
-                                 options.hidden * options.num_ranks;
+  // Every rank checks its own low-latency receive and combine: it holds every rank's inputs (BF16
+  // rows) and its own receive (FP8) and expert outputs (BF16) of R * M slots per local expert, so
+  // ranks x (ranks x tokens x hidden x 2 + experts x tokens x hidden x 3) bytes in all. Refused when
+  // the ranks together would not fit in this machine's memory.
+  const double rows = static_cast<double>(options.low_latency_tokens) * options.hidden;
+  const double reference_bytes = options.num_ranks * (2.0 * options.num_ranks * rows + 3.0 * options.num_experts * rows);
   const double machine_bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
   if (machine_bytes > 0 && reference_bytes > machine_bytes) {
     fail(ErrorCode::kInvalidArgument, "epcomm-bench: --ranks ", options.num_ranks, " with --experts ", options.num_experts,
          ", --ll-tokens ", options.low_latency_tokens, " and --hidden ", options.hidden, " needs about ",
-         static_cast<int64_t>(reference_bytes / 1e9), " GB of host memory for the reference checks (every rank holds "
-         "every rank's rows), more than this machine's ", static_cast<int64_t>(machine_bytes / 1e9),
+         static_cast<int64_t>(reference_bytes / 1e9), " GB of host memory for the reference checks (each rank holds "
+         "every rank's inputs and its own receive), more than this machine's ", static_cast<int64_t>(machine_bytes / 1e9),
          " GB: use fewer --experts or --ll-tokens");
   }
 }
