@@ -193,6 +193,8 @@ struct LowLatencyLayout {
   EPCOMM_HOST_DEVICE size_t returned(int set_index, int owner, int token_index) const {
     return set(set_index) + returned_in_set() + (static_cast<size_t>(owner) * max_tokens + token_index) * sum_stride();
   }
+  // From one owner's returned sum of a token to the next owner's sum of the same token.
+  EPCOMM_HOST_DEVICE size_t returned_owner_stride() const { return static_cast<size_t>(max_tokens) * sum_stride(); }
   // The zero-copy combine input of a combine on this set: dense bf16 [E_local][R*M][hidden].
   EPCOMM_HOST_DEVICE size_t combine_input(int set_index) const { return set(set_index) + combine_input_in_set(); }
   EPCOMM_HOST_DEVICE size_t dispatch_flag(int set_index, int source) const {

@@ -48,6 +48,22 @@ __device__ __forceinline__ OwnerBatch take_owner_batch(uint32_t& left) {
   return batch;
 }
 
+// Where each owner's returned sum of one token lies: the layout's address math once per token, then
+// one multiply-add per owner (per owner, it was a few dozen instructions in a 128-register loop).
+class TokenSums {
+ public:
+  __device__ TokenSums(const device::Window& window, const LowLatencyLayout& layout, int set_index, int token)
+      : owner0_(window.own<const char>(layout.returned(set_index, 0, token))),
+        owner_stride_(layout.returned_owner_stride()) {}
+  __device__ const char* of(int owner) const {
+    return owner0_ + static_cast<size_t>(static_cast<unsigned>(owner)) * owner_stride_;  // unsigned: no sign extension
+  }
+
+ private:
+  const char* owner0_;
+  size_t owner_stride_;
+};
+
 // One lane's 8 channels of a sum in LogFMT (common/logfmt.hpp); the 16 lanes of a 128-channel
 // group decide together whether it is cast.
 struct LogfmtLane {
@@ -288,6 +304,7 @@ __device__ void reduce_chunk(const device::Window& window, const LowLatencyCombi
   const int vectors = common.hidden / kBf16PerVector;
   const int v = chunk * kChunkVectors + lane;
   if (v >= vectors) return;
+  const TokenSums sums(window, layout, common.set_index, token);
   float sum[kBf16PerVector] = {};
   for (uint32_t left = owners; left != 0;) {
     const OwnerBatch batch = take_owner_batch(left);
@@ -295,7 +312,7 @@ __device__ void reduce_chunk(const device::Window& window, const LowLatencyCombi
 #pragma unroll
     for (int i = 0; i < kOwnersPerBatch; ++i) {
       if (batch.rank[i] < 0) continue;
-      raw[i] = __ldcg(window.own<const int4>(layout.returned(common.set_index, batch.rank[i], token)) + v);
+      raw[i] = __ldcg(reinterpret_cast<const int4*>(sums.of(batch.rank[i])) + v);
     }
 #pragma unroll
     for (int i = 0; i < kOwnersPerBatch; ++i) {
@@ -320,6 +337,7 @@ __device__ void reduce_logfmt_chunk(const device::Window& window, const LowLaten
   const int v = chunk * kChunkVectors + lane;
   if (v >= vectors) return;
   const int group = v / kLanesPerGroup, lane_in_group = v % kLanesPerGroup;
+  const TokenSums sums(window, layout, common.set_index, token);
   float sum[kBf16PerVector] = {};
   for (uint32_t left = owners; left != 0;) {
     const OwnerBatch batch = take_owner_batch(left);
@@ -330,7 +348,7 @@ __device__ void reduce_logfmt_chunk(const device::Window& window, const LowLaten
 #pragma unroll
     for (int i = 0; i < kOwnersPerBatch; ++i) {
       if (batch.rank[i] < 0) continue;
-      const char* slot = window.own<const char>(layout.returned(common.set_index, batch.rank[i], token));
+      const char* slot = sums.of(batch.rank[i]);
       const char* data = slot + group * kGroupRowBytes;
       meta[i] = __ldcg(reinterpret_cast<const float2*>(slot + layout.logfmt_meta()) + group);
       raw[i] = __ldcg(reinterpret_cast<const int4*>(slot) + v);
