@@ -33,13 +33,20 @@ constexpr int kOwnersPerBatch = 8;
 
 // The next kOwnersPerBatch owners of a token (its set bits, lowest rank first), taken out of
 // `left`; -1 pads a short batch. Batches of set bits, not of consecutive ranks: at 32 ranks a
-// top-8 token's owners span up to 4 groups of 8 ranks but are one batch.
+// top-8 token's owners span up to 4 groups of 8 ranks but are one batch. Owners all among ranks
+// 0-7 (always so at 8 ranks or fewer) take a shorter way: rank i in place i, no bit scans.
 struct OwnerBatch {
   int rank[kOwnersPerBatch];
 };
 
 __device__ __forceinline__ OwnerBatch take_owner_batch(uint32_t& left) {
   OwnerBatch batch;
+  if (left < (1u << kOwnersPerBatch)) {
+#pragma unroll
+    for (int i = 0; i < kOwnersPerBatch; ++i) batch.rank[i] = (left >> i) & 1u ? i : -1;
+    left = 0;
+    return batch;
+  }
 #pragma unroll
   for (int i = 0; i < kOwnersPerBatch; ++i) {
     batch.rank[i] = left != 0 ? __ffs(static_cast<int>(left)) - 1 : -1;
