@@ -169,6 +169,102 @@ __device__ void send_weights(const device::Window& window, const LowLatencyCombi
   }
 }
 
+// Where one token's weighted sum for `source` goes: straight into the source's slot for this rank
+// when the source is direct, else into the partials staging and put from there.
+struct SumDestination {
+  int source;
+  size_t slot;    // the source's slot for this rank's sum of the token (window offset)
+  char* direct;   // that slot through the direct mapping, or nullptr
+  char* staged;   // the staging of the token's sum for the source
+};
+
+// Delivers one chunk of a token's weighted sum (every lane of the warp calls it, `packed` the lane's
+// 8 channels of vector chunk * 32 + lane as BF16; lanes past the row hold zeros and store nothing).
+template <bool kLogfmt>
+__device__ __forceinline__ void deliver_chunk(const device::Window& window, const LowLatencyLayout& layout,
+                                              const SumDestination& to, int chunk, int vectors,
+                                              const int4& packed) {
+  const int v = chunk * kChunkVectors + device::lane_id();
+  // A direct peer takes the sum from registers, the others a put from the partials staging.
+  const LogfmtLane logfmt = kLogfmt ? encode_logfmt(packed) : LogfmtLane{};
+  size_t group_bytes = 0;
+  if (v < vectors) {
+    group_bytes = write_sum(to.direct != nullptr ? to.direct : to.staged, layout.logfmt_meta(), v, packed,
+                            kLogfmt ? &logfmt : nullptr);
+  }
+  if (to.direct != nullptr) return;
+  __syncwarp();  // the staged chunk is complete before any lane reads it back
+  const int first = chunk * kChunkVectors;
+  if (!kLogfmt) {
+    const size_t bytes = static_cast<size_t>(min(kChunkVectors, vectors - first)) * sizeof(int4);
+    window.put(to.source, to.slot + first * sizeof(int4), to.staged + first * sizeof(int4), bytes);
+    return;
+  }
+  // LogFMT: each group's bytes that carry data, then the chunk's groups' (L_min, step).
+  const int first_group = first / kLanesPerGroup;
+  const int groups = min(kChunkVectors, vectors - first) / kLanesPerGroup;
+  for (int g = 0; g < kChunkVectors / kLanesPerGroup; ++g) {
+    const size_t bytes = __shfl_sync(0xffffffffu, group_bytes, g * kLanesPerGroup);
+    if (g >= groups) continue;  // uniform
+    const size_t offset = (first_group + g) * kGroupRowBytes;
+    window.put(to.source, to.slot + offset, to.staged + offset, bytes);
+  }
+  const size_t meta = layout.logfmt_meta() + first_group * sizeof(float2);
+  window.put(to.source, to.slot + meta, to.staged + meta, groups * sizeof(float2));
+}
+
+// A token with few pairs on this rank (kPairs = 1 or 2: so it goes at 8 and more ranks, where a
+// top-8 token has ~1.5 experts on each rank it reaches): the rows of several chunks loaded at once
+// (all four with one pair, two with two: 4 loads in flight per lane where one chunk at a time had
+// 1-2; more would spill). The sum of each chunk is the general path's: pairs in k order, each
+// product rounded.
+template <bool kLogfmt, int kPairs>
+__device__ __forceinline__ void send_few_pairs(const device::Window& window, const LowLatencyLayout& layout,
+                                               const SumDestination& to, const int4* x, uint32_t local_pairs,
+                                               size_t my_row, float my_weight, int first_chunk, int last_chunk,
+                                               int vectors) {
+  constexpr int kChunksAtOnce = kChunksPerItem / kPairs;
+  const int lane = device::lane_id();
+  const int4* rows[kPairs];
+  float weight[kPairs];
+#pragma unroll
+  for (int p = 0; p < kPairs; ++p) {
+    const int k = __ffs(static_cast<int>(local_pairs)) - 1;  // local_pairs is warp-uniform: so is k
+    local_pairs &= local_pairs - 1;
+    rows[p] = x + __shfl_sync(0xffffffffu, my_row, k) + lane;
+    weight[p] = __shfl_sync(0xffffffffu, my_weight, k);
+  }
+  for (int chunk = first_chunk; chunk < last_chunk; chunk += kChunksAtOnce) {
+    int4 raw[kChunksAtOnce][kPairs];
+#pragma unroll
+    for (int c = 0; c < kChunksAtOnce; ++c) {
+      const bool in_row = chunk + c < last_chunk && (chunk + c) * kChunkVectors + lane < vectors;
+#pragma unroll
+      for (int p = 0; p < kPairs; ++p) {
+        // Lanes past the row sum zeros: LogFMT's group reductions then see only whole idle groups.
+        raw[c][p] = in_row ? __ldg(rows[p] + (chunk + c) * kChunkVectors) : make_int4(0, 0, 0, 0);
+      }
+    }
+    int4 packed[kChunksAtOnce];  // each chunk's sum, rounded: raw is dead before any delivery
+#pragma unroll
+    for (int c = 0; c < kChunksAtOnce; ++c) {
+      float sum[kBf16PerVector] = {};
+#pragma unroll
+      for (int p = 0; p < kPairs; ++p) {
+        const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&raw[c][p]);
+#pragma unroll
+        for (int j = 0; j < kBf16PerVector; ++j) sum[j] = __fadd_rn(sum[j], __fmul_rn(weight[p], __bfloat162float(values[j])));
+      }
+      packed[c] = device::pack_bf16(sum);
+    }
+#pragma unroll
+    for (int c = 0; c < kChunksAtOnce; ++c) {
+      if (chunk + c >= last_chunk) break;  // uniform
+      deliver_chunk<kLogfmt>(window, layout, to, chunk + c, vectors, packed[c]);
+    }
+  }
+}
+
 // The weighted sum, over this rank's experts, of token `token` of `source`, for chunks
 // [first_chunk, first_chunk + kChunksPerItem) of the row, into the source's slot for this rank.
 // `weights_seen` (bit s) spares the warp a second wait for source s's weights; `left_out` (bit s):
@@ -216,9 +312,14 @@ __device__ void send_partial(const device::Window& window, const LowLatencyCombi
   const size_t my_row = here ? (static_cast<size_t>(expert - first_expert) * expert_rows + row) * vectors : 0;
   const int4* x = static_cast<const int4*>(args.x);
   const size_t slot = layout.returned(common.set_index, context.rank, token);
-  char* direct = window.ptr(source, slot);
-  char* staged = window.own(layout.partial(common.set_index, source, token));
+  const SumDestination to{source, slot, window.ptr(source, slot), window.own(layout.partial(common.set_index, source, token))};
   const int last_chunk = min(first_chunk + kChunksPerItem, (vectors + kChunkVectors - 1) / kChunkVectors);
+  // LogFMT's encoding of four chunks at once would spill: it takes the general path.
+  switch (kLogfmt ? 0 : __popc(local_pairs)) {  // uniform
+    case 1: return send_few_pairs<kLogfmt, 1>(window, layout, to, x, local_pairs, my_row, my_weight, first_chunk, last_chunk, vectors);
+    case 2: return send_few_pairs<kLogfmt, 2>(window, layout, to, x, local_pairs, my_row, my_weight, first_chunk, last_chunk, vectors);
+    default: break;
+  }
   for (int chunk = first_chunk; chunk < last_chunk; ++chunk) {
     const int v = chunk * kChunkVectors + lane;
     // Each product rounded, added in k order (the reference's). The pairs go in runs of
@@ -245,33 +346,7 @@ __device__ void send_partial(const device::Window& window, const LowLatencyCombi
         for (int j = 0; j < kBf16PerVector; ++j) sum[j] = __fadd_rn(sum[j], __fmul_rn(weight, __bfloat162float(values[j])));
       }
     }
-    const int4 packed = device::pack_bf16(sum);
-    // A direct peer takes the sum from registers, the others a put from the partials staging.
-    const LogfmtLane logfmt = kLogfmt ? encode_logfmt(packed) : LogfmtLane{};
-    size_t group_bytes = 0;
-    if (v < vectors) {
-      group_bytes = write_sum(direct != nullptr ? direct : staged, layout.logfmt_meta(), v, packed,
-                              kLogfmt ? &logfmt : nullptr);
-    }
-    if (direct != nullptr) continue;
-    __syncwarp();  // the staged chunk is complete before any lane reads it back
-    const int first = chunk * kChunkVectors;
-    if (!kLogfmt) {
-      const size_t bytes = static_cast<size_t>(min(kChunkVectors, vectors - first)) * sizeof(int4);
-      window.put(source, slot + first * sizeof(int4), staged + first * sizeof(int4), bytes);
-      continue;
-    }
-    // LogFMT: each group's bytes that carry data, then the chunk's groups' (L_min, step).
-    const int first_group = first / kLanesPerGroup;
-    const int groups = min(kChunkVectors, vectors - first) / kLanesPerGroup;
-    for (int g = 0; g < kChunkVectors / kLanesPerGroup; ++g) {
-      const size_t bytes = __shfl_sync(0xffffffffu, group_bytes, g * kLanesPerGroup);
-      if (g >= groups) continue;  // uniform
-      const size_t offset = (first_group + g) * kGroupRowBytes;
-      window.put(source, slot + offset, staged + offset, bytes);
-    }
-    const size_t meta = layout.logfmt_meta() + first_group * sizeof(float2);
-    window.put(source, slot + meta, staged + meta, groups * sizeof(float2));
+    deliver_chunk<kLogfmt>(window, layout, to, chunk, vectors, device::pack_bf16(sum));
   }
 }
 
