@@ -230,6 +230,12 @@ int main(int argc, char** argv) {
   try {
     if (tools::running_as_rank()) return bench::run_rank(options);
 
+    try {  // a question of the options, answered before any other work, GPU or not
+      bench::require_host_memory_for_reference(options);
+    } catch (const Error& error) {
+      std::fprintf(stderr, "%s\n", error.what());
+      return bench::kExitUsage;
+    }
     if (!bench::cpu_self_check(options)) return EXIT_FAILURE;
     int num_gpus = 0;
     const cudaError_t status = cudaGetDeviceCount(&num_gpus);
@@ -237,12 +243,6 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "epcomm-bench: no CUDA GPU is usable here (%s); the GPU benchmarks did not run.\n",
                    detail::no_gpu_reason(status, num_gpus).c_str());
       return bench::kExitNoGpu;
-    }
-    try {
-      bench::require_host_memory_for_reference(options);
-    } catch (const Error& error) {
-      std::fprintf(stderr, "%s\n", error.what());
-      return bench::kExitUsage;
     }
     auto launch_with = [&](const bench::BenchOptions& rank_options) {
       tools::LaunchOptions launch;
