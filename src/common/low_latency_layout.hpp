@@ -191,7 +191,8 @@ struct LowLatencyLayout {
     return set(set_index) + partials_in_set() + (static_cast<size_t>(source) * max_tokens + token_index) * sum_stride();
   }
   EPCOMM_HOST_DEVICE size_t returned(int set_index, int owner, int token_index) const {
-    return set(set_index) + returned_in_set() + (static_cast<size_t>(owner) * max_tokens + token_index) * sum_stride();
+    return set(set_index) + returned_in_set() + static_cast<size_t>(owner) * returned_owner_stride() +
+           static_cast<size_t>(token_index) * sum_stride();
   }
   // From one owner's returned sum of a token to the next owner's sum of the same token.
   EPCOMM_HOST_DEVICE size_t returned_owner_stride() const { return static_cast<size_t>(max_tokens) * sum_stride(); }
