@@ -216,13 +216,13 @@ __device__ __forceinline__ void deliver_chunk(const device::Window& window, cons
 // A token with few pairs on this rank (kPairs = 1 or 2: so it goes at 8 and more ranks, where a
 // top-8 token has ~1.5 experts on each rank it reaches): the rows of several chunks loaded at once
 // (all four with one pair, two with two: 4 loads in flight per lane where one chunk at a time had
-// 1-2; more would spill). The sum of each chunk is the general path's: pairs in k order, each
-// product rounded.
-template <bool kLogfmt, int kPairs>
-__device__ __forceinline__ void send_few_pairs(const device::Window& window, const LowLatencyLayout& layout,
-                                               const SumDestination& to, const int4* x, uint32_t local_pairs,
-                                               size_t my_row, float my_weight, int first_chunk, int last_chunk,
-                                               int vectors) {
+// 1-2; more would spill), their sums stored together and, for a peer without a mapping, put in one
+// go. The sum of each chunk is the general path's: pairs in k order, each product rounded. BF16
+// only: LogFMT's encoding of several chunks at once would spill.
+template <int kPairs>
+__device__ __forceinline__ void send_few_pairs(const device::Window& window, const SumDestination& to, const int4* x,
+                                               uint32_t local_pairs, size_t my_row, float my_weight, int first_chunk,
+                                               int last_chunk, int vectors) {
   constexpr int kChunksAtOnce = kChunksPerItem / kPairs;
   const int lane = device::lane_id();
   const int4* rows[kPairs];
@@ -234,20 +234,19 @@ __device__ __forceinline__ void send_few_pairs(const device::Window& window, con
     rows[p] = x + __shfl_sync(0xffffffffu, my_row, k) + lane;
     weight[p] = __shfl_sync(0xffffffffu, my_weight, k);
   }
+  int4* sums = reinterpret_cast<int4*>(to.direct != nullptr ? to.direct : to.staged);
   for (int chunk = first_chunk; chunk < last_chunk; chunk += kChunksAtOnce) {
     int4 raw[kChunksAtOnce][kPairs];
 #pragma unroll
     for (int c = 0; c < kChunksAtOnce; ++c) {
       const bool in_row = chunk + c < last_chunk && (chunk + c) * kChunkVectors + lane < vectors;
 #pragma unroll
-      for (int p = 0; p < kPairs; ++p) {
-        // Lanes past the row sum zeros: LogFMT's group reductions then see only whole idle groups.
-        raw[c][p] = in_row ? __ldg(rows[p] + (chunk + c) * kChunkVectors) : make_int4(0, 0, 0, 0);
-      }
+      for (int p = 0; p < kPairs; ++p) raw[c][p] = in_row ? __ldg(rows[p] + (chunk + c) * kChunkVectors) : int4{};
     }
-    int4 packed[kChunksAtOnce];  // each chunk's sum, rounded: raw is dead before any delivery
 #pragma unroll
     for (int c = 0; c < kChunksAtOnce; ++c) {
+      const int v = (chunk + c) * kChunkVectors + lane;
+      if (chunk + c >= last_chunk || v >= vectors) continue;
       float sum[kBf16PerVector] = {};
 #pragma unroll
       for (int p = 0; p < kPairs; ++p) {
@@ -255,13 +254,14 @@ __device__ __forceinline__ void send_few_pairs(const device::Window& window, con
 #pragma unroll
         for (int j = 0; j < kBf16PerVector; ++j) sum[j] = __fadd_rn(sum[j], __fmul_rn(weight[p], __bfloat162float(values[j])));
       }
-      packed[c] = device::pack_bf16(sum);
+      sums[v] = device::pack_bf16(sum);
     }
-#pragma unroll
-    for (int c = 0; c < kChunksAtOnce; ++c) {
-      if (chunk + c >= last_chunk) break;  // uniform
-      deliver_chunk<kLogfmt>(window, layout, to, chunk + c, vectors, packed[c]);
-    }
+    if (to.direct != nullptr) continue;
+    __syncwarp();  // the staged chunks are complete before any lane reads them back
+    const int first = chunk * kChunkVectors;
+    const int end = min(min(chunk + kChunksAtOnce, last_chunk) * kChunkVectors, vectors);
+    const size_t offset = static_cast<size_t>(first) * sizeof(int4);
+    window.put(to.source, to.slot + offset, to.staged + offset, static_cast<size_t>(end - first) * sizeof(int4));
   }
 }
 
@@ -314,11 +314,12 @@ __device__ void send_partial(const device::Window& window, const LowLatencyCombi
   const size_t slot = layout.returned(common.set_index, context.rank, token);
   const SumDestination to{source, slot, window.ptr(source, slot), window.own(layout.partial(common.set_index, source, token))};
   const int last_chunk = min(first_chunk + kChunksPerItem, (vectors + kChunkVectors - 1) / kChunkVectors);
-  // LogFMT's encoding of four chunks at once would spill: it takes the general path.
-  switch (kLogfmt ? 0 : __popc(local_pairs)) {  // uniform
-    case 1: return send_few_pairs<kLogfmt, 1>(window, layout, to, x, local_pairs, my_row, my_weight, first_chunk, last_chunk, vectors);
-    case 2: return send_few_pairs<kLogfmt, 2>(window, layout, to, x, local_pairs, my_row, my_weight, first_chunk, last_chunk, vectors);
-    default: break;
+  if constexpr (!kLogfmt) {
+    switch (__popc(local_pairs)) {  // uniform
+      case 1: return send_few_pairs<1>(window, to, x, local_pairs, my_row, my_weight, first_chunk, last_chunk, vectors);
+      case 2: return send_few_pairs<2>(window, to, x, local_pairs, my_row, my_weight, first_chunk, last_chunk, vectors);
+      default: break;
+    }
   }
   for (int chunk = first_chunk; chunk < last_chunk; ++chunk) {
     const int v = chunk * kChunkVectors + lane;
