@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 
@@ -66,6 +67,11 @@ class Allocator {
   virtual ~Allocator() = default;
   // Returns a contiguous device tensor that is safe to use in stream order on `stream`.
   virtual Tensor allocate(DType dtype, std::initializer_list<int64_t> shape, cudaStream_t stream) = 0;
+  // Several tensors, one for each of `shapes` (its dtype and shape; the data pointer is not read),
+  // in the same order, each as allocate() would make it. A call asks for all its outputs at once:
+  // an allocator whose every call costs much (a callback into Python, under the GIL) overrides this
+  // to pay once. The default calls allocate() for each.
+  virtual std::vector<Tensor> allocate_many(const std::vector<TensorView>& shapes, cudaStream_t stream);
 };
 
 // Stream-ordered allocator (cudaMallocFromPoolAsync / cudaFreeAsync) over a pool of its own per

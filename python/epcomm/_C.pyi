@@ -217,7 +217,7 @@ class WarmupShape:
 
 class Allocator:
     """
-    Output memory from a Python callable: (dtype, shape, stream) -> (ptr, owner).
+    Output memory from a Python callable: ([(dtype, shape), ...], stream) -> [(ptr, owner), ...].
     """
 
     def __init__(self, allocate: object) -> None: ...

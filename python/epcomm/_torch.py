@@ -4,7 +4,7 @@ Everything here imports torch when called, never at import time.
 """
 
 import functools
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from . import _C
 
@@ -60,23 +60,26 @@ def current_stream() -> int:
     return torch.cuda.current_stream().cuda_stream
 
 
-def _allocate(device: int, dtype: int, shape: Tuple[int, ...], stream: int) -> Tuple[int, Any]:
-    """Output memory for the runtime: torch.empty on the stream it names (the caching allocator
-    then ties the block to that stream)."""
+def _allocate(device: Any, requests: List[Tuple[int, Tuple[int, ...]]], stream: int) -> List[Tuple[int, Any]]:
+    """Output memory for the runtime, all of a call's outputs at once: torch.empty on the stream it
+    names (the caching allocator then ties each block to that stream). One call per C++ call keeps
+    the host's time between the notify step and the kernel short (each call takes the GIL)."""
     import torch
 
-    place = f"cuda:{device}"
+    _dtype_codes()
     if stream == torch.cuda.current_stream(device).cuda_stream:
-        tensor = torch.empty(shape, dtype=to_torch_dtype(dtype), device=place)
+        tensors = [torch.empty(shape, dtype=_TORCH_DTYPES[code], device=device) for code, shape in requests]
     else:  # e.g. the communication stream
-        with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=place)):
-            tensor = torch.empty(shape, dtype=to_torch_dtype(dtype), device=place)
-    return tensor.data_ptr(), tensor
+        with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=device)):
+            tensors = [torch.empty(shape, dtype=_TORCH_DTYPES[code], device=device) for code, shape in requests]
+    return [(tensor.data_ptr(), tensor) for tensor in tensors]
 
 
 def make_allocator(device: int) -> _C.Allocator:
+    import torch
+
     # A module-level function (not a bound method): no reference cycle through the allocator.
-    return _C.Allocator(functools.partial(_allocate, device))
+    return _C.Allocator(functools.partial(_allocate, torch.device("cuda", device)))
 
 
 def record_streams(tensors, stream) -> None:

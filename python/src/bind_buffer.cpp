@@ -225,7 +225,7 @@ void bind_types(nb::module_& m) {
       .def_rw("hidden", &WarmupShape::hidden)
       .def_rw("num_topk", &WarmupShape::num_topk)
       .def_rw("num_experts", &WarmupShape::num_experts);
-  nb::class_<PythonAllocator>(m, "Allocator", "Output memory from a Python callable: (dtype, shape, stream) -> (ptr, owner).")
+  nb::class_<PythonAllocator>(m, "Allocator", "Output memory from a Python callable: ([(dtype, shape), ...], stream) -> [(ptr, owner), ...].")
       .def(nb::init<nb::object>(), nb::arg("allocate"));
   nb::class_<RecvHook>(m, "RecvHook")
       .def("__call__", [](const RecvHook& hook) { hook(); }, nb::call_guard<nb::gil_scoped_release>())

@@ -1,6 +1,9 @@
 #include "python_allocator.hpp"
 
+#include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "epcomm/error.hpp"
 
@@ -38,20 +41,41 @@ PythonAllocator::~PythonAllocator() {
 }
 
 Tensor PythonAllocator::allocate(DType dtype, std::initializer_list<int64_t> shape, cudaStream_t stream) {
+  return std::move(allocate_many({TensorView::contiguous(static_cast<void*>(nullptr), dtype, shape)}, stream)[0]);
+}
+
+std::vector<Tensor> PythonAllocator::allocate_many(const std::vector<TensorView>& shapes, cudaStream_t stream) {
   nb::gil_scoped_acquire gil;
-  nb::list dims;
-  for (int64_t extent : shape) dims.append(extent);
-  Tensor tensor;
-  try {
-    const nb::tuple result = nb::cast<nb::tuple>(
-        allocate_(static_cast<int>(dtype), nb::tuple(dims), reinterpret_cast<uintptr_t>(stream)));
-    if (result.size() != 2) fail(ErrorCode::kInternal, "the Python allocator must return (data_ptr, owner)");
-    tensor.view = TensorView::contiguous(reinterpret_cast<void*>(nb::cast<uintptr_t>(result[0])), dtype, shape);
-    tensor.storage = std::make_shared<PythonOwner>(nb::borrow(result[1]));
-  } catch (const nb::python_error& error) {
-    fail(ErrorCode::kInternal, "the Python allocator failed for ", dtype_name(dtype), ": ", error.what());
+  nb::list requests;
+  for (const TensorView& shape : shapes) {
+    nb::list dims;
+    for (int d = 0; d < shape.ndim; ++d) dims.append(shape.shape[d]);
+    requests.append(nb::make_tuple(static_cast<int>(shape.dtype), nb::tuple(dims)));
   }
-  return tensor;
+  std::vector<Tensor> tensors;
+  tensors.reserve(shapes.size());
+  try {
+    const nb::list results = nb::cast<nb::list>(allocate_(requests, reinterpret_cast<uintptr_t>(stream)));
+    if (results.size() != shapes.size()) {
+      fail(ErrorCode::kInternal, "the Python allocator returned ", results.size(), " results for ", shapes.size(),
+           " requests");
+    }
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const nb::tuple result = nb::cast<nb::tuple>(results[i]);
+      if (result.size() != 2) fail(ErrorCode::kInternal, "the Python allocator must return (data_ptr, owner) pairs");
+      Tensor tensor;
+      tensor.view = shapes[i];
+      tensor.view.data = reinterpret_cast<void*>(nb::cast<uintptr_t>(result[0]));
+      tensor.storage = std::make_shared<PythonOwner>(nb::borrow(result[1]));
+      tensors.push_back(std::move(tensor));
+    }
+  } catch (const nb::python_error& error) {
+    fail(ErrorCode::kInternal, "the Python allocator failed for ", shapes.size(), " outputs (the first ",
+         shapes.empty() ? std::string("none") : shapes[0].describe(), "): ", error.what());
+  } catch (const nb::cast_error&) {
+    fail(ErrorCode::kInternal, "the Python allocator must return a list of (data_ptr, owner) pairs");
+  }
+  return tensors;
 }
 
 nb::object owner_of(const Tensor& tensor) {

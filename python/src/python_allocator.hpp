@@ -10,10 +10,13 @@ namespace epcomm::python {
 
 class PythonAllocator final : public Allocator {
  public:
-  // allocate(dtype: int, shape: tuple[int, ...], stream: int) -> (data_ptr: int, owner: object)
+  // allocate(requests: list[tuple[dtype: int, shape: tuple[int, ...]]], stream: int)
+  //   -> list[tuple[data_ptr: int, owner: object]], one per request, in order
   explicit PythonAllocator(nanobind::object allocate);
   ~PythonAllocator() override;
   Tensor allocate(DType dtype, std::initializer_list<int64_t> shape, cudaStream_t stream) override;
+  // One call into Python (and one hold of the GIL) for all of a call's outputs.
+  std::vector<Tensor> allocate_many(const std::vector<TensorView>& shapes, cudaStream_t stream) override;
 
  private:
   nanobind::object allocate_;

@@ -179,21 +179,21 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
   const int set_index = static_cast<int>(impl.low_latency_calls++ % LowLatencyLayout::kNumSets);
   const int64_t rows = static_cast<int64_t>(ranks) * max_tokens;
   LowLatencyDispatchResult result;
-  result.recv_x = allocator.allocate(args.use_fp8 ? DType::kFloat8E4M3 : DType::kBFloat16, {experts_per_rank, rows, hidden},
-                                     call.stream);
+  detail::OutputBatch outputs;
+  outputs.add(result.recv_x, args.use_fp8 ? DType::kFloat8E4M3 : DType::kBFloat16, {experts_per_rank, rows, hidden});
+  // deep_ep's layout of the scales: [E_local, rows, words] indexed, stored scale-major
+  // ([E_local, words, rows]: column-major in the row dimension, as grouped FP8 GEMMs read scales).
+  const int64_t words = args.use_ue8m0 ? hidden / ue8m0_channels : hidden / kFp8ChannelsPerScale;
+  if (args.use_fp8) outputs.add(result.recv_x_scales, args.use_ue8m0 ? DType::kInt32 : DType::kFloat32, {experts_per_rank, words, rows});
+  outputs.add(result.recv_count, DType::kInt32, {experts_per_rank});
+  outputs.allocate(allocator, call.stream);
   if (args.use_fp8) {
-    // deep_ep's layout: [E_local, rows, words] indexed, stored scale-major ([E_local, words, rows]:
-    // column-major in the row dimension, as grouped FP8 GEMMs read scales).
-    const int64_t words = args.use_ue8m0 ? hidden / ue8m0_channels : hidden / kFp8ChannelsPerScale;
-    result.recv_x_scales = allocator.allocate(args.use_ue8m0 ? DType::kInt32 : DType::kFloat32,
-                                              {experts_per_rank, words, rows}, call.stream);
     TensorView& scales = result.recv_x_scales.view;
     scales.shape[1] = rows;
     scales.shape[2] = words;
     scales.strides[1] = 1;
     scales.strides[2] = rows;
   }
-  result.recv_count = allocator.allocate(DType::kInt32, {experts_per_rank}, call.stream);
   auto state = std::make_shared<detail::LowLatencyHandleState>();
   state->owner = impl.id;
   state->num_tokens = num_tokens;

@@ -29,10 +29,6 @@ bool is_capturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
-Tensor allocate(Allocator& allocator, DType dtype, std::initializer_list<int64_t> shape, cudaStream_t stream) {
-  return allocator.allocate(dtype, shape, stream);
-}
-
 // The rings of a stage's call with `slot`s: staged when some rank is reached only by put
 // (nvl_layout.hpp). Normal mode's kernels give each peer a team of warps: at most kMaxNvlPeers ranks.
 RingLayout ring_layout(const char* op, const detail::RingGroup& group, const SlotLayout& slot, const Config& config) {
@@ -333,12 +329,12 @@ const int32_t* notify(Buffer::Impl& impl, const detail::RingGroup& group, const 
 DispatchResult allocate_outputs(const DispatchArgs& args, const DispatchShape& shape, int64_t rows, Allocator& allocator,
                                 cudaStream_t stream) {
   DispatchResult result;
-  result.recv_x = allocate(allocator, args.x.dtype, {rows, shape.hidden}, stream);
-  if (shape.num_scales > 0) result.recv_x_scales = allocate(allocator, DType::kFloat32, {rows, shape.num_scales}, stream);
-  if (shape.num_topk > 0) result.recv_topk_idx = allocate(allocator, DType::kInt64, {rows, shape.num_topk}, stream);
-  if (given(args.topk_weights)) {
-    result.recv_topk_weights = allocate(allocator, DType::kFloat32, {rows, shape.num_topk}, stream);
-  }
+  detail::OutputBatch outputs;
+  outputs.add(result.recv_x, args.x.dtype, {rows, shape.hidden});
+  if (shape.num_scales > 0) outputs.add(result.recv_x_scales, DType::kFloat32, {rows, shape.num_scales});
+  if (shape.num_topk > 0) outputs.add(result.recv_topk_idx, DType::kInt64, {rows, shape.num_topk});
+  if (given(args.topk_weights)) outputs.add(result.recv_topk_weights, DType::kFloat32, {rows, shape.num_topk});
+  outputs.allocate(allocator, stream);
   return result;
 }
 
@@ -538,10 +534,10 @@ CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, con
   detail::ScopedDevice scoped(impl.device);
   const CallStreams streams(impl.comm_stream, call);
   CombineResult result;
-  result.combined_x = allocate(allocator, DType::kBFloat16, {state.num_tokens, hidden}, streams.allocation());
-  if (num_topk > 0) {
-    result.combined_topk_weights = allocate(allocator, DType::kFloat32, {state.num_tokens, num_topk}, streams.allocation());
-  }
+  detail::OutputBatch outputs;
+  outputs.add(result.combined_x, DType::kBFloat16, {state.num_tokens, hidden});
+  if (num_topk > 0) outputs.add(result.combined_topk_weights, DType::kFloat32, {state.num_tokens, num_topk});
+  outputs.allocate(allocator, streams.allocation());
   streams.order_after_allocations();
   CombineInputs in{args.x, args.topk_weights, given(args.bias0) ? args.bias0.data : nullptr,
                    given(args.bias1) ? args.bias1.data : nullptr};
@@ -553,9 +549,11 @@ CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, con
     // BF16 for the network as deep_ep does), then over the nodes at the token's own rank, where
     // the biases are added.
     const int64_t forwarded_rows = state.rail->num_rows;
-    const Tensor partial = allocate(allocator, DType::kBFloat16, {forwarded_rows, hidden}, streams.comm());
-    const Tensor partial_weights =
-        num_topk > 0 ? allocate(allocator, DType::kFloat32, {forwarded_rows, num_topk}, streams.comm()) : Tensor{};
+    Tensor partial, partial_weights;
+    detail::OutputBatch partials;
+    partials.add(partial, DType::kBFloat16, {forwarded_rows, hidden});
+    if (num_topk > 0) partials.add(partial_weights, DType::kFloat32, {forwarded_rows, num_topk});
+    partials.allocate(allocator, streams.comm());
     const int32_t* node_verdict = combine_stage(impl, impl.node_ring_group(), *state.node,
                                                 CombineInputs{args.x, args.topk_weights}, args.config, partial,
                                                 partial_weights, streams.comm());

@@ -1,5 +1,7 @@
 #include "runtime/tensor_group.hpp"
 
+#include "epcomm/error.hpp"
+
 namespace epcomm::detail {
 namespace {
 
@@ -35,6 +37,15 @@ std::vector<Tensor> allocate_together(Allocator& allocator, std::initializer_lis
     carved.push_back(std::move(tensor));
   }
   return carved;
+}
+
+void OutputBatch::allocate(Allocator& allocator, cudaStream_t stream) {
+  if (into_.empty()) return;
+  std::vector<Tensor> made = allocator.allocate_many(shapes_, stream);
+  if (made.size() != into_.size()) {
+    fail(ErrorCode::kInternal, "the allocator returned ", made.size(), " tensors for ", into_.size(), " outputs");
+  }
+  for (size_t i = 0; i < made.size(); ++i) *into_[i] = std::move(made[i]);
 }
 
 }  // namespace epcomm::detail

@@ -1,5 +1,6 @@
-// Tensors that live and die together (a handle's routing tensors) carved from one allocation: one
-// call into the caller's allocator instead of one per tensor. Each call costs host time (a pool
+// Tensors that live and die together (a handle's routing tensors) carved from one allocation, and a
+// call's outputs asked for together (OutputBatch): one call into the caller's allocator instead of
+// one per tensor. Each call costs host time (a pool
 // allocation, or a Python callable under the GIL), and after other work that time grows: fewer
 // calls make both the steady and the first call of an op cheaper.
 #pragma once
@@ -27,5 +28,20 @@ inline TensorView piece(DType dtype, std::initializer_list<int64_t> shape) {
 // it needs, such as the stream a stream-ordered allocator frees it on.
 std::vector<Tensor> allocate_together(Allocator& allocator, std::initializer_list<TensorView> pieces,
                                       cudaStream_t stream, std::shared_ptr<void> keep_alive = nullptr);
+
+// A call's outputs, each its own tensor (the caller frees them one by one), from one
+// Allocator::allocate_many call: add() each, then allocate() fills every tensor added.
+class OutputBatch {
+ public:
+  void add(Tensor& into, DType dtype, std::initializer_list<int64_t> shape) {
+    into_.push_back(&into);
+    shapes_.push_back(piece(dtype, shape));
+  }
+  void allocate(Allocator& allocator, cudaStream_t stream);
+
+ private:
+  std::vector<Tensor*> into_;
+  std::vector<TensorView> shapes_;
+};
 
 }  // namespace epcomm::detail

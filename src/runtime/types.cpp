@@ -83,6 +83,25 @@ std::string TensorView::describe() const {
   return out.str();
 }
 
+std::vector<Tensor> Allocator::allocate_many(const std::vector<TensorView>& shapes, cudaStream_t stream) {
+  static_assert(TensorView::kMaxDims == 4, "allocate_many: one case per rank of shape");
+  std::vector<Tensor> tensors;
+  tensors.reserve(shapes.size());
+  for (const TensorView& s : shapes) {
+    switch (s.ndim) {
+      case 0: tensors.push_back(allocate(s.dtype, {}, stream)); break;
+      case 1: tensors.push_back(allocate(s.dtype, {s.shape[0]}, stream)); break;
+      case 2: tensors.push_back(allocate(s.dtype, {s.shape[0], s.shape[1]}, stream)); break;
+      case 3: tensors.push_back(allocate(s.dtype, {s.shape[0], s.shape[1], s.shape[2]}, stream)); break;
+      case 4: tensors.push_back(allocate(s.dtype, {s.shape[0], s.shape[1], s.shape[2], s.shape[3]}, stream)); break;
+      default:
+        fail(ErrorCode::kInvalidArgument, "Allocator::allocate_many: a shape of ", s.ndim, " extents (at most ",
+             TensorView::kMaxDims, ")");
+    }
+  }
+  return tensors;
+}
+
 namespace {
 
 // A CUDA memory pool of one device that keeps freed memory for reuse (release threshold at the

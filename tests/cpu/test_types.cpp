@@ -186,6 +186,78 @@ TEST(TensorGroup, AllEmptyPiecesAllocateNothingUsable) {
   EXPECT_EQ(allocator.requested_bytes, std::vector<size_t>{0u});
 }
 
+TEST(Allocator, ManyByDefaultIsOneAllocateEachInOrder) {
+  RecordingAllocator allocator;
+  const std::vector<Tensor> made = allocator.allocate_many(
+      {detail::piece(DType::kBFloat16, {3}), detail::piece(DType::kInt64, {2, 5}), detail::piece(DType::kFloat32, {2, 3, 4}),
+       detail::piece(DType::kUInt8, {1, 2, 3, 4})},
+      nullptr);
+  EXPECT_EQ(allocator.requested_bytes, (std::vector<size_t>{6u, 80u, 96u, 24u}));
+  ASSERT_EQ(made.size(), 4u);
+  EXPECT_EQ(made[0].view.describe(), "bfloat16[3]");
+  EXPECT_EQ(made[1].view.describe(), "int64[2, 5]");
+  EXPECT_EQ(made[3].view.describe(), "uint8[1, 2, 3, 4]");
+  for (const Tensor& tensor : made) {
+    EXPECT_NE(tensor.view.data, nullptr);
+    EXPECT_TRUE(tensor.view.is_contiguous());
+  }
+  EXPECT_NE(made[0].storage, made[1].storage);  // separate tensors, freed one by one
+}
+
+// Counts allocate_many calls: an allocator whose calls are costly (Python's) overrides it.
+class BatchCountingAllocator final : public Allocator {
+ public:
+  Tensor allocate(DType dtype, std::initializer_list<int64_t> shape, cudaStream_t stream) override {
+    return inner.allocate(dtype, shape, stream);
+  }
+  std::vector<Tensor> allocate_many(const std::vector<TensorView>& shapes, cudaStream_t stream) override {
+    ++batches;
+    return Allocator::allocate_many(shapes, stream);
+  }
+  RecordingAllocator inner;
+  int batches = 0;
+};
+
+TEST(OutputBatch, FillsEveryAddedTensorFromOneCall) {
+  BatchCountingAllocator allocator;
+  Tensor x, scales, untouched;
+  detail::OutputBatch outputs;
+  outputs.add(x, DType::kFloat8E4M3, {7, 256});
+  outputs.add(scales, DType::kFloat32, {7, 2});
+  outputs.allocate(allocator, nullptr);
+  EXPECT_EQ(allocator.batches, 1);
+  EXPECT_EQ(x.view.describe(), "float8_e4m3fn[7, 256]");
+  EXPECT_EQ(scales.view.describe(), "float32[7, 2]");
+  EXPECT_NE(x.view.data, nullptr);
+  EXPECT_NE(scales.view.data, nullptr);
+  EXPECT_EQ(untouched.view.data, nullptr);
+  EXPECT_EQ(allocator.inner.requested_bytes, (std::vector<size_t>{7u * 256u, 7u * 2u * 4u}));
+}
+
+TEST(OutputBatch, NothingAddedCallsNothing) {
+  BatchCountingAllocator allocator;
+  detail::OutputBatch().allocate(allocator, nullptr);
+  EXPECT_EQ(allocator.batches, 0);
+}
+
+TEST(OutputBatch, AnAllocatorThatReturnsTooFewFails) {
+  class ShortAllocator final : public Allocator {
+   public:
+    Tensor allocate(DType, std::initializer_list<int64_t>, cudaStream_t) override { return Tensor{}; }
+    std::vector<Tensor> allocate_many(const std::vector<TensorView>&, cudaStream_t) override { return {}; }
+  } allocator;
+  Tensor x;
+  detail::OutputBatch outputs;
+  outputs.add(x, DType::kBFloat16, {1, 8});
+  try {
+    outputs.allocate(allocator, nullptr);
+    FAIL() << "expected an error";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), ErrorCode::kInternal);
+    EXPECT_NE(std::string(error.what()).find("returned 0 tensors for 1 outputs"), std::string::npos) << error.what();
+  }
+}
+
 TEST(Error, CodesHaveNamesAndMessagesCompose) {
   const Error error(ErrorCode::kTimeout, join_message("rank ", 3, " waited"));
   EXPECT_EQ(error.code(), ErrorCode::kTimeout);
