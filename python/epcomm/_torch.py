@@ -70,9 +70,24 @@ def _allocate(device: Any, requests: List[Tuple[int, Tuple[int, ...]]], stream: 
     if stream == torch.cuda.current_stream(device).cuda_stream:
         tensors = [torch.empty(shape, dtype=_TORCH_DTYPES[code], device=device) for code, shape in requests]
     else:  # e.g. the communication stream
-        with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=device)):
+        with torch.cuda.stream(_stream_object(device, stream)):
             tensors = [torch.empty(shape, dtype=_TORCH_DTYPES[code], device=device) for code, shape in requests]
     return [(tensor.data_ptr(), tensor) for tensor in tensors]
+
+
+_STREAM_OBJECTS = {}  # (device, cudaStream_t) -> torch.cuda.ExternalStream
+
+
+def _stream_object(device: Any, stream: int) -> Any:
+    """A torch stream object for a raw stream, made once (a wrapper only: one over a handle that a
+    later stream reuses still names that stream)."""
+    key = (device.index, stream)
+    wrapped = _STREAM_OBJECTS.get(key)
+    if wrapped is None:
+        import torch
+
+        wrapped = _STREAM_OBJECTS[key] = torch.cuda.ExternalStream(stream, device=device)
+    return wrapped
 
 
 def make_allocator(device: int) -> _C.Allocator:
