@@ -62,30 +62,33 @@ def current_stream() -> int:
 
 def _allocate(device: Any, requests: List[Tuple[int, Tuple[int, ...]]], stream: int) -> List[Tuple[int, Any]]:
     """Output memory for the runtime, all of a call's outputs at once: torch.empty on the stream it
-    names (the caching allocator then ties each block to that stream). One call per C++ call keeps
-    the host's time between the notify step and the kernel short (each call takes the GIL)."""
+    names (the caching allocator then ties each block to that stream). One callback per batch (the
+    runtime asks for all of a step's outputs at once) keeps the host's time between the notify step
+    and the kernel short: each callback takes the GIL."""
     import torch
 
-    _dtype_codes()
     if stream == torch.cuda.current_stream(device).cuda_stream:
-        tensors = [torch.empty(shape, dtype=_TORCH_DTYPES[code], device=device) for code, shape in requests]
+        tensors = [torch.empty(shape, dtype=to_torch_dtype(code), device=device) for code, shape in requests]
     else:  # e.g. the communication stream
         with torch.cuda.stream(_stream_object(device, stream)):
-            tensors = [torch.empty(shape, dtype=_TORCH_DTYPES[code], device=device) for code, shape in requests]
+            tensors = [torch.empty(shape, dtype=to_torch_dtype(code), device=device) for code, shape in requests]
     return [(tensor.data_ptr(), tensor) for tensor in tensors]
 
 
 _STREAM_OBJECTS = {}  # (device, cudaStream_t) -> torch.cuda.ExternalStream
+_MAX_STREAM_OBJECTS = 64  # the comm streams of a process's Buffers; callers' own streams come and go
 
 
 def _stream_object(device: Any, stream: int) -> Any:
     """A torch stream object for a raw stream, made once (a wrapper only: one over a handle that a
-    later stream reuses still names that stream)."""
+    later stream reuses still names that stream). Kept for a bounded number of streams."""
     key = (device.index, stream)
     wrapped = _STREAM_OBJECTS.get(key)
     if wrapped is None:
         import torch
 
+        if len(_STREAM_OBJECTS) >= _MAX_STREAM_OBJECTS:
+            _STREAM_OBJECTS.clear()
         wrapped = _STREAM_OBJECTS[key] = torch.cuda.ExternalStream(stream, device=device)
     return wrapped
 

@@ -41,6 +41,7 @@ PythonAllocator::~PythonAllocator() {
 }
 
 Tensor PythonAllocator::allocate(DType dtype, std::initializer_list<int64_t> shape, cudaStream_t stream) {
+  // allocate_many returns one tensor per shape (it checks the callable's count).
   return std::move(allocate_many({TensorView::contiguous(static_cast<void*>(nullptr), dtype, shape)}, stream)[0]);
 }
 
@@ -73,7 +74,8 @@ std::vector<Tensor> PythonAllocator::allocate_many(const std::vector<TensorView>
     fail(ErrorCode::kInternal, "the Python allocator failed for ", shapes.size(), " outputs (the first ",
          shapes.empty() ? std::string("none") : shapes[0].describe(), "): ", error.what());
   } catch (const nb::cast_error&) {
-    fail(ErrorCode::kInternal, "the Python allocator must return a list of (data_ptr, owner) pairs");
+    fail(ErrorCode::kInternal, "the Python allocator must return a list of (data_ptr: int, owner) pairs, one per "
+         "request; it returned something else for ", shapes.size(), " requests");
   }
   return tensors;
 }

@@ -43,7 +43,8 @@ void OutputBatch::allocate(Allocator& allocator, cudaStream_t stream) {
   if (into_.empty()) return;
   std::vector<Tensor> made = allocator.allocate_many(shapes_, stream);
   if (made.size() != into_.size()) {
-    fail(ErrorCode::kInternal, "the allocator returned ", made.size(), " tensors for ", into_.size(), " outputs");
+    fail(ErrorCode::kInvalidArgument, "Allocator::allocate_many returned ", made.size(), " tensors for ", into_.size(),
+         " shapes; it must return one per shape, in order");
   }
   for (size_t i = 0; i < made.size(); ++i) *into_[i] = std::move(made[i]);
 }

@@ -1,8 +1,8 @@
 // Tensors that live and die together (a handle's routing tensors) carved from one allocation, and a
 // call's outputs asked for together (OutputBatch): one call into the caller's allocator instead of
-// one per tensor. Each call costs host time (a pool
-// allocation, or a Python callable under the GIL), and after other work that time grows: fewer
-// calls make both the steady and the first call of an op cheaper.
+// one per tensor. Each call costs host time (a pool allocation, or a Python callable under the GIL),
+// and after other work that time grows: fewer calls make both the steady and the first call of an
+// op cheaper.
 #pragma once
 
 #include <initializer_list>
