@@ -5,7 +5,10 @@ non-cached and cached FP8 dispatch, BF16 dispatch and combine, at each ``--token
 prints one JSON record per op and size (``timing: end_to_end``, ``path: python``), as epcomm-bench
 does for the C++ API. Each call is bracketed by CUDA events on the current stream, which is idle
 when the call starts (a barrier and a synchronize come first), so the time includes the host's
-work inside the call (argument checks, the wait for received counts, output allocation).
+work inside the call (argument checks, the wait for received counts, output allocation); each
+record also gives that host work alone (``host_median_us``: from the call to its return). The ops
+take turns, one call of each per round, so a slow spell of the host (this machine's host speed has
+been seen to move 1.8x between runs) reaches every op alike and their differences stay meaningful.
 
 Ranks are processes on this machine (rank r on GPU r % count; several per GPU need MPS), joined
 by a gloo group. Every size is checked first: combine(BF16 dispatch(x)) must equal x times the
@@ -18,7 +21,8 @@ import os
 import socket
 import statistics
 import sys
-from typing import Any, Dict, List
+import time
+from typing import Any, Callable, Dict, List, Tuple
 
 
 def parse_args(argv: List[str]) -> argparse.Namespace:
@@ -56,23 +60,37 @@ def _per_token_fp8(x):
     return data, scales
 
 
-def _time(call, warmup: int, iters: int, group) -> List[float]:
-    """Microseconds of each timed call, measured from an idle stream."""
+def _in_turns(ops: Dict[Any, Callable[[], Any]], warmup: int, iters: int,
+              measure: Callable[[Callable[[], Any]], Tuple[float, float]]) -> Dict[Any, List[Tuple[float, float]]]:
+    """Every op once per round, ``warmup`` rounds untimed then ``iters`` timed; ``measure(call)``
+    gives one call's (GPU-event, host) microseconds. Returns each op's timed samples."""
+    samples: Dict[Any, List[Tuple[float, float]]] = {key: [] for key in ops}
+    for round_index in range(warmup + iters):
+        for key, call in ops.items():
+            sample = measure(call)
+            if round_index >= warmup:
+                samples[key].append(sample)
+    return samples
+
+
+def _measure_from_idle(group) -> Callable[[Callable[[], Any]], Tuple[float, float]]:
+    """One call timed from an idle stream, every rank starting together: (events us, host us)."""
     import torch
     import torch.distributed as dist
 
-    samples = []
-    for i in range(warmup + iters):
+    def measure(call: Callable[[], Any]) -> Tuple[float, float]:
         dist.barrier(group)
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
+        host_start = time.perf_counter()
         call()
+        host_us = (time.perf_counter() - host_start) * 1e6
         end.record()
         end.synchronize()
-        if i >= warmup:
-            samples.append(start.elapsed_time(end) * 1000.0)
-    return samples
+        return start.elapsed_time(end) * 1000.0, host_us
+
+    return measure
 
 
 def _rank_main(rank: int, args: argparse.Namespace, port: int) -> None:
@@ -115,14 +133,15 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int) -> None:
         }
         all_correct = [None] * args.ranks
         dist.all_gather_object(all_correct, bool(correct), group=group)
-        for (op, dtype, cached), call in ops.items():
-            samples = _time(call, args.warmup, args.iters, group)
-            medians = [None] * args.ranks
-            dist.all_gather_object(medians, statistics.median(samples), group=group)
+        timed = _in_turns(ops, args.warmup, args.iters, _measure_from_idle(group))
+        for (op, dtype, cached), samples in timed.items():
+            medians = [None] * args.ranks  # (events, host) of each rank
+            dist.all_gather_object(medians, tuple(statistics.median(column) for column in zip(*samples)), group=group)
             records.append({"op": op, "mode": "normal", "path": "python", "timing": "end_to_end", "ranks": args.ranks,
                             "tokens": tokens, "hidden": args.hidden, "topk": args.topk, "experts": args.experts,
                             "dtype": dtype, "cached": cached, "sms": config.num_sms, "iters": args.iters,
-                            "median_us": round(max(medians), 2), "git": epcomm.version(),
+                            "median_us": round(max(m[0] for m in medians), 2),
+                            "host_median_us": round(max(m[1] for m in medians), 2), "git": epcomm.version(),
                             "gpu": torch.cuda.get_device_name(), "correct": all(all_correct)})
     buffer.destroy()
     dist.destroy_process_group()

@@ -26,3 +26,18 @@ def test_bad_options_exit_2_naming_the_option(argv, capsys):
 def test_without_torch_it_says_so(capsys):
     assert bench.main(["--ranks", "1"]) == 3
     assert "needs torch" in capsys.readouterr().err
+
+
+def test_ops_take_turns_and_warmup_rounds_are_dropped():
+    calls = []
+    ops = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    clock = iter(range(100))
+
+    def measure(call):
+        call()
+        tick = next(clock)
+        return float(tick), float(tick) / 2
+
+    samples = bench._in_turns(ops, warmup=1, iters=2, measure=measure)
+    assert calls == ["a", "b", "a", "b", "a", "b"]  # one call of each op per round
+    assert samples == {"a": [(2.0, 1.0), (4.0, 2.0)], "b": [(3.0, 1.5), (5.0, 2.5)]}
