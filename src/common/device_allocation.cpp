@@ -1,5 +1,6 @@
 #include "common/device_allocation.hpp"
 
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
@@ -37,5 +38,16 @@ MappedHostMemory& MappedHostMemory::operator=(MappedHostMemory&& other) noexcept
   std::swap(device_, other.device_);
   return *this;
 }
+
+DevicePool::DevicePool(int device) {
+  cudaMemPoolProps properties{};
+  properties.allocType = cudaMemAllocationTypePinned;
+  properties.location.type = cudaMemLocationTypeDevice;
+  properties.location.id = device;
+  EPCOMM_CUDA_CHECK(cudaMemPoolCreate(&pool_, &properties));
+  uint64_t keep_everything = UINT64_MAX;
+  EPCOMM_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep_everything));
+}
+DevicePool::~DevicePool() { EPCOMM_CUDA_WARN(cudaMemPoolDestroy(pool_)); }
 
 }  // namespace epcomm::detail

@@ -1,8 +1,11 @@
-// Memory owned by one object, released on destruction: device memory (cudaMalloc) and pinned host
-// memory mapped into the device (cudaHostAlloc), through which kernels hand results to the host.
+// Memory owned by one object, released on destruction: device memory (cudaMalloc), pinned host
+// memory mapped into the device (cudaHostAlloc), through which kernels hand results to the host,
+// and a stream-ordered memory pool.
 #pragma once
 
 #include <cstddef>
+
+#include <cuda_runtime_api.h>
 
 namespace epcomm::detail {
 
@@ -36,6 +39,21 @@ class MappedHostMemory {
  private:
   void* host_ = nullptr;
   void* device_ = nullptr;
+};
+
+// A CUDA memory pool of one device that keeps freed memory for reuse (release threshold at the
+// maximum), so steady-state calls never map new memory. Destroying it with allocations still out
+// is allowed: CUDA releases the pool once the last of them is freed.
+class DevicePool {
+ public:
+  explicit DevicePool(int device);
+  ~DevicePool();
+  DevicePool(const DevicePool&) = delete;
+  DevicePool& operator=(const DevicePool&) = delete;
+  cudaMemPool_t get() const { return pool_; }
+
+ private:
+  cudaMemPool_t pool_ = nullptr;
 };
 
 }  // namespace epcomm::detail

@@ -104,6 +104,7 @@ void Buffer::Impl::initialize(int caller_device, bool background) {
         EPCOMM_CUDA_WARN(cudaStreamDestroy(static_cast<cudaStream_t>(stream)));
       });
     }
+    comm_memory = detail::CommStreamMemory::create(device);
     notify_results = detail::MappedHostMemory(sizeof(NotifyResults));
     layout_workspace = detail::DeviceAllocation(LayoutWorkspace::kTotalBytes);
     EPCOMM_CUDA_CHECK(cudaMemset(layout_workspace.get(), 0, LayoutWorkspace::kTotalBytes));
@@ -203,6 +204,7 @@ void Buffer::Impl::start_watchdog() {
 
 Buffer::Impl::~Impl() {
   if (profiler) profiler->write_reports();
+  if (comm_memory) comm_memory->close(comm_stream);
 }
 
 Buffer::~Buffer() {

@@ -15,6 +15,7 @@
 #include "epcomm/buffer.hpp"
 #include "common/cuda_check.hpp"
 #include "common/device_allocation.hpp"
+#include "runtime/comm_stream_memory.hpp"
 #include "runtime/device_error_log.hpp"
 #include "runtime/peer_watchdog.hpp"
 #include "runtime/profiler.hpp"
@@ -91,6 +92,9 @@ struct Buffer::Impl {
   // handle tensor are gone: those are freed in that stream's order, maybe after the Buffer.
   std::shared_ptr<void> comm_stream_lifetime;
   std::shared_ptr<Allocator> outputs;         // Buffer::output_allocator()
+  // The tensors only comm_stream touches (a handle's routing): the Buffer's own pool, shared with
+  // those tensors, which may outlive the Buffer (comm_stream_memory.hpp).
+  std::shared_ptr<detail::CommStreamMemory> comm_memory;
   uint64_t low_latency_calls = 0;             // picks the buffer set of each low-latency call
   std::unique_ptr<detail::Profiler> profiler;  // EPCOMM_PROFILE=1, else null
   bool warming_up = false;                    // calls made by warm_up() are not profiled as calls

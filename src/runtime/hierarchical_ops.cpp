@@ -72,6 +72,8 @@ DispatchResult dispatch_hierarchical(Buffer::Impl& impl, const DispatchArgs& arg
   const RingGroup& node = impl.node_ring_group();
   const cudaStream_t comm = streams.comm();
   std::vector<Tensor> layouts;  // the stages' own layouts, alive until their kernels have run (stream order)
+  // The stages' layouts, the rail stage's routing and its forwarded rows: the Buffer's own.
+  Allocator& internal = streams.internal_allocator(allocator);
 
   DispatchArgs rail_args = args;
   rail_args.handle = nullptr;
@@ -79,11 +81,11 @@ DispatchResult dispatch_hierarchical(Buffer::Impl& impl, const DispatchArgs& arg
   DispatchShape rail_shape = shape;
   const bool routed_by_ranks = cached == nullptr && !given(args.topk_idx);
   if (routed_by_ranks) {
-    rail_args.topk_idx = ids_of_ranks(impl, args, shape, layouts, allocator, comm);
+    rail_args.topk_idx = ids_of_ranks(impl, args, shape, layouts, internal, comm);
     rail_shape.num_topk = impl.bootstrap->num_ranks();
   }
   if (cached == nullptr) {
-    stage_layout(impl, rail_args.topk_idx, shape.num_experts, rail.num_ranks(), rail_args, layouts, allocator, comm);
+    stage_layout(impl, rail_args.topk_idx, shape.num_experts, rail.num_ranks(), rail_args, layouts, internal, comm);
     // The layout counted the ids' experts, which stand for ranks; the experts' counts are the caller's.
     if (routed_by_ranks) rail_args.num_tokens_per_expert = args.num_tokens_per_expert;
   }
@@ -94,7 +96,7 @@ DispatchResult dispatch_hierarchical(Buffer::Impl& impl, const DispatchArgs& arg
   rail_link.defer_failure = true;  // ranks that differ fail at the node stage, with every other rank
   rail_link.ids_stand_for_ranks = routed_by_ranks;
   const DispatchResult forwarded = dispatch_stage(impl, rail, rail_args, rail_shape, cached ? cached->rail.get() : nullptr,
-                                                  host_waits, allocator, streams, comm, rail_state, rail_link);
+                                                  host_waits, internal, streams, comm, rail_state, rail_link);
 
   DispatchArgs node_args = args;
   node_args.handle = nullptr;
@@ -106,7 +108,7 @@ DispatchResult dispatch_hierarchical(Buffer::Impl& impl, const DispatchArgs& arg
   node_shape.num_tokens = rail_state->num_rows;
   node_shape.num_experts = shape.num_experts / rail.num_ranks();
   if (cached == nullptr) {
-    stage_layout(impl, node_args.topk_idx, node_shape.num_experts, node.num_ranks(), node_args, layouts, allocator, comm);
+    stage_layout(impl, node_args.topk_idx, node_shape.num_experts, node.num_ranks(), node_args, layouts, internal, comm);
     if (routed_by_ranks) {
       // Each of this node's experts' tokens from the rail's ranks, as the rail's notify summed
       // the callers' counts; the ids go no further.

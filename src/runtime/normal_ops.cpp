@@ -249,7 +249,8 @@ void split_by_source_node(detail::DispatchHandleState& node_stage, const detail:
 // Returns the verdict the dispatch kernel reads: nonzero when the ranks made different calls.
 const int32_t* notify(Buffer::Impl& impl, const detail::RingGroup& group, const DispatchArgs& args,
                       const DispatchShape& shape, bool host_waits, const detail::DispatchHandleState* cached,
-                      detail::DispatchHandleState& state, Allocator& allocator, cudaStream_t comm, StageLink& link) {
+                      detail::DispatchHandleState& state, Allocator& routing_memory, cudaStream_t comm,
+                      StageLink& link) {
   if (cached != nullptr) {
     return checked_barrier(impl, group, call_signature(group, args, shape, cached->dispatch_number),
                            DeviceOp::kDispatch, *cached, comm, link.earlier_verdict);
@@ -259,7 +260,7 @@ const int32_t* notify(Buffer::Impl& impl, const detail::RingGroup& group, const 
   // The handle's tensors live in the communication stream's order: every kernel that reads them
   // runs there, so freeing them there (when the last handle goes) can never overtake a reader.
   std::vector<Tensor> routing = detail::allocate_together(
-      allocator,
+      routing_memory,
       {detail::piece(DType::kInt32, {ranks, channels + 1}), detail::piece(DType::kInt32, {ranks, channels}),
        detail::piece(DType::kBool, {shape.num_tokens, ranks}),
        detail::piece(DType::kInt32, {shape.num_tokens, ranks}), detail::piece(DType::kInt32, {shape.num_experts / ranks}),
@@ -321,7 +322,8 @@ const int32_t* notify(Buffer::Impl& impl, const detail::RingGroup& group, const 
     state.num_rows = args.num_worst_tokens;
   }
   state.recv_src_idx = std::move(
-      detail::allocate_together(allocator, {detail::piece(DType::kInt32, {state.num_rows})}, comm, impl.comm_stream_lifetime)[0]);
+      detail::allocate_together(routing_memory, {detail::piece(DType::kInt32, {state.num_rows})}, comm,
+                                impl.comm_stream_lifetime)[0]);
   return state.verdict.view.ptr<int32_t>();
 }
 
@@ -401,7 +403,7 @@ DispatchResult dispatch_stage(Buffer::Impl& impl, const detail::RingGroup& group
     state = new_routing(impl, group, args, shape);
   }
   const int32_t* verdict =
-      notify(impl, group, args, shape, host_waits, cached, *state, allocator, streams.comm(), link);
+      notify(impl, group, args, shape, host_waits, cached, *state, streams.internal_allocator(allocator), streams.comm(), link);
   link.verdict = verdict;
   DispatchResult result = allocate_outputs(args, shape, state->num_rows, allocator, allocation);
   if (allocation != streams.comm()) streams.order_after_allocations();
@@ -437,7 +439,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, 
   require_resident(kDispatchOp, impl, args.config);
 
   detail::ScopedDevice scoped(impl.device);
-  const CallStreams streams(impl.comm_stream, call);
+  const CallStreams streams(impl.comm_stream, call, *impl.comm_memory);
   std::shared_ptr<detail::DispatchHandleState> state;
   StageLink flat;  // one stage: no earlier one, no later one
   DispatchResult result =
@@ -532,7 +534,7 @@ CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, con
   if (given(args.bias1)) require_vector_aligned(kCombineOp, "bias1", args.bias1);
 
   detail::ScopedDevice scoped(impl.device);
-  const CallStreams streams(impl.comm_stream, call);
+  const CallStreams streams(impl.comm_stream, call, *impl.comm_memory);
   CombineResult result;
   detail::OutputBatch outputs;
   outputs.add(result.combined_x, DType::kBFloat16, {state.num_tokens, hidden});
@@ -553,7 +555,7 @@ CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, con
     detail::OutputBatch partials;
     partials.add(partial, DType::kBFloat16, {forwarded_rows, hidden});
     if (num_topk > 0) partials.add(partial_weights, DType::kFloat32, {forwarded_rows, num_topk});
-    partials.allocate(allocator, streams.comm());
+    partials.allocate(streams.internal_allocator(allocator), streams.comm());
     const int32_t* node_verdict = combine_stage(impl, impl.node_ring_group(), *state.node,
                                                 CombineInputs{args.x, args.topk_weights}, args.config, partial,
                                                 partial_weights, streams.comm());

@@ -7,6 +7,7 @@
 #include "epcomm/event.hpp"
 #include "epcomm/normal.hpp"
 #include "runtime/buffer_impl.hpp"
+#include "runtime/comm_stream_memory.hpp"
 #include "runtime/dispatch_handle.hpp"
 #include "runtime/ring_group.hpp"
 
@@ -20,18 +21,27 @@ inline constexpr int32_t kIdsStandForRanks = 2;
 inline bool given(const TensorView& tensor) { return tensor.ndim > 0; }
 
 // deep_ep's stream discipline (see CallOptions): the call runs on the communication stream,
-// ordered after the caller's stream or previous_event, and hands its end back.
+// ordered after the caller's stream or previous_event, and hands its end back. Once ordered, a call
+// not being captured frees the Buffer's own tensors released since the last one (comm_stream_memory.hpp).
 class CallStreams {
  public:
-  CallStreams(cudaStream_t comm, const CallOptions& call) : comm_(comm), call_(call) {
+  CallStreams(cudaStream_t comm, const CallOptions& call, CommStreamMemory& memory)
+      : comm_(comm), call_(call), memory_(memory) {
     if (!call.previous_event.empty()) {
       call.previous_event.wait(comm_);
     } else {
       Event::record(call.stream).wait(comm_);
     }
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    EPCOMM_CUDA_CHECK(cudaStreamIsCapturing(comm_, &status));
+    capturing_ = status != cudaStreamCaptureStatusNone;
+    if (!capturing_) memory_.free_released(comm_);
   }
   cudaStream_t comm() const { return comm_; }
   cudaStream_t allocation() const { return call_.allocate_on_comm_stream ? comm_ : call_.stream; }
+  // Where tensors only the communication stream touches come from (a handle's routing, partial
+  // sums): the Buffer's pool, or while capturing the caller's allocator, which knows graphs.
+  Allocator& internal_allocator(Allocator& caller) const { return capturing_ ? caller : memory_; }
   // Outputs allocated in the caller's stream order must exist before the kernels touch them.
   void order_after_allocations() const {
     if (!call_.allocate_on_comm_stream) Event::record(call_.stream).wait(comm_);
@@ -46,6 +56,8 @@ class CallStreams {
  private:
   cudaStream_t comm_;
   const CallOptions& call_;
+  CommStreamMemory& memory_;
+  bool capturing_ = false;
 };
 
 // A dispatch's shapes, from its arguments (or its cached handle).

@@ -6,6 +6,7 @@
 
 #include "epcomm/error.hpp"
 #include "common/cuda_check.hpp"
+#include "common/device_allocation.hpp"
 
 namespace epcomm {
 
@@ -104,28 +105,6 @@ std::vector<Tensor> Allocator::allocate_many(const std::vector<TensorView>& shap
 
 namespace {
 
-// A CUDA memory pool of one device that keeps freed memory for reuse (release threshold at the
-// maximum), so steady-state calls never map new memory. Outlives every allocation made from it.
-class DevicePool {
- public:
-  explicit DevicePool(int device) {
-    cudaMemPoolProps properties{};
-    properties.allocType = cudaMemAllocationTypePinned;
-    properties.location.type = cudaMemLocationTypeDevice;
-    properties.location.id = device;
-    EPCOMM_CUDA_CHECK(cudaMemPoolCreate(&pool_, &properties));
-    uint64_t keep_everything = UINT64_MAX;
-    EPCOMM_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep_everything));
-  }
-  ~DevicePool() { EPCOMM_CUDA_WARN(cudaMemPoolDestroy(pool_)); }
-  DevicePool(const DevicePool&) = delete;
-  DevicePool& operator=(const DevicePool&) = delete;
-  cudaMemPool_t get() const { return pool_; }
-
- private:
-  cudaMemPool_t pool_ = nullptr;
-};
-
 class StreamOrderedAllocator final : public Allocator {
  public:
   Tensor allocate(DType dtype, std::initializer_list<int64_t> shape, cudaStream_t stream) override {
@@ -133,7 +112,7 @@ class StreamOrderedAllocator final : public Allocator {
     tensor.view = TensorView::contiguous(static_cast<void*>(nullptr), dtype, shape);
     const size_t bytes = tensor.view.nbytes();
     if (bytes == 0) return tensor;
-    std::shared_ptr<DevicePool> pool = pool_of_current_device();
+    std::shared_ptr<detail::DevicePool> pool = pool_of_current_device();
     void* memory = nullptr;
     EPCOMM_CUDA_CHECK(cudaMallocFromPoolAsync(&memory, bytes, pool->get(), stream));
     tensor.view.data = memory;
@@ -145,17 +124,17 @@ class StreamOrderedAllocator final : public Allocator {
   }
 
  private:
-  std::shared_ptr<DevicePool> pool_of_current_device() {
+  std::shared_ptr<detail::DevicePool> pool_of_current_device() {
     int device = 0;
     EPCOMM_CUDA_CHECK(cudaGetDevice(&device));
     std::lock_guard<std::mutex> lock(mutex_);
-    std::shared_ptr<DevicePool>& pool = pools_[device];
-    if (!pool) pool = std::make_shared<DevicePool>(device);
+    std::shared_ptr<detail::DevicePool>& pool = pools_[device];
+    if (!pool) pool = std::make_shared<detail::DevicePool>(device);
     return pool;
   }
 
   std::mutex mutex_;
-  std::map<int, std::shared_ptr<DevicePool>> pools_;
+  std::map<int, std::shared_ptr<detail::DevicePool>> pools_;
 };
 
 }  // namespace

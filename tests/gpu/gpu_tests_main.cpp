@@ -6,6 +6,7 @@
 
 #include "gpu/gpu_cases.hpp"
 #include "runtime/backend.hpp"
+#include "runtime/comm_stream_memory.hpp"
 
 namespace {
 
@@ -37,6 +38,8 @@ constexpr Case kCases[] = {
     {"soak", epcomm::testing::run_soak_case, "EPCOMM_SOAK_CALLS"},
     {"modes_across_nodes", epcomm::testing::run_modes_across_nodes_case},
 };
+
+constexpr int kInternalPoisonByte = 0xC7;
 
 int usage() {
   std::fprintf(stderr, "usage: epcomm-launch -n RANKS -- epcomm_gpu_tests CASE\ncases:");
@@ -77,6 +80,8 @@ int main(int argc, char** argv) {
 #endif
     }
   }
+  // A handle's routing comes from the Buffer's own memory, not the tests' poisoning allocators.
+  epcomm::detail::CommStreamMemory::fill_allocations_for_testing(kInternalPoisonByte);
   try {
     epcomm::testing::RankHarness harness;
     epcomm::testing::select_rank_device(harness.rank());

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "common/rank_harness.hpp"
@@ -38,6 +39,23 @@ class PoisoningAllocator final : public Allocator {
  private:
   unsigned char byte_;
   std::shared_ptr<Allocator> inner_ = make_stream_ordered_allocator();
+};
+
+// Counts the tensors asked of `inner`. A normal-mode call that is not being captured asks the
+// caller's allocator for its outputs only: its own tensors (a handle's routing, the stages'
+// layouts and partial sums) come from the Buffer's memory.
+class CountingAllocator final : public Allocator {
+ public:
+  explicit CountingAllocator(Allocator& inner) : inner_(inner) {}
+  Tensor allocate(DType dtype, std::initializer_list<int64_t> shape, cudaStream_t stream) override {
+    ++count_;
+    return inner_.allocate(dtype, shape, stream);
+  }
+  int take_count() { return std::exchange(count_, 0); }
+
+ private:
+  Allocator& inner_;
+  int count_ = 0;
 };
 
 // Hands out consecutive slices of one cudaMalloc and makes no CUDA call per allocation: what a

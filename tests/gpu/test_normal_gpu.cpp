@@ -444,7 +444,15 @@ void run_scenario(Context& ctx, const Scenario& s, uint64_t seed) {
   }
   PoisoningAllocator poisoning(kPoisonByte);
   const std::shared_ptr<Allocator> stream_ordered = make_stream_ordered_allocator();
-  Allocator& allocator = s.has(kPoison) ? static_cast<Allocator&>(poisoning) : *stream_ordered;
+  CountingAllocator allocator(s.has(kPoison) ? static_cast<Allocator&>(poisoning) : *stream_ordered);
+  // Each call asks the allocator for its outputs only (CountingAllocator).
+  const int dispatch_outputs = 1 + (s.fp8 ? 1 : 0) + (s.has(kNoTopk) ? 0 : 2);
+  const int combine_outputs = s.has(kNoTopk) ? 1 : 2;
+  const auto check_outputs_only = [&](const std::string& what, int outputs) {
+    const int asked = allocator.take_count();
+    harness.check(asked == outputs, what + ": asked the caller's allocator for " + std::to_string(asked) +
+                                        " tensors, expected its " + std::to_string(outputs) + " outputs only");
+  };
   CallOptions call;
   call.stream = s.has(kAsync) ? ctx.side_stream : nullptr;
   call.async_finish = s.has(kAsync);
@@ -474,6 +482,7 @@ void run_scenario(Context& ctx, const Scenario& s, uint64_t seed) {
 
   DispatchResult first = buffer.dispatch(args, allocator, call);
   settle(ctx, s, first.event, name + " dispatch");
+  check_outputs_only(name + " dispatch", dispatch_outputs);
   check_dispatch(harness, name + " dispatch", s, first, dispatched[me], 0);
   harness.check(first.handle.hierarchical() == (per_node > 0), name + ": handle.hierarchical()");
   check_runs(harness, name + " dispatch", first, dispatched[me]);
@@ -500,6 +509,7 @@ void run_scenario(Context& ctx, const Scenario& s, uint64_t seed) {
     worst_args.num_worst_tokens = worst;
     worst_result = buffer.dispatch(worst_args, allocator, call);
     settle(ctx, s, worst_result.event, name + " worst-case dispatch");
+    check_outputs_only(name + " worst-case dispatch", dispatch_outputs);
     check_dispatch(harness, name + " worst-case dispatch", s, worst_result, dispatched[me], worst);
     if (per_node == 0) check_rank_prefix(harness, name + " worst-case dispatch", worst_result, dispatched);
   }
@@ -538,6 +548,7 @@ void run_scenario(Context& ctx, const Scenario& s, uint64_t seed) {
     if (s.has(kAsync)) combine_call.previous_event = first.event;  // ordered after the dispatch's event
     const CombineResult combined = buffer.combine(combine_args, allocator, combine_call);
     settle(ctx, s, combined.event, name + " combine");
+    check_outputs_only(name + " combine", combine_outputs);
     check_combine(harness, name + " combine", s, combined, want, tokens);
 
     if (worst_case) {
@@ -575,6 +586,7 @@ void run_scenario(Context& ctx, const Scenario& s, uint64_t seed) {
     cached.handle = &first.handle;
     const DispatchResult again = buffer.dispatch(cached, allocator, call);
     settle(ctx, s, again.event, name + " cached dispatch");
+    check_outputs_only(name + " cached dispatch", dispatch_outputs);
     check_dispatch(harness, name + " cached dispatch", s, again, expected[me], 0);
     if (per_node == 0) check_rank_prefix(harness, name + " cached dispatch", again, expected);
   }
@@ -609,6 +621,11 @@ void run_graph_case(Context& ctx) {
   CallOptions call;
   call.stream = stream;
 
+  // A handle made outside the graph and let go inside the capture: its memory is freed by the
+  // next call not being captured, never by a node of the graph (which would free it at each replay).
+  inputs.launch_layout(buffer, s, stream);
+  std::optional<DispatchResult> earlier = buffer.dispatch(args, *buffer.output_allocator(), call);
+
   cudaGraph_t graph = nullptr;
   DispatchResult dispatched;
   CombineResult combined;
@@ -616,6 +633,7 @@ void run_graph_case(Context& ctx) {
   try {
     inputs.launch_layout(buffer, s, stream);
     dispatched = buffer.dispatch(args, arena, call);
+    earlier.reset();
     CombineArgs combine_args;
     combine_args.x = dispatched.recv_x.view;
     combine_args.topk_weights = dispatched.recv_topk_weights.view;
@@ -860,9 +878,9 @@ void check_argument_errors(Context& ctx) {
 }  // namespace
 
 // A result and its handle may outlive the Buffer that made them (a caller keeps the last step's
-// results, or collects them later). The handle's memory is freed in the order of the Buffer's
-// communication stream, so that stream must outlive the Buffer until then: this crashed when it
-// did not.
+// results, or collects them later). The handle's memory comes from the Buffer's pool, which must
+// outlive the Buffer until then and free it without the Buffer's stream (this crashed when the
+// stream it was freed on had gone).
 void check_results_outlive_buffer(RankHarness& harness, const BufferOptions& options, const Config& config) {
   constexpr Scenario s{"results outlive the buffer", false, 2048, 64, 8, Routing::kSparse, 0};
   const int ranks = harness.num_ranks();
@@ -877,7 +895,7 @@ void check_results_outlive_buffer(RankHarness& harness, const BufferOptions& opt
   }
   const int rows = kept->handle.num_rows();
   // Destroyed as a scope ends it: the handle first, then the result's own copy of one of its
-  // tensors, whose memory goes last, in the order of the gone Buffer's stream.
+  // tensors, whose memory goes last.
   kept.reset();
   EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
   harness.check(cudaGetLastError() == cudaSuccess,
