@@ -3,6 +3,8 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "epcomm/error.hpp"
 #include "common/cuda_check.hpp"
@@ -105,9 +107,49 @@ std::vector<Tensor> Allocator::allocate_many(const std::vector<TensorView>& shap
 
 namespace {
 
+bool is_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(stream, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone;
+}
+
+// Frees whose stream was being captured when the last holder let go: a free enqueued then would
+// be a node of the graph (and CUDA refuses one of memory the graph did not allocate). Each is
+// enqueued on its own stream by a later allocate(), once that stream is not being captured.
+class DeferredFrees {
+ public:
+  DeferredFrees() = default;
+  DeferredFrees(const DeferredFrees&) = delete;
+  DeferredFrees& operator=(const DeferredFrees&) = delete;
+  ~DeferredFrees() {  // the allocator and every tensor are gone: no later allocate() will come
+    for (const auto& [memory, stream] : waiting_) EPCOMM_CUDA_WARN(cudaFreeAsync(memory, stream));
+  }
+  void add(void* memory, cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    waiting_.emplace_back(memory, stream);
+  }
+  void free_uncaptured() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (waiting_.empty()) return;
+    std::vector<std::pair<void*, cudaStream_t>> still;
+    for (const auto& [memory, stream] : waiting_) {
+      if (is_capturing(stream)) {
+        still.emplace_back(memory, stream);
+      } else {
+        EPCOMM_CUDA_WARN(cudaFreeAsync(memory, stream));
+      }
+    }
+    waiting_.swap(still);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::pair<void*, cudaStream_t>> waiting_;
+};
+
 class StreamOrderedAllocator final : public Allocator {
  public:
   Tensor allocate(DType dtype, std::initializer_list<int64_t> shape, cudaStream_t stream) override {
+    deferred_->free_uncaptured();
     Tensor tensor;
     tensor.view = TensorView::contiguous(static_cast<void*>(nullptr), dtype, shape);
     const size_t bytes = tensor.view.nbytes();
@@ -116,9 +158,15 @@ class StreamOrderedAllocator final : public Allocator {
     void* memory = nullptr;
     EPCOMM_CUDA_CHECK(cudaMallocFromPoolAsync(&memory, bytes, pool->get(), stream));
     tensor.view.data = memory;
-    // Freed in the order of the stream it was made for, once the last holder lets go.
-    tensor.storage = std::shared_ptr<void>(memory, [stream, pool](void* pointer) {
-      EPCOMM_CUDA_WARN(cudaFreeAsync(pointer, stream));
+    // Freed in the order of the stream it was made for, once the last holder lets go. Memory made
+    // during a capture belongs to the graph, and a capture may free it.
+    const bool made_outside_capture = !is_capturing(stream);
+    tensor.storage = std::shared_ptr<void>(memory, [stream, pool, deferred = deferred_, made_outside_capture](void* pointer) {
+      if (made_outside_capture && is_capturing(stream)) {
+        deferred->add(pointer, stream);
+      } else {
+        EPCOMM_CUDA_WARN(cudaFreeAsync(pointer, stream));
+      }
     });
     return tensor;
   }
@@ -135,6 +183,7 @@ class StreamOrderedAllocator final : public Allocator {
 
   std::mutex mutex_;
   std::map<int, std::shared_ptr<detail::DevicePool>> pools_;
+  std::shared_ptr<DeferredFrees> deferred_ = std::make_shared<DeferredFrees>();
 };
 
 }  // namespace

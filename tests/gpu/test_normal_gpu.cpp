@@ -566,6 +566,7 @@ void run_scenario(Context& ctx, const Scenario& s, uint64_t seed) {
       if (s.has(kAsync)) worst_call.previous_event = worst_result.event;
       const CombineResult worst_combined = buffer.combine(worst_combine, allocator, worst_call);
       settle(ctx, s, worst_combined.event, name + " worst-case combine");
+      check_outputs_only(name + " worst-case combine", combine_outputs);
       check_combine(harness, name + " worst-case combine", s, worst_combined, want, tokens);
     }
   }
@@ -621,8 +622,10 @@ void run_graph_case(Context& ctx) {
   CallOptions call;
   call.stream = stream;
 
-  // A handle made outside the graph and let go inside the capture: its memory is freed by the
-  // next call not being captured, never by a node of the graph (which would free it at each replay).
+  // A result made outside the graph and let go inside the capture: its handle's memory is freed by
+  // the Buffer's next call not being captured, its outputs by the stream-ordered allocator's next
+  // allocation outside a capture; never by a node of the graph (which CUDA refuses for memory the
+  // graph did not allocate, and would free at each replay).
   inputs.launch_layout(buffer, s, stream);
   std::optional<DispatchResult> earlier = buffer.dispatch(args, *buffer.output_allocator(), call);
 
@@ -679,6 +682,13 @@ void run_graph_case(Context& ctx) {
   }
   EPCOMM_CUDA_CHECK(cudaGraphExecDestroy(instance));
   EPCOMM_CUDA_CHECK(cudaGraphDestroy(graph));
+  // The result let go during the capture is freed now, outside it; a free tried during the capture
+  // would have left its error here (it only warns).
+  (void)buffer.dispatch(args, *buffer.output_allocator(), call);
+  buffer.synchronize(stream);
+  const cudaError_t last = cudaGetLastError();
+  harness.check(last == cudaSuccess, std::string(s.name) + ": a CUDA call failed around the capture: " +
+                                         cudaGetErrorString(last));
 }
 
 // Bad arguments are refused by name before anything is launched; the Buffer stays usable.
