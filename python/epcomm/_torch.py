@@ -54,10 +54,33 @@ def view(tensor: Optional[Any], name: str) -> _C.TensorView:
     return _C.TensorView.make(tensor.data_ptr(), int(codes[tensor.dtype]), list(tensor.shape), list(tensor.stride()))
 
 
-def current_stream() -> int:
-    import torch
+_RAW_STREAM = None  # device index -> the current torch stream there, as a raw cudaStream_t
 
-    return torch.cuda.current_stream().cuda_stream
+
+def _raw_stream_getter():
+    """torch's own raw-stream accessor (what its compiled kernels launch on): a C call, where
+    torch.cuda.current_stream() builds a Stream object after resolving the device in Python, a few
+    microseconds each, twice per call (the call's stream, then the allocator's). The public way
+    where a torch lacks it."""
+    global _RAW_STREAM
+    if _RAW_STREAM is None:
+        import torch
+
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is not None:
+            _RAW_STREAM = raw
+        else:
+            _RAW_STREAM = lambda index: torch.cuda.current_stream(index).cuda_stream
+    return _RAW_STREAM
+
+
+def current_stream(device_index: Optional[int] = None) -> int:
+    """The current torch stream of `device_index` (default: the current device) as a raw handle."""
+    if device_index is None:
+        import torch
+
+        device_index = torch.cuda.current_device()
+    return _raw_stream_getter()(device_index)
 
 
 def _allocate(device: Any, requests: List[Tuple[int, Tuple[int, ...]]], stream: int) -> List[Tuple[int, Any]]:
@@ -67,7 +90,7 @@ def _allocate(device: Any, requests: List[Tuple[int, Tuple[int, ...]]], stream: 
     and the kernel short: each callback takes the GIL."""
     import torch
 
-    if stream == torch.cuda.current_stream(device).cuda_stream:
+    if stream == current_stream(device.index):
         tensors = [torch.empty(shape, dtype=to_torch_dtype(code), device=device) for code, shape in requests]
     else:  # e.g. the communication stream
         with torch.cuda.stream(_stream_object(device, stream)):

@@ -49,10 +49,10 @@ class EventOverlap:
         self.extra_tensors = extra_tensors
 
     def current_stream_wait(self) -> None:
-        import torch
+        from . import _torch
 
         if self.event is not None and not self.event.empty:
-            self.event.wait(torch.cuda.current_stream().cuda_stream)
+            self.event.wait(_torch.current_stream())
 
     def __enter__(self) -> "EventOverlap":
         return self
