@@ -26,6 +26,8 @@ inline constexpr size_t kVectorBytes = 16;
 inline constexpr int kLayoutThreadsPerBlock = 256;
 inline constexpr int kLayoutMaxExperts = 4096;  // per-block expert histogram lives in shared memory
 inline constexpr int kLayoutMaxTopk = 32;
+// A token's expert ids loaded together before any is counted: one memory round trip per this many.
+inline constexpr int kLayoutIdsInFlight = 8;
 // Blocks of one layout launch; each leaves partial counts in the Buffer's layout workspace.
 inline constexpr int kLayoutMaxBlocks = 64;
 

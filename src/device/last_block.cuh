@@ -5,19 +5,30 @@
 
 namespace epcomm::device {
 
+// Who reads what the blocks produced: only this GPU (GPU-scope fences), or peers too (system scope).
+enum class ElectionScope { kGpu, kSystem };
+
 // True in exactly one block of the launch: the last to arrive. Every block's earlier writes (to
-// peers too) are ordered before what the last block does next: each block fences at system scope
+// peers too, at system scope) are ordered before what the last block does next: each block fences
 // before its increment, and the last block fences again after seeing the final count. The last
 // block resets the counter, so it needs zeroing only once and CUDA graph replays stay correct.
 // Every thread of the block must call it.
+template <ElectionScope kScope = ElectionScope::kSystem>
 __device__ __forceinline__ bool last_block_to_arrive(uint32_t* counter) {
   __shared__ bool last;
+  const auto fence = [] {
+    if constexpr (kScope == ElectionScope::kSystem) {
+      fence_acq_rel_sys();
+    } else {
+      fence_acq_rel_gpu();
+    }
+  };
   __syncthreads();
   if (threadIdx.x == 0) {
-    fence_acq_rel_sys();
+    fence();
     last = atomicAdd(counter, 1u) == gridDim.x - 1;
     if (last) {
-      fence_acq_rel_sys();
+      fence();
       *counter = 0;
     }
   }

@@ -63,6 +63,10 @@ __device__ __forceinline__ void st_relaxed_sys(int32_t* address, int32_t value) 
 // stream (not by this thread) must be ordered before a release store that announces them.
 __device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 
+// The same at GPU scope: for work no other GPU or process reads (a rank's own dispatch layout),
+// where a system-scope fence would also wait for writes to be visible across NVLink and the host.
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+
 // Nanoseconds from the GPU's global timer; used only to bound waits, never to time work.
 __device__ __forceinline__ uint64_t global_timer_ns() {
   uint64_t now;

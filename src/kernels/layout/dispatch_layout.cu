@@ -5,6 +5,7 @@
 // workspace's counts; the last block to finish copies those counts to the outputs and zeroes them
 // for the next call. No output needs zeroing first, and the outputs are written exactly once.
 #include <algorithm>
+#include <cstdint>
 
 #include "common/constants.hpp"
 #include "common/layout_workspace.hpp"
@@ -26,6 +27,47 @@ __device__ __forceinline__ uint32_t nodes_of(uint32_t ranks, int ranks_per_node,
   return nodes;
 }
 
+// Bits 0-3 of `bits` as bytes 0-3 of the result (0 or 1 each): four ranks' is_token_in_rank
+// flags in one 4-byte store.
+__device__ __forceinline__ uint32_t flags_as_bytes(uint32_t bits) {
+  return (bits & 1u) | ((bits & 2u) << 7) | ((bits & 4u) << 14) | ((bits & 8u) << 21);
+}
+
+// Counts one token's experts into `expert_counts` (shared) and returns the ranks it reaches as
+// bits. Its ids are loaded kLayoutIdsInFlight at a time, all before any is looked at.
+template <typename Index>
+__device__ __forceinline__ uint32_t count_token(const Index* ids, int token, int num_topk, int num_experts,
+                                                int experts_per_rank, int32_t* expert_counts, const KernelContext& context) {
+  uint32_t ranks_reached = 0;
+  for (int base = 0; base < num_topk; base += kLayoutIdsInFlight) {
+    int64_t experts[kLayoutIdsInFlight];
+#pragma unroll
+    for (int j = 0; j < kLayoutIdsInFlight; ++j) experts[j] = base + j < num_topk ? static_cast<int64_t>(ids[base + j]) : -1;
+#pragma unroll
+    for (int j = 0; j < kLayoutIdsInFlight; ++j) {
+      const int64_t expert = experts[j];
+      if (expert == -1) continue;
+      if (expert < -1 || expert >= num_experts) {
+        device::report_invalid_expert(context, DeviceOp::kDispatchLayout, token, base + j, expert, num_experts);
+        continue;
+      }
+      atomicAdd(&expert_counts[expert], 1);
+      ranks_reached |= 1u << (expert / experts_per_rank);
+    }
+  }
+  return ranks_reached;
+}
+
+// Adds to counts[i] the lanes of this warp whose `bits` have bit i, for i < n: one shared atomic
+// per warp and count, where one per lane would serialise up to 32 on each address.
+__device__ __forceinline__ void add_warp_bit_counts(uint32_t bits, int n, int32_t* counts) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  for (int i = 0; i < n; ++i) {
+    const int lanes = __popc(__ballot_sync(0xffffffffu, (bits >> i) & 1u));
+    if (lane == 0 && lanes > 0) atomicAdd(&counts[i], lanes);
+  }
+}
+
 template <typename Index>
 __global__ void __launch_bounds__(kLayoutThreadsPerBlock)
     dispatch_layout_kernel(const Index* topk_idx, int num_tokens, int num_topk, int num_experts, int num_ranks,
@@ -42,30 +84,27 @@ __global__ void __launch_bounds__(kLayoutThreadsPerBlock)
   __syncthreads();
 
   const int experts_per_rank = num_experts / num_ranks;
-  for (int token = blockIdx.x * blockDim.x + threadIdx.x; token < num_tokens; token += gridDim.x * blockDim.x) {
-    const Index* ids = topk_idx + static_cast<int64_t>(token) * num_topk;
+  // A token's flags in 4-byte words where its row allows (the row starts at token * num_ranks).
+  const bool flags_in_words = num_ranks % 4 == 0 && reinterpret_cast<uintptr_t>(is_token_in_rank) % 4 == 0;
+  // Each warp takes 32 consecutive tokens, a lane each; every lane stays in the loop (the ballots).
+  const int warp_first = (blockIdx.x * blockDim.x + threadIdx.x) / kWarpSize * kWarpSize;
+  const int stride = gridDim.x * blockDim.x;
+  for (int first = warp_first; first < num_tokens; first += stride) {
+    const int token = first + static_cast<int>(threadIdx.x) % kWarpSize;
     uint32_t ranks_reached = 0;  // bit r: this token names an expert of rank r (num_ranks <= 32)
-#pragma unroll 4
-    for (int slot = 0; slot < num_topk; ++slot) {
-      const int64_t expert = static_cast<int64_t>(ids[slot]);
-      if (expert == -1) continue;
-      if (expert < -1 || expert >= num_experts) {
-        device::report_invalid_expert(context, DeviceOp::kDispatchLayout, token, slot, expert, num_experts);
-        continue;
+    if (token < num_tokens) {
+      ranks_reached = count_token(topk_idx + static_cast<int64_t>(token) * num_topk, token, num_topk, num_experts,
+                                  experts_per_rank, block_counts, context);
+      bool* in_rank = is_token_in_rank + static_cast<int64_t>(token) * num_ranks;
+      if (flags_in_words) {
+        uint32_t* words = reinterpret_cast<uint32_t*>(in_rank);
+        for (int word = 0; word < num_ranks / 4; ++word) words[word] = flags_as_bytes(ranks_reached >> (4 * word));
+      } else {
+        for (int rank = 0; rank < num_ranks; ++rank) in_rank[rank] = (ranks_reached >> rank) & 1u;
       }
-      atomicAdd(&block_counts[expert], 1);
-      ranks_reached |= 1u << (expert / experts_per_rank);
     }
-    bool* in_rank = is_token_in_rank + static_cast<int64_t>(token) * num_ranks;
-    for (int rank = 0; rank < num_ranks; ++rank) {
-      const bool reached = (ranks_reached >> rank) & 1u;
-      in_rank[rank] = reached;
-      if (reached) atomicAdd(&rank_counts[rank], 1);
-    }
-    for (uint32_t nodes = num_nodes > 0 ? nodes_of(ranks_reached, ranks_per_node, num_nodes) : 0; nodes != 0;
-         nodes &= nodes - 1) {
-      atomicAdd(&node_counts[__ffs(nodes) - 1], 1);
-    }
+    add_warp_bit_counts(ranks_reached, num_ranks, rank_counts);
+    if (num_nodes > 0) add_warp_bit_counts(nodes_of(ranks_reached, ranks_per_node, num_nodes), num_nodes, node_counts);
   }
   __syncthreads();
 
@@ -74,8 +113,9 @@ __global__ void __launch_bounds__(kLayoutThreadsPerBlock)
     if (block_counts[i] != 0) atomicAdd(&totals[i], block_counts[i]);
   }
 
+  // Only this GPU reads the counts: GPU-scope fences.
   uint32_t* blocks_done = LayoutWorkspace::blocks_done(workspace);
-  if (!device::last_block_to_arrive(blocks_done)) return;
+  if (!device::last_block_to_arrive<device::ElectionScope::kGpu>(blocks_done)) return;
   for (int i = threadIdx.x; i < num_counts; i += blockDim.x) {
     // __ldcg reads L2, where the other blocks' atomics landed; this SM's L1 could hold stale lines.
     const int32_t total = __ldcg(&totals[i]);
