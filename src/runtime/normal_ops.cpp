@@ -19,15 +19,10 @@ namespace {
 using detail::CallStreams;
 using detail::DispatchShape;
 using detail::given;
+using detail::is_capturing;
 using detail::kDispatchOp;
 using detail::StageLink;
 constexpr const char* kCombineOp = "combine";
-
-bool is_capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  EPCOMM_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  return status != cudaStreamCaptureStatusNone;
-}
 
 // The rings of a stage's call with `slot`s: staged when some rank is reached only by put
 // (nvl_layout.hpp). Normal mode's kernels give each peer a team of warps: at most kMaxNvlPeers ranks.

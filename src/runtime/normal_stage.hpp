@@ -32,9 +32,7 @@ class CallStreams {
     } else {
       Event::record(call.stream).wait(comm_);
     }
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    EPCOMM_CUDA_CHECK(cudaStreamIsCapturing(comm_, &status));
-    capturing_ = status != cudaStreamCaptureStatusNone;
+    capturing_ = is_capturing(comm_);
     if (!capturing_) memory_.free_released(comm_);
   }
   cudaStream_t comm() const { return comm_; }

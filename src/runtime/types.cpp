@@ -107,10 +107,7 @@ std::vector<Tensor> Allocator::allocate_many(const std::vector<TensorView>& shap
 
 namespace {
 
-bool is_capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  return cudaStreamIsCapturing(stream, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone;
-}
+using detail::is_capturing;
 
 // Frees whose stream was being captured when the last holder let go: a free enqueued then would
 // be a node of the graph (and CUDA refuses one of memory the graph did not allocate). Each is
