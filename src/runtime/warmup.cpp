@@ -326,6 +326,9 @@ void Buffer::warm_up(cudaStream_t stream) {
       low_latency_round(*this, full, use_fp8, *scratch, outputs, stream, kept);
     }
   }
+  // The dummy rounds' handles are gone: their memory goes back to the Buffer's pool now, not at
+  // the caller's first call, which would pay for freeing it.
+  if (!detail::is_capturing(impl.comm_stream)) impl.comm_memory->free_released(impl.comm_stream);
   synchronize(stream);
 }
 
