@@ -86,9 +86,10 @@ class Buffer {
   // ---- Normal mode (collective) ----
   // Sends every token to each rank owning one of its experts. Unless num_worst_tokens is set,
   // waits on the host for the received counts (to size the outputs). Outputs come from `allocator`;
-  // the handle's routing from the Buffer's own memory, except while the call is being captured into
-  // a CUDA graph: then from `allocator` too (it must be one whose memory a graph may keep). A
-  // released handle's memory is freed at the next normal-mode call not being captured.
+  // the handle's routing (num_recv_tokens_per_expert_device included) from the Buffer's own memory,
+  // except while the call is being captured into a CUDA graph: then from `allocator` too (it must
+  // be one whose memory a graph may keep). A released handle's memory is freed by the next
+  // normal-mode call not being captured, after the work then queued on that call's stream.
   DispatchResult dispatch(const DispatchArgs& args, Allocator& allocator, const CallOptions& call = {});
   // Returns expert outputs to their tokens' ranks and sums them there. Never waits on the host.
   CombineResult combine(const CombineArgs& args, Allocator& allocator, const CallOptions& call = {});

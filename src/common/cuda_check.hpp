@@ -26,11 +26,9 @@ namespace epcomm::detail {
 void warn_cuda(const char* call, cudaError_t status, const char* file, int line) noexcept;
 
 // True while `stream` is being captured into a CUDA graph (work enqueued there becomes a node).
-// Never throws, as memory deleters ask it too: a failed query (warned) counts as not capturing.
-inline bool is_capturing(cudaStream_t stream) noexcept {
+inline bool is_capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  const cudaError_t query = cudaStreamIsCapturing(stream, &status);
-  if (query != cudaSuccess) warn_cuda("cudaStreamIsCapturing(stream, &status)", query, __FILE__, __LINE__);
-  return query == cudaSuccess && status != cudaStreamCaptureStatusNone;
+  EPCOMM_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
 }
 }

@@ -302,6 +302,7 @@ void Buffer::destroy() {
   impl_->liveness.reset();  // after the barrier: a rank that closes it earlier would look dead
   impl_->layout_workspace = detail::DeviceAllocation();
   impl_->stage_layout_workspace = detail::DeviceAllocation();
+  if (impl_->comm_memory) impl_->comm_memory->close(impl_->comm_stream);  // what handles hold is freed as they go
 }
 
 void Buffer::get_dispatch_layout(const TensorView& topk_idx, int num_experts, const DispatchLayoutOutputs& outputs,

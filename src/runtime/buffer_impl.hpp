@@ -89,11 +89,12 @@ struct Buffer::Impl {
   uint32_t dispatches_made = 0;               // new-routing dispatches launched, both modes: every rank counts alike (wraps)
   cudaStream_t comm_stream = nullptr;         // every normal-mode call runs here
   // Destroys comm_stream (when created here, not options.comm_stream) once the Buffer and every
-  // handle tensor are gone: those are freed in that stream's order, maybe after the Buffer.
+  // tensor a call made on it from the caller's allocator are gone (a stream-ordered allocator
+  // frees them in that stream's order, maybe after the Buffer).
   std::shared_ptr<void> comm_stream_lifetime;
   std::shared_ptr<Allocator> outputs;         // Buffer::output_allocator()
-  // The tensors only comm_stream touches (a handle's routing): the Buffer's own pool, shared with
-  // those tensors, which may outlive the Buffer (comm_stream_memory.hpp).
+  // A call's own small tensors (a handle's routing): the Buffer's own pool, shared with those
+  // tensors, which may outlive the Buffer (comm_stream_memory.hpp).
   std::shared_ptr<detail::CommStreamMemory> comm_memory;
   uint64_t low_latency_calls = 0;             // picks the buffer set of each low-latency call
   std::unique_ptr<detail::Profiler> profiler;  // EPCOMM_PROFILE=1, else null

@@ -1,6 +1,8 @@
 #include "runtime/comm_stream_memory.hpp"
 
 #include "common/cuda_check.hpp"
+#include "epcomm/event.hpp"
+#include "runtime/scoped_device.hpp"
 
 namespace epcomm::detail {
 namespace {
@@ -13,15 +15,13 @@ std::shared_ptr<CommStreamMemory> CommStreamMemory::create(int device) {
   return std::shared_ptr<CommStreamMemory>(new CommStreamMemory(device));
 }
 
-CommStreamMemory::CommStreamMemory(int device) : pool_(device) {
+CommStreamMemory::CommStreamMemory(int device) : device_(device), pool_(device) {
   EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking));
 }
 
 CommStreamMemory::~CommStreamMemory() {
-  // Reached when the last tensor is gone: close() has run (the Buffer went first) or the Buffer
-  // never made a call that could free them. Anything still listed has no reader left but may
-  // never have met a call: freed here, in the own stream's order, before the pool is destroyed.
-  for (void* memory : released_) EPCOMM_CUDA_WARN(cudaFreeAsync(memory, own_stream_));
+  // The last tensor is gone, on whatever thread (close() ran before: nothing is listed).
+  const ScopedDevice scoped(device_, std::nothrow);
   EPCOMM_CUDA_WARN(cudaStreamSynchronize(own_stream_));
   EPCOMM_CUDA_WARN(cudaStreamDestroy(own_stream_));
 }
@@ -41,29 +41,47 @@ Tensor CommStreamMemory::allocate(DType dtype, std::initializer_list<int64_t> sh
 
 void CommStreamMemory::release(void* memory) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (closed_) {
-    EPCOMM_CUDA_WARN(cudaFreeAsync(memory, own_stream_));
-  } else {
-    released_.push_back(memory);
+  if (!closed_) {
+    released_.push_back(memory);  // no CUDA call: this may run inside a capture, on any thread
+    return;
   }
+  const ScopedDevice scoped(device_, std::nothrow);
+  EPCOMM_CUDA_WARN(cudaFreeAsync(memory, own_stream_));
 }
 
-void CommStreamMemory::free_released(cudaStream_t comm) {
+void CommStreamMemory::free_released(cudaStream_t comm, cudaStream_t caller, bool comm_follows_caller) {
+  if (!comm_follows_caller && is_capturing(caller)) return;  // its order is a graph's: a later call
   std::vector<void*> freeing;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     freeing.swap(released_);
   }
-  for (void* memory : freeing) EPCOMM_CUDA_CHECK(cudaFreeAsync(memory, comm));
+  if (freeing.empty()) return;
+  if (comm_follows_caller) {
+    for (void* memory : freeing) EPCOMM_CUDA_WARN(cudaFreeAsync(memory, comm));
+  } else {
+    free_after(freeing, comm, caller);
+  }
+}
+
+// Frees on the own stream once both streams' work so far is done.
+void CommStreamMemory::free_after(const std::vector<void*>& memory, cudaStream_t comm, cudaStream_t caller) {
+  Event::record(comm).wait(own_stream_);
+  Event::record(caller).wait(own_stream_);
+  for (void* pointer : memory) EPCOMM_CUDA_WARN(cudaFreeAsync(pointer, own_stream_));
 }
 
 void CommStreamMemory::close(cudaStream_t comm) {
-  // Every reader ran on `comm`: once it is idle, nothing reads what is released from now on.
-  if (comm != nullptr) EPCOMM_CUDA_WARN(cudaStreamSynchronize(comm));
+  const ScopedDevice scoped(device_, std::nothrow);
+  // Every reader of the Buffer's ran on `comm`: once it is idle, nothing of the Buffer's reads
+  // what is released from now on.
+  EPCOMM_CUDA_WARN(cudaStreamSynchronize(comm));
   std::lock_guard<std::mutex> lock(mutex_);
   closed_ = true;
   for (void* memory : released_) EPCOMM_CUDA_WARN(cudaFreeAsync(memory, own_stream_));
   released_.clear();
+  EPCOMM_CUDA_WARN(cudaStreamSynchronize(own_stream_));
+  EPCOMM_CUDA_WARN(cudaMemPoolTrimTo(pool_.get(), 0));  // what live tensors do not hold goes back
 }
 
 void CommStreamMemory::fill_allocations_for_testing(int byte) { fill_byte.store(byte); }

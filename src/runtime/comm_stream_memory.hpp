@@ -1,17 +1,21 @@
-// Memory for the tensors that only a Buffer's communication stream touches and the caller never
-// asked for: a handle's routing, a hierarchical call's stage layouts and partial sums. It comes
-// from a stream-ordered pool of the Buffer's own, not from the caller's allocator, whose every call
-// may be a callback into Python under the GIL (a new routing asked it twice, a hierarchical call up
-// to six times; DeepEP allocates these from C++).
+// Memory for the small tensors that only a Buffer's calls make and that the caller never asked
+// for: a handle's routing (the dispatch's counts, positions, source indices) and a hierarchical
+// call's stage layouts. It comes from a stream-ordered pool of the Buffer's own, not from the
+// caller's allocator, whose every call may be a callback into Python under the GIL (a new routing
+// asked it twice, a hierarchical one up to six times; DeepEP allocates these from C++). A call's
+// large temporaries (a hierarchical call's forwarded rows and partial sums) still come from the
+// caller's allocator, where the framework sees and reuses that memory.
 //
-// Freeing, the one rule: a tensor released by its last holder (on any thread) is freed in the
-// communication stream's order at the Buffer's next call that is not being captured into a CUDA
-// graph, once that call's communication stream waits for the caller's stream. So the free follows
-// every kernel of an earlier call that read it, and the caller's work on the call's stream up to
-// this call. A free enqueued during a capture would become a graph node, repeated at each replay:
-// a captured call frees nothing, and takes its own such tensors from the caller's allocator
-// (CallStreams::internal_allocator), which knows graphs. Once the Buffer is gone (close()), there
-// is no next call: what is released then is freed at once, on a stream of the pool's own.
+// Freeing, the one rule: a tensor released by its last holder (on any thread; releasing makes no
+// CUDA call) is freed at the Buffer's next normal-mode call that is not being captured into a CUDA
+// graph, in stream order after that call's communication stream and the caller's stream: so after
+// every kernel of the Buffer that read it, and after the caller's work up to that call (readers of
+// a handle's tensors on a third stream must order themselves before the caller's stream). A free
+// enqueued during a capture would become a graph node, repeated at each replay: a captured call
+// frees nothing, and takes its own such tensors from the caller's allocator
+// (CallStreams::internal_allocator), which must suit graphs anyway. warm_up() frees its dummy
+// rounds' too. Once the Buffer is gone (close()) there is no next call: what is released then is
+// freed at once, on a stream of the pool's own.
 #pragma once
 
 #include <atomic>
@@ -34,10 +38,13 @@ class CommStreamMemory final : public Allocator, public std::enable_shared_from_
 
   // In `comm`'s stream order (the communication stream, not being captured).
   Tensor allocate(DType dtype, std::initializer_list<int64_t> shape, cudaStream_t comm) override;
-  // At a call not being captured, once `comm` waits for the caller's stream.
-  void free_released(cudaStream_t comm);
-  // The Buffer is going: waits for `comm`'s work, frees what was released, and from now on frees
-  // each release at once.
+  // At a call whose `comm` is not being captured, once `comm` waits for the call's order: the
+  // caller's stream, or (`comm_follows_caller` false: a previous_event call) only that event; then
+  // the frees also wait for `caller`'s work so far (unless `caller` is being captured: then they
+  // wait for a later call).
+  void free_released(cudaStream_t comm, cudaStream_t caller, bool comm_follows_caller);
+  // The Buffer is going: waits for `comm`'s work, frees what was released, gives the pool's unused
+  // memory back, and from now on frees each release at once. Idempotent.
   void close(cudaStream_t comm);
   // Tests: from now on every allocation (of every Buffer) is first filled with `byte` in stream
   // order (-1: left as it comes), so a kernel that forgets an element of a handle's routing
@@ -47,9 +54,11 @@ class CommStreamMemory final : public Allocator, public std::enable_shared_from_
  private:
   explicit CommStreamMemory(int device);
   void release(void* memory);
+  void free_after(const std::vector<void*>& memory, cudaStream_t comm, cudaStream_t caller);
 
+  int device_;
   DevicePool pool_;
-  cudaStream_t own_stream_ = nullptr;  // frees after close(); never captured
+  cudaStream_t own_stream_ = nullptr;  // frees that wait for two streams, and after close(); never captured
   std::mutex mutex_;
   std::vector<void*> released_;
   bool closed_ = false;

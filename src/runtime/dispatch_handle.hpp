@@ -19,8 +19,9 @@ struct DispatchHandleState {
   int num_recv_tokens = -1;     // -1 in worst-case mode
   int num_worst_tokens = 0;
   uint32_t dispatch_number = 0;  // which of the Buffer's dispatches made it (the same on every rank)
-  // Freed in the order of the Buffer's communication stream, which each tensor's storage keeps
-  // alive: a handle (or a result's copy of a tensor) may outlive the Buffer.
+  // From the Buffer's pool (runtime/comm_stream_memory.hpp says when they are freed) or, made
+  // during a capture, the caller's allocator; a handle (or a result's copy of a tensor) may
+  // outlive the Buffer.
   Tensor recv_channel_prefix;   // int32 [R, C + 1]: first row of each (source, channel) run, then each source's end
   Tensor recv_channel_count;    // int32 [R, C]: rows of each run (intranode_launchers.hpp: the receive order)
   Tensor rank_prefix_matrix;    // int32 [R, R]

@@ -72,7 +72,8 @@ DispatchResult dispatch_hierarchical(Buffer::Impl& impl, const DispatchArgs& arg
   const RingGroup& node = impl.node_ring_group();
   const cudaStream_t comm = streams.comm();
   std::vector<Tensor> layouts;  // the stages' own layouts, alive until their kernels have run (stream order)
-  // The stages' layouts, the rail stage's routing and its forwarded rows: the Buffer's own.
+  // The stages' layouts: the Buffer's own (comm_stream_memory.hpp). The rail stage's routing too
+  // (dispatch_stage); its forwarded rows, as large as the received ones, from the caller's.
   Allocator& internal = streams.internal_allocator(allocator);
 
   DispatchArgs rail_args = args;
@@ -96,7 +97,7 @@ DispatchResult dispatch_hierarchical(Buffer::Impl& impl, const DispatchArgs& arg
   rail_link.defer_failure = true;  // ranks that differ fail at the node stage, with every other rank
   rail_link.ids_stand_for_ranks = routed_by_ranks;
   const DispatchResult forwarded = dispatch_stage(impl, rail, rail_args, rail_shape, cached ? cached->rail.get() : nullptr,
-                                                  host_waits, internal, streams, comm, rail_state, rail_link);
+                                                  host_waits, allocator, streams, comm, rail_state, rail_link);
 
   DispatchArgs node_args = args;
   node_args.handle = nullptr;

@@ -252,8 +252,9 @@ const int32_t* notify(Buffer::Impl& impl, const detail::RingGroup& group, const 
   }
   const int ranks = group.num_ranks();
   const int channels = args.config.num_channels();
-  // The handle's tensors live in the communication stream's order: every kernel that reads them
-  // runs there, so freeing them there (when the last handle goes) can never overtake a reader.
+  // The handle's tensors live in the communication stream's order (every kernel that reads them
+  // runs there), from the Buffer's pool or, while capturing, the caller's allocator; freeing them
+  // follows comm_stream_memory.hpp's rule (or the caller's allocator's, in that stream's order).
   std::vector<Tensor> routing = detail::allocate_together(
       routing_memory,
       {detail::piece(DType::kInt32, {ranks, channels + 1}), detail::piece(DType::kInt32, {ranks, channels}),
@@ -550,7 +551,7 @@ CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, con
     detail::OutputBatch partials;
     partials.add(partial, DType::kBFloat16, {forwarded_rows, hidden});
     if (num_topk > 0) partials.add(partial_weights, DType::kFloat32, {forwarded_rows, num_topk});
-    partials.allocate(streams.internal_allocator(allocator), streams.comm());
+    partials.allocate(allocator, streams.comm());  // as large as x: the caller's memory
     const int32_t* node_verdict = combine_stage(impl, impl.node_ring_group(), *state.node,
                                                 CombineInputs{args.x, args.topk_weights}, args.config, partial,
                                                 partial_weights, streams.comm());

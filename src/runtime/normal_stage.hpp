@@ -33,12 +33,12 @@ class CallStreams {
       Event::record(call.stream).wait(comm_);
     }
     capturing_ = is_capturing(comm_);
-    if (!capturing_) memory_.free_released(comm_);
+    if (!capturing_) memory_.free_released(comm_, call.stream, call.previous_event.empty());
   }
   cudaStream_t comm() const { return comm_; }
   cudaStream_t allocation() const { return call_.allocate_on_comm_stream ? comm_ : call_.stream; }
-  // Where tensors only the communication stream touches come from (a handle's routing, partial
-  // sums): the Buffer's pool, or while capturing the caller's allocator, which knows graphs.
+  // Where the call's own small tensors come from (a handle's routing, the stages' layouts): the
+  // Buffer's pool, or while capturing the caller's allocator, which knows graphs.
   Allocator& internal_allocator(Allocator& caller) const { return capturing_ ? caller : memory_; }
   // Outputs allocated in the caller's stream order must exist before the kernels touch them.
   void order_after_allocations() const {

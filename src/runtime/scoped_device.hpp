@@ -1,6 +1,8 @@
 // Makes a device current for the length of a scope and restores the caller's afterwards.
 #pragma once
 
+#include <new>
+
 #include "common/cuda_check.hpp"
 
 namespace epcomm::detail {
@@ -11,6 +13,14 @@ class ScopedDevice {
   explicit ScopedDevice(int device) {
     EPCOMM_CUDA_CHECK(cudaGetDevice(&previous_));
     if (previous_ != device) EPCOMM_CUDA_CHECK(cudaSetDevice(device));
+  }
+  // For destructors and deleters, which must not throw: a failure is warned, the device left.
+  ScopedDevice(int device, std::nothrow_t) noexcept {
+    if (cudaGetDevice(&previous_) != cudaSuccess) {
+      previous_ = device;
+    } else if (previous_ != device) {
+      EPCOMM_CUDA_WARN(cudaSetDevice(device));
+    }
   }
   ~ScopedDevice() {
     int current = previous_;

@@ -1,5 +1,6 @@
 #include "epcomm/types.hpp"
 
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -107,7 +108,15 @@ std::vector<Tensor> Allocator::allocate_many(const std::vector<TensorView>& shap
 
 namespace {
 
-using detail::is_capturing;
+// For deleters, which must not throw: a failed query counts as capturing (the free waits).
+bool may_be_capturing(cudaStream_t stream) noexcept {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
 
 // Frees whose stream was being captured when the last holder let go: a free enqueued then would
 // be a node of the graph (and CUDA refuses one of memory the graph did not allocate). Each is
@@ -118,7 +127,14 @@ class DeferredFrees {
   DeferredFrees(const DeferredFrees&) = delete;
   DeferredFrees& operator=(const DeferredFrees&) = delete;
   ~DeferredFrees() {  // the allocator and every tensor are gone: no later allocate() will come
-    for (const auto& [memory, stream] : waiting_) EPCOMM_CUDA_WARN(cudaFreeAsync(memory, stream));
+    for (const auto& [memory, stream] : waiting_) {
+      if (may_be_capturing(stream)) {
+        std::fprintf(stderr, "epcomm: warning: %p left unfreed: its stream is being captured as its allocator goes\n",
+                     memory);
+      } else {
+        EPCOMM_CUDA_WARN(cudaFreeAsync(memory, stream));
+      }
+    }
   }
   void add(void* memory, cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -129,7 +145,7 @@ class DeferredFrees {
     if (waiting_.empty()) return;
     std::vector<std::pair<void*, cudaStream_t>> still;
     for (const auto& [memory, stream] : waiting_) {
-      if (is_capturing(stream)) {
+      if (may_be_capturing(stream)) {
         still.emplace_back(memory, stream);
       } else {
         EPCOMM_CUDA_WARN(cudaFreeAsync(memory, stream));
@@ -157,9 +173,9 @@ class StreamOrderedAllocator final : public Allocator {
     tensor.view.data = memory;
     // Freed in the order of the stream it was made for, once the last holder lets go. Memory made
     // during a capture belongs to the graph, and a capture may free it.
-    const bool made_outside_capture = !is_capturing(stream);
+    const bool made_outside_capture = !detail::is_capturing(stream);
     tensor.storage = std::shared_ptr<void>(memory, [stream, pool, deferred = deferred_, made_outside_capture](void* pointer) {
-      if (made_outside_capture && is_capturing(stream)) {
+      if (made_outside_capture && may_be_capturing(stream)) {
         deferred->add(pointer, stream);
       } else {
         EPCOMM_CUDA_WARN(cudaFreeAsync(pointer, stream));

@@ -327,8 +327,11 @@ void Buffer::warm_up(cudaStream_t stream) {
     }
   }
   // The dummy rounds' handles are gone: their memory goes back to the Buffer's pool now, not at
-  // the caller's first call, which would pay for freeing it.
-  if (!detail::is_capturing(impl.comm_stream)) impl.comm_memory->free_released(impl.comm_stream);
+  // the caller's first call, which would pay for freeing it. Every call above ordered its
+  // communication stream after `stream`.
+  if (!detail::is_capturing(impl.comm_stream)) {
+    impl.comm_memory->free_released(impl.comm_stream, stream, /*comm_follows_caller=*/true);
+  }
   synchronize(stream);
 }
 

@@ -42,8 +42,8 @@ class PoisoningAllocator final : public Allocator {
 };
 
 // Counts the tensors asked of `inner`. A normal-mode call that is not being captured asks the
-// caller's allocator for its outputs only: its own tensors (a handle's routing, the stages'
-// layouts and partial sums) come from the Buffer's memory.
+// caller's allocator for its outputs and large temporaries only: its small tensors (a handle's
+// routing, the stages' layouts) come from the Buffer's memory.
 class CountingAllocator final : public Allocator {
  public:
   explicit CountingAllocator(Allocator& inner) : inner_(inner) {}
