@@ -10,6 +10,7 @@
 #include "common/constants.hpp"
 #include "common/layout_workspace.hpp"
 #include "device/device_report.cuh"
+#include "device/flag_bytes.cuh"
 #include "device/last_block.cuh"
 #include "kernels/launchers.hpp"
 #include "common/cuda_check.hpp"
@@ -25,12 +26,6 @@ __device__ __forceinline__ uint32_t nodes_of(uint32_t ranks, int ranks_per_node,
     if ((ranks >> (node * ranks_per_node)) & node_mask) nodes |= 1u << node;
   }
   return nodes;
-}
-
-// Bits 0-3 of `bits` as bytes 0-3 of the result (0 or 1 each): four ranks' is_token_in_rank
-// flags in one 4-byte store.
-__device__ __forceinline__ uint32_t flags_as_bytes(uint32_t bits) {
-  return (bits & 1u) | ((bits & 2u) << 7) | ((bits & 4u) << 14) | ((bits & 8u) << 21);
 }
 
 // Counts one token's experts into `expert_counts` (shared) and returns the ranks it reaches as
@@ -98,7 +93,9 @@ __global__ void __launch_bounds__(kLayoutThreadsPerBlock)
       bool* in_rank = is_token_in_rank + static_cast<int64_t>(token) * num_ranks;
       if (flags_in_words) {
         uint32_t* words = reinterpret_cast<uint32_t*>(in_rank);
-        for (int word = 0; word < num_ranks / 4; ++word) words[word] = flags_as_bytes(ranks_reached >> (4 * word));
+        for (int word = 0; word < num_ranks / 4; ++word) {
+          words[word] = static_cast<uint32_t>(device::bits_as_flag_bytes<4>(ranks_reached >> (4 * word)));
+        }
       } else {
         for (int rank = 0; rank < num_ranks; ++rank) in_rank[rank] = (ranks_reached >> rank) & 1u;
       }
