@@ -6,7 +6,7 @@
 // large temporaries (a hierarchical call's forwarded rows and partial sums) still come from the
 // caller's allocator, where the framework sees and reuses that memory.
 //
-// Freeing, the one rule: a tensor released by its last holder (on any thread; releasing makes no
+// Freeing, the one rule: a tensor released by its last holder (on any thread; until close(), that makes no
 // CUDA call) is freed at the Buffer's next normal-mode call that is not being captured into a CUDA
 // graph, in stream order after that call's communication stream and the caller's stream: so after
 // every kernel of the Buffer that read it, and after the caller's work up to that call (readers of
