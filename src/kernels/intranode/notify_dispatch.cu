@@ -13,10 +13,10 @@
 #include <type_traits>
 
 #include "common/cuda_check.hpp"
+#include "common/flag_bytes.hpp"
 #include "common/notify_results.hpp"
 #include "kernels/common/block_barrier.cuh"
 #include "device/device_report.cuh"
-#include "device/flag_bytes.cuh"
 #include "device/warp_ops.cuh"
 #include "kernels/intranode/intranode_launchers.hpp"
 
@@ -54,7 +54,7 @@ template <int kRowBytes>
 __device__ __forceinline__ uint32_t load_row_bits(const bool* row, int num_ranks) {
   uint32_t bits = 0;
   if constexpr (kRowBytes > 0) {
-    bits = device::flag_bytes_as_bits<kRowBytes>(*reinterpret_cast<const RowWord<kRowBytes>*>(row));
+    bits = flag_bytes_as_bits<kRowBytes>(*reinterpret_cast<const RowWord<kRowBytes>*>(row));
   } else {
 #pragma unroll
     for (int rank = 0; rank < kMaxNvlPeers; ++rank) {
@@ -68,7 +68,7 @@ __device__ __forceinline__ uint32_t load_row_bits(const bool* row, int num_ranks
 template <int kRowBytes>
 __device__ __forceinline__ void store_row_bits(bool* row, uint32_t bits, int num_ranks) {
   if constexpr (kRowBytes > 0) {
-    *reinterpret_cast<RowWord<kRowBytes>*>(row) = static_cast<RowWord<kRowBytes>>(device::bits_as_flag_bytes<kRowBytes>(bits));
+    *reinterpret_cast<RowWord<kRowBytes>*>(row) = static_cast<RowWord<kRowBytes>>(bits_as_flag_bytes<kRowBytes>(bits));
   } else {
     for (int rank = 0; rank < num_ranks; ++rank) row[rank] = (bits >> rank) & 1u;
   }

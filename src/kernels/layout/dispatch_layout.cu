@@ -10,10 +10,10 @@
 #include "common/constants.hpp"
 #include "common/layout_workspace.hpp"
 #include "device/device_report.cuh"
-#include "device/flag_bytes.cuh"
 #include "device/last_block.cuh"
 #include "kernels/launchers.hpp"
 #include "common/cuda_check.hpp"
+#include "common/flag_bytes.hpp"
 
 namespace epcomm::kernels {
 namespace {
@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(kLayoutThreadsPerBlock)
       if (flags_in_words) {
         uint32_t* words = reinterpret_cast<uint32_t*>(in_rank);
         for (int word = 0; word < num_ranks / 4; ++word) {
-          words[word] = static_cast<uint32_t>(device::bits_as_flag_bytes<4>(ranks_reached >> (4 * word)));
+          words[word] = static_cast<uint32_t>(bits_as_flag_bytes<4>(ranks_reached >> (4 * word)));
         }
       } else {
         for (int rank = 0; rank < num_ranks; ++rank) in_rank[rank] = (ranks_reached >> rank) & 1u;
