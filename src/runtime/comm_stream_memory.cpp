@@ -50,13 +50,17 @@ void CommStreamMemory::release(void* memory) {
 }
 
 void CommStreamMemory::free_released(cudaStream_t comm, cudaStream_t caller, bool comm_follows_caller) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (released_.empty()) return;  // nothing to free: not even a capture query
+  }
   if (!comm_follows_caller && is_capturing(caller)) return;  // its order is a graph's: a later call
   std::vector<void*> freeing;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     freeing.swap(released_);
   }
-  if (freeing.empty()) return;
+  if (freeing.empty()) return;  // another call took them meanwhile
   if (comm_follows_caller) {
     for (void* memory : freeing) EPCOMM_CUDA_WARN(cudaFreeAsync(memory, comm));
   } else {
