@@ -89,9 +89,12 @@ inline constexpr int kLowLatencyReceiveChunkVectors = kLowLatencyReceiveLoadsInF
 inline constexpr int kCopyWarmupSms = 16;
 inline constexpr int kCopyThreadsPerBlock = 512;
 // The bulk-copy (TMA) roofline: one thread per SM keeps this many chunks of shared memory in
-// flight (kTmaCopyStages x kTmaCopyChunkBytes of dynamic shared memory per block).
+// flight (kTmaCopyStages x kTmaCopyChunkBytes of dynamic shared memory per block), of which up to
+// kTmaCopyStoresInFlight are being stored while the rest load.
 inline constexpr int kTmaCopyStages = 8;
 inline constexpr int kTmaCopyChunkBytes = 16 << 10;
+inline constexpr int kTmaCopyStoresInFlight = 4;
+static_assert(kTmaCopyStoresInFlight >= 1 && kTmaCopyStoresInFlight < kTmaCopyStages, "stages left to load into");
 
 // Bounded waits: a spin-wait reads the global timer only every this many polls, to keep the
 // timer off the hot path, and gives up after the buffer's wait timeout.

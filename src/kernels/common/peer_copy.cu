@@ -63,8 +63,10 @@ __global__ void __launch_bounds__(kCopyThreadsPerBlock)
 
 // The bulk-copy roofline. Work is cut into chunks of kTmaCopyChunkBytes per peer, dealt to blocks
 // round-robin with peers interleaved (each rank starting at its right-hand neighbour, as above).
-// One thread per block keeps kTmaCopyStages - 1 loads in flight ahead of the store it issues; a
-// stage is reloaded once the engine has read it for the previous store.
+// One thread per block runs a ring of kTmaCopyStages stages: chunk k lands in stage k % stages,
+// and is reloaded with chunk k + stages once its store has read the stage. Up to
+// kTmaCopyStoresInFlight stores wait on their reads at once, so the loads ahead are the stages
+// left (a single store in flight held a block to one store's drain time per chunk).
 __global__ void __launch_bounds__(kWarpSize)
     peer_copy_tma_kernel(const __grid_constant__ PeerWindow peers, const char* source, int64_t bytes_per_peer,
                          KernelContext context) {
@@ -93,27 +95,28 @@ __global__ void __launch_bounds__(kWarpSize)
     chunk.bytes = static_cast<uint32_t>(min(static_cast<int64_t>(kTmaCopyChunkBytes), bytes_per_peer - begin));
     return chunk;
   };
+  auto stage_of = [&](int64_t k) { return stages + static_cast<size_t>(k % kTmaCopyStages) * kTmaCopyChunkBytes; };
   auto load = [&](int64_t k) {
-    const int stage = static_cast<int>(k % kTmaCopyStages);
     const Chunk chunk = chunk_at(k);
-    device::mbarrier_arrive_expect_bytes(&loaded[stage], chunk.bytes);
-    device::bulk_load(stages + static_cast<size_t>(stage) * kTmaCopyChunkBytes, chunk.source, chunk.bytes, &loaded[stage]);
+    uint64_t* barrier = &loaded[k % kTmaCopyStages];
+    device::mbarrier_arrive_expect_bytes(barrier, chunk.bytes);
+    device::bulk_load(stage_of(k), chunk.source, chunk.bytes, barrier);
   };
 
   for (int stage = 0; stage < kTmaCopyStages; ++stage) device::mbarrier_init(&loaded[stage], 1);
   device::fence_mbarrier_init();
-  for (int64_t k = 0; k < min(static_cast<int64_t>(kTmaCopyStages - 1), mine); ++k) load(k);
+  for (int64_t k = 0; k < min(static_cast<int64_t>(kTmaCopyStages), mine); ++k) load(k);
   for (int64_t k = 0; k < mine; ++k) {
-    // Refill the stage of chunk k - 1 with chunk k + stages - 1, once chunk k - 1's store has read it.
-    if (k + kTmaCopyStages - 1 < mine) {
-      device::bulk_wait_read<0>();
-      load(k + kTmaCopyStages - 1);
-    }
-    const int stage = static_cast<int>(k % kTmaCopyStages);
-    device::mbarrier_wait(&loaded[stage], static_cast<uint32_t>((k / kTmaCopyStages) & 1));
+    device::mbarrier_wait(&loaded[k % kTmaCopyStages], static_cast<uint32_t>((k / kTmaCopyStages) & 1));
     const Chunk chunk = chunk_at(k);
-    device::bulk_store(chunk.destination, stages + static_cast<size_t>(stage) * kTmaCopyChunkBytes, chunk.bytes);
+    device::bulk_store(chunk.destination, stage_of(k), chunk.bytes);
     device::bulk_commit();
+    // The oldest store allowed to be still reading: once it has, its stage takes a new chunk.
+    const int64_t drained = k - (kTmaCopyStoresInFlight - 1);
+    if (drained >= 0 && drained + kTmaCopyStages < mine) {
+      device::bulk_wait_read<kTmaCopyStoresInFlight - 1>();
+      load(drained + kTmaCopyStages);
+    }
   }
   device::bulk_wait_all();  // the barrier kernel after this one publishes the bytes
   device::fence_proxy_async_global();
