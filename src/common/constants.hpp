@@ -58,6 +58,9 @@ constexpr int min_ring_tokens(int send_chunk) {
 // the row copies of normal-mode dispatch.
 inline constexpr int kCombineLoadsInFlight = 16;
 inline constexpr int kRowCopyLoadsInFlight = 16;
+// A rank's own rows in dispatch, copied straight from x to the output: 14 is an FP8 row of 7168
+// channels in one round trip; 16 made the dispatch kernel spill in its ring loops.
+inline constexpr int kOwnRowCopyLoadsInFlight = 14;
 // The combine sender's row copy: it shares the kernel's 128 registers per thread with the
 // receiver's loads, and 16 spills there.
 inline constexpr int kCombineSendLoadsInFlight = 12;

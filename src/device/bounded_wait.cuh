@@ -23,15 +23,24 @@ struct WaitSite {
 // expected and the last value it saw. Once any wait of this rank has failed, every other wait
 // gives up at its next timer check without reporting, so a dead peer costs one timeout, not one
 // per wait; callers keep their control flow uniform and let the kernel run to its end.
+// On success `*acquired` (when given) is the value the acquire saw: it may cover later waits on
+// the same flag by this thread, which then need no load at all.
 __device__ __forceinline__ bool wait_at_least(const uint64_t* flag, uint64_t expected, const KernelContext& context,
-                                              const WaitSite& site) {
+                                              const WaitSite& site, uint64_t* acquired = nullptr) {
   uint64_t observed = ld_acquire_sys(flag);
-  if (observed >= expected) return true;
+  if (observed >= expected) {
+    if (acquired != nullptr) *acquired = observed;
+    return true;
+  }
   const uint64_t start_ns = global_timer_ns();
   for (uint64_t polls = 1;; ++polls) {
     // Poll with relaxed loads (an acquire per poll would order memory for nothing), then take
     // one acquire of the value that satisfied us.
-    if (ld_relaxed_sys(flag) >= expected) return ld_acquire_sys(flag) >= expected;
+    if (ld_relaxed_sys(flag) >= expected) {
+      observed = ld_acquire_sys(flag);
+      if (acquired != nullptr) *acquired = observed;
+      return observed >= expected;
+    }
     if (polls % kPollsPerTimerRead != 0) continue;
     if (global_timer_ns() - start_ns > context.wait_timeout_ns) break;
     // Another wait of this rank already timed out, or the host saw a peer's process die: give

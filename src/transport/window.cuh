@@ -13,6 +13,8 @@
 //   signal(rank, offset, value)        one thread; a release store of a u64 flag at system scope.
 //   wait(own_offset, expected, ...)    a bounded acquire-wait until this rank's flag >= expected;
 //                          reports who waited on whom for what through the one bounded-wait helper.
+//                          It can return the value it acquired: a reader may then read everything
+//                          that value covers without waiting again (flags only grow).
 //   quiet()                this thread's puts are complete (NVSHMEM: nvshmem_quiet). Over IPC the
 //                          puts are stores, ordered by the barrier and the release that follow.
 //   fence()                a system-scope acquire-release fence: writes made before it, also by
@@ -116,8 +118,10 @@ class Window {
     st_release_sys(reinterpret_cast<uint64_t*>(peers_.bases[peer] + offset), value);
   }
 
-  __device__ bool wait(size_t own_offset, uint64_t expected, const KernelContext& context, const WaitSite& site) const {
-    return wait_at_least(own<uint64_t>(own_offset), expected, context, site);
+  // `acquired`: see wait_at_least.
+  __device__ bool wait(size_t own_offset, uint64_t expected, const KernelContext& context, const WaitSite& site,
+                       uint64_t* acquired = nullptr) const {
+    return wait_at_least(own<uint64_t>(own_offset), expected, context, site, acquired);
   }
 
   // Whether put() needs its source inside this rank's buffer (registered memory): NVSHMEM's puts

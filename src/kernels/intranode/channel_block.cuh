@@ -75,16 +75,22 @@ struct Team {
   int warps;         // warps in the team
   int warp_in_team;
   int barrier;       // named barrier id, when warps > 1
-  bool active;       // false for the warps left over when ranks do not divide the half's warps
+  bool active;       // false for the warps left over when teams do not divide the half's warps
 };
 
-__device__ __forceinline__ Team team_of_this_warp(const HalfPlan& plan, int num_ranks) {
+// The half's warps split evenly into teams, one per peer rank, or one per peer but `skipped_peer`
+// (a rank's own rows skip the ring: a team for them would have nothing to do, so its warps serve
+// the other peers).
+__device__ __forceinline__ Team team_of_this_warp(const HalfPlan& plan, int num_ranks, int skipped_peer = -1) {
+  const int num_teams = skipped_peer >= 0 ? num_ranks - 1 : num_ranks;
   Team team;
-  team.warps = kChannelRoleWarps / num_ranks;
-  team.peer = plan.warp / team.warps;
+  team.warps = num_teams > 0 ? kChannelRoleWarps / num_teams : kChannelRoleWarps;
+  const int index = plan.warp / team.warps;
   team.warp_in_team = plan.warp % team.warps;
-  team.active = team.peer < num_ranks;
-  team.barrier = kTeamBarrierBase + plan.half * kMaxTeamsWithBarrier + team.peer;
+  team.active = index < num_teams;
+  team.peer = skipped_peer >= 0 && index >= skipped_peer ? index + 1 : index;
+  // A team of several warps means at most kMaxTeamsWithBarrier teams: its index names its barrier.
+  team.barrier = kTeamBarrierBase + plan.half * kMaxTeamsWithBarrier + index;
   return team;
 }
 

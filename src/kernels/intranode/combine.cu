@@ -8,7 +8,8 @@
 // A token's row from rank d sits at the token's dispatch position in the (channel, d) stream
 // (send_position), because rank d returns rows in the order it received them. Rows are stored
 // into a direct peer's ring, or staged and put (ring_send.cuh); tails and heads are window
-// signals (transport/window.cuh).
+// signals (transport/window.cuh). A rank's own rows skip the ring, as in dispatch: the receiver
+// reads them from x, at the row the dispatch delivered them to, and no sender team sends them.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -81,23 +82,37 @@ __device__ __forceinline__ void add_bf16(float (&sum)[kBf16PerVector], const int
 // of them, predicated by the token's ranks) before it adds any: about kCombineLoadsInFlight
 // 16-byte loads, whatever the rank count. Lane s also records its position in `window_last[s]`
 // (the last row of source s this window read), which frees ring slots after the window.
+// `seen_tail` (lane s: source s) is the tail this warp last acquired: when it already covers the
+// row, the lane does not load the tail again, which takes a round trip off the token's chain. That
+// acquire, and the __syncwarp after it, ordered every later read of this warp.
 template <int kRankBound>
 __device__ void reduce_token(const device::Window& window, const CombineKernelArgs& args, const KernelContext& context,
                              const RingLayout& ring, int channel, int token, int32_t my_position,
-                             const uint64_t* ring_start, int32_t* window_last) {
+                             const uint64_t* ring_start, int32_t* window_last, uint64_t& seen_tail) {
   constexpr int kVectors = kCombineLoadsInFlight / kRankBound;
   const int lane = device::lane_id();
   const int num_ranks = context.num_ranks;
-  if (lane < num_ranks && my_position >= 0) {
-    const device::WaitSite data_site{DeviceOp::kCombine, WaitTarget::kRingData, lane, channel};
-    window.wait(NvlLayout::ring_tail(channel, lane), ring_start[lane] + static_cast<uint64_t>(my_position) + 1, context,
-                data_site);
+  const int me = context.rank;
+  // This rank's own row is in x, at the row its dispatch delivered it to (no wait: the caller's
+  // stream ordered x before this kernel).
+  const int64_t own_first_row = args.recv_channel_prefix[me * (args.ring.num_channels + 1) + channel];
+  const int64_t own_row = own_first_row + __shfl_sync(0xffffffffu, my_position, me);
+  if (lane < num_ranks && lane != me && my_position >= 0) {
+    const uint64_t needed = ring_start[lane] + static_cast<uint64_t>(my_position) + 1;
+    if (seen_tail < needed) {
+      const device::WaitSite data_site{DeviceOp::kCombine, WaitTarget::kRingData, lane, channel};
+      // Pairs with the sender's signal of the tail (publish_slots).
+      window.wait(NvlLayout::ring_tail(channel, lane), needed, context, data_site, &seen_tail);
+    }
     atomicMax(&window_last[lane], my_position);
   }
   __syncwarp();  // the lanes' waits (acquires) order every lane's reads of the rows below
 
-  // Rows as 16-byte-vector indices from the ring base (32 bits each, to save registers).
+  // Rows as 16-byte-vector indices from the ring base (32 bits each, to save registers); this
+  // rank's own row by its pointer into x.
+  const int vectors = args.hidden / kBf16PerVector;
   const int4* ring_base = window.own<const int4>(NvlLayout::kDataOffset);
+  const int4* own_x_row = static_cast<const int4*>(args.x) + own_row * vectors;
   uint32_t row_at[kRankBound];
   uint32_t present = 0;  // bit s: the token went to rank s
 #pragma unroll
@@ -105,12 +120,16 @@ __device__ void reduce_token(const device::Window& window, const CombineKernelAr
     const int32_t position = __shfl_sync(0xffffffffu, my_position, source);
     row_at[source] = 0;
     if (source >= num_ranks || position < 0) continue;
+    if (source == me) {
+      // Rows past x (more arrived than num_worst_tokens; reported by the dispatch) add nothing.
+      if (own_row < args.num_rows) present |= 1u << source;
+      continue;
+    }
     const uint64_t absolute = ring_start[source] + static_cast<uint64_t>(position);
     row_at[source] = static_cast<uint32_t>((ring.slot_at(channel, source, absolute) - NvlLayout::kDataOffset) / sizeof(int4));
     present |= 1u << source;
   }
 
-  const int vectors = args.hidden / kBf16PerVector;
   const int4* __restrict__ bias0 = static_cast<const int4*>(args.bias0);
   const int4* __restrict__ bias1 = static_cast<const int4*>(args.bias1);
   int4* __restrict__ out = static_cast<int4*>(args.combined_x) + static_cast<int64_t>(token) * vectors;
@@ -121,7 +140,9 @@ __device__ void reduce_token(const device::Window& window, const CombineKernelAr
       const int v = first + i * kWarpSize;
 #pragma unroll
       for (int source = 0; source < kRankBound; ++source) {
-        if (v < vectors && (present & (1u << source))) raw[i][source] = __ldcg(ring_base + row_at[source] + v);
+        if (v < vectors && (present & (1u << source))) {
+          raw[i][source] = __ldcg((source == me ? own_x_row : ring_base + row_at[source]) + v);
+        }
       }
     }
 #pragma unroll
@@ -146,7 +167,10 @@ __device__ void reduce_token(const device::Window& window, const CombineKernelAr
     float weight = 0.0f;
 #pragma unroll
     for (int source = 0; source < kRankBound; ++source) {
-      if (present & (1u << source)) {
+      if (!(present & (1u << source))) continue;
+      if (source == me) {
+        weight += args.topk_weights != nullptr ? args.topk_weights[own_row * args.num_topk + lane] : 0.0f;
+      } else {
         const char* slot = reinterpret_cast<const char*>(ring_base + row_at[source]);
         weight += __ldcg(reinterpret_cast<const float*>(slot + ring.slot.weights_offset) + lane);
       }
@@ -183,13 +207,15 @@ __device__ void receive_channel(const device::Window& window, const CombineKerne
   const int end = channel_first_token(args.split, channel + 1, args.num_tokens, args.ring.num_channels);
   // Thread `source` (< num_ranks) tracks how far this channel has consumed source's ring.
   uint64_t consumed = thread < num_ranks ? ring_start[thread] : 0;
+  uint64_t seen_tail = 0;  // reduce_token's: lane s, the tail of source s this warp last acquired
   int32_t position = position_of(args, begin + plan.warp, end, num_ranks);
   for (int first_token = begin, parity = 0; first_token < end; first_token += kCombineWindowTokens, parity ^= 1) {
     const int token = first_token + plan.warp;
     const int32_t next_position = position_of(args, token + kCombineWindowTokens, end, num_ranks);
     int32_t* window_last = window_lasts[plan.half][parity];
     if (token < end) {
-      reduce_token<kRankBound>(window, args, context, ring, channel, token, position, ring_start, window_last);
+      reduce_token<kRankBound>(window, args, context, ring, channel, token, position, ring_start, window_last,
+                               seen_tail);
     }
     position = next_position;
     sync_half(plan);  // every warp has read its rows of this window
@@ -231,7 +257,8 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
 
   const HalfPlan plan = plan_of_this_warp(kCombineChannelLayout);
   if (plan.role == ChannelRole::kSender) {
-    const Team team = team_of_this_warp(plan, context.num_ranks);
+    // No team for this rank's own rows: the receiver reads them from x.
+    const Team team = team_of_this_warp(plan, context.num_ranks, context.rank);
     if (team.active) send_channel<kStaged>(window, args, context, ring, plan.channel, team);
   } else {
     receive_channel<kRankBound>(window, args, context, ring, plan);

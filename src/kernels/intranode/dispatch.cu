@@ -11,6 +11,11 @@
 // into a direct peer's ring, or staged and put into the ring of a peer on another node
 // (ring_send.cuh).
 //
+// A rank's own tokens skip the ring: the sender team for destination `me` writes them straight
+// into the outputs, at the rows the receiver would have used (their positions in the (channel, me)
+// stream), and the receiver half has teams for the other ranks only. Each of those bytes then
+// passes one SM instead of two, and crosses HBM twice instead of four times.
+//
 // A warp moves one token at a time and issues all of the token's loads (row and metadata) before
 // it stores any: the copy is bound by round trips to memory, so a token costs one, not one per
 // field.
@@ -120,6 +125,87 @@ __device__ void send_token(const DispatchKernelArgs& args, const KernelContext& 
   if (lane == 0) *reinterpret_cast<int32_t*>(slot + ring.slot.source_offset) = token;
 }
 
+// A received row's metadata into the outputs: scales past the registers' are the caller's.
+__device__ __forceinline__ void store_row_metadata(const DispatchKernelArgs& args, int64_t row, const TokenMetadata& meta,
+                                                   int32_t source_token) {
+  const int lane = device::lane_id();
+#pragma unroll
+  for (int i = 0; i < kScalesPerLane; ++i) {
+    const int s = lane + i * kWarpSize;
+    if (s < args.num_scales) args.recv_x_scales[row * args.num_scales + s] = meta.scales[i];
+  }
+  if (lane < args.num_topk) {
+    if (args.recv_topk_idx != nullptr) args.recv_topk_idx[row * args.num_topk + lane] = meta.expert;
+    if (args.recv_topk_weights != nullptr) args.recv_topk_weights[row * args.num_topk + lane] = meta.weight;
+  }
+  if (lane == 0 && args.recv_src_idx != nullptr) args.recv_src_idx[row] = source_token;
+}
+
+// One of this rank's own tokens, straight into its row of the outputs: what send_token and
+// receive_row together write, without the ring between them.
+__device__ void deliver_own_token(const DispatchKernelArgs& args, const KernelContext& context, int token, int64_t row,
+                                  int experts_per_rank) {
+  const int lane = device::lane_id();
+  TokenMetadata meta = load_token_metadata(args, token);
+  const char* source_row = static_cast<const char*>(args.x) + static_cast<int64_t>(token) * args.row_bytes;
+  char* output_row = static_cast<char*>(args.recv_x) + row * args.row_bytes;
+  device::warp_copy<false, kOwnRowCopyLoadsInFlight>(output_row, source_row, args.row_bytes);
+  check_expert_id(args, context, meta, token);
+  if (args.topk_idx != nullptr) {
+    meta.expert = to_local_expert(meta.expert, context.rank, experts_per_rank);
+    meta.weight = meta.expert >= 0 ? meta.weight : 0.0f;
+  }
+  store_row_metadata(args, row, meta, token);
+  for (int s = lane + kScalesPerLane * kWarpSize; s < args.num_scales; s += kWarpSize) {
+    args.recv_x_scales[row * args.num_scales + s] =
+        args.x_scales[static_cast<int64_t>(token) * args.scale_token_stride + s * args.scale_stride];
+  }
+}
+
+__device__ __forceinline__ bool is_sent_to(const DispatchKernelArgs& args, const KernelContext& context, int token, int end,
+                                           int destination) {
+  return token < end && args.is_token_in_rank[static_cast<int64_t>(token) * context.num_ranks + destination];
+}
+
+// Each token of a send window (lane t: token first + t; `mask`: those sent to `destination`)
+// gets its position in the (channel, destination) stream, -1 if not sent there (combine reads it).
+__device__ __forceinline__ void record_send_positions(const DispatchKernelArgs& args, const KernelContext& context,
+                                                      const Team& team, uint32_t mask, int token_of_lane, int end,
+                                                      int destination, uint64_t sent_before) {
+  if (args.send_position == nullptr || team.warp_in_team != 0 || token_of_lane >= end) return;
+  const int lane = device::lane_id();
+  const int rank_in_window = __popc(mask & ((1u << lane) - 1u));
+  args.send_position[static_cast<int64_t>(token_of_lane) * context.num_ranks + destination] =
+      (mask >> lane) & 1u ? static_cast<int32_t>(sent_before) + rank_in_window : -1;
+}
+
+// The sender team for this rank itself: its tokens of this channel go straight into the outputs,
+// in the order and at the rows the ring would have given them (see the top of the file).
+__device__ void deliver_own_channel(const DispatchKernelArgs& args, const KernelContext& context, int channel,
+                                    const Team& team) {
+  const int me = context.rank;
+  const int begin = channel_first_token(args.split, channel, args.num_tokens, args.ring.num_channels);
+  const int end = channel_first_token(args.split, channel + 1, args.num_tokens, args.ring.num_channels);
+  const int experts_per_rank = args.num_experts / context.num_ranks;
+  const int64_t first_row = args.recv_channel_prefix[me * (args.ring.num_channels + 1) + channel];
+  const int lane = device::lane_id();
+  uint64_t sent = 0;
+  bool selected = is_sent_to(args, context, begin + lane, end, me);
+  for (int first_token = begin; first_token < end; first_token += kSendWindowTokens) {
+    const int token_of_lane = first_token + lane;
+    const uint32_t mask = __ballot_sync(0xffffffffu, selected);
+    selected = is_sent_to(args, context, token_of_lane + kSendWindowTokens, end, me);
+    const int count = __popc(mask);
+    record_send_positions(args, context, team, mask, token_of_lane, end, me, sent);
+    for (int i = team.warp_in_team; i < count; i += team.warps) {
+      const int64_t row = first_row + static_cast<int64_t>(sent) + i;
+      if (row >= args.num_rows) continue;  // more than num_worst_tokens: reported, never written
+      deliver_own_token(args, context, first_token + __fns(mask, 0, i + 1), row, experts_per_rank);
+    }
+    sent += count;
+  }
+}
+
 template <bool kStaged>
 __device__ void send_channel(const device::Window& window, const DispatchKernelArgs& args, const KernelContext& context,
                              const RingLayout& ring, int channel, const Team& team) {
@@ -134,21 +220,14 @@ __device__ void send_channel(const device::Window& window, const DispatchKernelA
   uint64_t sent = 0, published = 0;
   const device::WaitSite space_site{DeviceOp::kDispatch, WaitTarget::kRingSpace, destination, channel};
 
-  auto in_rank = [&](int token) {
-    return token < end && args.is_token_in_rank[static_cast<int64_t>(token) * context.num_ranks + destination];
-  };
-  bool selected = in_rank(begin + lane);
+  bool selected = is_sent_to(args, context, begin + lane, end, destination);
   for (int first_token = begin; first_token < end; first_token += kSendWindowTokens) {
     const int token_of_lane = first_token + lane;
     const uint32_t mask = __ballot_sync(0xffffffffu, selected);
-    selected = in_rank(token_of_lane + kSendWindowTokens);  // the next window's, loaded while this one is sent
+    // The next window's, loaded while this one is sent.
+    selected = is_sent_to(args, context, token_of_lane + kSendWindowTokens, end, destination);
     const int count = __popc(mask);
-    if (args.send_position != nullptr && team.warp_in_team == 0 && token_of_lane < end) {
-      // Position of this token in the (channel, destination) stream, -1 if not sent there.
-      const int rank_in_window = __popc(mask & ((1u << lane) - 1u));
-      args.send_position[static_cast<int64_t>(token_of_lane) * context.num_ranks + destination] =
-          (mask >> lane) & 1u ? static_cast<int32_t>(sent) + rank_in_window : -1;
-    }
+    record_send_positions(args, context, team, mask, token_of_lane, end, destination, sent);
     if (count == 0) continue;
 
     // Wait until the destination has freed the slots this window fills.
@@ -179,20 +258,11 @@ __device__ void receive_row(const DispatchKernelArgs& args, const RingLayout& ri
   const int32_t source_token = lane == 0 ? __ldcg(reinterpret_cast<const int32_t*>(slot + ring.slot.source_offset)) : 0;
   device::warp_copy<true, kRowCopyLoadsInFlight>(static_cast<char*>(args.recv_x) + row * args.row_bytes, slot,
                                                  args.row_bytes);
-#pragma unroll
-  for (int i = 0; i < kScalesPerLane; ++i) {
-    const int s = lane + i * kWarpSize;
-    if (s < args.num_scales) args.recv_x_scales[row * args.num_scales + s] = meta.scales[i];
-  }
+  store_row_metadata(args, row, meta, source_token);
   const float* slot_scales = reinterpret_cast<const float*>(slot + ring.slot.scales_offset);
   for (int s = lane + kScalesPerLane * kWarpSize; s < args.num_scales; s += kWarpSize) {
     args.recv_x_scales[row * args.num_scales + s] = __ldcg(slot_scales + s);
   }
-  if (lane < args.num_topk) {
-    if (args.recv_topk_idx != nullptr) args.recv_topk_idx[row * args.num_topk + lane] = meta.expert;
-    if (args.recv_topk_weights != nullptr) args.recv_topk_weights[row * args.num_topk + lane] = meta.weight;
-  }
-  if (lane == 0 && args.recv_src_idx != nullptr) args.recv_src_idx[row] = source_token;
 }
 
 __device__ void receive_channel(const device::Window& window, const DispatchKernelArgs& args, const KernelContext& context,
@@ -287,11 +357,17 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
   ring.capacity = args.ring.ring_capacity;
   ring.staged = args.ring.staged;
   const HalfPlan plan = plan_of_this_warp(kDispatchChannelLayout);
-  const Team team = team_of_this_warp(plan, context.num_ranks);
 
   if (plan.role == ChannelRole::kSender) {
-    if (team.active) send_channel<kStaged>(window, args, context, ring, plan.channel, team);
+    const Team team = team_of_this_warp(plan, context.num_ranks);
+    if (team.active && team.peer == context.rank) {
+      deliver_own_channel(args, context, plan.channel, team);
+    } else if (team.active) {
+      send_channel<kStaged>(window, args, context, ring, plan.channel, team);
+    }
   } else {
+    // This rank's own rows need no receiver (its sender team wrote them): teams for the others.
+    const Team team = team_of_this_warp(plan, context.num_ranks, context.rank);
     if (team.active) receive_channel(window, args, context, ring, plan, team);
     mark_unused_rows(args, plan, context);
   }
