@@ -23,6 +23,8 @@
 //
 // Ring positions only ever grow, across every dispatch and combine: a ring (channel, writer) has
 // one writer and one reader, so both sides agree on positions without ever resetting them.
+// A rank's ring from itself (channel, me) is laid out but unused: the kernels move a rank's own
+// rows without a ring (kernels/intranode/dispatch.cu), so its counters never move.
 #pragma once
 
 #include <cstddef>

@@ -22,7 +22,7 @@ namespace epcomm::testing {
 namespace {
 
 constexpr uint64_t kSeed = 0x4e0a3a1u;
-constexpr int kMaxHidden = 8192;
+constexpr int kMaxHidden = 8448;  // 66 FP8 scales a row: past the 64 the kernels keep in registers
 constexpr int kExpertsPerRank = 32;
 constexpr unsigned char kPoisonByte = 0xAB;
 constexpr uint16_t kBf16NaN = 0x7FC0;  // fills combine rows that must never be read
@@ -76,6 +76,9 @@ std::vector<Scenario> scenarios() {
       {"wide-config fp8 h7168 uneven top8 sparse", true, 7168, -1, 8, Routing::kSparse, kWideConfig | kPoison | kCached | kWorst},
       {"bf16 h2048 T512 top8 non-finite", false, 2048, 512, 8, Routing::kPlain, kNonFinite | kPoison},
       {"fp8 h2048 uneven top4 sparse non-finite", true, 2048, -1, 4, Routing::kSparse, kNonFinite},
+      // Scales past the registers' (kScalesPerLane * 32 = 64) take the kernels' plain loops.
+      {"fp8 h8448 uneven top8 sparse many-scales", true, 8448, -1, 8, Routing::kSparse,
+       kColumnScales | kPoison | kCached | kWorst},
   };
 }
 

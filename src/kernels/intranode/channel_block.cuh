@@ -9,8 +9,9 @@
 //                              receivers (combine: a receiver beside a sender waits behind the
 //                              sender's stores to peers in the SM's memory pipeline).
 //
-// Inside a half the warps are split evenly among the peer ranks into teams. The halves never wait
-// on each other inside the block (no __syncthreads), only through the rings.
+// Inside a half the warps are split evenly into teams, one per peer rank (or per peer but the rank
+// itself, where its own rows skip the ring). The halves never wait on each other inside the block
+// (no __syncthreads), only through the rings.
 #pragma once
 
 #include "common/constants.hpp"
@@ -79,8 +80,9 @@ struct Team {
 };
 
 // The half's warps split evenly into teams, one per peer rank, or one per peer but `skipped_peer`
-// (a rank's own rows skip the ring: a team for them would have nothing to do, so its warps serve
-// the other peers).
+// (a rank's own rows skip the ring: a team for them would have nothing to do). Teams are of equal
+// size, so the warps it frees join the others only where the fewer teams divide the half's warps
+// (2, 3 and 5 ranks); at 4, 6, 7 and 8 ranks they stay idle, as leftover warps did before.
 __device__ __forceinline__ Team team_of_this_warp(const HalfPlan& plan, int num_ranks, int skipped_peer = -1) {
   const int num_teams = skipped_peer >= 0 ? num_ranks - 1 : num_ranks;
   Team team;

@@ -1,7 +1,7 @@
 // Normal-mode combine: the reverse of dispatch. Each channel has a sender
 // half-block and a receiver half-block (channel_block.cuh, kCombineChannelLayout):
-//   sender warps:   team g sends the rows this rank received from rank g on this channel back
-//                   into g's ring (channel, me), in row order.
+//   sender warps:   a team per other rank g sends the rows this rank received from g on this
+//                   channel back into g's ring (channel, me), in row order.
 //   receiver warps: one warp per token of this channel: for each rank the token went to
 //                   (ascending), waits for its row and adds it in float, adds the biases, and
 //                   writes the BF16 result; after each window of tokens, frees slots.
@@ -10,6 +10,8 @@
 // into a direct peer's ring, or staged and put (ring_send.cuh); tails and heads are window
 // signals (transport/window.cuh). A rank's own rows skip the ring, as in dispatch: the receiver
 // reads them from x, at the row the dispatch delivered them to, and no sender team sends them.
+// (In the error case where the dispatch dropped rows past num_worst_tokens, an own row past x adds
+// nothing while a peer's adds its stale slot, as before: the call has already failed.)
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -88,15 +90,16 @@ __device__ __forceinline__ void add_bf16(float (&sum)[kBf16PerVector], const int
 template <int kRankBound>
 __device__ void reduce_token(const device::Window& window, const CombineKernelArgs& args, const KernelContext& context,
                              const RingLayout& ring, int channel, int token, int32_t my_position,
-                             const uint64_t* ring_start, int32_t* window_last, uint64_t& seen_tail) {
+                             const uint64_t* ring_start, int32_t* window_last, uint64_t& seen_tail,
+                             int64_t own_first_row) {
   constexpr int kVectors = kCombineLoadsInFlight / kRankBound;
   const int lane = device::lane_id();
   const int num_ranks = context.num_ranks;
   const int me = context.rank;
   // This rank's own row is in x, at the row its dispatch delivered it to (no wait: the caller's
   // stream ordered x before this kernel).
-  const int64_t own_first_row = args.recv_channel_prefix[me * (args.ring.num_channels + 1) + channel];
-  const int64_t own_row = own_first_row + __shfl_sync(0xffffffffu, my_position, me);
+  const int32_t own_position = __shfl_sync(0xffffffffu, my_position, me);
+  const int64_t own_row = own_first_row + own_position;
   if (lane < num_ranks && lane != me && my_position >= 0) {
     const uint64_t needed = ring_start[lane] + static_cast<uint64_t>(my_position) + 1;
     if (seen_tail < needed) {
@@ -112,7 +115,7 @@ __device__ void reduce_token(const device::Window& window, const CombineKernelAr
   // rank's own row by its pointer into x.
   const int vectors = args.hidden / kBf16PerVector;
   const int4* ring_base = window.own<const int4>(NvlLayout::kDataOffset);
-  const int4* own_x_row = static_cast<const int4*>(args.x) + own_row * vectors;
+  const int4* own_x_row = own_position >= 0 ? static_cast<const int4*>(args.x) + own_row * vectors : nullptr;
   uint32_t row_at[kRankBound];
   uint32_t present = 0;  // bit s: the token went to rank s
 #pragma unroll
@@ -208,6 +211,7 @@ __device__ void receive_channel(const device::Window& window, const CombineKerne
   // Thread `source` (< num_ranks) tracks how far this channel has consumed source's ring.
   uint64_t consumed = thread < num_ranks ? ring_start[thread] : 0;
   uint64_t seen_tail = 0;  // reduce_token's: lane s, the tail of source s this warp last acquired
+  const int64_t own_first_row = args.recv_channel_prefix[context.rank * (args.ring.num_channels + 1) + channel];
   int32_t position = position_of(args, begin + plan.warp, end, num_ranks);
   for (int first_token = begin, parity = 0; first_token < end; first_token += kCombineWindowTokens, parity ^= 1) {
     const int token = first_token + plan.warp;
@@ -215,7 +219,7 @@ __device__ void receive_channel(const device::Window& window, const CombineKerne
     int32_t* window_last = window_lasts[plan.half][parity];
     if (token < end) {
       reduce_token<kRankBound>(window, args, context, ring, channel, token, position, ring_start, window_last,
-                               seen_tail);
+                               seen_tail, own_first_row);
     }
     position = next_position;
     sync_half(plan);  // every warp has read its rows of this window

@@ -2,10 +2,11 @@
 //
 // Tokens are split into channels (contiguous token ranges: common/channel_split.hpp); each channel
 // has a sender half-block and a receiver half-block (channel_block.cuh, kDispatchChannelLayout):
-//   sender warps:   team g sends this rank's channel tokens bound for rank g into g's ring
-//                   (channel, me), in token order, waiting for free slots.
-//   receiver warps: team g copies rows from my ring (channel, g) into the outputs, at the rows
-//                   the notify step assigned, then frees the slots.
+//   sender warps:   a team per rank g sends this rank's channel tokens bound for g into g's ring
+//                   (channel, me), in token order, waiting for free slots; the team for the rank
+//                   itself writes its tokens straight into the outputs (below).
+//   receiver warps: a team per other rank g copies rows from my ring (channel, g) into the
+//                   outputs, at the rows the notify step assigned, then frees the slots.
 // Ring positions grow across calls (see nvl_layout.hpp); the tail a sender signals and the head a
 // receiver signals are the only synchronisation (transport/window.cuh). Rows are stored straight
 // into a direct peer's ring, or staged and put into the ring of a peer on another node
