@@ -14,6 +14,7 @@
 // (no __syncthreads), only through the rings.
 #pragma once
 
+#include "common/channel_teams.hpp"
 #include "common/constants.hpp"
 #include "device/warp_ops.cuh"
 #include "epcomm/error.hpp"
@@ -26,7 +27,6 @@ enum class ChannelLayout { kColocated, kSplit };
 // Named barriers (0 is __syncthreads, unused here). Half h: one per team, when a team has several
 // warps (at most kMaxTeamsWithBarrier teams then), and one for the whole half.
 inline constexpr int kHalvesPerBlock = 2;
-inline constexpr int kMaxTeamsWithBarrier = kChannelRoleWarps / 2;
 inline constexpr int kTeamBarrierBase = 1;
 inline constexpr int kHalfBarrierBase = kTeamBarrierBase + kHalvesPerBlock * kMaxTeamsWithBarrier;
 static_assert(kHalfBarrierBase + kHalvesPerBlock <= 16, "a block has 16 named barriers");
@@ -80,19 +80,18 @@ struct Team {
 };
 
 // The half's warps split evenly into teams, one per peer rank, or one per peer but `skipped_peer`
-// (a rank's own rows skip the ring: a team for them would have nothing to do). Teams are of equal
-// size, so the warps it frees join the others only where the fewer teams divide the half's warps
-// (2, 3 and 5 ranks); at 4, 6, 7 and 8 ranks they stay idle, as leftover warps did before.
+// (common/channel_teams.hpp). Teams are of equal size, so the warps a skipped peer frees join the
+// others only where the fewer teams divide the half's warps (2, 3 and 5 ranks); at 4, 6, 7 and 8
+// ranks they stay idle, as leftover warps did before.
 __device__ __forceinline__ Team team_of_this_warp(const HalfPlan& plan, int num_ranks, int skipped_peer = -1) {
-  const int num_teams = skipped_peer >= 0 ? num_ranks - 1 : num_ranks;
+  const TeamSlot slot = team_slot(plan.warp, kChannelRoleWarps, num_ranks, skipped_peer);
   Team team;
-  team.warps = num_teams > 0 ? kChannelRoleWarps / num_teams : kChannelRoleWarps;
-  const int index = plan.warp / team.warps;
-  team.warp_in_team = plan.warp % team.warps;
-  team.active = index < num_teams;
-  team.peer = skipped_peer >= 0 && index >= skipped_peer ? index + 1 : index;
+  team.peer = slot.peer;
+  team.warps = slot.warps;
+  team.warp_in_team = slot.warp_in_team;
+  team.active = slot.active;
   // A team of several warps means at most kMaxTeamsWithBarrier teams: its index names its barrier.
-  team.barrier = kTeamBarrierBase + plan.half * kMaxTeamsWithBarrier + index;
+  team.barrier = kTeamBarrierBase + plan.half * kMaxTeamsWithBarrier + slot.index;
   return team;
 }
 

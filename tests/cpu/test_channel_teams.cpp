@@ -1,0 +1,91 @@
+// The split of a normal-mode half-block's warps into teams (common/channel_teams.hpp): every peer
+// rank but a skipped one served by exactly one team of equal size, no warp serving the skipped
+// rank or a rank past the last, and a team of several warps always within the named barriers.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <vector>
+
+#include "common/channel_teams.hpp"
+
+namespace epcomm {
+namespace {
+
+struct Case {
+  int num_ranks;
+  int skipped_peer;
+};
+
+std::vector<Case> every_case() {
+  std::vector<Case> cases;
+  for (int ranks = 1; ranks <= kMaxNvlPeers; ++ranks) {
+    cases.push_back({ranks, -1});
+    for (int skipped = 0; skipped < ranks; ++skipped) cases.push_back({ranks, skipped});
+  }
+  return cases;
+}
+
+TEST(ChannelTeams, EveryPeerButTheSkippedHasOneTeamOfEqualSize) {
+  for (const Case& c : every_case()) {
+    SCOPED_TRACE("num_ranks=" + std::to_string(c.num_ranks) + " skipped_peer=" + std::to_string(c.skipped_peer));
+    const int num_teams = c.skipped_peer >= 0 ? c.num_ranks - 1 : c.num_ranks;
+    std::map<int, std::vector<int>> members;  // peer -> warp_in_team of each active warp
+    std::map<int, int> index_of;              // peer -> team index
+    for (int warp = 0; warp < kChannelRoleWarps; ++warp) {
+      const TeamSlot slot = team_slot(warp, kChannelRoleWarps, c.num_ranks, c.skipped_peer);
+      if (!slot.active) continue;
+      EXPECT_NE(slot.peer, c.skipped_peer);
+      EXPECT_GE(slot.peer, 0);
+      EXPECT_LT(slot.peer, c.num_ranks);
+      EXPECT_EQ(slot.warps, kChannelRoleWarps / num_teams);
+      members[slot.peer].push_back(slot.warp_in_team);
+      const auto known = index_of.emplace(slot.peer, slot.index);
+      EXPECT_EQ(known.first->second, slot.index) << "one team per peer";
+    }
+    EXPECT_EQ(static_cast<int>(members.size()), num_teams);
+    for (const auto& [peer, warps_in_team] : members) {
+      const int size = kChannelRoleWarps / num_teams;
+      ASSERT_EQ(static_cast<int>(warps_in_team.size()), size) << "peer " << peer;
+      for (int i = 0; i < size; ++i) EXPECT_EQ(warps_in_team[i], i) << "peer " << peer;
+    }
+  }
+}
+
+TEST(ChannelTeams, TeamsOfSeveralWarpsHaveABarrier) {
+  for (const Case& c : every_case()) {
+    for (int warp = 0; warp < kChannelRoleWarps; ++warp) {
+      const TeamSlot slot = team_slot(warp, kChannelRoleWarps, c.num_ranks, c.skipped_peer);
+      if (slot.active && slot.warps > 1) {
+        EXPECT_LT(slot.index, kMaxTeamsWithBarrier)
+            << "num_ranks=" << c.num_ranks << " skipped_peer=" << c.skipped_peer << " warp=" << warp;
+      }
+    }
+  }
+}
+
+TEST(ChannelTeams, ARankAloneHasNoTeamWhenItSkipsItself) {
+  for (int warp = 0; warp < kChannelRoleWarps; ++warp) {
+    EXPECT_FALSE(team_slot(warp, kChannelRoleWarps, 1, 0).active);
+    const TeamSlot own = team_slot(warp, kChannelRoleWarps, 1, -1);
+    EXPECT_TRUE(own.active);
+    EXPECT_EQ(own.peer, 0);
+    EXPECT_EQ(own.warps, kChannelRoleWarps);
+  }
+}
+
+TEST(ChannelTeams, SkippingARankShiftsOnlyThePeersAfterIt) {
+  // 4 ranks skipping rank 1: teams 0, 1, 2 serve ranks 0, 2, 3 (two warps each; two left over).
+  const int expected_peer[] = {0, 0, 2, 2, 3, 3};
+  for (int warp = 0; warp < kChannelRoleWarps; ++warp) {
+    const TeamSlot slot = team_slot(warp, kChannelRoleWarps, 4, 1);
+    if (warp < 6) {
+      EXPECT_TRUE(slot.active);
+      EXPECT_EQ(slot.peer, expected_peer[warp]) << "warp " << warp;
+    } else {
+      EXPECT_FALSE(slot.active) << "warp " << warp;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace epcomm
