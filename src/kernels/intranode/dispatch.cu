@@ -180,6 +180,31 @@ __device__ __forceinline__ void record_send_positions(const DispatchKernelArgs& 
       (mask >> lane) & 1u ? static_cast<int32_t>(sent_before) + rank_in_window : -1;
 }
 
+// A sender team's walk over its channel's tokens bound for `destination`, kSendWindowTokens at a
+// time (the next window's flags loaded while this one is sent), recording each token's position
+// for the combine on the way: body(first_token, mask, count, sent_before) for every window with
+// any (mask: bit t for token first_token + t; sent_before: the tokens of earlier windows).
+// Returns the tokens sent.
+template <typename Body>
+__device__ __forceinline__ uint64_t for_each_send_window(const DispatchKernelArgs& args, const KernelContext& context,
+                                                         const Team& team, int begin, int end, int destination,
+                                                         Body&& body) {
+  const int lane = device::lane_id();
+  uint64_t sent = 0;
+  bool selected = is_sent_to(args, context, begin + lane, end, destination);
+  for (int first_token = begin; first_token < end; first_token += kSendWindowTokens) {
+    const int token_of_lane = first_token + lane;
+    const uint32_t mask = __ballot_sync(0xffffffffu, selected);
+    selected = is_sent_to(args, context, token_of_lane + kSendWindowTokens, end, destination);
+    record_send_positions(args, context, team, mask, token_of_lane, end, destination, sent);
+    const int count = __popc(mask);
+    if (count == 0) continue;
+    body(first_token, mask, count, sent);
+    sent += count;
+  }
+  return sent;
+}
+
 // The sender team for this rank itself: its tokens of this channel go straight into the outputs,
 // in the order and at the rows the ring would have given them (see the top of the file).
 __device__ void deliver_own_channel(const DispatchKernelArgs& args, const KernelContext& context, int channel,
@@ -189,22 +214,14 @@ __device__ void deliver_own_channel(const DispatchKernelArgs& args, const Kernel
   const int end = channel_first_token(args.split, channel + 1, args.num_tokens, args.ring.num_channels);
   const int experts_per_rank = args.num_experts / context.num_ranks;
   const int64_t first_row = args.recv_channel_prefix[me * (args.ring.num_channels + 1) + channel];
-  const int lane = device::lane_id();
-  uint64_t sent = 0;
-  bool selected = is_sent_to(args, context, begin + lane, end, me);
-  for (int first_token = begin; first_token < end; first_token += kSendWindowTokens) {
-    const int token_of_lane = first_token + lane;
-    const uint32_t mask = __ballot_sync(0xffffffffu, selected);
-    selected = is_sent_to(args, context, token_of_lane + kSendWindowTokens, end, me);
-    const int count = __popc(mask);
-    record_send_positions(args, context, team, mask, token_of_lane, end, me, sent);
+  for_each_send_window(args, context, team, begin, end, me,
+                       [&](int first_token, uint32_t mask, int count, uint64_t sent_before) {
     for (int i = team.warp_in_team; i < count; i += team.warps) {
-      const int64_t row = first_row + static_cast<int64_t>(sent) + i;
+      const int64_t row = first_row + static_cast<int64_t>(sent_before) + i;
       if (row >= args.num_rows) continue;  // more than num_worst_tokens: reported, never written
       deliver_own_token(args, context, first_token + __fns(mask, 0, i + 1), row, experts_per_rank);
     }
-    sent += count;
-  }
+  });
 }
 
 template <bool kStaged>
@@ -218,37 +235,29 @@ __device__ void send_channel(const device::Window& window, const DispatchKernelA
 
   uint64_t* own_sent = window.own<uint64_t>(NvlLayout::ring_sent(channel, destination));
   const uint64_t start = *own_sent;
-  uint64_t sent = 0, published = 0;
+  uint64_t published = 0;
   const device::WaitSite space_site{DeviceOp::kDispatch, WaitTarget::kRingSpace, destination, channel};
 
-  bool selected = is_sent_to(args, context, begin + lane, end, destination);
-  for (int first_token = begin; first_token < end; first_token += kSendWindowTokens) {
-    const int token_of_lane = first_token + lane;
-    const uint32_t mask = __ballot_sync(0xffffffffu, selected);
-    // The next window's, loaded while this one is sent.
-    selected = is_sent_to(args, context, token_of_lane + kSendWindowTokens, end, destination);
-    const int count = __popc(mask);
-    record_send_positions(args, context, team, mask, token_of_lane, end, destination, sent);
-    if (count == 0) continue;
-
+  const uint64_t sent = for_each_send_window(args, context, team, begin, end, destination,
+                                             [&](int first_token, uint32_t mask, int count, uint64_t sent_before) {
     // Wait until the destination has freed the slots this window fills.
-    if (lane == 0 && start + sent + count > static_cast<uint64_t>(ring.capacity)) {
-      const uint64_t needed = start + sent + count - ring.capacity;
+    if (lane == 0 && start + sent_before + count > static_cast<uint64_t>(ring.capacity)) {
+      const uint64_t needed = start + sent_before + count - ring.capacity;
       window.wait(NvlLayout::ring_head(channel, destination), needed, context, space_site);
     }
     __syncwarp();
 
     for (int i = team.warp_in_team; i < count; i += team.warps) {
       const int token = first_token + __fns(mask, 0, i + 1);
-      char* slot = sender_slot<kStaged>(window, ring, channel, destination, start + sent + i);
+      char* slot = sender_slot<kStaged>(window, ring, channel, destination, start + sent_before + i);
       send_token(args, context, ring, slot, token, destination, experts_per_rank);
     }
-    sent += count;
-    if (sent - published >= static_cast<uint64_t>(args.ring.send_chunk)) {
-      publish_slots<kStaged>(window, ring, team, channel, destination, start + published, start + sent);
-      published = sent;
+    const uint64_t sent_after = sent_before + count;
+    if (sent_after - published >= static_cast<uint64_t>(args.ring.send_chunk)) {
+      publish_slots<kStaged>(window, ring, team, channel, destination, start + published, start + sent_after);
+      published = sent_after;
     }
-  }
+  });
   if (published != sent) publish_slots<kStaged>(window, ring, team, channel, destination, start + published, start + sent);
   if (is_team_leader(team)) *own_sent = start + sent;
 }
