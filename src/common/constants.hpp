@@ -37,9 +37,6 @@ inline constexpr int kLayoutMaxBlocks = 64;
 inline constexpr int kMaxChannels = 64;
 inline constexpr int kNormalThreadsPerBlock = 512;
 inline constexpr int kNormalWarpsPerBlock = kNormalThreadsPerBlock / 32;
-// Tokens a lane of the notify step reads (their is_token_in_rank rows) before counting any: one
-// memory round trip per this many, where the counts of a channel's tokens were one per token.
-inline constexpr int kNotifyTokensInFlight = 8;
 inline constexpr int kChannelRoleWarps = kNormalWarpsPerBlock / 2;
 // A sender scans this many candidate tokens per step (one per lane of a warp).
 inline constexpr int kSendWindowTokens = 32;

@@ -9,11 +9,7 @@
 // per-(source, channel) row prefix for the receivers, the rank prefix matrix and per-expert counts
 // for the caller, whether every source made the same call (a verdict the dispatch kernel reads),
 // and (if the host waits) publish them.
-#include <cstdint>
-#include <type_traits>
-
 #include "common/cuda_check.hpp"
-#include "common/flag_bytes.hpp"
 #include "common/notify_results.hpp"
 #include "kernels/common/block_barrier.cuh"
 #include "device/device_report.cuh"
@@ -30,6 +26,22 @@ __device__ __forceinline__ NotifySlot* slot_for(const device::Window& window, in
   return direct != nullptr ? direct : window.own<NotifySlot>(NvlLayout::notify_staging(destination));
 }
 
+// The sum over sources 0 .. count-1 of `field` of their slots in this rank's window, every load
+// issued before any is added: one round trip, where a loop over sources made one per source. This
+// kernel lies on the host's wait of every dispatch with new routing; its time is such chains.
+template <typename Field>
+__device__ __forceinline__ int sum_over_sources(const device::Window& window, uint64_t parity, int count, Field field) {
+  int values[kMaxNvlPeers];
+#pragma unroll
+  for (int source = 0; source < kMaxNvlPeers; ++source) {
+    values[source] = source < count ? field(*window.own<NotifySlot>(NvlLayout::notify_slot(parity, source))) : 0;
+  }
+  int total = 0;
+#pragma unroll
+  for (int source = 0; source < kMaxNvlPeers; ++source) total += values[source];
+  return total;
+}
+
 // (1, end) Every thread has written its fields; a warp per destination reached by put sends the
 // staged slot whole (kNotifySlotBytes: aligned, so the put moves 16-byte vectors). The barrier
 // that follows publishes it (its signal completes the puts).
@@ -43,86 +55,33 @@ __device__ void put_staged_notify_slots(const device::Window& window, uint64_t p
   window.quiet();
 }
 
-// An is_token_in_rank row of kRowBytes flags read, or written, as one integer.
-template <int kRowBytes>
-using RowWord = std::conditional_t<kRowBytes == 1, uint8_t, std::conditional_t<kRowBytes == 2, uint16_t,
-                                   std::conditional_t<kRowBytes == 4, uint32_t, uint64_t>>>;
-
-// A token's row of `num_ranks` flags as bits (bit r: rank r). kRowBytes > 0: the row is
-// kRowBytes == num_ranks bytes, aligned, read in one load; 0: byte by byte (3, 5, 6, 7 ranks).
-template <int kRowBytes>
-__device__ __forceinline__ uint32_t load_row_bits(const bool* row, int num_ranks) {
-  uint32_t bits = 0;
-  if constexpr (kRowBytes > 0) {
-    bits = flag_bytes_as_bits<kRowBytes>(*reinterpret_cast<const RowWord<kRowBytes>*>(row));
-  } else {
-#pragma unroll
-    for (int rank = 0; rank < kMaxNvlPeers; ++rank) {
-      if (rank < num_ranks && row[rank]) bits |= 1u << rank;
-    }
-  }
-  return bits;
-}
-
-// The copy of a row the handle keeps: the flags `bits` gives, as 0 / 1 bytes.
-template <int kRowBytes>
-__device__ __forceinline__ void store_row_bits(bool* row, uint32_t bits, int num_ranks) {
-  if constexpr (kRowBytes > 0) {
-    *reinterpret_cast<RowWord<kRowBytes>*>(row) = static_cast<RowWord<kRowBytes>>(bits_as_flag_bytes<kRowBytes>(bits));
-  } else {
-    for (int rank = 0; rank < num_ranks; ++rank) row[rank] = (bits >> rank) & 1u;
-  }
-}
-
-// One channel's tokens bound for each rank, into `counts` (this lane's share), its rows copied to
-// `kept`. Each lane reads kNotifyTokensInFlight tokens' rows before it counts any.
-template <int kRowBytes>
-__device__ __forceinline__ void count_channel(const bool* is_token_in_rank, bool* kept, int begin, int end,
-                                              int num_ranks, int (&counts)[kMaxNvlPeers]) {
-  for (int first = begin + device::lane_id(); first < end; first += kWarpSize * kNotifyTokensInFlight) {
-    uint32_t bits[kNotifyTokensInFlight];
-#pragma unroll
-    for (int i = 0; i < kNotifyTokensInFlight; ++i) {
-      const int64_t token = first + i * kWarpSize;
-      bits[i] = token < end ? load_row_bits<kRowBytes>(is_token_in_rank + token * num_ranks, num_ranks) : 0u;
-    }
-#pragma unroll
-    for (int i = 0; i < kNotifyTokensInFlight; ++i) {
-      const int64_t token = first + i * kWarpSize;
-      if (token >= end) break;
-      store_row_bits<kRowBytes>(kept + token * num_ranks, bits[i], num_ranks);
-#pragma unroll
-      for (int rank = 0; rank < kMaxNvlPeers; ++rank) counts[rank] += (bits[i] >> rank) & 1u;
-    }
-  }
-}
-
 // (1) Tokens of each channel bound for each rank: warp per channel, lanes over tokens. The rows
 // read are also copied into the handle (`kept`): this pass reads them anyway, and a separate copy
-// would cost the host one more driver call per dispatch.
+// would cost the host one more driver call per dispatch. One token per lane and round trip: reading
+// eight tokens' rows before counting (whole rows as one integer, a variant per rank count) made
+// the kernel 1.6x slower at 512 tokens and no faster at 16384 (ncu, one H200, docs/PERF.md).
 __device__ void send_channel_counts(const device::Window& window, const NotifyDispatchArgs& args, uint64_t parity,
                                     const KernelContext& context) {
-  const int num_tokens = args.num_tokens, num_channels = args.num_channels, num_ranks = context.num_ranks;
+  const int num_tokens = args.num_tokens, num_channels = args.num_channels;
   const bool* is_token_in_rank = args.is_token_in_rank;
   bool* kept = args.kept_is_token_in_rank;
-  // A row is read in one load when it is 1, 2, 4 or 8 bytes and every row is aligned to that.
-  const bool whole_rows = (num_ranks & (num_ranks - 1)) == 0 &&
-                          reinterpret_cast<uintptr_t>(is_token_in_rank) % num_ranks == 0 &&
-                          reinterpret_cast<uintptr_t>(kept) % num_ranks == 0;
   for (int channel = device::warp_id(); channel < num_channels; channel += kNormalWarpsPerBlock) {
     const int begin = channel_first_token(args.split, channel, num_tokens, num_channels);
     const int end = channel_first_token(args.split, channel + 1, num_tokens, num_channels);
     int counts[kMaxNvlPeers] = {};
-    switch (whole_rows ? num_ranks : 0) {
-      case 1: count_channel<1>(is_token_in_rank, kept, begin, end, num_ranks, counts); break;
-      case 2: count_channel<2>(is_token_in_rank, kept, begin, end, num_ranks, counts); break;
-      case 4: count_channel<4>(is_token_in_rank, kept, begin, end, num_ranks, counts); break;
-      case 8: count_channel<8>(is_token_in_rank, kept, begin, end, num_ranks, counts); break;
-      default: count_channel<0>(is_token_in_rank, kept, begin, end, num_ranks, counts); break;
+    for (int token = begin + device::lane_id(); token < end; token += kWarpSize) {
+      const int64_t row = static_cast<int64_t>(token) * context.num_ranks;
+#pragma unroll
+      for (int rank = 0; rank < kMaxNvlPeers; ++rank) {
+        if (rank >= context.num_ranks) break;
+        const bool in_rank = is_token_in_rank[row + rank];
+        kept[row + rank] = in_rank;
+        counts[rank] += in_rank ? 1 : 0;
+      }
     }
 #pragma unroll
     for (int rank = 0; rank < kMaxNvlPeers; ++rank) {
-      if (rank >= num_ranks) break;
+      if (rank >= context.num_ranks) break;
       const int total = device::warp_sum(counts[rank]);
       if (device::lane_id() == 0) {
         slot_for(window, rank, parity)->channel_counts[channel] = total;
@@ -217,18 +176,13 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
   // (3b) Tokens ranks 0..i send to rank j, summed: deep_ep's rank_prefix_matrix [i][j].
   for (int i = threadIdx.x; i < num_ranks * num_ranks; i += blockDim.x) {
     const int last_source = i / num_ranks, rank = i % num_ranks;
-    int total = 0;
-    for (int source = 0; source <= last_source && arrived; ++source) {
-      total += window.own<NotifySlot>(NvlLayout::notify_slot(parity, source))->tokens_per_rank[rank];
-    }
-    args.rank_prefix_matrix[i] = total;
+    args.rank_prefix_matrix[i] = sum_over_sources(window, parity, arrived ? last_source + 1 : 0,
+                                                  [&](const NotifySlot& slot) { return slot.tokens_per_rank[rank]; });
   }
   // (3c) Per local expert, summed over sources and padded to the alignment.
   for (int expert = threadIdx.x; expert < experts_per_rank; expert += blockDim.x) {
-    int total = 0;
-    for (int source = 0; source < num_ranks && arrived; ++source) {
-      total += window.own<NotifySlot>(NvlLayout::notify_slot(parity, source))->expert_counts[expert];
-    }
+    const int total = sum_over_sources(window, parity, arrived ? num_ranks : 0,
+                                       [&](const NotifySlot& slot) { return slot.expert_counts[expert]; });
     const int padded = (total + args.expert_alignment - 1) / args.expert_alignment * args.expert_alignment;
     args.num_recv_tokens_per_expert[expert] = padded;
     if (args.host_results != nullptr) device::st_relaxed_sys(&args.host_results->num_recv_tokens_per_expert[expert], padded);
@@ -238,7 +192,8 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
   // verdict); the first difference a rank finds is its error.
   bool differs = false;
   if (threadIdx.x < num_ranks && arrived) {
-    const CallSignature& theirs = window.own<NotifySlot>(NvlLayout::notify_slot(parity, threadIdx.x))->signature;
+    // A copy: every field in one round trip, where comparing in place loaded one field per trip.
+    const CallSignature theirs = window.own<NotifySlot>(NvlLayout::notify_slot(parity, threadIdx.x))->signature;
     for (int i = 0; i < kFields && !differs; ++i) {
       const int field = compared_field(i);
       if (theirs.values[field] == mine(field)) continue;
@@ -261,8 +216,9 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
     // The next notify writes the other slots, so a slow reader of these is never overwritten.
     *own_parity = parity ^ 1u;
     if (args.host_results != nullptr) {
-      // Pairs with the host's acquire load of `sequence`: every count above is visible first.
-      device::fence_acq_rel_sys();
+      // Pairs with the host's acquire load of `sequence`: every count above is visible first. The
+      // release covers what the block's threads wrote before the barrier above (the publish rule,
+      // transport/window.cuh); no fence is needed, as nothing here was written by an earlier kernel.
       device::st_release_sys(&args.host_results->sequence, args.sequence);
     }
   }
