@@ -29,6 +29,7 @@ __device__ __forceinline__ NotifySlot* slot_for(const device::Window& window, in
 // The sum over sources 0 .. count-1 of `field` of their slots in this rank's window, every load
 // issued before any is added: one round trip, where a loop over sources made one per source. This
 // kernel lies on the host's wait of every dispatch with new routing; its time is such chains.
+// count <= num_ranks <= kMaxNvlPeers: the normal-mode rings refuse more ranks (ring_layout).
 template <typename Field>
 __device__ __forceinline__ int sum_over_sources(const device::Window& window, uint64_t parity, int count, Field field) {
   int values[kMaxNvlPeers];
@@ -217,7 +218,7 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
     *own_parity = parity ^ 1u;
     if (args.host_results != nullptr) {
       // Pairs with the host's acquire load of `sequence`: every count above is visible first. The
-      // release covers what the block's threads wrote before the barrier above (the publish rule,
+      // release covers what the block's threads wrote before __syncthreads_or above (the publish rule,
       // transport/window.cuh); no fence is needed, as nothing here was written by an earlier kernel.
       device::st_release_sys(&args.host_results->sequence, args.sequence);
     }
