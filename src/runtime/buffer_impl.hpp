@@ -149,6 +149,11 @@ struct Buffer::Impl {
                                   stream, true, device);
   }
 
+  // A step inside a call, host time only (EPCOMM_PROFILE), or nothing when profiling is off.
+  detail::ProfiledRegion profile_host_step(const char* name) {
+    return detail::ProfiledRegion(warming_up ? nullptr : profiler.get(), detail::ProfileRecord::Kind::kCall, name);
+  }
+
   KernelContext context() const {
     KernelContext context;
     context.errors = errors.device_record();

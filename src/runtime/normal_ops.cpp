@@ -90,6 +90,13 @@ kernels::RingArgs ring_args(const detail::RingGroup& group, const Config& config
   return ring;
 }
 
+// The notify step's profile names (EPCOMM_PROFILE), saying the stage of a hierarchical call.
+const char* notify_step_name(const detail::RingGroup& group, bool host_wait) {
+  if (group.rail) return host_wait ? "dispatch.wait_counts (rail stage)" : "dispatch.notify (rail stage)";
+  if (*group.stage != '\0') return host_wait ? "dispatch.wait_counts (node stage)" : "dispatch.notify (node stage)";
+  return host_wait ? "dispatch.wait_counts" : "dispatch.notify";
+}
+
 // Waits (bounded) until the notify step of this call has published its counts to the host.
 void wait_for_notify(Buffer::Impl& impl, const detail::RingGroup& group, uint64_t sequence) {
   const auto* results = static_cast<const NotifyResults*>(impl.notify_results.host());
@@ -295,9 +302,17 @@ const int32_t* notify(Buffer::Impl& impl, const detail::RingGroup& group, const 
     notify.host_results = static_cast<NotifyResults*>(impl.notify_results.device());
     notify.sequence = ++impl.notify_sequence;
   }
-  impl.kernels->notify_dispatch(group.window, notify, group.context, comm);
+  {
+    // EPCOMM_PROFILE: the notify kernel's device time, and below the host's wait for its counts,
+    // apart from the call's: what a new routing costs over a cached one.
+    const auto profiled = impl.profile_call(notify_step_name(group, false), comm);
+    impl.kernels->notify_dispatch(group.window, notify, group.context, comm);
+  }
   if (host_waits) {
-    wait_for_notify(impl, group, notify.sequence);
+    {
+      const auto waited = impl.profile_host_step(notify_step_name(group, true));
+      wait_for_notify(impl, group, notify.sequence);
+    }
     const auto* results = static_cast<const NotifyResults*>(impl.notify_results.host());
     if (results->disagreed != 0 && link.defer_failure) {
       link.failed = true;  // the later stage fails every rank; this one sends nothing

@@ -130,6 +130,11 @@ void run_cold_start_case(RankHarness& harness) {
   harness.check(count(trace, "{") == count(trace, "}") && count(trace, "[") == count(trace, "]"), "profile trace is balanced JSON");
   harness.check(trace.find("\"name\": \"dispatch\"") != std::string::npos, "the user's dispatch is in the trace");
   harness.check(trace.find("\"cat\": \"init\"") != std::string::npos, "init phases are in the trace");
+  // A new routing's dispatch shows its notify kernel (with its device time) and the host's wait apart.
+  harness.check(trace.find("{\"name\": \"dispatch.notify\", \"cat\": \"gpu\"") != std::string::npos,
+                "the notify kernel's device time is in the trace");
+  harness.check(trace.find("\"name\": \"dispatch.wait_counts\"") != std::string::npos,
+                "the host's wait for the received counts is in the trace");
   harness.check(trace.find("\"ts\": -") == std::string::npos, "no negative timestamps");
   unsetenv("EPCOMM_PROFILE");
   unsetenv("EPCOMM_PROFILE_DIR");
