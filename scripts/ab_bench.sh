@@ -9,10 +9,14 @@
 # as wished, and the directory carried along). Results (one JSON file per version, every round) go
 # to ${EPCOMM_AB_DIR:-ab-results}. The records name each version (EPCOMM_GIT_REVISION: the commit,
 # or EPCOMM_AB_OLD_NAME / EPCOMM_AB_NEW_NAME where given). Exits 3 when no GPU is usable.
+# EPCOMM_AB_KERNEL=REGEX times one kernel instead (e.g. notify_dispatch, a step too short for the
+# bench to time apart): each run goes under ncu (gpu__time_duration of every matching launch; ncu
+# serializes kernels at locked clocks; run it without MPS, e.g. at --ranks 1), and
+# scripts/ncu_kernel_times.py prints each version's median.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
-  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 old_rev=$1
@@ -59,17 +63,29 @@ wait "$new_pid" || { echo "ab_bench: the new build failed (see $work/new.log)" >
 
 # NVLink multicast stays off in every process we start.
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+kernel=${EPCOMM_AB_KERNEL:-}
 status=0
 for round in $(seq 1 "$rounds"); do
   for version in old new; do
     set +e
-    "$work/$version/tools/epcomm-bench" "$@" --out "$out/$version.jsonl" >"$out/$version-$round.log" 2>&1
+    if [ -n "$kernel" ]; then
+      ncu --target-processes all -k "regex:$kernel" --metrics gpu__time_duration.sum --csv --print-units base \
+        "$work/$version/tools/epcomm-bench" "$@" >"$out/$version-$round.kernel.csv" 2>"$out/$version-$round.log"
+    else
+      "$work/$version/tools/epcomm-bench" "$@" --out "$out/$version.jsonl" >"$out/$version-$round.log" 2>&1
+    fi
     code=$?
     set -e
     if [ "$code" -eq 3 ]; then cat "$out/$version-$round.log"; exit 3; fi
     [ "$code" -ne 0 ] && { status=1; echo "ab_bench: $version, round $round: epcomm-bench exited $code (see $out/$version-$round.log)"; }
   done
 done
+if [ -n "$kernel" ]; then
+  files() { local list="" round; for round in $(seq 1 "$rounds"); do list="$list${list:+,}$out/$1-$round.kernel.csv"; done; echo "$list"; }
+  echo "ab_bench: kernel time of '$kernel' (ncu), every launch of every round"
+  "${PYTHON:-python3}" scripts/ncu_kernel_times.py "$old_commit=$(files old)" "$new_commit=$(files new)" || status=1
+  exit $status
+fi
 "${PYTHON:-python3}" - "$out/old.jsonl" "$out/new.jsonl" <<'PY'
 import collections, json, statistics, sys
 
