@@ -40,6 +40,10 @@ class TensorView:
     @staticmethod
     def make(data: int, dtype: int, shape: Sequence[int], strides: Sequence[int]) -> TensorView: ...
 
+    @staticmethod
+    def of(tensor: object | None, name: str) -> TensorView:
+        """A view of a CUDA torch tensor (None: an empty view); errors name the argument `name`."""
+
     @property
     def data(self) -> int: ...
 
@@ -113,59 +117,6 @@ def default_dispatch_config(num_ranks: int) -> Config: ...
 
 def default_combine_config(num_ranks: int) -> Config: ...
 
-class CallOptions:
-    def __init__(self) -> None: ...
-    stream: int
-    previous_event: Event
-    async_finish: bool
-    allocate_on_comm_stream: bool
-
-class DispatchArgs:
-    def __init__(self) -> None: ...
-    x: TensorView
-    x_scales: TensorView
-    topk_idx: TensorView
-    topk_weights: TensorView
-    num_tokens_per_rank: TensorView
-    num_tokens_per_expert: TensorView
-    is_token_in_rank: TensorView
-    handle: DispatchHandle | None
-    expert_alignment: int
-    num_worst_tokens: int
-    config: Config
-
-class CombineArgs:
-    def __init__(self) -> None: ...
-    x: TensorView
-    topk_weights: TensorView
-    bias0: TensorView
-    bias1: TensorView
-    handle: DispatchHandle | None
-    config: Config
-
-class LowLatencyDispatchArgs:
-    def __init__(self) -> None: ...
-    x: TensorView
-    topk_idx: TensorView
-    num_max_dispatch_tokens_per_rank: int
-    num_experts: int
-    use_fp8: bool
-    round_scale: bool
-    use_ue8m0: bool
-    cumulative_local_expert_recv_stats: TensorView
-    return_recv_hook: bool
-
-class LowLatencyCombineArgs:
-    def __init__(self) -> None: ...
-    x: TensorView
-    topk_idx: TensorView
-    topk_weights: TensorView
-    handle: LowLatencyHandle | None
-    zero_copy: bool
-    use_logfmt: bool
-    out: TensorView
-    return_recv_hook: bool
-
 BUFFER_DEFAULTS: dict[str, int | bool]
 def low_latency_buffer_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int) -> int: ...
 
@@ -217,10 +168,10 @@ class WarmupShape:
 
 class Allocator:
     """
-    Output memory from a Python callable: ([(dtype, shape), ...], stream) -> [(ptr, owner), ...].
+    Output memory: torch.empty on `device` where the call's stream is torch's current one there, else a Python callable: ([(dtype, shape), ...], stream) -> [(ptr, owner), ...].
     """
 
-    def __init__(self, allocate: object) -> None: ...
+    def __init__(self, allocate: object, device: int = -1) -> None: ...
 
 class RecvHook:
     @overload
@@ -328,15 +279,16 @@ class Buffer:
 
     def initialization_phases(self) -> list[tuple[str, float]]: ...
 
-    def get_dispatch_layout(self, arg0: TensorView, arg1: int, arg2: TensorView, arg3: TensorView, arg4: TensorView, arg5: TensorView, arg6: int, /) -> None: ...
+    def get_dispatch_layout(self, topk_idx: object, num_experts: int) -> tuple:
+        """-> (num_tokens_per_rank, num_tokens_per_rdma_rank or None on one node, num_tokens_per_expert, is_token_in_rank)"""
 
-    def dispatch(self, args: DispatchArgs, allocator: Allocator, call: CallOptions) -> tuple: ...
+    def dispatch(self, x: object, x_scales: object, topk_idx: object, topk_weights: object, num_tokens_per_rank: object, num_tokens_per_expert: object, is_token_in_rank: object, handle: DispatchHandle | None, expert_alignment: int, num_worst_tokens: int, config: Config, allocator: Allocator, previous_event: Event, async_finish: bool, allocate_on_comm_stream: bool) -> tuple: ...
 
-    def combine(self, args: CombineArgs, allocator: Allocator, call: CallOptions) -> tuple: ...
+    def combine(self, x: object, topk_weights: object, bias0: object, bias1: object, handle: DispatchHandle | None, config: Config, allocator: Allocator, previous_event: Event, async_finish: bool, allocate_on_comm_stream: bool) -> tuple: ...
 
-    def low_latency_dispatch(self, args: LowLatencyDispatchArgs, allocator: Allocator, call: CallOptions) -> tuple: ...
+    def low_latency_dispatch(self, x: object, topk_idx: object, num_max_dispatch_tokens_per_rank: int, num_experts: int, cumulative_local_expert_recv_stats: object, wait_recv_cost_stats: object, use_fp8: bool, round_scale: bool, use_ue8m0: bool, return_recv_hook: bool, allocator: Allocator, async_finish: bool) -> tuple: ...
 
-    def low_latency_combine(self, args: LowLatencyCombineArgs, allocator: Allocator, call: CallOptions) -> tuple: ...
+    def low_latency_combine(self, x: object, topk_idx: object, topk_weights: object, handle: LowLatencyHandle | None, zero_copy: bool, use_logfmt: bool, out: object, return_recv_hook: bool, wait_recv_cost_stats: object, allocator: Allocator, async_finish: bool) -> tuple: ...
 
     def get_next_low_latency_combine_buffer(self, handle: LowLatencyHandle) -> Annotated[torch.Tensor, dict(device='cuda')]: ...
 

@@ -9,49 +9,25 @@ from typing import Any, List, Optional, Tuple
 from . import _C
 
 
-_DTYPE_CODES = None  # torch dtype -> _C.DType, built on first use (torch imported lazily)
-_TORCH_DTYPES = None  # int code -> torch dtype
-
-
-def _dtype_codes():
-    global _DTYPE_CODES, _TORCH_DTYPES
-    if _DTYPE_CODES is None:
-        import torch
-
-        _DTYPE_CODES = {
-            torch.bfloat16: _C.DType.bfloat16,
-            torch.float8_e4m3fn: _C.DType.float8_e4m3fn,
-            torch.float32: _C.DType.float32,
-            torch.int32: _C.DType.int32,
-            torch.int64: _C.DType.int64,
-            torch.bool: _C.DType.bool,
-            torch.uint8: _C.DType.uint8,
-        }
-        _TORCH_DTYPES = {int(code): dtype for dtype, code in _DTYPE_CODES.items()}
-    return _DTYPE_CODES
+_TORCH_DTYPES = None  # _C.DType code -> torch dtype, built on first use (torch imported lazily)
 
 
 def to_torch_dtype(code: int):
-    _dtype_codes()
+    global _TORCH_DTYPES
+    if _TORCH_DTYPES is None:
+        import torch
+
+        # DType's names are torch's (bfloat16, float8_e4m3fn, ...).
+        _TORCH_DTYPES = {int(member): getattr(torch, member.name) for member in _C.DType}
     if int(code) not in _TORCH_DTYPES:
         raise ValueError(f"epcomm: unknown dtype code {code}")
     return _TORCH_DTYPES[int(code)]
 
 
 def view(tensor: Optional[Any], name: str) -> _C.TensorView:
-    """A TensorView of a CUDA tensor, or an empty view for None. Errors name the argument."""
-    if tensor is None:
-        return _C.TensorView()
-    import torch
-
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"epcomm: {name} must be a torch.Tensor or None, got {type(tensor).__name__}")
-    if not tensor.is_cuda:
-        raise ValueError(f"epcomm: {name} must be on a CUDA device, got {tensor.device}")
-    codes = _dtype_codes()
-    if tensor.dtype not in codes:
-        raise ValueError(f"epcomm: {name} has dtype {tensor.dtype}, which epcomm does not take")
-    return _C.TensorView.make(tensor.data_ptr(), int(codes[tensor.dtype]), list(tensor.shape), list(tensor.stride()))
+    """A TensorView of a CUDA tensor, or an empty view for None. Errors name the argument. (The
+    calls read their tensor arguments in the extension the same way: python/src/torch_bridge.hpp.)"""
+    return _C.TensorView.of(tensor, name)
 
 
 _RAW_STREAM = None  # device index -> the current torch stream there, as a raw cudaStream_t
@@ -60,8 +36,8 @@ _RAW_STREAM = None  # device index -> the current torch stream there, as a raw c
 def _raw_stream_getter():
     """torch's own raw-stream accessor (what its compiled kernels launch on): a C call, where
     torch.cuda.current_stream() builds a Stream object after resolving the device in Python, a few
-    microseconds each, twice per call (the call's stream, then the allocator's). The public way
-    where a torch lacks it."""
+    microseconds each. The public way where a torch lacks it. (The calls themselves read the
+    stream in the extension: python/src/torch_bridge.hpp.)"""
     global _RAW_STREAM
     if _RAW_STREAM is None:
         import torch
@@ -84,17 +60,14 @@ def current_stream(device_index: Optional[int] = None) -> int:
 
 
 def _allocate(device: Any, requests: List[Tuple[int, Tuple[int, ...]]], stream: int) -> List[Tuple[int, Any]]:
-    """Output memory for the runtime, all of a call's outputs at once: torch.empty on the stream it
-    names (the caching allocator then ties each block to that stream). One callback per batch (the
-    runtime asks for all of a step's outputs at once) keeps the host's time between the notify step
-    and the kernel short: each callback takes the GIL."""
+    """Output memory for the runtime on a stream that is not torch's current one (e.g. the
+    communication stream, with allocate_on_comm_stream): torch.empty with that stream made current,
+    so the caching allocator ties each block to it. On the current stream the extension calls
+    torch.empty itself (python/src/torch_bridge.hpp), with no Python frame in between."""
     import torch
 
-    if stream == current_stream(device.index):
+    with torch.cuda.stream(_stream_object(device, stream)):
         tensors = [torch.empty(shape, dtype=to_torch_dtype(code), device=device) for code, shape in requests]
-    else:  # e.g. the communication stream
-        with torch.cuda.stream(_stream_object(device, stream)):
-            tensors = [torch.empty(shape, dtype=to_torch_dtype(code), device=device) for code, shape in requests]
     return [(tensor.data_ptr(), tensor) for tensor in tensors]
 
 
@@ -120,7 +93,7 @@ def make_allocator(device: int) -> _C.Allocator:
     import torch
 
     # A module-level function (not a bound method): no reference cycle through the allocator.
-    return _C.Allocator(functools.partial(_allocate, torch.device("cuda", device)))
+    return _C.Allocator(functools.partial(_allocate, torch.device("cuda", device)), device)
 
 
 def record_streams(tensors, stream) -> None:

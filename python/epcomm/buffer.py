@@ -13,19 +13,6 @@ Config = _C.Config
 WarmupShape = _C.WarmupShape
 
 
-def _fill(args: Any, **fields: Any) -> Any:
-    """Sets the fields of one of the runtime's argument structs (_C.DispatchArgs, ...) by name."""
-    for name, value in fields.items():
-        setattr(args, name, value)
-    return args
-
-
-def _call(previous_event: Any, async_finish: bool, allocate_on_comm_stream: bool) -> Any:
-    """The runtime's CallOptions of a call made on the current torch stream."""
-    return _fill(_C.CallOptions(), stream=_torch.current_stream(), previous_event=previous_event,
-                 async_finish=async_finish, allocate_on_comm_stream=allocate_on_comm_stream)
-
-
 def emulated_nodes_from_env(emulated_nodes: int) -> int:
     """``emulated_nodes``, or where it is left at 1, ``EPCOMM_EMULATED_NODES`` when that is set."""
     value = os.environ.get("EPCOMM_EMULATED_NODES", "")
@@ -228,6 +215,8 @@ class Buffer:
 
     def _after_call(self, outputs, inputs, async_finish: bool, allocate_on_comm_stream: bool) -> None:
         """Stream bookkeeping of torch's caching allocator, as deep_ep does it."""
+        if not (async_finish or allocate_on_comm_stream):
+            return
         import torch
 
         if allocate_on_comm_stream:  # made on the comm stream, used on the caller's
@@ -241,25 +230,10 @@ class Buffer:
                             async_finish: bool = False, allocate_on_comm_stream: bool = False):
         """-> (num_tokens_per_rank, num_tokens_per_rdma_rank (int32 [nodes], tokens with an expert on each
         node; None on one node, as deep_ep's), num_tokens_per_expert, is_token_in_rank, event)"""
-        import torch
-
-        stream = _torch.current_stream()
-        num_tokens = topk_idx.size(0)
-        device = topk_idx.device
-        if device.type != "cuda" or device.index != self.device:
-            raise ValueError(f"epcomm: get_dispatch_layout: topk_idx is on {device}, but this Buffer's device is "
-                             f"cuda:{self.device}")
         if previous_event is not None:
             previous_event.current_stream_wait()
-        per_rank = torch.empty((self.group_size,), dtype=torch.int32, device=device)
-        per_expert = torch.empty((num_experts,), dtype=torch.int32, device=device)
-        in_rank = torch.empty((num_tokens, self.group_size), dtype=torch.bool, device=device)
-        nodes = self.runtime.get_num_rdma_ranks()
-        per_node = torch.empty((nodes,), dtype=torch.int32, device=device) if nodes > 1 else None
-        self.runtime.get_dispatch_layout(_torch.view(topk_idx, "topk_idx"), num_experts, _torch.view(per_rank, "per_rank"),
-                                         _torch.view(per_expert, "per_expert"), _torch.view(in_rank, "in_rank"),
-                                         _torch.view(per_node, "per_node"), stream)
-        event = EventOverlap(_C.Event.record(stream), (topk_idx,)) if async_finish else EventOverlap()
+        per_rank, per_node, per_expert, in_rank = self.runtime.get_dispatch_layout(topk_idx, num_experts)
+        event = EventOverlap(_C.Event.record(_torch.current_stream()), (topk_idx,)) if async_finish else EventOverlap()
         return per_rank, per_node, per_expert, in_rank, event
 
     def dispatch(self, x: Union[Any, Tuple[Any, Any]], handle: Optional[Any] = None, num_tokens_per_rank=None,
@@ -274,16 +248,11 @@ class Buffer:
         """
         x_data, x_scales = x if isinstance(x, tuple) else (x, None)
         event = runtime_event(previous_event.event if previous_event is not None else None)
-        args = _fill(_C.DispatchArgs(), x=_torch.view(x_data, "x"), x_scales=_torch.view(x_scales, "x_scales"),
-                     topk_idx=_torch.view(topk_idx, "topk_idx"), topk_weights=_torch.view(topk_weights, "topk_weights"),
-                     num_tokens_per_rank=_torch.view(num_tokens_per_rank, "num_tokens_per_rank"),
-                     num_tokens_per_expert=_torch.view(num_tokens_per_expert, "num_tokens_per_expert"),
-                     is_token_in_rank=_torch.view(is_token_in_rank, "is_token_in_rank"),
-                     handle=runtime_handle(handle, DispatchHandle, "dispatch", "handle"),
-                     expert_alignment=expert_alignment, num_worst_tokens=num_worst_tokens,
-                     config=self._config(config, Buffer.get_dispatch_config))
         recv_x, recv_scales, recv_idx, recv_weights, per_expert, new_handle, done = self.runtime.dispatch(
-            args, self.allocator, _call(event, async_finish, allocate_on_comm_stream))
+            x_data, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_expert, is_token_in_rank,
+            runtime_handle(handle, DispatchHandle, "dispatch", "handle"), expert_alignment, num_worst_tokens,
+            self._config(config, Buffer.get_dispatch_config), self.allocator, event, async_finish,
+            allocate_on_comm_stream)
         self._after_call((recv_x, recv_scales, recv_idx, recv_weights),
                          (x_data, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_expert,
                           is_token_in_rank), async_finish, allocate_on_comm_stream)
@@ -294,7 +263,7 @@ class Buffer:
             wrapped = InternodeDispatchHandle(new_handle, in_rank)
         else:
             wrapped = DispatchHandle(new_handle)
-        return received, recv_idx, recv_weights, list(per_expert), wrapped, overlap
+        return received, recv_idx, recv_weights, per_expert, wrapped, overlap
 
     def combine(self, x, handle: Any, topk_weights=None, bias: Union[Any, Tuple[Any, Any], None] = None,
                 config: Optional[Config] = None, previous_event: Optional[EventOverlap] = None,
@@ -302,12 +271,10 @@ class Buffer:
         """-> (combined_x, combined_topk_weights, event). ``bias`` is a tensor or a pair of tensors."""
         bias0, bias1 = bias if isinstance(bias, tuple) else (bias, None)
         event = runtime_event(previous_event.event if previous_event is not None else None)
-        args = _fill(_C.CombineArgs(), x=_torch.view(x, "x"), topk_weights=_torch.view(topk_weights, "topk_weights"),
-                     bias0=_torch.view(bias0, "bias[0]"), bias1=_torch.view(bias1, "bias[1]"),
-                     handle=runtime_handle(handle, DispatchHandle, "dispatch", "handle"),
-                     config=self._config(config, Buffer.get_combine_config))
-        combined, weights, done = self.runtime.combine(args, self.allocator,
-                                                       _call(event, async_finish, allocate_on_comm_stream))
+        combined, weights, done = self.runtime.combine(
+            x, topk_weights, bias0, bias1, runtime_handle(handle, DispatchHandle, "dispatch", "handle"),
+            self._config(config, Buffer.get_combine_config), self.allocator, event, async_finish,
+            allocate_on_comm_stream)
         self._after_call((combined, weights), (x, topk_weights, bias0, bias1), async_finish, allocate_on_comm_stream)
         overlap = EventOverlap(done, (x, topk_weights)) if async_finish else EventOverlap()
         return combined, weights, overlap
@@ -327,15 +294,10 @@ class Buffer:
         ``dispatch_wait_recv_cost_stats`` (int64 [num_ranks]) accumulates the SM clock cycles the
         receive waited for each source rank (as its first block saw them; deep_ep sums them over
         its receiving warp groups), for finding stragglers as with deep_ep's."""
-        args = _fill(_C.LowLatencyDispatchArgs(), x=_torch.view(x, "x"), topk_idx=_torch.view(topk_idx, "topk_idx"),
-                     num_max_dispatch_tokens_per_rank=num_max_dispatch_tokens_per_rank, num_experts=num_experts,
-                     use_fp8=use_fp8, round_scale=round_scale, use_ue8m0=use_ue8m0,
-                     cumulative_local_expert_recv_stats=_torch.view(cumulative_local_expert_recv_stats,
-                                                                    "cumulative_local_expert_recv_stats"),
-                     wait_recv_cost_stats=_torch.view(dispatch_wait_recv_cost_stats, "dispatch_wait_recv_cost_stats"),
-                     return_recv_hook=return_recv_hook)
         recv_x, scales, count, handle, done, hook = self.runtime.low_latency_dispatch(
-            args, self.allocator, _call(_C.Event(), async_finish, False))
+            x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts, cumulative_local_expert_recv_stats,
+            dispatch_wait_recv_cost_stats, use_fp8, round_scale, use_ue8m0, return_recv_hook, self.allocator,
+            async_finish)
         # Scales come stored scale-major [E_local, words, R*M]; deep_ep returns them as this transposed
         # view, [E_local, R*M, words] with the rows' stride 1 (the layout grouped FP8 GEMMs read).
         received = (recv_x, scales.transpose(1, 2)) if use_fp8 else recv_x
@@ -349,13 +311,9 @@ class Buffer:
         accumulates the cycles the receive waited for each rank, as deep_ep's. ``use_logfmt``: each
         rank's weighted sum travels as LogFMT-10 where a 128-channel group fits (docs/SEMANTICS.md);
         unlike deep_ep's, it may be combined with ``zero_copy``."""
-        args = _fill(_C.LowLatencyCombineArgs(), x=_torch.view(x, "x"), topk_idx=_torch.view(topk_idx, "topk_idx"),
-                     topk_weights=_torch.view(topk_weights, "topk_weights"),
-                     handle=runtime_handle(handle, LowLatencyHandle, "low_latency_dispatch", "handle"), zero_copy=zero_copy,
-                     use_logfmt=use_logfmt, out=_torch.view(out, "out"), return_recv_hook=return_recv_hook,
-                     wait_recv_cost_stats=_torch.view(combine_wait_recv_cost_stats, "combine_wait_recv_cost_stats"))
-        combined, done, hook = self.runtime.low_latency_combine(args, self.allocator,
-                                                                _call(_C.Event(), async_finish, False))
+        combined, done, hook = self.runtime.low_latency_combine(
+            x, topk_idx, topk_weights, runtime_handle(handle, LowLatencyHandle, "low_latency_dispatch", "handle"),
+            zero_copy, use_logfmt, out, return_recv_hook, combine_wait_recv_cost_stats, self.allocator, async_finish)
         overlap = EventOverlap(done, (x, topk_idx, topk_weights)) if async_finish else EventOverlap()
         return (out if out is not None else combined), overlap, (hook if return_recv_hook else None)
 

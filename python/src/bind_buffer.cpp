@@ -1,7 +1,7 @@
-// Bindings of Buffer and the types its calls take. Tensors cross as TensorView (a data pointer,
-// dtype, shape and strides the Python layer reads from torch tensors); outputs come from a
-// PythonAllocator and go back as the Python objects it returned. Every Buffer call releases the
-// GIL: calls wait on the GPU and on other ranks.
+// Bindings of Buffer and the types its calls take. The calls take torch tensors, read through the
+// TorchBridge (a data pointer, dtype, shape and strides); outputs come from a PythonAllocator
+// (torch.empty) and go back as the torch tensors it made. Every Buffer call releases the GIL:
+// calls wait on the GPU and on other ranks.
 #include <algorithm>
 
 #include <nanobind/nanobind.h>
@@ -17,6 +17,7 @@
 #include "epcomm/error.hpp"
 #include "python_allocator.hpp"
 #include "python_bootstrap.hpp"
+#include "torch_bridge.hpp"
 
 namespace nb = nanobind;
 
@@ -76,66 +77,15 @@ TensorView make_view(uintptr_t data, int dtype, const std::vector<int64_t>& shap
   return view;
 }
 
-// The argument structs of the four calls, field for field (include/epcomm/normal.hpp,
-// low_latency.hpp, event.hpp): the Python layer fills them by name, and the calls take them whole.
-void bind_call_args(nb::module_& m) {
-  nb::class_<CallOptions>(m, "CallOptions")
-      .def(nb::init<>())
-      .def_prop_rw("stream", [](const CallOptions& c) { return reinterpret_cast<uintptr_t>(c.stream); },
-                   [](CallOptions& c, uintptr_t stream) { c.stream = as_stream(stream); })
-      .def_rw("previous_event", &CallOptions::previous_event)
-      .def_rw("async_finish", &CallOptions::async_finish)
-      .def_rw("allocate_on_comm_stream", &CallOptions::allocate_on_comm_stream);
-  nb::class_<DispatchArgs>(m, "DispatchArgs")
-      .def(nb::init<>())
-      .def_rw("x", &DispatchArgs::x)
-      .def_rw("x_scales", &DispatchArgs::x_scales)
-      .def_rw("topk_idx", &DispatchArgs::topk_idx)
-      .def_rw("topk_weights", &DispatchArgs::topk_weights)
-      .def_rw("num_tokens_per_rank", &DispatchArgs::num_tokens_per_rank)
-      .def_rw("num_tokens_per_expert", &DispatchArgs::num_tokens_per_expert)
-      .def_rw("is_token_in_rank", &DispatchArgs::is_token_in_rank)
-      .def_prop_rw("handle", [](const DispatchArgs& a) { return a.handle; },
-                   [](DispatchArgs& a, const DispatchHandle* handle) { a.handle = handle; },
-                   nb::for_setter(nb::arg("handle").none()), nb::rv_policy::reference)
-      .def_rw("expert_alignment", &DispatchArgs::expert_alignment)
-      .def_rw("num_worst_tokens", &DispatchArgs::num_worst_tokens)
-      .def_rw("config", &DispatchArgs::config);
-  nb::class_<CombineArgs>(m, "CombineArgs")
-      .def(nb::init<>())
-      .def_rw("x", &CombineArgs::x)
-      .def_rw("topk_weights", &CombineArgs::topk_weights)
-      .def_rw("bias0", &CombineArgs::bias0)
-      .def_rw("bias1", &CombineArgs::bias1)
-      .def_prop_rw("handle", [](const CombineArgs& a) { return a.handle; },
-                   [](CombineArgs& a, const DispatchHandle* handle) { a.handle = handle; },
-                   nb::for_setter(nb::arg("handle").none()), nb::rv_policy::reference)
-      .def_rw("config", &CombineArgs::config);
-  nb::class_<LowLatencyDispatchArgs>(m, "LowLatencyDispatchArgs")
-      .def(nb::init<>())
-      .def_rw("x", &LowLatencyDispatchArgs::x)
-      .def_rw("topk_idx", &LowLatencyDispatchArgs::topk_idx)
-      .def_rw("num_max_dispatch_tokens_per_rank", &LowLatencyDispatchArgs::num_max_dispatch_tokens_per_rank)
-      .def_rw("num_experts", &LowLatencyDispatchArgs::num_experts)
-      .def_rw("use_fp8", &LowLatencyDispatchArgs::use_fp8)
-      .def_rw("round_scale", &LowLatencyDispatchArgs::round_scale)
-      .def_rw("use_ue8m0", &LowLatencyDispatchArgs::use_ue8m0)
-      .def_rw("cumulative_local_expert_recv_stats", &LowLatencyDispatchArgs::cumulative_local_expert_recv_stats)
-      .def_rw("wait_recv_cost_stats", &LowLatencyDispatchArgs::wait_recv_cost_stats)
-      .def_rw("return_recv_hook", &LowLatencyDispatchArgs::return_recv_hook);
-  nb::class_<LowLatencyCombineArgs>(m, "LowLatencyCombineArgs")
-      .def(nb::init<>())
-      .def_rw("x", &LowLatencyCombineArgs::x)
-      .def_rw("topk_idx", &LowLatencyCombineArgs::topk_idx)
-      .def_rw("topk_weights", &LowLatencyCombineArgs::topk_weights)
-      .def_prop_rw("handle", [](const LowLatencyCombineArgs& a) { return a.handle; },
-                   [](LowLatencyCombineArgs& a, const LowLatencyHandle* handle) { a.handle = handle; },
-                   nb::for_setter(nb::arg("handle").none()), nb::rv_policy::reference)
-      .def_rw("zero_copy", &LowLatencyCombineArgs::zero_copy)
-      .def_rw("use_logfmt", &LowLatencyCombineArgs::use_logfmt)
-      .def_rw("out", &LowLatencyCombineArgs::out)
-      .def_rw("wait_recv_cost_stats", &LowLatencyCombineArgs::wait_recv_cost_stats)
-      .def_rw("return_recv_hook", &LowLatencyCombineArgs::return_recv_hook);
+// The options of a call made on torch's current stream (deep_ep's calls all are).
+CallOptions on_current_stream(const TorchBridge& torch, const Event& previous_event, bool async_finish,
+                              bool allocate_on_comm_stream) {
+  CallOptions call;
+  call.stream = torch.current_stream();
+  call.previous_event = previous_event;
+  call.async_finish = async_finish;
+  call.allocate_on_comm_stream = allocate_on_comm_stream;
+  return call;
 }
 
 void bind_types(nb::module_& m) {
@@ -150,6 +100,12 @@ void bind_types(nb::module_& m) {
   nb::class_<TensorView>(m, "TensorView", "A view of device memory: data pointer, dtype, shape, strides (elements).")
       .def(nb::init<>())
       .def_static("make", &make_view, nb::arg("data"), nb::arg("dtype"), nb::arg("shape"), nb::arg("strides"))
+      .def_static("of",
+                  [](nb::handle tensor, const char* name) {
+                    return tensor.is_none() ? TensorView{} : TorchBridge::get().view(tensor, name);  // None: no torch needed
+                  },
+                  nb::arg("tensor").none(), nb::arg("name"),
+                  "A view of a CUDA torch tensor (None: an empty view); errors name the argument `name`.")
       .def_prop_ro("data", [](const TensorView& v) { return reinterpret_cast<uintptr_t>(v.data); })
       .def_prop_ro("shape", [](const TensorView& v) { return std::vector<int64_t>(v.shape, v.shape + v.ndim); })
       .def_prop_ro("dtype", [](const TensorView& v) { return static_cast<int>(v.dtype); })
@@ -225,8 +181,10 @@ void bind_types(nb::module_& m) {
       .def_rw("hidden", &WarmupShape::hidden)
       .def_rw("num_topk", &WarmupShape::num_topk)
       .def_rw("num_experts", &WarmupShape::num_experts);
-  nb::class_<PythonAllocator>(m, "Allocator", "Output memory from a Python callable: ([(dtype, shape), ...], stream) -> [(ptr, owner), ...].")
-      .def(nb::init<nb::object>(), nb::arg("allocate"));
+  nb::class_<PythonAllocator>(m, "Allocator",
+                              "Output memory: torch.empty on `device` where the call's stream is torch's current one "
+                              "there, else a Python callable: ([(dtype, shape), ...], stream) -> [(ptr, owner), ...].")
+      .def(nb::init<nb::object, int>(), nb::arg("allocate"), nb::arg("device") = -1);
   nb::class_<RecvHook>(m, "RecvHook")
       .def("__call__", [](const RecvHook& hook) { hook(); }, nb::call_guard<nb::gil_scoped_release>())
       .def("__call__", [](const RecvHook& hook, uintptr_t stream) { hook(as_stream(stream)); },
@@ -317,7 +275,6 @@ nb::dict buffer_defaults(const BufferOptions& defaults) {
 
 void bind_buffer(nb::module_& m) {
   bind_types(m);
-  bind_call_args(m);
   const BufferOptions defaults;
   m.attr("BUFFER_DEFAULTS") = buffer_defaults(defaults);
   nb::class_<Buffer>(m, "Buffer")
@@ -374,17 +331,64 @@ void bind_buffer(nb::module_& m) {
              return phases;
            },
            nb::call_guard<nb::gil_scoped_release>())
+      // The calls take torch tensors (or None) and run on torch's current stream; each releases the
+      // GIL while it runs and returns its outputs as torch tensors, in the order of its Result
+      // struct. Views and outputs go through the TorchBridge: no Python code runs on the way.
       .def("get_dispatch_layout",
-           [](Buffer& b, const TensorView& topk_idx, int num_experts, const TensorView& per_rank, const TensorView& per_expert,
-              const TensorView& in_rank, const TensorView& per_node, uintptr_t stream) {
-             b.get_dispatch_layout(topk_idx, num_experts, DispatchLayoutOutputs{per_rank, per_expert, in_rank, per_node},
-                                   as_stream(stream));
+           [](Buffer& b, nb::handle topk_idx, int num_experts) {
+             const TorchBridge& torch = TorchBridge::get();
+             const TensorView ids = torch.view(topk_idx, "topk_idx");
+             int device = 0;
+             int nodes = 1;
+             {
+               nb::gil_scoped_release release;  // both may wait for a background initialisation
+               device = b.device();
+               nodes = b.num_nodes();
+             }
+             if (ids.ndim > 0 && torch.device_of(topk_idx) != device) {
+               fail(ErrorCode::kInvalidArgument, "get_dispatch_layout: topk_idx is on cuda:", torch.device_of(topk_idx),
+                    ", but this Buffer's device is cuda:", device);
+             }
+             const int ranks = b.num_ranks();
+             void* const no_data = nullptr;  // torch.empty fills it in
+             // The runtime checks num_experts; a negative one must reach it, not fail in torch.empty.
+             DispatchLayoutOutputs outputs{
+                 TensorView::contiguous(no_data, DType::kInt32, {ranks}),
+                 TensorView::contiguous(no_data, DType::kInt32, {std::max(num_experts, 0)}),
+                 TensorView::contiguous(no_data, DType::kBool, {ids.ndim > 0 ? ids.shape[0] : 0, ranks}),
+                 nodes > 1 ? TensorView::contiguous(no_data, DType::kInt32, {nodes}) : TensorView{}};
+             nb::object per_rank = torch.empty(outputs.num_tokens_per_rank, device);
+             nb::object per_expert = torch.empty(outputs.num_tokens_per_expert, device);
+             nb::object in_rank = torch.empty(outputs.is_token_in_rank, device);
+             nb::object per_node = nodes > 1 ? torch.empty(outputs.num_tokens_per_rdma_rank, device) : nb::none();
+             const cudaStream_t stream = torch.current_stream();
+             {
+               nb::gil_scoped_release release;
+               b.get_dispatch_layout(ids, num_experts, outputs, stream);
+             }
+             return nb::make_tuple(per_rank, per_node, per_expert, in_rank);
            },
-           nb::call_guard<nb::gil_scoped_release>())
-      // Each call releases the GIL while it runs and returns its outputs as the Python objects the
-      // allocator made (a tuple, in the order of the Result struct).
+           nb::arg("topk_idx").none(), nb::arg("num_experts"),
+           "-> (num_tokens_per_rank, num_tokens_per_rdma_rank or None on one node, num_tokens_per_expert, is_token_in_rank)")
       .def("dispatch",
-           [](Buffer& b, const DispatchArgs& args, PythonAllocator& allocator, const CallOptions& call) {
+           [](Buffer& b, nb::handle x, nb::handle x_scales, nb::handle topk_idx, nb::handle topk_weights,
+              nb::handle num_tokens_per_rank, nb::handle num_tokens_per_expert, nb::handle is_token_in_rank,
+              const DispatchHandle* handle, int expert_alignment, int num_worst_tokens, const Config& config,
+              PythonAllocator& allocator, const Event& previous_event, bool async_finish, bool allocate_on_comm_stream) {
+             const TorchBridge& torch = TorchBridge::get();
+             DispatchArgs args;
+             args.x = torch.view(x, "x");
+             args.x_scales = torch.view(x_scales, "x_scales");
+             args.topk_idx = torch.view(topk_idx, "topk_idx");
+             args.topk_weights = torch.view(topk_weights, "topk_weights");
+             args.num_tokens_per_rank = torch.view(num_tokens_per_rank, "num_tokens_per_rank");
+             args.num_tokens_per_expert = torch.view(num_tokens_per_expert, "num_tokens_per_expert");
+             args.is_token_in_rank = torch.view(is_token_in_rank, "is_token_in_rank");
+             args.handle = handle;
+             args.expert_alignment = expert_alignment;
+             args.num_worst_tokens = num_worst_tokens;
+             args.config = config;
+             const CallOptions call = on_current_stream(torch, previous_event, async_finish, allocate_on_comm_stream);
              DispatchResult result;
              {
                nb::gil_scoped_release release;
@@ -394,9 +398,23 @@ void bind_buffer(nb::module_& m) {
                                    owner_of(result.recv_topk_weights), result.num_recv_tokens_per_expert, result.handle,
                                    result.event);
            },
-           nb::arg("args"), nb::arg("allocator"), nb::arg("call"))
+           nb::arg("x").none(), nb::arg("x_scales").none(), nb::arg("topk_idx").none(), nb::arg("topk_weights").none(),
+           nb::arg("num_tokens_per_rank").none(), nb::arg("num_tokens_per_expert").none(), nb::arg("is_token_in_rank").none(),
+           nb::arg("handle").none(), nb::arg("expert_alignment"), nb::arg("num_worst_tokens"), nb::arg("config"),
+           nb::arg("allocator"), nb::arg("previous_event"), nb::arg("async_finish"), nb::arg("allocate_on_comm_stream"))
       .def("combine",
-           [](Buffer& b, const CombineArgs& args, PythonAllocator& allocator, const CallOptions& call) {
+           [](Buffer& b, nb::handle x, nb::handle topk_weights, nb::handle bias0, nb::handle bias1,
+              const DispatchHandle* handle, const Config& config, PythonAllocator& allocator, const Event& previous_event,
+              bool async_finish, bool allocate_on_comm_stream) {
+             const TorchBridge& torch = TorchBridge::get();
+             CombineArgs args;
+             args.x = torch.view(x, "x");
+             args.topk_weights = torch.view(topk_weights, "topk_weights");
+             args.bias0 = torch.view(bias0, "bias[0]");
+             args.bias1 = torch.view(bias1, "bias[1]");
+             args.handle = handle;
+             args.config = config;
+             const CallOptions call = on_current_stream(torch, previous_event, async_finish, allocate_on_comm_stream);
              CombineResult result;
              {
                nb::gil_scoped_release release;
@@ -404,9 +422,27 @@ void bind_buffer(nb::module_& m) {
              }
              return nb::make_tuple(owner_of(result.combined_x), owner_of(result.combined_topk_weights), result.event);
            },
-           nb::arg("args"), nb::arg("allocator"), nb::arg("call"))
+           nb::arg("x").none(), nb::arg("topk_weights").none(), nb::arg("bias0").none(), nb::arg("bias1").none(), nb::arg("handle").none(),
+           nb::arg("config"), nb::arg("allocator"), nb::arg("previous_event"), nb::arg("async_finish"),
+           nb::arg("allocate_on_comm_stream"))
       .def("low_latency_dispatch",
-           [](Buffer& b, const LowLatencyDispatchArgs& args, PythonAllocator& allocator, const CallOptions& call) {
+           [](Buffer& b, nb::handle x, nb::handle topk_idx, int num_max_dispatch_tokens_per_rank, int num_experts,
+              nb::handle cumulative_local_expert_recv_stats, nb::handle wait_recv_cost_stats, bool use_fp8,
+              bool round_scale, bool use_ue8m0, bool return_recv_hook, PythonAllocator& allocator, bool async_finish) {
+             const TorchBridge& torch = TorchBridge::get();
+             LowLatencyDispatchArgs args;
+             args.x = torch.view(x, "x");
+             args.topk_idx = torch.view(topk_idx, "topk_idx");
+             args.num_max_dispatch_tokens_per_rank = num_max_dispatch_tokens_per_rank;
+             args.num_experts = num_experts;
+             args.cumulative_local_expert_recv_stats =
+                 torch.view(cumulative_local_expert_recv_stats, "cumulative_local_expert_recv_stats");
+             args.wait_recv_cost_stats = torch.view(wait_recv_cost_stats, "dispatch_wait_recv_cost_stats");
+             args.use_fp8 = use_fp8;
+             args.round_scale = round_scale;
+             args.use_ue8m0 = use_ue8m0;
+             args.return_recv_hook = return_recv_hook;
+             const CallOptions call = on_current_stream(torch, Event{}, async_finish, false);
              LowLatencyDispatchResult result;
              {
                nb::gil_scoped_release release;
@@ -415,9 +451,26 @@ void bind_buffer(nb::module_& m) {
              return nb::make_tuple(owner_of(result.recv_x), owner_of(result.recv_x_scales), owner_of(result.recv_count),
                                    result.handle, result.event, result.hook);
            },
-           nb::arg("args"), nb::arg("allocator"), nb::arg("call"))
+           nb::arg("x").none(), nb::arg("topk_idx").none(), nb::arg("num_max_dispatch_tokens_per_rank"), nb::arg("num_experts"),
+           nb::arg("cumulative_local_expert_recv_stats").none(), nb::arg("wait_recv_cost_stats").none(), nb::arg("use_fp8"),
+           nb::arg("round_scale"), nb::arg("use_ue8m0"), nb::arg("return_recv_hook"), nb::arg("allocator"),
+           nb::arg("async_finish"))
       .def("low_latency_combine",
-           [](Buffer& b, const LowLatencyCombineArgs& args, PythonAllocator& allocator, const CallOptions& call) {
+           [](Buffer& b, nb::handle x, nb::handle topk_idx, nb::handle topk_weights, const LowLatencyHandle* handle,
+              bool zero_copy, bool use_logfmt, nb::handle out, bool return_recv_hook, nb::handle wait_recv_cost_stats,
+              PythonAllocator& allocator, bool async_finish) {
+             const TorchBridge& torch = TorchBridge::get();
+             LowLatencyCombineArgs args;
+             args.x = torch.view(x, "x");
+             args.topk_idx = torch.view(topk_idx, "topk_idx");
+             args.topk_weights = torch.view(topk_weights, "topk_weights");
+             args.handle = handle;
+             args.zero_copy = zero_copy;
+             args.use_logfmt = use_logfmt;
+             args.out = torch.view(out, "out");
+             args.return_recv_hook = return_recv_hook;
+             args.wait_recv_cost_stats = torch.view(wait_recv_cost_stats, "combine_wait_recv_cost_stats");
+             const CallOptions call = on_current_stream(torch, Event{}, async_finish, false);
              LowLatencyCombineResult result;
              {
                nb::gil_scoped_release release;
@@ -425,7 +478,9 @@ void bind_buffer(nb::module_& m) {
              }
              return nb::make_tuple(owner_of(result.combined_x), result.event, result.hook);
            },
-           nb::arg("args"), nb::arg("allocator"), nb::arg("call"))
+           nb::arg("x").none(), nb::arg("topk_idx").none(), nb::arg("topk_weights").none(), nb::arg("handle").none(), nb::arg("zero_copy"),
+           nb::arg("use_logfmt"), nb::arg("out").none(), nb::arg("return_recv_hook"), nb::arg("wait_recv_cost_stats").none(),
+           nb::arg("allocator"), nb::arg("async_finish"))
       .def("get_next_low_latency_combine_buffer",
            [](nb::handle self, const LowLatencyHandle& handle) {
              Buffer& buffer = nb::cast<Buffer&>(self);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "epcomm/error.hpp"
+#include "torch_bridge.hpp"
 
 namespace nb = nanobind;
 
@@ -29,7 +30,7 @@ struct PythonOwner {
 
 }  // namespace
 
-PythonAllocator::PythonAllocator(nb::object allocate) : allocate_(std::move(allocate)) {}
+PythonAllocator::PythonAllocator(nb::object allocate, int device) : allocate_(std::move(allocate)), device_(device) {}
 
 PythonAllocator::~PythonAllocator() {
   if (!nb::is_alive()) {
@@ -47,6 +48,23 @@ Tensor PythonAllocator::allocate(DType dtype, std::initializer_list<int64_t> sha
 
 std::vector<Tensor> PythonAllocator::allocate_many(const std::vector<TensorView>& shapes, cudaStream_t stream) {
   nb::gil_scoped_acquire gil;
+  try {
+    const TorchBridge* torch = device_ >= 0 ? &TorchBridge::get() : nullptr;
+    if (torch == nullptr || stream != torch->current_stream(device_)) return call_allocate(shapes, stream);
+    std::vector<Tensor> tensors(shapes.size());
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      tensors[i].view = shapes[i];
+      tensors[i].storage = std::make_shared<PythonOwner>(torch->empty(tensors[i].view, device_));
+    }
+    return tensors;
+  } catch (const nb::python_error& error) {
+    fail(ErrorCode::kInternal, "torch could not allocate ", shapes.size(), " outputs (the first ",
+         shapes.empty() ? std::string("none") : shapes[0].describe(), "): ", error.what());
+  }
+}
+
+// The callable's way (GIL held).
+std::vector<Tensor> PythonAllocator::call_allocate(const std::vector<TensorView>& shapes, cudaStream_t stream) {
   nb::list requests;
   for (const TensorView& shape : shapes) {
     nb::list dims;

@@ -74,19 +74,14 @@ def test_rings_across_nodes_take_twice_the_bytes():
         config.get_nvl_buffer_size_hint(7168 * 2, 8, num_nodes=9)
 
 
-def test_call_arguments_are_structs_filled_by_name():
-    args = _C.DispatchArgs()
-    assert args.handle is None and args.expert_alignment == 1 and args.num_worst_tokens == 0
-    args.handle = None
-    args.config = epcomm.Config(num_sms=20)
-    args.expert_alignment = 128
-    assert args.config.num_sms == 20 and args.expert_alignment == 128
-    assert _C.LowLatencyDispatchArgs().use_fp8  # the C++ default, as deep_ep's
-    call = _C.CallOptions()
-    call.stream = 0
-    call.async_finish = True
-    assert call.stream == 0 and call.async_finish and not call.allocate_on_comm_stream
-    assert _C.CombineArgs().handle is None and _C.LowLatencyCombineArgs().handle is None
+def test_calls_take_tensors_and_an_allocator_of_the_buffers_device():
+    # The calls read torch tensors in the extension (python/src/torch_bridge.hpp): no argument structs.
+    for gone in ("DispatchArgs", "CombineArgs", "LowLatencyDispatchArgs", "LowLatencyCombineArgs", "CallOptions"):
+        assert not hasattr(_C, gone), gone
+    for call in ("dispatch", "combine", "low_latency_dispatch", "low_latency_combine", "get_dispatch_layout"):
+        assert "x" in getattr(_C.Buffer, call).__doc__ or "topk_idx" in getattr(_C.Buffer, call).__doc__, call
+    _C.Allocator(lambda requests, stream: [], 0)  # torch.empty on cuda:0's current stream, the callable otherwise
+    _C.Allocator(lambda requests, stream: [])  # device -1: the callable always
 
 
 def test_dispatch_and_combine_configs_follow_deep_ep_names():
