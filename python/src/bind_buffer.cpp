@@ -13,6 +13,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include "common/constants.hpp"
 #include "epcomm/buffer.hpp"
 #include "epcomm/error.hpp"
 #include "python_allocator.hpp"
@@ -351,10 +352,10 @@ void bind_buffer(nb::module_& m) {
              }
              const int ranks = b.num_ranks();
              void* const no_data = nullptr;  // torch.empty fills it in
-             // The runtime checks num_experts; a negative one must reach it, not fail in torch.empty.
+             // The runtime checks num_experts: one out of range must reach it, not fail in torch.empty.
              DispatchLayoutOutputs outputs{
                  TensorView::contiguous(no_data, DType::kInt32, {ranks}),
-                 TensorView::contiguous(no_data, DType::kInt32, {std::max(num_experts, 0)}),
+                 TensorView::contiguous(no_data, DType::kInt32, {std::clamp(num_experts, 0, kLayoutMaxExperts + 1)}),
                  TensorView::contiguous(no_data, DType::kBool, {ids.ndim > 0 ? ids.shape[0] : 0, ranks}),
                  nodes > 1 ? TensorView::contiguous(no_data, DType::kInt32, {nodes}) : TensorView{}};
              nb::object per_rank = torch.empty(outputs.num_tokens_per_rank, device);

@@ -30,7 +30,9 @@ struct PythonOwner {
 
 }  // namespace
 
-PythonAllocator::PythonAllocator(nb::object allocate, int device) : allocate_(std::move(allocate)), device_(device) {}
+PythonAllocator::PythonAllocator(nb::object allocate, int device) : allocate_(std::move(allocate)), device_(device) {
+  if (device_ >= 0) TorchBridge::get();  // imports torch now, at construction, not in the first call
+}
 
 PythonAllocator::~PythonAllocator() {
   if (!nb::is_alive()) {

@@ -22,8 +22,19 @@ int64_t as_int(PyObject* object) {
 }  // namespace
 
 const TorchBridge& TorchBridge::get() {
+  // The GIL guards it, not a function-local static's guard: importing torch may release the GIL,
+  // and a thread that then came here would hold the GIL while waiting on that guard, which the
+  // importing thread waits on the GIL to finish. Two threads may both build one; the first stays.
   // Never destroyed: its objects must not be released after the interpreter has gone.
-  static const TorchBridge* const bridge = new TorchBridge();
+  static TorchBridge* bridge = nullptr;
+  if (bridge == nullptr) {
+    TorchBridge* const made = new TorchBridge();
+    if (bridge == nullptr) {
+      bridge = made;
+    } else {
+      delete made;
+    }
+  }
   return *bridge;
 }
 
@@ -48,7 +59,7 @@ TensorView TorchBridge::view(nb::handle tensor, const char* name) const {
   if (tensor.is_none()) return TensorView{};
   if (!nb::isinstance(tensor, tensor_type_)) {
     throw nb::type_error(("epcomm: " + std::string(name) + " must be a torch.Tensor or None, got " +
-                          nb::type_name(tensor.type()).c_str()).c_str());
+                          text_of(tensor.type().attr("__name__"))).c_str());
   }
   if (!nb::cast<bool>(tensor.attr("is_cuda"))) {
     throw nb::value_error(("epcomm: " + std::string(name) + " must be on a CUDA device, got " +
@@ -64,7 +75,11 @@ TensorView TorchBridge::view(nb::handle tensor, const char* name) const {
   const nb::object shape = tensor.attr("shape");  // torch.Size, a tuple
   const nb::object strides = tensor.attr("stride")();
   const Py_ssize_t ndim = PyTuple_Size(shape.ptr());
-  if (ndim < 0 || !PyTuple_Check(strides.ptr()) || PyTuple_GET_SIZE(strides.ptr()) != ndim) throw nb::python_error();
+  if (ndim < 0) throw nb::python_error();  // shape is no tuple: PyTuple_Size set the error
+  if (!PyTuple_Check(strides.ptr()) || PyTuple_GET_SIZE(strides.ptr()) != ndim) {
+    throw nb::type_error(("epcomm: " + std::string(name) + ".stride() gave " + text_of(strides) + " for shape " +
+                          text_of(shape)).c_str());
+  }
   if (ndim > TensorView::kMaxDims) {
     throw nb::value_error(("epcomm: " + std::string(name) + " has " + std::to_string(ndim) +
                            " dimensions; epcomm takes at most " + std::to_string(TensorView::kMaxDims)).c_str());
