@@ -10,6 +10,11 @@ record also gives that host work alone (``host_median_us``: from the call to its
 take turns, one call of each per round, so a slow spell of the host (this machine's host speed has
 been seen to move 1.8x between runs) reaches every op alike and their differences stay meaningful.
 
+With ``--back-to-back N`` each sample is instead N calls of the op in a row, as a training step
+loop makes them (``timing: back_to_back``): ``median_us`` is the events' time per call (the larger
+of the host's and the GPU's share once calls queue behind each other) and ``host_median_us`` the
+host's time per call, the Python path's own cost where the GPU keeps up.
+
 Ranks are processes on this machine (rank r on GPU r % count; several per GPU need MPS), joined
 by a gloo group. Every size is checked first: combine(BF16 dispatch(x)) must equal x times the
 number of ranks each token went to.
@@ -32,9 +37,12 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--hidden", type=int, default=7168)
     parser.add_argument("--topk", type=int, default=8)
     parser.add_argument("--experts", type=int, default=256)
-    parser.add_argument("--warmup", type=int, default=5, help="untimed calls per op and size")
-    parser.add_argument("--iters", type=int, default=20, help="timed calls per op and size")
+    parser.add_argument("--warmup", type=int, default=5,
+                        help="untimed samples per op and size (a call, or N calls with --back-to-back)")
+    parser.add_argument("--iters", type=int, default=20, help="timed samples per op and size")
     parser.add_argument("--num-sms", type=int, default=0, help="Config.num_sms (0: Buffer.get_dispatch_config's)")
+    parser.add_argument("--back-to-back", type=int, default=0, metavar="N",
+                        help="time N calls in a row per sample, per call (0: each call from an idle stream)")
     parser.add_argument("--out", default="", help="also append the records to this file")
     args = parser.parse_args(argv)
     try:
@@ -43,6 +51,8 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
         parser.error(f"--tokens {args.tokens!r} must be comma-separated integers")
     if not 1 <= args.ranks <= 8:
         parser.error(f"--ranks {args.ranks} must be in [1, 8]")
+    if args.back_to_back < 0:
+        parser.error(f"--back-to-back {args.back_to_back} must be >= 0")
     if any(tokens < 1 for tokens in args.token_counts):
         parser.error(f"--tokens {args.tokens!r}: every count must be >= 1")
     if args.experts % args.ranks or args.topk > args.experts or args.hidden % 128:
@@ -73,8 +83,9 @@ def _in_turns(ops: Dict[Any, Callable[[], Any]], warmup: int, iters: int,
     return samples
 
 
-def _measure_from_idle(group) -> Callable[[Callable[[], Any]], Tuple[float, float]]:
-    """One call timed from an idle stream, every rank starting together: (events us, host us)."""
+def _measure_from_idle(group, calls: int = 1) -> Callable[[Callable[[], Any]], Tuple[float, float]]:
+    """`calls` calls in a row timed from an idle stream, every rank starting together: (events us,
+    host us), per call."""
     import torch
     import torch.distributed as dist
 
@@ -84,11 +95,12 @@ def _measure_from_idle(group) -> Callable[[Callable[[], Any]], Tuple[float, floa
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         host_start = time.perf_counter()
-        call()
-        host_us = (time.perf_counter() - host_start) * 1e6
+        for _ in range(calls):
+            call()
+        host_us = (time.perf_counter() - host_start) * 1e6 / calls
         end.record()
         end.synchronize()
-        return start.elapsed_time(end) * 1000.0, host_us
+        return start.elapsed_time(end) * 1000.0 / calls, host_us
 
     return measure
 
@@ -133,11 +145,13 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int) -> None:
         }
         all_correct = [None] * args.ranks
         dist.all_gather_object(all_correct, bool(correct), group=group)
-        timed = _in_turns(ops, args.warmup, args.iters, _measure_from_idle(group))
+        timed = _in_turns(ops, args.warmup, args.iters, _measure_from_idle(group, max(1, args.back_to_back)))
         for (op, dtype, cached), samples in timed.items():
             medians = [None] * args.ranks  # (events, host) of each rank
             dist.all_gather_object(medians, tuple(statistics.median(column) for column in zip(*samples)), group=group)
-            records.append({"op": op, "mode": "normal", "path": "python", "timing": "end_to_end", "ranks": args.ranks,
+            timing = {"timing": "back_to_back", "calls_per_sample": args.back_to_back} if args.back_to_back else {
+                "timing": "end_to_end"}
+            records.append({"op": op, "mode": "normal", "path": "python", **timing, "ranks": args.ranks,
                             "tokens": tokens, "hidden": args.hidden, "topk": args.topk, "experts": args.experts,
                             "dtype": dtype, "cached": cached, "sms": config.num_sms, "iters": args.iters,
                             "median_us": round(max(m[0] for m in medians), 2),

@@ -12,10 +12,12 @@ HAS_TORCH = importlib.util.find_spec("torch") is not None
 def test_defaults_are_the_issue_sizes():
     args = bench.parse_args([])
     assert args.token_counts == [512, 2048, 8192, 16384] and args.ranks == 2 and args.hidden == 7168
+    assert args.back_to_back == 0  # each call from an idle stream
+    assert bench.parse_args(["--back-to-back", "50"]).back_to_back == 50
 
 
 @pytest.mark.parametrize("argv", [["--tokens", "512,x"], ["--tokens", "0"], ["--ranks", "9"], ["--experts", "255"],
-                                  ["--hidden", "100"]])
+                                  ["--hidden", "100"], ["--back-to-back", "-1"]])
 def test_bad_options_exit_2_naming_the_option(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench.parse_args(argv)
