@@ -283,24 +283,29 @@ void bench_normal(BenchContext& context, double copy_gbps, const Config& config)
     const bool all_combine_ok = all_ranks_agree(*context.bootstrap, combine_ok);
 
     auto align = [&] { context.align(); };
+    // Each timing's device samples, and the host's time inside each call (host_median_us).
+    std::vector<double> dispatch_host, cached_host, combine_host, cached_kernel_host, combine_kernel_host;
     const std::vector<double> dispatch_samples = time_on_stream(context.stream, options.warmup_iters, options.timed_iters, align, [&] {
       DispatchResult result = context.buffer->dispatch(inputs.args, *allocator, call);
-    });
+    }, TimingMode::kEndToEnd, &dispatch_host);
     DispatchArgs cached_args = inputs.args;
     cached_args.handle = &first.handle;
     const std::vector<double> cached_samples = time_on_stream(context.stream, options.warmup_iters, options.timed_iters, align, [&] {
       DispatchResult result = context.buffer->dispatch(cached_args, *allocator, call);
-    });
+    }, TimingMode::kEndToEnd, &cached_host);
     const std::vector<double> combine_samples = time_on_stream(context.stream, options.warmup_iters, options.timed_iters, align, [&] {
       CombineResult result = context.buffer->combine(combine_args, *allocator, call);
-    });
-    // Kernel time of the calls that never wait on the host: cached dispatch and combine.
+    }, TimingMode::kEndToEnd, &combine_host);
+    // Kernel time of the calls that never wait on the host: cached dispatch and combine. Their host
+    // time here is the enqueue alone (the GPU is busy meanwhile).
     const std::vector<double> cached_kernel_samples = time_on_stream(
         context.stream, options.warmup_iters, options.timed_iters, align,
-        [&] { DispatchResult result = context.buffer->dispatch(cached_args, *allocator, call); }, TimingMode::kKernel);
+        [&] { DispatchResult result = context.buffer->dispatch(cached_args, *allocator, call); }, TimingMode::kKernel,
+        &cached_kernel_host);
     const std::vector<double> combine_kernel_samples = time_on_stream(
         context.stream, options.warmup_iters, options.timed_iters, align,
-        [&] { CombineResult result = context.buffer->combine(combine_args, *allocator, call); }, TimingMode::kKernel);
+        [&] { CombineResult result = context.buffer->combine(combine_args, *allocator, call); }, TimingMode::kKernel,
+        &combine_kernel_host);
     // The calls timed above are checked too: one more cached dispatch and combine, after them.
     DispatchResult cached_again = context.buffer->dispatch(cached_args, *allocator, call);
     CombineResult combined_again = context.buffer->combine(combine_args, *allocator, call);
@@ -314,6 +319,11 @@ void bench_normal(BenchContext& context, double copy_gbps, const Config& config)
     const Timing cached_timing = summarize_across_ranks(*context.bootstrap, cached_samples);
     const Timing cached_kernel_timing = summarize_across_ranks(*context.bootstrap, cached_kernel_samples);
     const Timing combine_kernel_timing = summarize_across_ranks(*context.bootstrap, combine_kernel_samples);
+    const Timing dispatch_host_timing = summarize_across_ranks(*context.bootstrap, dispatch_host);
+    const Timing cached_host_timing = summarize_across_ranks(*context.bootstrap, cached_host);
+    const Timing combine_host_timing = summarize_across_ranks(*context.bootstrap, combine_host);
+    const Timing cached_kernel_host_timing = summarize_across_ranks(*context.bootstrap, cached_kernel_host);
+    const Timing combine_kernel_host_timing = summarize_across_ranks(*context.bootstrap, combine_kernel_host);
 
     const double pairs = static_cast<double>(total_pairs(inputs.in_rank_host));
     const double dispatch_row_bytes = fp8 ? options.hidden + groups * sizeof(float) : options.hidden * 2.0;
@@ -321,8 +331,8 @@ void bench_normal(BenchContext& context, double copy_gbps, const Config& config)
     const double combine_gbps = gigabytes_per_second(pairs * options.hidden * 2.0, combine_timing.median_us);
     const double cached_gbps = gigabytes_per_second(pairs * dispatch_row_bytes, cached_timing.median_us);
     if (!context.is_reporting_rank()) continue;
-    auto record_for = [&](const char* op, const char* dtype, const Timing& timing, double gbps, bool correct,
-                          bool cached, TimingMode mode = TimingMode::kEndToEnd) {
+    auto record_for = [&](const char* op, const char* dtype, const Timing& timing, const Timing& host, double gbps,
+                          bool correct, bool cached, TimingMode mode = TimingMode::kEndToEnd) {
       Record record = context.base_record(op, "normal");
       record.set("timing", timing_name(mode))
           .set("dtype", dtype)
@@ -333,18 +343,21 @@ void bench_normal(BenchContext& context, double copy_gbps, const Config& config)
           .set("ring_tokens", config.num_max_nvl_chunked_recv_tokens)
           .set("median_us", timing.median_us)
           .set("p99_us", timing.p99_us)
+          .set("host_median_us", host.median_us)
           .set("gbps", gbps)
           .set("roofline_ratio", gbps / copy_gbps);
       record.set("correct", correct);
       context.sink.write(record);
     };
-    record_for("dispatch", fp8 ? "fp8" : "bf16", dispatch_timing, dispatch_gbps, all_dispatch_ok, false);
-    record_for("dispatch", fp8 ? "fp8" : "bf16", cached_timing, cached_gbps, all_cached_ok, true);
-    record_for("combine", "bf16", combine_timing, combine_gbps, all_combine_ok && all_repeated_combine_ok, false);
+    record_for("dispatch", fp8 ? "fp8" : "bf16", dispatch_timing, dispatch_host_timing, dispatch_gbps, all_dispatch_ok,
+               false);
+    record_for("dispatch", fp8 ? "fp8" : "bf16", cached_timing, cached_host_timing, cached_gbps, all_cached_ok, true);
+    record_for("combine", "bf16", combine_timing, combine_host_timing, combine_gbps,
+               all_combine_ok && all_repeated_combine_ok, false);
     const double bytes = pairs * dispatch_row_bytes;
-    record_for("dispatch", fp8 ? "fp8" : "bf16", cached_kernel_timing,
+    record_for("dispatch", fp8 ? "fp8" : "bf16", cached_kernel_timing, cached_kernel_host_timing,
                gigabytes_per_second(bytes, cached_kernel_timing.median_us), all_cached_ok, true, TimingMode::kKernel);
-    record_for("combine", "bf16", combine_kernel_timing,
+    record_for("combine", "bf16", combine_kernel_timing, combine_kernel_host_timing,
                gigabytes_per_second(pairs * options.hidden * 2.0, combine_kernel_timing.median_us),
                all_combine_ok && all_repeated_combine_ok, false, TimingMode::kKernel);
   }

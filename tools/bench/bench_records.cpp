@@ -1,6 +1,7 @@
 #include "bench/bench_records.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -33,7 +34,7 @@ void RecordSink::write(const Record& record) const {
 const char* timing_name(TimingMode mode) { return mode == TimingMode::kKernel ? "kernel" : "end_to_end"; }
 
 std::vector<double> time_on_stream(cudaStream_t stream, int warmup, int iters, const std::function<void()>& align,
-                                   const std::function<void()>& op, TimingMode mode) {
+                                   const std::function<void()>& op, TimingMode mode, std::vector<double>* host_us) {
   for (int i = 0; i < warmup; ++i) {
     align();
     op();
@@ -47,7 +48,10 @@ std::vector<double> time_on_stream(cudaStream_t stream, int warmup, int iters, c
     align();
     if (mode == TimingMode::kKernel) keep_stream_busy(stream, kKernelTimingLead);
     EPCOMM_CUDA_CHECK(cudaEventRecord(start, stream));
+    const auto host_start = std::chrono::steady_clock::now();
     op();
+    const std::chrono::duration<double, std::micro> host_time = std::chrono::steady_clock::now() - host_start;
+    if (host_us != nullptr) host_us->push_back(host_time.count());
     EPCOMM_CUDA_CHECK(cudaEventRecord(stop, stream));
     EPCOMM_CUDA_CHECK(cudaEventSynchronize(stop));
     float milliseconds = 0;

@@ -42,9 +42,12 @@ enum class TimingMode { kEndToEnd, kKernel };
 const char* timing_name(TimingMode mode);
 
 // Times `op` on `stream` with CUDA events, `warmup` untimed then `iters` timed runs. Before each
-// run `align` (a device barrier) lines the ranks up, outside the timed region.
+// run `align` (a device barrier) lines the ranks up, outside the timed region. With `host_us`, also
+// the host's time inside each timed `op` (the records' host_median_us): in kKernel mode, with the
+// GPU busy, what enqueueing the call costs the host.
 std::vector<double> time_on_stream(cudaStream_t stream, int warmup, int iters, const std::function<void()>& align,
-                                   const std::function<void()>& op, TimingMode mode = TimingMode::kEndToEnd);
+                                   const std::function<void()>& op, TimingMode mode = TimingMode::kEndToEnd,
+                                   std::vector<double>* host_us = nullptr);
 
 // A collective op is as slow as its slowest rank: gathers every rank's samples, takes the
 // per-iteration maximum, and summarises that.
