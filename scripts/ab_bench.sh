@@ -13,10 +13,13 @@
 # bench to time apart): each run goes under ncu (gpu__time_duration of every matching launch; ncu
 # serializes kernels at locked clocks; run it without MPS, e.g. at --ranks 1), and
 # scripts/ncu_kernel_times.py prints each version's median.
+# EPCOMM_AB_PYTHON=1 compares the Python path instead: each version's package is pip-installed into
+# a folder of its own (built in its build folder), and `python -m epcomm.bench` runs with the
+# options after --, e.g. -- --ranks 1 --tokens 512,4096 [--back-to-back 50].
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
-  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 old_rev=$1
@@ -51,9 +54,16 @@ if [ ! -d "$old_rev" ]; then
 fi
 
 jobs=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
+python_mode=${EPCOMM_AB_PYTHON:-0}
 build() {  # build SOURCE_DIR BUILD_DIR REVISION
   EPCOMM_GIT_REVISION=$3 cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEPCOMM_BUILD_TESTS=OFF \
-    >"$2.log" 2>&1 && cmake --build "$2" -j "$jobs" >>"$2.log" 2>&1
+    >"$2.log" 2>&1 && cmake --build "$2" -j "$jobs" >>"$2.log" 2>&1 || return 1
+  [ "$python_mode" = 1 ] || return 0
+  # A folder of its own, emptied first: pip --target leaves a package that is already there alone.
+  rm -rf "$2-site"
+  EPCOMM_GIT_REVISION=$3 CMAKE_BUILD_PARALLEL_LEVEL=$jobs "${PYTHON:-python3}" -m pip install --no-build-isolation \
+    --target "$2-site" -C "build-dir=$(cd "$2" && pwd)" -C cmake.define.EPCOMM_PIP_BUILD=OFF \
+    -C cmake.define.EPCOMM_BUILD_TESTS=OFF -C cmake.build-type=Release "$1" >>"$2.log" 2>&1
 }
 echo "ab_bench: building $old_commit (old) and $new_commit (this tree) with $jobs cores each"
 build "$old_src" "$work/old" "$old_commit" & old_pid=$!
@@ -68,7 +78,10 @@ status=0
 for round in $(seq 1 "$rounds"); do
   for version in old new; do
     set +e
-    if [ -n "$kernel" ]; then
+    if [ "$python_mode" = 1 ]; then
+      PYTHONPATH="$(cd "$work/$version-site" && pwd)${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" -m epcomm.bench \
+        "$@" --out "$out/$version.jsonl" >"$out/$version-$round.log" 2>&1
+    elif [ -n "$kernel" ]; then
       ncu --target-processes all -k "regex:$kernel" --metrics gpu__time_duration.sum --csv --print-units base \
         "$work/$version/tools/epcomm-bench" "$@" >"$out/$version-$round.kernel.csv" 2>"$out/$version-$round.log"
     else
@@ -97,19 +110,24 @@ def medians(path):
                "cached" if r.get("cached") else (r.get("phase") or r.get("path") or ""),
                r.get("direction", "both" if r["op"] == "copy" and r.get("path") != "local" else ""),
                r.get("sms"), r.get("ring_tokens"), r.get("tokens"))
-        runs[key].append((r["median_us"], r.get("correct")))
+        runs[key].append((r["median_us"], r.get("correct"), r.get("host_median_us")))
     return runs
 
 old, new = medians(sys.argv[1]), medians(sys.argv[2])
-print(f"{'op':<12}{'timing':<11}{'dtype':<6}{'variant':<13}{'sms':>4}{'ring':>5}{'tokens':>7}{'old us':>10}{'new us':>10}{'new/old':>8}  correct")
+def host(runs, key):  # the Python path's host time inside the call, where records give it
+    values = [h for _, _, h in runs.get(key, []) if h is not None]
+    return f"{statistics.median(values):.1f}" if values else "-"
+
+print(f"{'op':<12}{'timing':<11}{'dtype':<6}{'variant':<13}{'sms':>4}{'ring':>5}{'tokens':>7}{'old us':>10}{'new us':>10}"
+      f"{'new/old':>8}  correct  host us old / new")
 for key in new:
-    n = statistics.median(v for v, _ in new[key])
-    o = statistics.median(v for v, _ in old[key]) if key in old else None
-    ok = "yes" if all(c for _, c in new[key]) else ("-" if all(c is None for _, c in new[key]) else "NO")
+    n = statistics.median(v for v, _, _ in new[key])
+    o = statistics.median(v for v, _, _ in old[key]) if key in old else None
+    ok = "yes" if all(c for _, c, _ in new[key]) else ("-" if all(c is None for _, c, _ in new[key]) else "NO")
     op, timing, dtype, variant, direction, sms, ring, tokens = key
     variant = f"{variant} {direction}".strip()
     print(f"{op:<12}{timing[:10]:<11}{dtype:<6}{variant[:12]:<13}{sms if sms is not None else '':>4}"
           f"{ring if ring is not None else '':>5}{tokens:>7}{(f'{o:.1f}' if o else '-'):>10}{n:>10.1f}"
-          f"{(f'{n / o:.3f}' if o else '-'):>8}  {ok}")
+          f"{(f'{n / o:.3f}' if o else '-'):>8}  {ok:<7}  {host(old, key)} / {host(new, key)}")
 PY
 exit $status
