@@ -78,6 +78,14 @@ TensorView make_view(uintptr_t data, int dtype, const std::vector<int64_t>& shap
   return view;
 }
 
+// Runs one of the Buffer's calls without the GIL (it may wait on the GPU, on other ranks, or on a
+// background initialisation that calls into Python), returning its result.
+template <typename Call>
+auto without_gil(Call&& call) {
+  nb::gil_scoped_release release;
+  return call();
+}
+
 // The options of a call made on torch's current stream (deep_ep's calls all are).
 CallOptions on_current_stream(const TorchBridge& torch, const Event& previous_event, bool async_finish,
                               bool allocate_on_comm_stream) {
@@ -390,11 +398,7 @@ void bind_buffer(nb::module_& m) {
              args.num_worst_tokens = num_worst_tokens;
              args.config = config;
              const CallOptions call = on_current_stream(torch, previous_event, async_finish, allocate_on_comm_stream);
-             DispatchResult result;
-             {
-               nb::gil_scoped_release release;
-               result = b.dispatch(args, allocator, call);
-             }
+             const DispatchResult result = without_gil([&] { return b.dispatch(args, allocator, call); });
              return nb::make_tuple(owner_of(result.recv_x), owner_of(result.recv_x_scales), owner_of(result.recv_topk_idx),
                                    owner_of(result.recv_topk_weights), result.num_recv_tokens_per_expert, result.handle,
                                    result.event);
@@ -416,11 +420,7 @@ void bind_buffer(nb::module_& m) {
              args.handle = handle;
              args.config = config;
              const CallOptions call = on_current_stream(torch, previous_event, async_finish, allocate_on_comm_stream);
-             CombineResult result;
-             {
-               nb::gil_scoped_release release;
-               result = b.combine(args, allocator, call);
-             }
+             const CombineResult result = without_gil([&] { return b.combine(args, allocator, call); });
              return nb::make_tuple(owner_of(result.combined_x), owner_of(result.combined_topk_weights), result.event);
            },
            nb::arg("x").none(), nb::arg("topk_weights").none(), nb::arg("bias0").none(), nb::arg("bias1").none(), nb::arg("handle").none(),
@@ -444,11 +444,8 @@ void bind_buffer(nb::module_& m) {
              args.use_ue8m0 = use_ue8m0;
              args.return_recv_hook = return_recv_hook;
              const CallOptions call = on_current_stream(torch, Event{}, async_finish, false);
-             LowLatencyDispatchResult result;
-             {
-               nb::gil_scoped_release release;
-               result = b.low_latency_dispatch(args, allocator, call);
-             }
+             const LowLatencyDispatchResult result =
+                 without_gil([&] { return b.low_latency_dispatch(args, allocator, call); });
              return nb::make_tuple(owner_of(result.recv_x), owner_of(result.recv_x_scales), owner_of(result.recv_count),
                                    result.handle, result.event, result.hook);
            },
@@ -472,11 +469,8 @@ void bind_buffer(nb::module_& m) {
              args.return_recv_hook = return_recv_hook;
              args.wait_recv_cost_stats = torch.view(wait_recv_cost_stats, "combine_wait_recv_cost_stats");
              const CallOptions call = on_current_stream(torch, Event{}, async_finish, false);
-             LowLatencyCombineResult result;
-             {
-               nb::gil_scoped_release release;
-               result = b.low_latency_combine(args, allocator, call);
-             }
+             const LowLatencyCombineResult result =
+                 without_gil([&] { return b.low_latency_combine(args, allocator, call); });
              return nb::make_tuple(owner_of(result.combined_x), result.event, result.hook);
            },
            nb::arg("x").none(), nb::arg("topk_idx").none(), nb::arg("topk_weights").none(), nb::arg("handle").none(), nb::arg("zero_copy"),
