@@ -15,7 +15,7 @@
 # scripts/ncu_kernel_times.py prints each version's median.
 # EPCOMM_AB_PYTHON=1 compares the Python path instead: each version's package is pip-installed into
 # a folder of its own (built in its build folder), and `python -m epcomm.bench` runs with the
-# options after --, e.g. -- --ranks 1 --tokens 512,4096 [--back-to-back 50].
+# options after --, e.g. -- --ranks 1 --tokens 512,4096 [--back-to-back 50: OLD from 546ddd7 on].
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
@@ -55,6 +55,10 @@ fi
 
 jobs=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
 python_mode=${EPCOMM_AB_PYTHON:-0}
+if [ "$python_mode" = 1 ] && [ -n "${EPCOMM_AB_KERNEL:-}" ]; then
+  echo "ab_bench.sh: EPCOMM_AB_PYTHON and EPCOMM_AB_KERNEL cannot be combined (ncu times the C++ bench)" >&2
+  exit 2
+fi
 build() {  # build SOURCE_DIR BUILD_DIR REVISION
   EPCOMM_GIT_REVISION=$3 cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEPCOMM_BUILD_TESTS=OFF \
     >"$2.log" 2>&1 && cmake --build "$2" -j "$jobs" >>"$2.log" 2>&1 || return 1
@@ -63,7 +67,7 @@ build() {  # build SOURCE_DIR BUILD_DIR REVISION
   rm -rf "$2-site"
   EPCOMM_GIT_REVISION=$3 CMAKE_BUILD_PARALLEL_LEVEL=$jobs "${PYTHON:-python3}" -m pip install --no-build-isolation \
     --target "$2-site" -C "build-dir=$(cd "$2" && pwd)" -C cmake.define.EPCOMM_PIP_BUILD=OFF \
-    -C cmake.define.EPCOMM_BUILD_TESTS=OFF -C cmake.build-type=Release "$1" >>"$2.log" 2>&1
+    -C cmake.define.EPCOMM_BUILD_TESTS=OFF -C cmake.build-type=Release "$(cd "$1" && pwd)" >>"$2.log" 2>&1
 }
 echo "ab_bench: building $old_commit (old) and $new_commit (this tree) with $jobs cores each"
 build "$old_src" "$work/old" "$old_commit" & old_pid=$!

@@ -73,7 +73,7 @@ def _per_token_fp8(x):
 def _in_turns(ops: Dict[Any, Callable[[], Any]], warmup: int, iters: int,
               measure: Callable[[Callable[[], Any]], Tuple[float, float]]) -> Dict[Any, List[Tuple[float, float]]]:
     """Every op once per round, ``warmup`` rounds untimed then ``iters`` timed; ``measure(call)``
-    gives one call's (GPU-event, host) microseconds. Returns each op's timed samples."""
+    gives one sample's (GPU-event, host) microseconds per call. Returns each op's timed samples."""
     samples: Dict[Any, List[Tuple[float, float]]] = {key: [] for key in ops}
     for round_index in range(warmup + iters):
         for key, call in ops.items():
