@@ -22,6 +22,11 @@ if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
   sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
+python_mode=${EPCOMM_AB_PYTHON:-0}
+if [ "$python_mode" = 1 ] && [ -n "${EPCOMM_AB_KERNEL:-}" ]; then
+  echo "ab_bench.sh: EPCOMM_AB_PYTHON and EPCOMM_AB_KERNEL cannot be combined (ncu times the C++ bench)" >&2
+  exit 2
+fi
 old_rev=$1
 shift
 rounds=2
@@ -54,11 +59,6 @@ if [ ! -d "$old_rev" ]; then
 fi
 
 jobs=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
-python_mode=${EPCOMM_AB_PYTHON:-0}
-if [ "$python_mode" = 1 ] && [ -n "${EPCOMM_AB_KERNEL:-}" ]; then
-  echo "ab_bench.sh: EPCOMM_AB_PYTHON and EPCOMM_AB_KERNEL cannot be combined (ncu times the C++ bench)" >&2
-  exit 2
-fi
 build() {  # build SOURCE_DIR BUILD_DIR REVISION
   EPCOMM_GIT_REVISION=$3 cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEPCOMM_BUILD_TESTS=OFF \
     >"$2.log" 2>&1 && cmake --build "$2" -j "$jobs" >>"$2.log" 2>&1 || return 1
