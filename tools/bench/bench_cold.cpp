@@ -3,7 +3,9 @@
 // first, the second and the steady (median) call of every op, from the host call to completion on
 // the stream, ranks lined up by a host barrier before each call. Buffers with preinitialize get the run's warmup_shape,
 // stream and output allocator. A control op (a 4 KiB memset, no epcomm code) is timed first.
-// Records carry first / steady, the number that preinitialize must bring to <= 1.10.
+// Records carry first / steady, the number that preinitialize must bring to <= 1.10, and the
+// slowest rank's host time inside the first and the steady calls (first_host_us, steady_host_us):
+// a first call whose host time is steady but whose total is not waited for peers or the GPU.
 //
 // Two orders of the timed calls, each in its own trials:
 // - rounds: every op once per round (control, layout, dispatch, combine, low-latency dispatch and
@@ -40,6 +42,13 @@ struct CallTimes {
   double steady_us = 0;
 };
 
+// A call's time to completion, and the host's time inside it (the enqueue, for calls that do not
+// wait on the host): whether a slow first call is the host's own work or a wait, for peers or GPU.
+struct CallSample {
+  double total_us = 0;
+  double host_us = 0;
+};
+
 // How the records name each timed op's mode and data type.
 struct ColdOp {
   const char* name;
@@ -63,12 +72,13 @@ struct TimedOp {
 };
 
 // One call: ranks lined up, then host call to completion on the stream.
-double time_call(BenchContext& context, const TimedOp& op) {
+CallSample time_call(BenchContext& context, const TimedOp& op) {
   context.bootstrap->barrier();
   const auto start = std::chrono::steady_clock::now();
   op.call();
+  const double host_us = elapsed_us(start);
   EPCOMM_CUDA_CHECK(cudaStreamSynchronize(context.stream));
-  return elapsed_us(start);
+  return CallSample{elapsed_us(start), host_us};
 }
 
 // The slowest rank's first, second and median-steady times of one op's calls, in call order.
@@ -86,11 +96,17 @@ CallTimes slowest_times(BenchContext& context, const std::vector<double>& sample
   return times;
 }
 
+// An op's call times to completion (`total`) and its host times inside the calls (`host`).
+struct OpTimes {
+  CallTimes total;
+  CallTimes host;
+};
+
 // Every op's call times, in the trial's order (see the top of this file).
-std::vector<CallTimes> time_ops(BenchContext& context, const std::vector<TimedOp>& ops) {
+std::vector<OpTimes> time_ops(BenchContext& context, const std::vector<TimedOp>& ops) {
   constexpr int kCalls = 2 + kSteadyCalls;
   const std::chrono::milliseconds pause(context.options.cold_pause_ms);
-  std::vector<std::vector<double>> samples(ops.size());
+  std::vector<std::vector<CallSample>> samples(ops.size());
   if (context.options.cold_order == "rounds") {
     for (int round = 0; round < kCalls; ++round) {
       std::this_thread::sleep_for(pause);
@@ -104,8 +120,15 @@ std::vector<CallTimes> time_ops(BenchContext& context, const std::vector<TimedOp
       }
     }
   }
-  std::vector<CallTimes> times;
-  for (const std::vector<double>& op_samples : samples) times.push_back(slowest_times(context, op_samples));
+  std::vector<OpTimes> times;
+  for (const std::vector<CallSample>& op_samples : samples) {
+    std::vector<double> total, host;
+    for (const CallSample& sample : op_samples) {
+      total.push_back(sample.total_us);
+      host.push_back(sample.host_us);
+    }
+    times.push_back(OpTimes{slowest_times(context, total), slowest_times(context, host)});
+  }
   return times;
 }
 
@@ -223,7 +246,7 @@ int run_cold_trial(BenchContext& context, double context_ms) {
       {"ll_dispatch", [&] { ll_kept = buffer.low_latency_dispatch(ll_args, *allocator, call); }},
       {"ll_combine", [&] { buffer.low_latency_combine(ll_back, *allocator, call); }},
   };
-  const std::vector<CallTimes> results = time_ops(context, ops);
+  const std::vector<OpTimes> results = time_ops(context, ops);
   buffer.synchronize(context.stream);
 
   // Every rank's init, the slowest reported (ranks construct together: the exchange waits for all).
@@ -239,7 +262,8 @@ int run_cold_trial(BenchContext& context, double context_ms) {
   }
   phases += "}";
   for (size_t i = 0; i < ops.size(); ++i) {
-    const CallTimes& times = results[i];
+    const CallTimes& times = results[i].total;
+    const CallTimes& host = results[i].host;
     const ColdOp kind = cold_op(ops[i].name);  // a copy: GCC 13 cannot tell the table outlives the call
     Record record = context.base_record(ops[i].name, kind.mode);
     record.set("tokens", std::string(kind.mode) == "low_latency" ? ll_tokens : tokens)
@@ -256,6 +280,8 @@ int run_cold_trial(BenchContext& context, double context_ms) {
         .set("second_us", times.second_us)
         .set("steady_us", times.steady_us)
         .set("first_over_steady", times.first_us / times.steady_us)
+        .set("first_host_us", host.first_us)  // the slowest rank's host time inside the call
+        .set("steady_host_us", host.steady_us)
         .set("median_us", times.steady_us)
         .set_null("p99_us")
         .set_null("gbps")
