@@ -8,9 +8,6 @@ using namespace nb::literals;
 namespace epcomm::python {
 namespace {
 
-// torch's names of DType's values, in DType's order (include/epcomm/types.hpp).
-constexpr const char* kTorchDTypeNames[] = {"bfloat16", "float8_e4m3fn", "float32", "int32", "int64", "bool", "uint8"};
-
 std::string text_of(nb::handle object) { return nb::str(object).c_str(); }
 
 int64_t as_int(PyObject* object) {
@@ -39,11 +36,14 @@ const TorchBridge& TorchBridge::get() {
 }
 
 TorchBridge::TorchBridge() {
-  static_assert(sizeof(kTorchDTypeNames) / sizeof(kTorchDTypeNames[0]) == kNumDTypes, "a torch name per DType");
   const nb::module_ torch = nb::module_::import_("torch");
   tensor_type_ = torch.attr("Tensor");
   empty_ = torch.attr("empty");
-  for (int code = 0; code < kNumDTypes; ++code) dtypes_[code] = torch.attr(kTorchDTypeNames[code]);
+  // _C.DType names its values as torch does (bind_buffer.cpp's bind_types), as _torch.py also reads them.
+  const nb::handle dtype_enum = nb::type<DType>();
+  for (int code = 0; code < kNumDTypes; ++code) {
+    dtypes_[code] = torch.attr(nb::str(dtype_enum(code).attr("name")));
+  }
   // torch's own C accessors where this torch has them; epcomm._torch's Python ones otherwise.
   const nb::object internals = torch.attr("_C");
   if (nb::hasattr(internals, "_cuda_getDevice") && nb::hasattr(internals, "_cuda_getCurrentRawStream")) {

@@ -35,7 +35,7 @@ class TorchBridge {
   nanobind::object empty_;
   nanobind::object current_device_;  // () -> int
   nanobind::object raw_stream_;      // (device: int) -> int (cudaStream_t)
-  static constexpr int kNumDTypes = 7;
+  static constexpr int kNumDTypes = static_cast<int>(DType::kUInt8) + 1;
   nanobind::object dtypes_[kNumDTypes];  // torch's dtype of each DType, in DType's order
 };
 
