@@ -236,3 +236,47 @@ def test_the_shim_package_answers_import_deep_ep_in_a_fresh_process():
 def test_buffer_offers_check_errors():
     assert callable(getattr(epcomm.Buffer, "check_errors", None))
     assert hasattr(_C.Buffer, "check_device_errors")
+
+
+_STAND_IN_TORCH = '''
+import sys, types
+torch = types.ModuleType("torch")
+class Tensor:
+    is_cuda = True
+    device = "cuda:0"
+    def __init__(self, dtype, shape=(4, 2), strides=(2, 1)):
+        self.dtype, self.shape, self._strides = dtype, shape, strides
+    def stride(self): return self._strides
+    def data_ptr(self): return 4096
+    def get_device(self): return 0
+torch.Tensor = Tensor
+torch.empty = lambda *args, **kwargs: None
+for name in ("bfloat16", "float8_e4m3fn", "float32", "int32", "int64", "bool", "uint8"):
+    setattr(torch, name, type(name, (), {"__repr__": lambda self, name=name: "torch." + name})())
+torch._C = types.SimpleNamespace(_cuda_getDevice=lambda: 0, _cuda_getCurrentRawStream=lambda device: 0)
+sys.modules["torch"] = torch
+from epcomm import _C
+view = _C.TensorView.of(Tensor(torch.int64), "topk_idx")
+assert (view.data, view.dtype, view.shape) == (4096, int(_C.DType.int64), [4, 2]), view
+for bad, kind, words in ((Tensor(object()), ValueError, "x has dtype"), ([1, 2], TypeError, "got list"),
+                         (Tensor(torch.bool, (2, 2, 2, 2, 2), (16, 8, 4, 2, 1)), ValueError, "5 dimensions"),
+                         (Tensor(torch.bool, (4, 2), (1,)), TypeError, "x.stride() gave")):
+    try:
+        _C.TensorView.of(bad, "x")
+    except kind as error:
+        assert words in str(error), error
+    else:
+        raise AssertionError(f"no {kind.__name__} for {words}")
+print("ok")
+'''
+
+
+@pytest.mark.skipif(HAS_TORCH, reason="torch is installed: the real one is checked by the GPU tests")
+def test_tensor_reader_of_the_extension_against_a_stand_in_torch():
+    # The extension reads tensors through torch's Python objects (python/src/torch_bridge.hpp), once
+    # per process: a stand-in torch module, in a process of its own, checks that reading without torch.
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _STAND_IN_TORCH], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
