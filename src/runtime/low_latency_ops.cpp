@@ -179,21 +179,6 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
   const int set_index = static_cast<int>(impl.low_latency_calls++ % LowLatencyLayout::kNumSets);
   const int64_t rows = static_cast<int64_t>(ranks) * max_tokens;
   LowLatencyDispatchResult result;
-  detail::OutputBatch outputs;
-  outputs.add(result.recv_x, args.use_fp8 ? DType::kFloat8E4M3 : DType::kBFloat16, {experts_per_rank, rows, hidden});
-  // deep_ep's layout of the scales: [E_local, rows, words] indexed, stored scale-major
-  // ([E_local, words, rows]: column-major in the row dimension, as grouped FP8 GEMMs read scales).
-  const int64_t words = args.use_ue8m0 ? hidden / ue8m0_channels : hidden / kFp8ChannelsPerScale;
-  if (args.use_fp8) outputs.add(result.recv_x_scales, args.use_ue8m0 ? DType::kInt32 : DType::kFloat32, {experts_per_rank, words, rows});
-  outputs.add(result.recv_count, DType::kInt32, {experts_per_rank});
-  outputs.allocate(allocator, call.stream);
-  if (args.use_fp8) {
-    TensorView& scales = result.recv_x_scales.view;
-    scales.shape[1] = rows;
-    scales.shape[2] = words;
-    scales.strides[1] = 1;
-    scales.strides[2] = rows;
-  }
   auto state = std::make_shared<detail::LowLatencyHandleState>();
   state->owner = impl.id;
   state->num_tokens = num_tokens;
@@ -202,18 +187,36 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
   state->hidden = hidden;
   state->num_experts = args.num_experts;
   state->dispatch_number = ++impl.dispatches_made;
-  std::vector<Tensor> origins = detail::allocate_together(
-      allocator,
-      {detail::piece(DType::kInt32, {experts_per_rank, ranks}), detail::piece(DType::kInt32, {experts_per_rank, rows}),
-       detail::piece(DType::kInt32, {ranks}), detail::piece(DType::kInt32, {ranks, max_tokens, num_topk}),
-       detail::piece(DType::kInt32, {ranks, max_tokens, num_topk})},
-      call.stream);
-  state->recv_count_from = std::move(origins[0]);
-  state->recv_src_info = std::move(origins[1]);
-  state->tokens_from = std::move(origins[2]);
-  state->topk_from = std::move(origins[3]);
-  state->pair_row = std::move(origins[4]);
-
+  {
+    const auto step = impl.profile_host_step("low_latency_dispatch.outputs");  // EPCOMM_PROFILE's steps
+    detail::OutputBatch outputs;
+    outputs.add(result.recv_x, args.use_fp8 ? DType::kFloat8E4M3 : DType::kBFloat16, {experts_per_rank, rows, hidden});
+    // deep_ep's layout of the scales: [E_local, rows, words] indexed, stored scale-major
+    // ([E_local, words, rows]: column-major in the row dimension, as grouped FP8 GEMMs read scales).
+    const int64_t words = args.use_ue8m0 ? hidden / ue8m0_channels : hidden / kFp8ChannelsPerScale;
+    if (args.use_fp8) outputs.add(result.recv_x_scales, args.use_ue8m0 ? DType::kInt32 : DType::kFloat32, {experts_per_rank, words, rows});
+    outputs.add(result.recv_count, DType::kInt32, {experts_per_rank});
+    outputs.allocate(allocator, call.stream);
+    if (args.use_fp8) {
+      TensorView& scales = result.recv_x_scales.view;
+      scales.shape[1] = rows;
+      scales.shape[2] = words;
+      scales.strides[1] = 1;
+      scales.strides[2] = rows;
+    }
+    std::vector<Tensor> origins = detail::allocate_together(
+        allocator,
+        {detail::piece(DType::kInt32, {experts_per_rank, ranks}), detail::piece(DType::kInt32, {experts_per_rank, rows}),
+         detail::piece(DType::kInt32, {ranks}), detail::piece(DType::kInt32, {ranks, max_tokens, num_topk}),
+         detail::piece(DType::kInt32, {ranks, max_tokens, num_topk})},
+        call.stream);
+    state->recv_count_from = std::move(origins[0]);
+    state->recv_src_info = std::move(origins[1]);
+    state->tokens_from = std::move(origins[2]);
+    state->topk_from = std::move(origins[3]);
+    state->pair_row = std::move(origins[4]);
+  }
+  const auto launch_step = impl.profile_host_step("low_latency_dispatch.launch");
   kernels::LowLatencyDispatchKernelArgs kernel;
   kernel.common = common_args(impl, set_index, args.num_experts, max_tokens, hidden, num_tokens, num_topk,
                               args.topk_idx.ptr<int64_t>());

@@ -90,11 +90,20 @@ kernels::RingArgs ring_args(const detail::RingGroup& group, const Config& config
   return ring;
 }
 
-// The notify step's profile names (EPCOMM_PROFILE), saying the stage of a hierarchical call.
-const char* notify_step_name(const detail::RingGroup& group, bool host_wait) {
-  if (group.rail) return host_wait ? "dispatch.wait_counts (rail stage)" : "dispatch.notify (rail stage)";
-  if (*group.stage != '\0') return host_wait ? "dispatch.wait_counts (node stage)" : "dispatch.notify (node stage)";
-  return host_wait ? "dispatch.wait_counts" : "dispatch.notify";
+// The steps of a dispatch that EPCOMM_PROFILE times apart: the notify kernel (device time), the
+// host's wait for its counts, the outputs' allocation and the kernels' launch (host time).
+enum class DispatchStep { kNotify, kWaitCounts, kOutputs, kLaunch };
+
+// A dispatch step's profile name, saying the stage of a hierarchical call.
+const char* dispatch_step_name(const detail::RingGroup& group, DispatchStep step) {
+  static constexpr const char* kNames[3][4] = {
+      {"dispatch.notify", "dispatch.wait_counts", "dispatch.outputs", "dispatch.launch"},
+      {"dispatch.notify (node stage)", "dispatch.wait_counts (node stage)", "dispatch.outputs (node stage)",
+       "dispatch.launch (node stage)"},
+      {"dispatch.notify (rail stage)", "dispatch.wait_counts (rail stage)", "dispatch.outputs (rail stage)",
+       "dispatch.launch (rail stage)"}};
+  const int stage = group.rail ? 2 : (*group.stage != '\0' ? 1 : 0);
+  return kNames[stage][static_cast<int>(step)];
 }
 
 // Waits (bounded) until the notify step of this call has published its counts to the host.
@@ -305,12 +314,12 @@ const int32_t* notify(Buffer::Impl& impl, const detail::RingGroup& group, const 
   {
     // EPCOMM_PROFILE: the notify kernel's device time, and below the host's wait for its counts,
     // apart from the call's: what a new routing costs over a cached one.
-    const auto profiled = impl.profile_call(notify_step_name(group, false), comm);
+    const auto profiled = impl.profile_call(dispatch_step_name(group, DispatchStep::kNotify), comm);
     impl.kernels->notify_dispatch(group.window, notify, group.context, comm);
   }
   if (host_waits) {
     {
-      const auto waited = impl.profile_host_step(notify_step_name(group, true));
+      const auto waited = impl.profile_host_step(dispatch_step_name(group, DispatchStep::kWaitCounts));
       wait_for_notify(impl, group, notify.sequence);
     }
     const auto* results = static_cast<const NotifyResults*>(impl.notify_results.host());
@@ -416,9 +425,16 @@ DispatchResult dispatch_stage(Buffer::Impl& impl, const detail::RingGroup& group
   const int32_t* verdict =
       notify(impl, group, args, shape, host_waits, cached, *state, streams.internal_allocator(allocator), streams.comm(), link);
   link.verdict = verdict;
-  DispatchResult result = allocate_outputs(args, shape, state->num_rows, allocator, allocation);
-  if (allocation != streams.comm()) streams.order_after_allocations();
-  if (!link.failed) launch(impl, group, args, shape, cached != nullptr, *state, verdict, result, streams.comm());
+  DispatchResult result;
+  {
+    const auto profiled = impl.profile_host_step(dispatch_step_name(group, DispatchStep::kOutputs));
+    result = allocate_outputs(args, shape, state->num_rows, allocator, allocation);
+    if (allocation != streams.comm()) streams.order_after_allocations();
+  }
+  if (!link.failed) {
+    const auto profiled = impl.profile_host_step(dispatch_step_name(group, DispatchStep::kLaunch));
+    launch(impl, group, args, shape, cached != nullptr, *state, verdict, result, streams.comm());
+  }
   result.num_recv_tokens_per_expert_device = state->num_recv_tokens_per_expert_device;
   result.num_recv_tokens_per_expert = state->num_recv_tokens_per_expert;
   return result;
@@ -547,11 +563,15 @@ CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, con
   detail::ScopedDevice scoped(impl.device);
   const CallStreams streams(impl.comm_stream, call, *impl.comm_memory);
   CombineResult result;
-  detail::OutputBatch outputs;
-  outputs.add(result.combined_x, DType::kBFloat16, {state.num_tokens, hidden});
-  if (num_topk > 0) outputs.add(result.combined_topk_weights, DType::kFloat32, {state.num_tokens, num_topk});
-  outputs.allocate(allocator, streams.allocation());
-  streams.order_after_allocations();
+  {
+    const auto outputs_step = impl.profile_host_step("combine.outputs");  // EPCOMM_PROFILE's steps of a combine
+    detail::OutputBatch outputs;
+    outputs.add(result.combined_x, DType::kBFloat16, {state.num_tokens, hidden});
+    if (num_topk > 0) outputs.add(result.combined_topk_weights, DType::kFloat32, {state.num_tokens, num_topk});
+    outputs.allocate(allocator, streams.allocation());
+    streams.order_after_allocations();
+  }
+  const auto launch_step = impl.profile_host_step("combine.launch");  // the checked barriers and kernels
   CombineInputs in{args.x, args.topk_weights, given(args.bias0) ? args.bias0.data : nullptr,
                    given(args.bias1) ? args.bias1.data : nullptr};
   if (!hierarchical) {

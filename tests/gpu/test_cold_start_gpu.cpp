@@ -135,6 +135,10 @@ void run_cold_start_case(RankHarness& harness) {
                 "the notify kernel's device time is in the trace");
   harness.check(trace.find("\"name\": \"dispatch.wait_counts\"") != std::string::npos,
                 "the host's wait for the received counts is in the trace");
+  // And the host's steps after it: the outputs' allocation, the kernel's launch.
+  harness.check(trace.find("\"name\": \"dispatch.outputs\"") != std::string::npos,
+                "the outputs' allocation is in the trace");
+  harness.check(trace.find("\"name\": \"dispatch.launch\"") != std::string::npos, "the kernel's launch is in the trace");
   harness.check(trace.find("\"ts\": -") == std::string::npos, "no negative timestamps");
   unsetenv("EPCOMM_PROFILE");
   unsetenv("EPCOMM_PROFILE_DIR");

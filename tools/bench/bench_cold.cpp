@@ -5,7 +5,8 @@
 // stream and output allocator. A control op (a 4 KiB memset, no epcomm code) is timed first.
 // Records carry first / steady, the number that preinitialize must bring to <= 1.10, and the
 // slowest rank's host time inside the first and the steady calls (first_host_us, steady_host_us):
-// a first call whose host time is steady but whose total is not waited for peers or the GPU.
+// a first call whose host time is steady but whose total is not waited for peers or the GPU; and
+// the device memory the steady calls took (steady_growth_mib: nonzero when calls keep growing it).
 //
 // Two orders of the timed calls, each in its own trials:
 // - rounds: every op once per round (control, layout, dispatch, combine, low-latency dispatch and
@@ -96,38 +97,64 @@ CallTimes slowest_times(BenchContext& context, const std::vector<double>& sample
   return times;
 }
 
-// An op's call times to completion (`total`) and its host times inside the calls (`host`).
+// An op's call times to completion (`total`) and its host times inside the calls (`host`), and how
+// much device memory its steady calls took (`steady_growth_mib`: free memory after its second call
+// less free memory after its last, the largest of the ranks; in rounds, of the whole round).
 struct OpTimes {
   CallTimes total;
   CallTimes host;
+  double steady_growth_mib = 0;
 };
+
+// Free device memory now, in MiB (the device's, every process on it included).
+double free_device_mib() {
+  size_t free_bytes = 0, total_bytes = 0;
+  EPCOMM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return static_cast<double>(free_bytes) / (1 << 20);
+}
+
+// The largest of the ranks' values.
+double largest_of_ranks(BenchContext& context, double value) {
+  std::vector<double> all(context.bootstrap->num_ranks());
+  context.bootstrap->allgather(&value, all.data(), sizeof(double));
+  return *std::max_element(all.begin(), all.end());
+}
 
 // Every op's call times, in the trial's order (see the top of this file).
 std::vector<OpTimes> time_ops(BenchContext& context, const std::vector<TimedOp>& ops) {
   constexpr int kCalls = 2 + kSteadyCalls;
   const std::chrono::milliseconds pause(context.options.cold_pause_ms);
   std::vector<std::vector<CallSample>> samples(ops.size());
+  std::vector<double> growth_mib(ops.size(), 0.0);
+  constexpr int kLastUnsteadyCall = 1;  // the second call: the steady calls follow it
   if (context.options.cold_order == "rounds") {
+    double free_after_unsteady = 0;
     for (int round = 0; round < kCalls; ++round) {
       std::this_thread::sleep_for(pause);
       for (size_t op = 0; op < ops.size(); ++op) samples[op].push_back(time_call(context, ops[op]));
+      if (round == kLastUnsteadyCall) free_after_unsteady = free_device_mib();
     }
+    std::fill(growth_mib.begin(), growth_mib.end(), free_after_unsteady - free_device_mib());
   } else {
     for (size_t op = 0; op < ops.size(); ++op) {
+      double free_after_unsteady = 0;
       for (int call = 0; call < kCalls; ++call) {
         std::this_thread::sleep_for(pause);
         samples[op].push_back(time_call(context, ops[op]));
+        if (call == kLastUnsteadyCall) free_after_unsteady = free_device_mib();
       }
+      growth_mib[op] = free_after_unsteady - free_device_mib();
     }
   }
   std::vector<OpTimes> times;
-  for (const std::vector<CallSample>& op_samples : samples) {
+  for (size_t op = 0; op < ops.size(); ++op) {
     std::vector<double> total, host;
-    for (const CallSample& sample : op_samples) {
+    for (const CallSample& sample : samples[op]) {
       total.push_back(sample.total_us);
       host.push_back(sample.host_us);
     }
-    times.push_back(OpTimes{slowest_times(context, total), slowest_times(context, host)});
+    times.push_back(OpTimes{slowest_times(context, total), slowest_times(context, host),
+                            largest_of_ranks(context, growth_mib[op])});
   }
   return times;
 }
@@ -250,11 +277,7 @@ int run_cold_trial(BenchContext& context, double context_ms) {
   buffer.synchronize(context.stream);
 
   // Every rank's init, the slowest reported (ranks construct together: the exchange waits for all).
-  const double slowest_init = [&] {
-    std::vector<double> all(ranks);
-    context.bootstrap->allgather(&init_ms, all.data(), sizeof(double));
-    return *std::max_element(all.begin(), all.end());
-  }();
+  const double slowest_init = largest_of_ranks(context, init_ms);
   if (!context.is_reporting_rank()) return EXIT_SUCCESS;
   std::string phases = "{";
   for (const InitPhase& phase : buffer.initialization_phases()) {
@@ -282,6 +305,7 @@ int run_cold_trial(BenchContext& context, double context_ms) {
         .set("first_over_steady", times.first_us / times.steady_us)
         .set("first_host_us", host.first_us)  // the slowest rank's host time inside the call
         .set("steady_host_us", host.steady_us)
+        .set("steady_growth_mib", results[i].steady_growth_mib)  // device memory the steady calls took
         .set("median_us", times.steady_us)
         .set_null("p99_us")
         .set_null("gbps")
