@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "common/cuda_check.hpp"
+#include "common/size_classes.hpp"
 
 namespace epcomm::detail {
 
@@ -49,5 +50,38 @@ DevicePool::DevicePool(int device) {
   EPCOMM_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep_everything));
 }
 DevicePool::~DevicePool() { EPCOMM_CUDA_WARN(cudaMemPoolDestroy(pool_)); }
+
+SizeClassPools::Choice SizeClassPools::choose(size_t bytes) {
+  const size_t own_bytes = size_class_bytes(bytes);
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++requests_;
+  if (requests_ % kIdleRequests == 0) trim_idle_classes();
+  auto chosen = own_bytes != 0 ? class_with_free_block(own_bytes) : classes_.end();
+  if (chosen == classes_.end()) chosen = classes_.try_emplace(own_bytes).first;  // its own class grows
+  SizeClass& size_class = chosen->second;
+  if (!size_class.pool) size_class.pool = std::make_unique<DevicePool>(device_);
+  size_class.last_request = requests_;
+  return Choice{size_class.pool->get(), chosen->first == 0 ? bytes : chosen->first};
+}
+
+SizeClassPools::Classes::iterator SizeClassPools::class_with_free_block(size_t class_bytes) {
+  const auto largest = static_cast<size_t>(static_cast<double>(class_bytes) * kMaxBorrowRatio);
+  for (auto it = classes_.lower_bound(class_bytes); it != classes_.end() && it->first <= largest; ++it) {
+    uint64_t reserved = 0, used = 0;
+    cudaMemPool_t pool = it->second.pool->get();
+    EPCOMM_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
+    EPCOMM_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
+    if (reserved - used >= it->first) return it;  // every block of a class has the class's size
+  }
+  return classes_.end();
+}
+
+void SizeClassPools::trim_idle_classes() {
+  for (auto& [class_bytes, size_class] : classes_) {
+    if (requests_ - size_class.last_request >= kIdleRequests) {
+      EPCOMM_CUDA_WARN(cudaMemPoolTrimTo(size_class.pool->get(), 0));
+    }
+  }
+}
 
 }  // namespace epcomm::detail

@@ -1,9 +1,13 @@
 // Memory owned by one object, released on destruction: device memory (cudaMalloc), pinned host
 // memory mapped into the device (cudaHostAlloc), through which kernels hand results to the host,
-// and a stream-ordered memory pool.
+// a stream-ordered memory pool, and a device's pools by size class.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
 
 #include <cuda_runtime_api.h>
 
@@ -54,6 +58,38 @@ class DevicePool {
 
  private:
   cudaMemPool_t pool_ = nullptr;
+};
+
+// One device's pools by size class (common/size_classes.hpp), each made on first use. A request
+// whose class has no free block takes one of a larger class that has (up to kMaxBorrowRatio its
+// size) before its own pool grows: a warmup's tensors serve calls whose sizes fall a class lower,
+// and sizes drifting down reuse what is there. A class not asked for during the last kIdleRequests
+// requests gives its free memory back to the device (memory its live tensors hold stays), so
+// sizes that drift across classes do not keep idle ones.
+class SizeClassPools {
+ public:
+  static constexpr uint64_t kIdleRequests = 1024;
+  static constexpr double kMaxBorrowRatio = 1.5;
+  explicit SizeClassPools(int device) : device_(device) {}
+  struct Choice {
+    cudaMemPool_t pool;
+    size_t bytes;  // what to ask of `pool`: the class's size, at least the bytes wanted
+  };
+  Choice choose(size_t bytes);  // thread-safe
+
+ private:
+  struct SizeClass {
+    std::unique_ptr<DevicePool> pool;
+    uint64_t last_request = 0;
+  };
+  using Classes = std::map<size_t, SizeClass>;  // by the class's bytes
+  Classes::iterator class_with_free_block(size_t class_bytes);  // with mutex_ held: its own first
+  void trim_idle_classes();                                     // with mutex_ held
+
+  int device_;
+  std::mutex mutex_;
+  Classes classes_;
+  uint64_t requests_ = 0;
 };
 
 }  // namespace epcomm::detail

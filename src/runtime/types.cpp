@@ -167,14 +167,15 @@ class StreamOrderedAllocator final : public Allocator {
     tensor.view = TensorView::contiguous(static_cast<void*>(nullptr), dtype, shape);
     const size_t bytes = tensor.view.nbytes();
     if (bytes == 0) return tensor;
-    std::shared_ptr<detail::DevicePool> pool = pool_of_current_device();
+    std::shared_ptr<detail::SizeClassPools> pools = pools_of_current_device();
+    const detail::SizeClassPools::Choice choice = pools->choose(bytes);
     void* memory = nullptr;
-    EPCOMM_CUDA_CHECK(cudaMallocFromPoolAsync(&memory, bytes, pool->get(), stream));
+    EPCOMM_CUDA_CHECK(cudaMallocFromPoolAsync(&memory, choice.bytes, choice.pool, stream));
     tensor.view.data = memory;
     // Freed in the order of the stream it was made for, once the last holder lets go. Memory made
     // during a capture belongs to the graph, and a capture may free it.
     const bool made_outside_capture = !detail::is_capturing(stream);
-    tensor.storage = std::shared_ptr<void>(memory, [stream, pool, deferred = deferred_, made_outside_capture](void* pointer) {
+    tensor.storage = std::shared_ptr<void>(memory, [stream, pools, deferred = deferred_, made_outside_capture](void* pointer) {
       if (made_outside_capture && may_be_capturing(stream)) {
         deferred->add(pointer, stream);
       } else {
@@ -185,17 +186,17 @@ class StreamOrderedAllocator final : public Allocator {
   }
 
  private:
-  std::shared_ptr<detail::DevicePool> pool_of_current_device() {
+  std::shared_ptr<detail::SizeClassPools> pools_of_current_device() {
     int device = 0;
     EPCOMM_CUDA_CHECK(cudaGetDevice(&device));
     std::lock_guard<std::mutex> lock(mutex_);
-    std::shared_ptr<detail::DevicePool>& pool = pools_[device];
-    if (!pool) pool = std::make_shared<detail::DevicePool>(device);
-    return pool;
+    std::shared_ptr<detail::SizeClassPools>& pools = pools_[device];
+    if (!pools) pools = std::make_shared<detail::SizeClassPools>(device);
+    return pools;
   }
 
   std::mutex mutex_;
-  std::map<int, std::shared_ptr<detail::DevicePool>> pools_;
+  std::map<int, std::shared_ptr<detail::SizeClassPools>> pools_;
   std::shared_ptr<DeferredFrees> deferred_ = std::make_shared<DeferredFrees>();
 };
 

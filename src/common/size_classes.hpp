@@ -1,0 +1,38 @@
+// Size classes of the default output allocator (make_stream_ordered_allocator): a tensor's memory
+// comes from the pool of its class, rounded up to the class's size, so that a tensor freed in one
+// step is reused whole by the next step's tensor of that class. With one pool for every size, a
+// step that keeps tensors of different sizes alive in turn (a dispatch's outputs, then a
+// low-latency dispatch's) made the pool remap its free pages into a block large enough on every
+// call instead of reusing one: 45-90 us of host time per call on H200, the pool never growing
+// (docs/PERF.md, seventeenth session).
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+
+namespace epcomm::detail {
+
+constexpr size_t kSizeClassGranule = size_t{2} << 20;          // the driver maps device memory in 2 MiB pages
+constexpr size_t kSharedClassMaxBytes = kSizeClassGranule;      // up to this, one class for every size
+constexpr size_t kFineClassMaxBytes = 8 * kSizeClassGranule;    // up to this, a class every 2 MiB
+constexpr int kClassesPerOctave = 4;                            // above it, quarter octaves: at most 19% more
+
+// The bytes a tensor of `bytes` is given from its class, which also names the class; 0 for the
+// shared class of small tensors (which get what they ask for).
+inline size_t size_class_bytes(size_t bytes) {
+  if (bytes <= kSharedClassMaxBytes) return 0;
+  const auto whole_pages = [](size_t b) { return (b + kSizeClassGranule - 1) / kSizeClassGranule * kSizeClassGranule; };
+  if (bytes <= kFineClassMaxBytes) return whole_pages(bytes);
+  const auto class_size = [&](int step) {
+    return whole_pages(static_cast<size_t>(std::ldexp(static_cast<double>(kFineClassMaxBytes) *
+                                                          std::exp2(static_cast<double>(step % kClassesPerOctave) / kClassesPerOctave),
+                                                      step / kClassesPerOctave)));
+  };
+  // The estimate may land one class low or high of the smallest class that holds `bytes`.
+  int step = static_cast<int>(std::floor(std::log2(static_cast<double>(bytes) / kFineClassMaxBytes) * kClassesPerOctave));
+  if (step > 0 && class_size(step - 1) >= bytes) --step;
+  while (class_size(step) < bytes) ++step;
+  return class_size(step);
+}
+
+}  // namespace epcomm::detail
