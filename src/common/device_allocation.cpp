@@ -54,14 +54,24 @@ DevicePool::~DevicePool() { EPCOMM_CUDA_WARN(cudaMemPoolDestroy(pool_)); }
 SizeClassPools::Choice SizeClassPools::choose(size_t bytes) {
   const size_t own_bytes = size_class_bytes(bytes);
   std::lock_guard<std::mutex> lock(mutex_);
-  ++requests_;
-  if (requests_ % kIdleRequests == 0) trim_idle_classes();
   auto chosen = own_bytes != 0 ? class_with_free_block(own_bytes) : classes_.end();
-  if (chosen == classes_.end()) chosen = classes_.try_emplace(own_bytes).first;  // its own class grows
-  SizeClass& size_class = chosen->second;
-  if (!size_class.pool) size_class.pool = std::make_unique<DevicePool>(device_);
-  size_class.last_request = requests_;
-  return Choice{size_class.pool->get(), chosen->first == 0 ? bytes : chosen->first};
+  if (chosen == classes_.end()) chosen = class_of(own_bytes);  // its own class grows
+  chosen->second.last_request = ++requests_;
+  // After the choice: a trim before it could give back the very block this request takes.
+  if (requests_ % kIdleRequests == 0) trim_idle_classes();
+  return Choice{chosen->second.pool->get(), chosen->first == 0 ? bytes : chosen->first};
+}
+
+SizeClassPools::Choice SizeClassPools::choose_for_capture(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return Choice{class_of(0)->second.pool->get(), bytes};
+}
+
+SizeClassPools::Classes::iterator SizeClassPools::class_of(size_t class_bytes) {
+  auto found = classes_.find(class_bytes);
+  if (found != classes_.end()) return found;
+  auto pool = std::make_unique<DevicePool>(device_);  // first: a failure leaves no class without a pool
+  return classes_.emplace(class_bytes, SizeClass{std::move(pool), 0}).first;
 }
 
 SizeClassPools::Classes::iterator SizeClassPools::class_with_free_block(size_t class_bytes) {

@@ -76,6 +76,9 @@ class SizeClassPools {
     size_t bytes;  // what to ask of `pool`: the class's size, at least the bytes wanted
   };
   Choice choose(size_t bytes);  // thread-safe
+  // For a stream being captured: the bytes as asked, from the shared class's pool. A captured
+  // allocation is a node of the graph, served from the graph's memory, not from a class's blocks.
+  Choice choose_for_capture(size_t bytes);
 
  private:
   struct SizeClass {
@@ -83,6 +86,7 @@ class SizeClassPools {
     uint64_t last_request = 0;
   };
   using Classes = std::map<size_t, SizeClass>;  // by the class's bytes
+  Classes::iterator class_of(size_t class_bytes);               // with mutex_ held: made on first use
   Classes::iterator class_with_free_block(size_t class_bytes);  // with mutex_ held: its own first
   void trim_idle_classes();                                     // with mutex_ held
 

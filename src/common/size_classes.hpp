@@ -16,11 +16,13 @@ constexpr size_t kSizeClassGranule = size_t{2} << 20;          // the driver map
 constexpr size_t kSharedClassMaxBytes = kSizeClassGranule;      // up to this, one class for every size
 constexpr size_t kFineClassMaxBytes = 8 * kSizeClassGranule;    // up to this, a class every 2 MiB
 constexpr int kClassesPerOctave = 4;                            // above it, quarter octaves: at most 19% more
+constexpr size_t kLargestClassBytes = size_t{1} << 50;          // past it, sizes are their own class
 
 // The bytes a tensor of `bytes` is given from its class, which also names the class; 0 for the
 // shared class of small tensors (which get what they ask for).
 inline size_t size_class_bytes(size_t bytes) {
   if (bytes <= kSharedClassMaxBytes) return 0;
+  if (bytes > kLargestClassBytes) return bytes;  // no device holds it: the allocation fails, naming it
   const auto whole_pages = [](size_t b) { return (b + kSizeClassGranule - 1) / kSizeClassGranule * kSizeClassGranule; };
   if (bytes <= kFineClassMaxBytes) return whole_pages(bytes);
   const auto class_size = [&](int step) {

@@ -563,38 +563,41 @@ CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, con
   detail::ScopedDevice scoped(impl.device);
   const CallStreams streams(impl.comm_stream, call, *impl.comm_memory);
   CombineResult result;
+  Tensor partial, partial_weights;  // hierarchical: the node stage's sums, per forwarded row
   {
     const auto outputs_step = impl.profile_host_step("combine.outputs");  // EPCOMM_PROFILE's steps of a combine
     detail::OutputBatch outputs;
     outputs.add(result.combined_x, DType::kBFloat16, {state.num_tokens, hidden});
     if (num_topk > 0) outputs.add(result.combined_topk_weights, DType::kFloat32, {state.num_tokens, num_topk});
     outputs.allocate(allocator, streams.allocation());
+    if (hierarchical) {
+      detail::OutputBatch partials;
+      partials.add(partial, DType::kBFloat16, {state.rail->num_rows, hidden});
+      if (num_topk > 0) partials.add(partial_weights, DType::kFloat32, {state.rail->num_rows, num_topk});
+      partials.allocate(allocator, streams.comm());  // as large as x: the caller's memory
+    }
     streams.order_after_allocations();
   }
-  const auto launch_step = impl.profile_host_step("combine.launch");  // the checked barriers and kernels
-  CombineInputs in{args.x, args.topk_weights, given(args.bias0) ? args.bias0.data : nullptr,
-                   given(args.bias1) ? args.bias1.data : nullptr};
-  if (!hierarchical) {
-    combine_stage(impl, impl.world_ring_group(), state, in, args.config, result.combined_x, result.combined_topk_weights,
-                  streams.comm());
-  } else {
-    // Reduced inside the node first (to the rank that forwarded each token, in float, rounded to
-    // BF16 for the network as deep_ep does), then over the nodes at the token's own rank, where
-    // the biases are added.
-    const int64_t forwarded_rows = state.rail->num_rows;
-    Tensor partial, partial_weights;
-    detail::OutputBatch partials;
-    partials.add(partial, DType::kBFloat16, {forwarded_rows, hidden});
-    if (num_topk > 0) partials.add(partial_weights, DType::kFloat32, {forwarded_rows, num_topk});
-    partials.allocate(allocator, streams.comm());  // as large as x: the caller's memory
-    const int32_t* node_verdict = combine_stage(impl, impl.node_ring_group(), *state.node,
-                                                CombineInputs{args.x, args.topk_weights}, args.config, partial,
-                                                partial_weights, streams.comm());
-    in.x = partial.view;
-    in.topk_weights = partial_weights.view;
-    // A node whose ranks differed summed nothing: every rail holds one of its ranks and fails too.
-    combine_stage(impl, impl.rail_ring_group(), *state.rail, in, args.config, result.combined_x,
-                  result.combined_topk_weights, streams.comm(), node_verdict);
+  {
+    const auto launch_step = impl.profile_host_step("combine.launch");  // the checked barriers and kernels
+    CombineInputs in{args.x, args.topk_weights, given(args.bias0) ? args.bias0.data : nullptr,
+                     given(args.bias1) ? args.bias1.data : nullptr};
+    if (!hierarchical) {
+      combine_stage(impl, impl.world_ring_group(), state, in, args.config, result.combined_x,
+                    result.combined_topk_weights, streams.comm());
+    } else {
+      // Reduced inside the node first (to the rank that forwarded each token, in float, rounded to
+      // BF16 for the network as deep_ep does), then over the nodes at the token's own rank, where
+      // the biases are added.
+      const int32_t* node_verdict = combine_stage(impl, impl.node_ring_group(), *state.node,
+                                                  CombineInputs{args.x, args.topk_weights}, args.config, partial,
+                                                  partial_weights, streams.comm());
+      in.x = partial.view;
+      in.topk_weights = partial_weights.view;
+      // A node whose ranks differed summed nothing: every rail holds one of its ranks and fails too.
+      combine_stage(impl, impl.rail_ring_group(), *state.rail, in, args.config, result.combined_x,
+                    result.combined_topk_weights, streams.comm(), node_verdict);
+    }
   }
   result.event = streams.finish();
   return result;

@@ -168,13 +168,14 @@ class StreamOrderedAllocator final : public Allocator {
     const size_t bytes = tensor.view.nbytes();
     if (bytes == 0) return tensor;
     std::shared_ptr<detail::SizeClassPools> pools = pools_of_current_device();
-    const detail::SizeClassPools::Choice choice = pools->choose(bytes);
+    const bool made_outside_capture = !detail::is_capturing(stream);
+    const detail::SizeClassPools::Choice choice =
+        made_outside_capture ? pools->choose(bytes) : pools->choose_for_capture(bytes);
     void* memory = nullptr;
     EPCOMM_CUDA_CHECK(cudaMallocFromPoolAsync(&memory, choice.bytes, choice.pool, stream));
     tensor.view.data = memory;
     // Freed in the order of the stream it was made for, once the last holder lets go. Memory made
     // during a capture belongs to the graph, and a capture may free it.
-    const bool made_outside_capture = !detail::is_capturing(stream);
     tensor.storage = std::shared_ptr<void>(memory, [stream, pools, deferred = deferred_, made_outside_capture](void* pointer) {
       if (made_outside_capture && may_be_capturing(stream)) {
         deferred->add(pointer, stream);

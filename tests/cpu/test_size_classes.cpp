@@ -48,5 +48,12 @@ TEST(SizeClasses, ClassesAreSharedAndAQuarterOctaveApartAbove16MiB) {
   for (const size_t size : classes) EXPECT_EQ(size_class_bytes(size), size);
 }
 
+TEST(SizeClasses, SizesNoDeviceHoldsAreTheirOwnClass) {
+  // Past 1 PiB no class is computed (its size would overflow): the allocation fails as asked.
+  EXPECT_EQ(size_class_bytes(kLargestClassBytes + 1), kLargestClassBytes + 1);
+  EXPECT_EQ(size_class_bytes(~size_t{0}), ~size_t{0});
+  EXPECT_GE(size_class_bytes(kLargestClassBytes), kLargestClassBytes);
+}
+
 }  // namespace
 }  // namespace epcomm::detail
