@@ -2,9 +2,9 @@
 // comes from the pool of its class, rounded up to the class's size, so that a tensor freed in one
 // step is reused whole by the next step's tensor of that class. With one pool for every size, a
 // step that keeps tensors of different sizes alive in turn (a dispatch's outputs, then a
-// low-latency dispatch's) made the pool remap its free pages into a block large enough on every
-// call instead of reusing one: 45-90 us of host time per call on H200, the pool never growing
-// (docs/PERF.md, seventeenth session).
+// low-latency dispatch's) paid 45-90 us of host time per call on H200, the pool never growing: by
+// all signs it mapped its free pages into a block large enough on every call instead of reusing
+// one (docs/PERF.md, seventeenth session).
 #pragma once
 
 #include <cmath>
