@@ -292,8 +292,10 @@ void Buffer::warm_up(cudaStream_t stream) {
     RoundResults kept;
     low_latency_round(*this, small, /*use_fp8=*/true, *scratch, outputs, stream, kept);
   }
-  // Full size: BF16 first, the larger receive format, so that FP8 calls fit in the memory it grew;
-  // then FP8 (where hidden allows its scales), whose first calls at this size cost more again.
+  // Full size: BF16 first, the larger receive format, so that FP8 calls fit in the memory it grew
+  // where the allocator splits blocks (torch's); then FP8 (where hidden allows its scales), whose
+  // first calls at this size cost more again, and which the default allocator serves from size
+  // classes of their own (common/size_classes.hpp).
   const WarmupShape& shape = impl.options.warmup_shape;
   std::vector<bool> formats{false};
   if (shape.hidden % kFp8ChannelsPerScale == 0) formats.push_back(true);
