@@ -2,6 +2,7 @@
 // median / p99 latency of each, and of the hook mode's send and receive halves. The copy ratio
 // compares with the time the peer-copy roofline of this run needs for the same bytes.
 #include <array>
+#include <chrono>
 #include <cstring>
 #include <functional>
 
@@ -124,17 +125,22 @@ void bench_low_latency(BenchContext& context, double copy_gbps) {
   // is checked against the reference too (true when both halves match, on every rank).
   auto align = [&] { context.align(); };
   constexpr int kPhases = 4;  // dispatch send, dispatch receive, combine send, combine receive
-  auto run_pairs = [&](bool hook, std::array<std::vector<double>, kPhases>& phase_us,
+  using PhaseSamples = std::array<std::vector<double>, kPhases>;
+  // Each phase's device samples (`phase_us`), and the host's time inside each launch (`host_us`).
+  auto run_pairs = [&](bool hook, PhaseSamples& phase_us, PhaseSamples& host_us,
                        TimingMode mode = TimingMode::kEndToEnd) -> bool {
     const bool kernel_time = mode == TimingMode::kKernel;
     args.return_recv_hook = hook;
     combine_args.return_recv_hook = hook;
     std::array<cudaEvent_t, 2 * kPhases> marks;
     for (cudaEvent_t& mark : marks) EPCOMM_CUDA_CHECK(cudaEventCreate(&mark));
+    std::array<double, kPhases> launch_us{};
     auto timed = [&](int phase, const std::function<void()>& launch) {
       if (kernel_time) keep_stream_busy(context.stream, kKernelTimingLead);
       EPCOMM_CUDA_CHECK(cudaEventRecord(marks[2 * phase], context.stream));
+      const auto host_start = std::chrono::steady_clock::now();
       launch();
+      launch_us[phase] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - host_start).count();
       EPCOMM_CUDA_CHECK(cudaEventRecord(marks[2 * phase + 1], context.stream));
     };
     bool last_ok = false;
@@ -158,16 +164,18 @@ void bench_low_latency(BenchContext& context, double copy_gbps) {
         float ms = 0;
         EPCOMM_CUDA_CHECK(cudaEventElapsedTime(&ms, marks[2 * phase], marks[2 * phase + 1]));
         phase_us[phase].push_back(ms * 1000.0);
+        host_us[phase].push_back(launch_us[phase]);
       }
     }
     for (cudaEvent_t mark : marks) EPCOMM_CUDA_WARN(cudaEventDestroy(mark));
     return all_ranks_agree(*context.bootstrap, last_ok);
   };
-  std::array<std::vector<double>, kPhases> whole, hooked, whole_kernel, hooked_kernel;
-  const bool pairs_ok = run_pairs(false, whole);
-  const bool hook_ok = run_pairs(true, hooked);
-  const bool kernel_ok = run_pairs(false, whole_kernel, TimingMode::kKernel);
-  const bool hook_kernel_ok = run_pairs(true, hooked_kernel, TimingMode::kKernel);
+  PhaseSamples whole, hooked, whole_kernel, hooked_kernel;
+  PhaseSamples whole_host, hooked_host, whole_kernel_host, hooked_kernel_host;
+  const bool pairs_ok = run_pairs(false, whole, whole_host);
+  const bool hook_ok = run_pairs(true, hooked, hooked_host);
+  const bool kernel_ok = run_pairs(false, whole_kernel, whole_kernel_host, TimingMode::kKernel);
+  const bool hook_kernel_ok = run_pairs(true, hooked_kernel, hooked_kernel_host, TimingMode::kKernel);
   context.buffer->check_device_errors();
   auto summary = [&](const std::vector<double>& us) { return summarize_across_ranks(*context.bootstrap, us); };
   const Timing dispatch_timing = summary(whole[0]), combine_timing = summary(whole[2]);
@@ -176,6 +184,14 @@ void bench_low_latency(BenchContext& context, double copy_gbps) {
   const Timing dispatch_kernel = summary(whole_kernel[0]), combine_kernel = summary(whole_kernel[2]);
   const Timing send_d_kernel = summary(hooked_kernel[0]), recv_d_kernel = summary(hooked_kernel[1]);
   const Timing send_c_kernel = summary(hooked_kernel[2]), recv_c_kernel = summary(hooked_kernel[3]);
+  // The host's time inside each launch, the slowest rank's median (host_median_us).
+  auto host = [&](const PhaseSamples& samples, int phase) { return summary(samples[phase]).median_us; };
+  const double dispatch_host = host(whole_host, 0), combine_host = host(whole_host, 2);
+  const double send_d_host = host(hooked_host, 0), recv_d_host = host(hooked_host, 1);
+  const double send_c_host = host(hooked_host, 2), recv_c_host = host(hooked_host, 3);
+  const double dispatch_kernel_host = host(whole_kernel_host, 0), combine_kernel_host = host(whole_kernel_host, 2);
+  const double send_d_kernel_host = host(hooked_kernel_host, 0), recv_d_kernel_host = host(hooked_kernel_host, 1);
+  const double send_c_kernel_host = host(hooked_kernel_host, 2), recv_c_kernel_host = host(hooked_kernel_host, 3);
   if (!context.is_reporting_rank()) return;
 
   // Bytes: every (token, k) pair with an expert, FP8 row + scales out, BF16 row back.
@@ -186,8 +202,8 @@ void bench_low_latency(BenchContext& context, double copy_gbps) {
   pairs /= ranks;  // per rank, on average
   const double dispatch_bytes = static_cast<double>(pairs) * (options.hidden + groups * sizeof(float));
   const double combine_bytes = static_cast<double>(pairs) * options.hidden * 2.0;
-  auto write = [&](const char* op, const char* dtype, const char* phase, const Timing& timing, double bytes, bool correct,
-                   TimingMode mode = TimingMode::kEndToEnd) {
+  auto write = [&](const char* op, const char* dtype, const char* phase, const Timing& timing, double host_us,
+                   double bytes, bool correct, TimingMode mode = TimingMode::kEndToEnd) {
     const double gbps = bytes / kBytesPerGigabyte / (timing.median_us / kMicrosecondsPerSecond);
     Record record = context.base_record(op, "low_latency");
     record.set("timing", timing_name(mode))
@@ -197,23 +213,28 @@ void bench_low_latency(BenchContext& context, double copy_gbps) {
         .set("sms", context.device_sms / ((options.num_ranks + context.num_gpus - 1) / context.num_gpus))  // this rank's share
         .set("median_us", timing.median_us)
         .set("p99_us", timing.p99_us)
+        .set("host_median_us", host_us)
         .set("gbps", gbps)
         .set("roofline_ratio", copy_gbps > 0 ? std::optional<double>(gbps / copy_gbps) : std::nullopt)
         .set("correct", correct);
     context.sink.write(record);
   };
-  write("ll_dispatch", "fp8", "full", dispatch_timing, dispatch_bytes, all_dispatch_ok && pairs_ok);
-  write("ll_combine", "bf16", "full", combine_timing, combine_bytes, all_combine_ok && pairs_ok);
-  write("ll_dispatch", "fp8", "hook_send", send_d, dispatch_bytes, hook_ok);
-  write("ll_dispatch", "fp8", "hook_receive", recv_d, dispatch_bytes, hook_ok);
-  write("ll_combine", "bf16", "hook_send", send_c, combine_bytes, hook_ok);
-  write("ll_combine", "bf16", "hook_receive", recv_c, combine_bytes, hook_ok);
-  write("ll_dispatch", "fp8", "full", dispatch_kernel, dispatch_bytes, kernel_ok, TimingMode::kKernel);
-  write("ll_combine", "bf16", "full", combine_kernel, combine_bytes, kernel_ok, TimingMode::kKernel);
-  write("ll_dispatch", "fp8", "hook_send", send_d_kernel, dispatch_bytes, hook_kernel_ok, TimingMode::kKernel);
-  write("ll_dispatch", "fp8", "hook_receive", recv_d_kernel, dispatch_bytes, hook_kernel_ok, TimingMode::kKernel);
-  write("ll_combine", "bf16", "hook_send", send_c_kernel, combine_bytes, hook_kernel_ok, TimingMode::kKernel);
-  write("ll_combine", "bf16", "hook_receive", recv_c_kernel, combine_bytes, hook_kernel_ok, TimingMode::kKernel);
+  write("ll_dispatch", "fp8", "full", dispatch_timing, dispatch_host, dispatch_bytes, all_dispatch_ok && pairs_ok);
+  write("ll_combine", "bf16", "full", combine_timing, combine_host, combine_bytes, all_combine_ok && pairs_ok);
+  write("ll_dispatch", "fp8", "hook_send", send_d, send_d_host, dispatch_bytes, hook_ok);
+  write("ll_dispatch", "fp8", "hook_receive", recv_d, recv_d_host, dispatch_bytes, hook_ok);
+  write("ll_combine", "bf16", "hook_send", send_c, send_c_host, combine_bytes, hook_ok);
+  write("ll_combine", "bf16", "hook_receive", recv_c, recv_c_host, combine_bytes, hook_ok);
+  write("ll_dispatch", "fp8", "full", dispatch_kernel, dispatch_kernel_host, dispatch_bytes, kernel_ok, TimingMode::kKernel);
+  write("ll_combine", "bf16", "full", combine_kernel, combine_kernel_host, combine_bytes, kernel_ok, TimingMode::kKernel);
+  write("ll_dispatch", "fp8", "hook_send", send_d_kernel, send_d_kernel_host, dispatch_bytes, hook_kernel_ok,
+        TimingMode::kKernel);
+  write("ll_dispatch", "fp8", "hook_receive", recv_d_kernel, recv_d_kernel_host, dispatch_bytes, hook_kernel_ok,
+        TimingMode::kKernel);
+  write("ll_combine", "bf16", "hook_send", send_c_kernel, send_c_kernel_host, combine_bytes, hook_kernel_ok,
+        TimingMode::kKernel);
+  write("ll_combine", "bf16", "hook_receive", recv_c_kernel, recv_c_kernel_host, combine_bytes, hook_kernel_ok,
+        TimingMode::kKernel);
 }
 
 }  // namespace epcomm::bench
