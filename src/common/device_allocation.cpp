@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "common/cuda_check.hpp"
-#include "common/size_classes.hpp"
 
 namespace epcomm::detail {
 
@@ -52,46 +51,31 @@ DevicePool::DevicePool(int device) {
 DevicePool::~DevicePool() { EPCOMM_CUDA_WARN(cudaMemPoolDestroy(pool_)); }
 
 SizeClassPools::Choice SizeClassPools::choose(size_t bytes) {
-  const size_t own_bytes = size_class_bytes(bytes);
   std::lock_guard<std::mutex> lock(mutex_);
-  auto chosen = own_bytes != 0 ? class_with_free_block(own_bytes) : classes_.end();
-  if (chosen == classes_.end()) chosen = class_of(own_bytes);  // its own class grows
-  chosen->second.last_request = ++requests_;
+  const size_t class_bytes = chooser_.pick(bytes, [&](size_t candidate) {
+    uint64_t reserved = 0, used = 0;
+    const cudaMemPool_t pool = pools_.at(candidate)->get();
+    EPCOMM_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
+    EPCOMM_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
+    return reserved - used >= candidate;  // every block of a class has the class's size
+  });
+  const cudaMemPool_t pool = pool_of(class_bytes).get();  // first: a failure counts no choice
   // After the choice: a trim before it could give back the very block this request takes.
-  if (requests_ % kIdleRequests == 0) trim_idle_classes();
-  return Choice{chosen->second.pool->get(), chosen->first == 0 ? bytes : chosen->first};
+  for (const size_t idle : chooser_.choose(class_bytes)) {
+    EPCOMM_CUDA_WARN(cudaMemPoolTrimTo(pools_.at(idle)->get(), 0));
+  }
+  return Choice{pool, class_bytes == 0 ? bytes : class_bytes};
 }
 
 SizeClassPools::Choice SizeClassPools::choose_for_capture(size_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
-  return Choice{class_of(0)->second.pool->get(), bytes};
+  return Choice{pool_of(0).get(), bytes};
 }
 
-SizeClassPools::Classes::iterator SizeClassPools::class_of(size_t class_bytes) {
-  auto found = classes_.find(class_bytes);
-  if (found != classes_.end()) return found;
-  auto pool = std::make_unique<DevicePool>(device_);  // first: a failure leaves no class without a pool
-  return classes_.emplace(class_bytes, SizeClass{std::move(pool), 0}).first;
-}
-
-SizeClassPools::Classes::iterator SizeClassPools::class_with_free_block(size_t class_bytes) {
-  const auto largest = static_cast<size_t>(static_cast<double>(class_bytes) * kMaxBorrowRatio);
-  for (auto it = classes_.lower_bound(class_bytes); it != classes_.end() && it->first <= largest; ++it) {
-    uint64_t reserved = 0, used = 0;
-    cudaMemPool_t pool = it->second.pool->get();
-    EPCOMM_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
-    EPCOMM_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
-    if (reserved - used >= it->first) return it;  // every block of a class has the class's size
-  }
-  return classes_.end();
-}
-
-void SizeClassPools::trim_idle_classes() {
-  for (auto& [class_bytes, size_class] : classes_) {
-    if (requests_ - size_class.last_request >= kIdleRequests) {
-      EPCOMM_CUDA_WARN(cudaMemPoolTrimTo(size_class.pool->get(), 0));
-    }
-  }
+DevicePool& SizeClassPools::pool_of(size_t class_bytes) {
+  std::unique_ptr<DevicePool>& pool = pools_[class_bytes];
+  if (!pool) pool = std::make_unique<DevicePool>(device_);  // a throw leaves it null, made again next time
+  return *pool;
 }
 
 }  // namespace epcomm::detail

@@ -11,6 +11,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "common/size_classes.hpp"
+
 namespace epcomm::detail {
 
 class DeviceAllocation {
@@ -60,16 +62,11 @@ class DevicePool {
   cudaMemPool_t pool_ = nullptr;
 };
 
-// One device's pools by size class (common/size_classes.hpp), each made on first use. A request
-// whose class has no free block takes one of a larger class that has (up to kMaxBorrowRatio its
-// size) before its own pool grows: a warmup's tensors serve calls whose sizes fall a class lower,
-// and sizes drifting down reuse what is there. A class not asked for during the last kIdleRequests
-// requests gives its free memory back to the device (memory its live tensors hold stays), so
-// sizes that drift across classes do not keep idle ones.
+// One device's pools by size class (common/size_classes.hpp), each made on first use; which class
+// serves a request, and when an idle class gives its free memory back (its live tensors' memory
+// stays), SizeClassChooser decides.
 class SizeClassPools {
  public:
-  static constexpr uint64_t kIdleRequests = 1024;
-  static constexpr double kMaxBorrowRatio = 1.5;
   explicit SizeClassPools(int device) : device_(device) {}
   struct Choice {
     cudaMemPool_t pool;
@@ -81,19 +78,12 @@ class SizeClassPools {
   Choice choose_for_capture(size_t bytes);
 
  private:
-  struct SizeClass {
-    std::unique_ptr<DevicePool> pool;
-    uint64_t last_request = 0;
-  };
-  using Classes = std::map<size_t, SizeClass>;  // by the class's bytes
-  Classes::iterator class_of(size_t class_bytes);               // with mutex_ held: made on first use
-  Classes::iterator class_with_free_block(size_t class_bytes);  // with mutex_ held: its own first
-  void trim_idle_classes();                                     // with mutex_ held
+  DevicePool& pool_of(size_t class_bytes);  // with mutex_ held: made on first use
 
   int device_;
   std::mutex mutex_;
-  Classes classes_;
-  uint64_t requests_ = 0;
+  std::map<size_t, std::unique_ptr<DevicePool>> pools_;  // by the class's bytes
+  SizeClassChooser chooser_;
 };
 
 }  // namespace epcomm::detail

@@ -9,6 +9,9 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <map>
+#include <vector>
 
 namespace epcomm::detail {
 
@@ -36,5 +39,47 @@ inline size_t size_class_bytes(size_t bytes) {
   while (class_size(step) < bytes) ++step;
   return class_size(step);
 }
+
+// Which class serves each request, and which classes have sat idle: the bookkeeping of
+// SizeClassPools (common/device_allocation.hpp), apart from CUDA so that CPU tests check it. A
+// request whose class has no free block takes one of a larger class that has (up to
+// kMaxBorrowRatio its size) before its own class grows: a warmup's memory serves calls whose sizes
+// fall a class lower, and sizes drifting down reuse what is there. A class not chosen during the
+// last kIdleRequests requests is due to give its free memory back, so that sizes drifting across
+// classes do not keep idle ones.
+class SizeClassChooser {
+ public:
+  static constexpr uint64_t kIdleRequests = 1024;
+  static constexpr double kMaxBorrowRatio = 1.5;
+
+  // The class (its bytes; 0 for the shared class) to serve `bytes`, not yet counted as chosen.
+  // `has_free_block(class_bytes)` is asked only of classes chosen before, its own first.
+  template <typename HasFreeBlock>
+  size_t pick(size_t bytes, HasFreeBlock&& has_free_block) const {
+    const size_t own = size_class_bytes(bytes);
+    if (own == 0) return 0;
+    const auto largest = static_cast<size_t>(static_cast<double>(own) * kMaxBorrowRatio);
+    for (auto it = last_request_.lower_bound(own); it != last_request_.end() && it->first <= largest; ++it) {
+      if (has_free_block(it->first)) return it->first;
+    }
+    return own;  // its own class grows
+  }
+
+  // Counts a request as served by `class_bytes` (once its pool exists). Returns the classes due to
+  // give their free memory back now (some, every kIdleRequests requests).
+  std::vector<size_t> choose(size_t class_bytes) {
+    last_request_[class_bytes] = ++requests_;
+    std::vector<size_t> idle;
+    if (requests_ % kIdleRequests != 0) return idle;
+    for (const auto& [bytes, last] : last_request_) {
+      if (requests_ - last >= kIdleRequests) idle.push_back(bytes);
+    }
+    return idle;
+  }
+
+ private:
+  std::map<size_t, uint64_t> last_request_;  // by class bytes: each class chosen so far, when last
+  uint64_t requests_ = 0;
+};
 
 }  // namespace epcomm::detail
