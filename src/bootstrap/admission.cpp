@@ -18,13 +18,17 @@ void Admission::refuse(Candidate& candidate, const std::string& why) {
   last_refusal_ = why;
 }
 
-void Admission::accept_new() {
+IoStatus Admission::accept_new() {
   while (candidates_.size() < max_candidates_) {
     IoStatus status;
     UniqueFd fd = listener_.accept(Deadline(std::chrono::milliseconds(0)), status);
-    if (!fd) return;  // nobody else is waiting (or accept failed; poll reports a broken listener)
+    // Nobody else is waiting (a timeout at once), or this process cannot accept (out of file
+    // descriptors: the connection stays queued and the listener readable, so it is an error now,
+    // not a wait that spins until the deadline).
+    if (!fd) return status.kind == IoStatus::kSystemError ? status : IoStatus{};
     candidates_.emplace_back(std::move(fd), handshake_budget_);
   }
+  return {};
 }
 
 std::optional<Admitted> Admission::advance(Candidate& candidate) {
@@ -76,11 +80,17 @@ std::optional<Admitted> Admission::advance(Candidate& candidate) {
 
 std::optional<Admitted> Admission::next(const Deadline& deadline, IoStatus& status) {
   while (true) {
-    accept_new();
+    if (const IoStatus accepted = accept_new(); !accepted.ok()) {
+      status = accepted;
+      return std::nullopt;
+    }
     // Progress every candidate with data, drop the finished and the late.
     std::optional<Admitted> admitted;
     for (Candidate& candidate : candidates_) {
       if (!admitted && candidate.fd) admitted = advance(candidate);
+      if (candidate.fd && !candidate.greeted && candidate.greeting_deadline.expired()) {
+        refuse(candidate, "a connection did not send its whole greeting in time (a rank sends it as it connects)");
+      }
       if (candidate.fd && candidate.deadline.expired()) refuse(candidate, "a connection stayed silent past its handshake deadline");
     }
     candidates_.erase(std::remove_if(candidates_.begin(), candidates_.end(),
@@ -101,6 +111,7 @@ std::optional<Admitted> Admission::next(const Deadline& deadline, IoStatus& stat
     for (const Candidate& candidate : candidates_) {
       watched.push_back({candidate.fd.get(), POLLIN, 0});
       wait_ms = std::min(wait_ms, candidate.deadline.remaining_ms());
+      if (!candidate.greeted) wait_ms = std::min(wait_ms, candidate.greeting_deadline.remaining_ms());
     }
     const int ready = poll(watched.data(), watched.size(), wait_ms);
     if (ready < 0 && errno != EINTR) {

@@ -1,8 +1,11 @@
 // Rank 0's side of meeting the ranks: accepts connections and runs every newcomer's handshake
-// (bootstrap/handshake.hpp) at once, each against a short deadline of its own, so a silent or
-// hostile connection can neither hold up the ranks behind it nor fail the job. Whatever does not
-// prove it belongs to this job is closed without a word: it learns nothing about the job.
+// (bootstrap/handshake.hpp) at once, each against a short deadline of its own (a second for its
+// greeting), so a silent or hostile connection can neither hold up the ranks behind it for long
+// nor fail the job: a rank that finds rank 0 busy that way connects again until its deadline.
+// Whatever does not prove it belongs to this job is closed without a word: it learns nothing.
 #pragma once
+
+#include <algorithm>
 
 #include <chrono>
 #include <optional>
@@ -28,7 +31,7 @@ class Admission {
   Admission(Listener& listener, const JobKey& key, std::chrono::milliseconds handshake_budget, size_t max_candidates);
 
   // The next admitted connection, or nothing when `deadline` passes (status kTimedOut) or the
-  // listener fails (kSystemError).
+  // listener or accepting fails (kSystemError, e.g. EMFILE: out of file descriptors).
   std::optional<Admitted> next(const Deadline& deadline, IoStatus& status);
 
   // Connections closed without admission, and why the last one was, for rank 0's messages.
@@ -36,11 +39,17 @@ class Admission {
   const std::string& last_refusal() const { return last_refusal_; }
 
  private:
+  // A rank sends its greeting as soon as it connects: a connection silent this long after we took
+  // it is no rank, and gives its handshake slot to the connections queued behind it.
+  static constexpr std::chrono::milliseconds kGreetingBudget{1000};
+
   struct Candidate {
     Candidate(UniqueFd connection, std::chrono::milliseconds budget)
-        : fd(std::move(connection)), deadline(budget), buffer(Hello::kBytes) {}
+        : fd(std::move(connection)), deadline(budget), greeting_deadline(std::min(budget, kGreetingBudget)),
+          buffer(Hello::kBytes) {}
     UniqueFd fd;
     Deadline deadline;
+    Deadline greeting_deadline;  // for the whole Hello
     bool greeted = false;  // the Hello is in; waiting for the Proof
     Hello hello;
     Nonce root_nonce{};
@@ -48,7 +57,8 @@ class Admission {
     size_t have = 0;
   };
 
-  void accept_new();
+  // Takes the waiting connections as candidates; a status other than ok when this process cannot.
+  IoStatus accept_new();
   // Reads what is there; returns the admitted connection once its proof checks out.
   std::optional<Admitted> advance(Candidate& candidate);
   void refuse(Candidate& candidate, const std::string& why);

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include "bootstrap/admission.hpp"
@@ -103,6 +104,16 @@ std::string describe_ranks(const std::vector<int>& ranks) {
   }
   if (ranks.size() > kMaxListedRanks) text += join_message(", ... (", ranks.size(), " in all)");
   return text;
+}
+
+// What to do when accepting failed for want of file descriptors: rank 0 holds a socket per peer,
+// so its open-file limit must exceed the rank count. "" for any other failure.
+std::string descriptor_limit_advice(const IoStatus& status) {
+  if (status.kind != IoStatus::kSystemError || (status.error != EMFILE && status.error != ENFILE)) return "";
+  rlimit limit{};
+  const std::string soft = getrlimit(RLIMIT_NOFILE, &limit) == 0 ? std::to_string(limit.rlim_cur) : "unknown";
+  return join_message("; rank 0 holds a socket per peer and its open-file limit (RLIMIT_NOFILE) is ", soft,
+                      ": raise it (ulimit -n) above the number of ranks plus what the process already has open");
 }
 
 // Error::what() is "<CodeName>: <message>"; relaying only the message avoids doubling the prefix.
@@ -250,7 +261,8 @@ class SocketBootstrap final : public Bootstrap {
       if (!admitted) {
         if (status.kind != IoStatus::kTimedOut) {
           fail(ErrorCode::kBootstrapError, "rank 0 cannot accept connections on ", address_.text, ": ",
-               status.describe());
+               status.describe(), descriptor_limit_advice(status), " (", connected, " of ", num_ranks_ - 1,
+               " peers connected)");
         }
         const std::string refusals =
             admission.refused() == 0
@@ -380,11 +392,17 @@ class SocketBootstrap final : public Bootstrap {
       peers_.push_back(std::move(connection));
       const milliseconds handshake = alone ? std::min(timeout_, kHandshakeBudget) : within(kAddressHandshakeBudget);
       if (alone) {
-        prove_membership(Deadline(timeout_), handshake);
-        return true;
+        if (prove_membership(Deadline(timeout_), handshake, /*silence_is_retried=*/true)) return true;
+        // Silence, not a refusal: rank 0 may be busy with other connections (strangers holding its
+        // handshake slots); try again until the deadline rather than fail the job now.
+        last_error = join_message("the process listening at ", address.text, " did not answer our greeting within ",
+                                  handshake.count(), " ms: rank 0 busy with other connections, or a process that is "
+                                  "not rank 0 of this job");
+        peers_.clear();
+        return false;
       }
       try {
-        prove_membership(Deadline(handshake), handshake);
+        prove_membership(Deadline(handshake), handshake, /*silence_is_retried=*/false);
         return true;
       } catch (const Error& error) {
         // Not rank 0 of this job: nothing learned there counts (a closed connection names rank 0).
@@ -403,8 +421,9 @@ class SocketBootstrap final : public Bootstrap {
   }
 
   // The peer's half of the handshake: rank 0 must prove it knows the job's secret before this
-  // rank proves it does.
-  void prove_membership(const Deadline& deadline, milliseconds challenge_budget) {
+  // rank proves it does. False when no challenge came within `challenge_budget` and
+  // `silence_is_retried` (the caller connects again); any other failure throws.
+  bool prove_membership(const Deadline& deadline, milliseconds challenge_budget, bool silence_is_retried) {
     Hello hello;
     hello.rank = rank_;
     hello.num_ranks = num_ranks_;
@@ -415,6 +434,7 @@ class SocketBootstrap final : public Bootstrap {
     if (!status.ok()) fail_from_root(status, "accept our greeting");
     std::array<uint8_t, Challenge::kBytes> challenge_bytes{};
     status = read_all(fd_of(0), challenge_bytes.data(), challenge_bytes.size(), Deadline(challenge_budget));
+    if (status.kind == IoStatus::kTimedOut && silence_is_retried) return false;
     if (!status.ok()) {
       fail(ErrorCode::kBootstrapError, "rank ", rank_, ": the process listening at ", address_.text,
            " did not answer our greeting (", status.describe(), "): it is not rank 0 of this job (job ", key_.id_text(),
@@ -429,6 +449,7 @@ class SocketBootstrap final : public Bootstrap {
     const Digest proof = key_.proof(Side::kPeer, challenge.nonce, rank_, num_ranks_);
     status = write_all(fd_of(0), proof.data(), proof.size(), deadline);
     if (!status.ok()) fail_from_root(status, "accept our proof of membership");
+    return true;
   }
 
   void exchange_as_peer(Op op, const void* in, void* out, size_t bytes) {

@@ -71,8 +71,10 @@ void tune_tcp(int fd) {
 }
 
 // Whether a process accepts connections on the unix socket at `path` (a stale file refuses them).
+// Non-blocking: a listener whose backlog is full (a live job's rank 0, hung or suspended) answers
+// EAGAIN at once, where a blocking connect would wait for it without end.
 bool someone_listens_on(const std::string& path) {
-  UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!fd) return false;
   const sockaddr_un addr = unix_sockaddr(path);
   return connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0 || errno == EAGAIN;
@@ -315,8 +317,13 @@ UniqueFd Listener::accept(const Deadline& deadline, IoStatus& status) {
       status = {};
       return fd;
     }
-    // ECONNABORTED: a client gave up between connecting and our accept; wait for the next one.
-    if (errno == EINTR || errno == ECONNABORTED) continue;
+    // A client that gave up between connecting and our accept (ECONNABORTED), or whose connection
+    // already failed (Linux reports the new socket's pending network error from accept): wait for
+    // the next one. What is left (EMFILE, ENFILE, ENOBUFS, ENOMEM) is this process's failure.
+    if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO || errno == ENETDOWN || errno == ENOPROTOOPT ||
+        errno == EHOSTDOWN || errno == ENONET || errno == EHOSTUNREACH || errno == EOPNOTSUPP || errno == ENETUNREACH) {
+      continue;
+    }
     if (errno != EAGAIN && errno != EWOULDBLOCK) {
       status = {IoStatus::kSystemError, errno};
       return UniqueFd();

@@ -4,8 +4,11 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -205,6 +208,32 @@ TEST(BootstrapSecurity, SilentAndGarbageConnectionsNeitherStallNorFailTheJobNorL
   close(silent);
 }
 
+TEST(BootstrapSecurity, MoreSilentConnectionsThanHandshakeSlotsDoNotFailTheJob) {
+  // 80 silent connections, more than rank 0's 64 handshake slots, before the real ranks: each
+  // slot is given back after a second without a greeting, and a rank whose greeting went
+  // unanswered meanwhile connects again. The job finishes, well inside its timeout.
+  const TempDir dir;
+  const std::string path = dir.file("job.sock");
+  const std::string address = "unix:" + path;
+  Result job[3];
+  std::thread root([&] { job[0] = attempt([&] { run_rank(address, 0, 3, with_secret("s")); }); });
+  std::vector<int> silent;
+  for (int i = 0; i < 80; ++i) {
+    const int fd = connect_when_listening(path);
+    ASSERT_GE(fd, 0);
+    silent.push_back(fd);
+  }
+  const auto start = Clock::now();
+  std::thread one([&] { job[1] = attempt([&] { run_rank(address, 1, 3, with_secret("s")); }); });
+  std::thread two([&] { job[2] = attempt([&] { run_rank(address, 2, 3, with_secret("s")); }); });
+  one.join();
+  two.join();
+  root.join();
+  EXPECT_LT(Clock::now() - start, 15s);
+  for (const Result& result : job) EXPECT_TRUE(result.ok) << result.message;
+  for (const int fd : silent) close(fd);
+}
+
 TEST(BootstrapSecurity, ASecondJobCannotTakeOverALiveUnixSocket) {
   const TempDir dir;
   const std::string path = dir.file("job.sock");
@@ -222,6 +251,37 @@ TEST(BootstrapSecurity, ASecondJobCannotTakeOverALiveUnixSocket) {
   EXPECT_NE(second.message.find("another process (another job?) is listening on it"), std::string::npos)
       << second.message;
   for (const Result& result : first) EXPECT_TRUE(result.ok) << result.message;
+}
+
+TEST(BootstrapSecurity, AListenerWithAFullBacklogCountsAsLiveAtOnce) {
+  // A live job's rank 0 that does not accept (hung, suspended) with its backlog full: a second job
+  // on its socket is told at once that someone listens there, where its probe used to block.
+  const TempDir dir;
+  const std::string path = dir.file("job.sock");
+  const int listener = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  path.copy(addr.sun_path, sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(listener, 0), 0);
+  std::vector<int> queued;
+  for (int i = 0; i < 64; ++i) {
+    const int client = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    if (connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      close(client);
+      break;  // EAGAIN: the backlog is full
+    }
+    queued.push_back(client);
+  }
+  ASSERT_FALSE(queued.empty());
+  const auto start = Clock::now();
+  const Result second = attempt([&] { run_rank("unix:" + path, 0, 2, with_secret("second", 2s)); });
+  EXPECT_LT(Clock::now() - start, kPromptly);
+  EXPECT_FALSE(second.ok);
+  EXPECT_NE(second.message.find("another process (another job?) is listening on it"), std::string::npos)
+      << second.message;
+  for (const int fd : queued) close(fd);
+  close(listener);
 }
 
 TEST(BootstrapSecurity, AFakeRankZeroGetsNoProof) {
@@ -249,6 +309,59 @@ TEST(BootstrapSecurity, AFakeRankZeroGetsNoProof) {
   EXPECT_FALSE(peer.ok);
   EXPECT_NE(peer.message.find("could not prove it knows this job's secret"), std::string::npos) << peer.message;
   EXPECT_EQ(after_challenge, "");  // the peer sent no proof to a process that could not prove itself
+}
+
+// Rank 0 out of file descriptors when a rank connects: it fails at once, saying so and naming the
+// limit, where it used to spin on the listener (the connection stays queued, so it stays readable)
+// until its deadline and then blame the ranks for not connecting. In a child process, whose
+// open-file limit can be lowered and then used up without touching the test's own.
+TEST(BootstrapErrors, RankZeroOutOfFileDescriptorsSaysSoAtOnce) {
+  const TempDir dir;
+  const std::string path = dir.file("job.sock");
+  int report[2];
+  ASSERT_EQ(pipe(report), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    rlimit limit{};
+    getrlimit(RLIMIT_NOFILE, &limit);
+    limit.rlim_cur = std::min<rlim_t>(limit.rlim_cur, 256);
+    setrlimit(RLIMIT_NOFILE, &limit);
+    std::string message = "rank 0 did not fail";
+    const auto start = Clock::now();
+    std::thread root([&] {
+      const Result result = attempt([&] { run_rank("unix:" + path, 0, 3, with_secret("s", 20s)); });
+      if (!result.ok) message = result.message;
+    });
+    const int early = connect_when_listening(path);  // rank 0 listens (this one is a silent candidate)
+    const int client = socket(AF_UNIX, SOCK_STREAM, 0);
+    std::vector<int> fillers;
+    for (int fd; (fd = open("/dev/null", O_RDONLY)) >= 0;) fillers.push_back(fd);  // every descriptor taken
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    path.copy(addr.sun_path, sizeof(addr.sun_path) - 1);
+    const bool connected = early >= 0 && client >= 0 && connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    root.join();
+    for (const int fd : fillers) close(fd);
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    const std::string text = (connected ? "" : "the test could not connect; ") + message + " | " + std::to_string(seconds);
+    (void)!write(report[1], text.data(), text.size());
+    _exit(0);
+  }
+  close(report[1]);
+  std::string text;
+  char buffer[1024];
+  for (ssize_t got; (got = read(report[0], buffer, sizeof(buffer))) > 0;) text.append(buffer, static_cast<size_t>(got));
+  close(report[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  const size_t bar = text.rfind(" | ");
+  ASSERT_NE(bar, std::string::npos) << text;
+  const std::string message = text.substr(0, bar);
+  EXPECT_NE(message.find("rank 0 cannot accept connections"), std::string::npos) << message;
+  EXPECT_NE(message.find("Too many open files"), std::string::npos) << message;
+  EXPECT_NE(message.find("RLIMIT_NOFILE) is 256"), std::string::npos) << message;
+  EXPECT_LT(std::stod(text.substr(bar + 3)), std::chrono::duration<double>(kPromptly).count()) << "not at once: " << text;
 }
 
 }  // namespace
