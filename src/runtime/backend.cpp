@@ -43,8 +43,8 @@ const NvshmemPlugin* open_plugin(std::string& why) {
 std::string why_nvshmem(const std::vector<RankCensus>& census, int rank, TransportKind kind) {
   if (kind == TransportKind::kNvshmem) return "BufferOptions::transport asks for NVSHMEM";
   if (const int elsewhere = first_rank_elsewhere(census, rank); elsewhere >= 0) {
-    return join_message("rank ", elsewhere, " runs on host '", census[elsewhere].host_name, "' and rank ", rank,
-                        " on '", census[rank].host_name, "': ranks on several hosts need the NVSHMEM transport");
+    return join_message("rank ", elsewhere, " runs on host ", host_text(census[elsewhere]), " and rank ", rank, " on ",
+                        host_text(census[rank]), ": ranks on several hosts need the NVSHMEM transport");
   }
   return "the ranks need the NVSHMEM transport";
 }

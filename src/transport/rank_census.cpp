@@ -2,18 +2,38 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "common/cuda_check.hpp"
 #include "epcomm/error.hpp"
 
 namespace epcomm::detail {
 
+namespace {
+
+constexpr const char* kBootIdPath = "/proc/sys/kernel/random/boot_id";
+constexpr size_t kBootIdShownChars = 8;
+
+// This machine's boot id into `out` ("" where unreadable).
+void read_boot_id(char (&out)[RankCensus::kBootIdBytes]) {
+  std::ifstream file(kBootIdPath);
+  std::string line;
+  if (file && std::getline(file, line)) std::strncpy(out, line.c_str(), RankCensus::kBootIdBytes - 1);
+}
+
+}  // namespace
+
 RankCensus describe_this_rank(int device, uint64_t total_bytes, const char* agreed) {
   RankCensus mine;
   mine.total_bytes = total_bytes;
   mine.process = current_process();
-  gethostname(mine.host_name, RankCensus::kHostNameBytes - 1);
+  if (gethostname(mine.host_name, RankCensus::kHostNameBytes - 1) != 0) {
+    fail(ErrorCode::kInternal, "Buffer: gethostname failed (", std::strerror(errno), "): ranks cannot tell their hosts apart");
+  }
+  read_boot_id(mine.boot_id);
   EPCOMM_CUDA_CHECK(cudaDeviceGetPCIBusId(mine.pci_bus_id, RankCensus::kBusIdBytes, device));
   std::strncpy(mine.agreed, agreed, RankCensus::kAgreedBytes - 1);
   return mine;
@@ -24,6 +44,7 @@ std::vector<RankCensus> take_census(Bootstrap& bootstrap, const RankCensus& mine
   bootstrap.allgather(&mine, all.data(), sizeof(RankCensus));
   for (RankCensus& theirs : all) {
     theirs.host_name[RankCensus::kHostNameBytes - 1] = '\0';
+    theirs.boot_id[RankCensus::kBootIdBytes - 1] = '\0';
     theirs.pci_bus_id[RankCensus::kBusIdBytes - 1] = '\0';
     theirs.agreed[RankCensus::kAgreedBytes - 1] = '\0';
   }
@@ -40,7 +61,15 @@ std::vector<RankCensus> take_census(Bootstrap& bootstrap, const RankCensus& mine
 }
 
 bool same_host(const RankCensus& a, const RankCensus& b) {
-  return std::strncmp(a.host_name, b.host_name, RankCensus::kHostNameBytes) == 0;
+  if (std::strncmp(a.host_name, b.host_name, RankCensus::kHostNameBytes) != 0) return false;
+  const bool both_known = a.boot_id[0] != '\0' && b.boot_id[0] != '\0';
+  return !both_known || std::strncmp(a.boot_id, b.boot_id, RankCensus::kBootIdBytes) == 0;
+}
+
+std::string host_text(const RankCensus& entry) {
+  std::string text = std::string("'") + entry.host_name + "'";
+  if (entry.boot_id[0] != '\0') text += " (boot id " + std::string(entry.boot_id).substr(0, kBootIdShownChars) + ")";
+  return text;
 }
 
 int first_rank_elsewhere(const std::vector<RankCensus>& census, int rank) {

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "common/process_identity.hpp"
@@ -14,13 +15,17 @@
 namespace epcomm::detail {
 
 struct RankCensus {
-  static constexpr size_t kHostNameBytes = 64;
+  static constexpr size_t kHostNameBytes = 72;  // Linux's HOST_NAME_MAX (64) and its NUL, whole
+  static constexpr size_t kBootIdBytes = 40;    // a UUID's 36 characters and its NUL
   static constexpr size_t kBusIdBytes = 32;
   static constexpr size_t kAgreedBytes = 256;
 
   uint64_t total_bytes = 0;
   ProcessIdentity process;
   char host_name[kHostNameBytes] = {};
+  // The kernel's boot id (/proc/sys/kernel/random/boot_id; "" where unreadable): one per machine
+  // and boot, shared by its containers. Two machines of one name (cloned VMs) differ in it.
+  char boot_id[kBootIdBytes] = {};
   char pci_bus_id[kBusIdBytes] = {};
   char agreed[kAgreedBytes] = {};
 };
@@ -33,8 +38,10 @@ RankCensus describe_this_rank(int device, uint64_t total_bytes, const char* agre
 // options or another buffer size than this one.
 std::vector<RankCensus> take_census(Bootstrap& bootstrap, const RankCensus& mine);
 
-// Whether two entries name the same host.
+// Whether two entries name the same host: the same name and, where both know it, the same boot id.
 bool same_host(const RankCensus& a, const RankCensus& b);
+// A host as messages name it: 'name', and its boot id's first characters where known.
+std::string host_text(const RankCensus& entry);
 // The first rank on another host than `rank`'s, or -1 when every rank runs on it.
 int first_rank_elsewhere(const std::vector<RankCensus>& census, int rank);
 // Whether every rank runs on this rank's host.

@@ -14,16 +14,16 @@ int ranks_per_host(const std::vector<RankCensus>& census) {
     while (end < num_ranks && same_host(census[end], census[begin])) ++end;
     for (int later = end; later < num_ranks; ++later) {
       if (same_host(census[later], census[begin])) {
-        fail(ErrorCode::kInvalidArgument, "Buffer: ranks ", begin, "-", end - 1, " and ", later, " run on host '",
-             census[begin].host_name, "' but rank ", end, " runs on '", census[end].host_name,
-             "': the ranks of a host must be consecutive (rank = node x ranks per node + local rank, as deep_ep "
+        fail(ErrorCode::kInvalidArgument, "Buffer: ranks ", begin, "-", end - 1, " and ", later, " run on host ",
+             host_text(census[begin]), " but rank ", end, " runs on ", host_text(census[end]),
+             ": the ranks of a host must be consecutive (rank = node x ranks per node + local rank, as deep_ep "
              "numbers them)");
       }
     }
     if (first_run == 0) first_run = end - begin;
     if (end - begin != first_run) {
-      fail(ErrorCode::kInvalidArgument, "Buffer: host '", census[0].host_name, "' runs ", first_run, " ranks but host '",
-           census[begin].host_name, "' runs ", end - begin, " (ranks ", begin, "-", end - 1,
+      fail(ErrorCode::kInvalidArgument, "Buffer: host ", host_text(census[0]), " runs ", first_run, " ranks but host ",
+           host_text(census[begin]), " runs ", end - begin, " (ranks ", begin, "-", end - 1,
            "): every node must hold as many ranks");
     }
     begin = end;
@@ -58,8 +58,8 @@ Topology find_topology(const std::vector<RankCensus>& census, int emulated_nodes
            first + topology.ranks_per_node - 1, ", from ",
            emulated_nodes > 1 ? "emulated_nodes=" + std::to_string(emulated_nodes)
                               : "ranks_per_node=" + std::to_string(topology.ranks_per_node),
-           ") would hold rank ", first, " on host '", census[first].host_name, "' and rank ", rank, " on host '",
-           census[rank].host_name, "': a node's ranks must share a host");
+           ") would hold rank ", first, " on host ", host_text(census[first]), " and rank ", rank, " on host ",
+           host_text(census[rank]), ": a node's ranks must share a host");
     }
   }
   return topology;

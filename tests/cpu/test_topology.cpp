@@ -46,6 +46,34 @@ TEST(Topology, ConsecutiveRanksOfAHostFormANode) {
   EXPECT_EQ(find_topology(hosts({"a"}), 1, 0).num_nodes(), 1);
 }
 
+// Entries of one host name on machines told apart by their boot ids ("" where unknown).
+std::vector<RankCensus> booted(const char* name, std::initializer_list<const char*> boot_ids) {
+  std::vector<RankCensus> census;
+  for (const char* boot_id : boot_ids) {
+    RankCensus entry;
+    std::strncpy(entry.host_name, name, RankCensus::kHostNameBytes - 1);
+    std::strncpy(entry.boot_id, boot_id, RankCensus::kBootIdBytes - 1);
+    census.push_back(entry);
+  }
+  return census;
+}
+
+TEST(Topology, MachinesOfOneNameAreToldApartByTheirBootIds) {
+  // Cloned machines both called "ubuntu": two hosts, two nodes, not one node across the network.
+  const std::vector<RankCensus> clones = booted("ubuntu", {"1111aaaa-x", "1111aaaa-x", "2222bbbb-y", "2222bbbb-y"});
+  EXPECT_TRUE(same_host(clones[0], clones[1]));
+  EXPECT_FALSE(same_host(clones[1], clones[2]));
+  EXPECT_FALSE(one_host(clones, 0));
+  EXPECT_EQ(find_topology(clones, 1, 0).num_nodes(), 2);
+  EXPECT_EQ(host_text(clones[2]), "'ubuntu' (boot id 2222bbbb)");
+  // Where a side does not know its boot id, the name decides, as before.
+  const std::vector<RankCensus> unknown = booted("ubuntu", {"1111aaaa-x", ""});
+  EXPECT_TRUE(same_host(unknown[0], unknown[1]));
+  EXPECT_EQ(host_text(unknown[1]), "'ubuntu'");
+  // A machine's name and boot id both differ from another's: two hosts.
+  EXPECT_FALSE(same_host(booted("a", {"1"})[0], booted("b", {"1"})[0]));
+}
+
 TEST(Topology, EmulatedNodesAndRanksPerNodeSplitAHost) {
   const Topology emulated = find_topology(hosts({"a", "a", "a", "a", "a", "a"}), 3, 0);
   EXPECT_EQ(emulated.ranks_per_node, 2);

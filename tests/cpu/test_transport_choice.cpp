@@ -84,6 +84,18 @@ TEST(RankCensus, HostsGpusAndWatchableProcesses) {
   EXPECT_EQ(watched[3].pid, 0);   // another host
 }
 
+TEST(RankCensus, AMachineOfTheSameNameIsNotWatchedHere) {
+  // Cloned machines both called "node": the same name and the host pid namespace's fixed inode, but
+  // another boot id. Its pid means nothing here: watching it would call a live rank dead.
+  std::vector<RankCensus> census = {entry("node", "0000:01:00.0", "opts", 10), entry("node", "0000:01:00.0", "opts", 11)};
+  std::strncpy(census[0].boot_id, "aaaa", RankCensus::kBootIdBytes - 1);
+  std::strncpy(census[1].boot_id, "bbbb", RankCensus::kBootIdBytes - 1);
+  EXPECT_EQ(watchable_processes(census, 0)[1].pid, 0);
+  EXPECT_EQ(ranks_on_device_of(census, 0), 1) << "the same bus id on another machine is another GPU";
+  std::strncpy(census[1].boot_id, "aaaa", RankCensus::kBootIdBytes - 1);  // the same machine after all
+  EXPECT_EQ(watchable_processes(census, 0)[1].pid, 11);
+}
+
 TEST(NvshmemPlugin, AMissingFileIsNamedWithTheLoadersReason) {
   std::string why;
   EXPECT_EQ(load_nvshmem_plugin_from("/nonexistent/libepcomm_nvshmem.so", why), nullptr);

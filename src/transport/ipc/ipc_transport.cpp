@@ -21,9 +21,9 @@ IpcTransport::IpcTransport(Bootstrap& bootstrap, const TransportOptions& options
   const int num_ranks = bootstrap.num_ranks();
   const RankCensus& mine = census[rank];
   if (const int elsewhere = first_rank_elsewhere(census, rank); elsewhere >= 0) {
-    fail(ErrorCode::kUnsupported, "Buffer: rank ", elsewhere, " runs on host '", census[elsewhere].host_name,
-         "' and rank ", rank, " on '", mine.host_name,
-         "'; CUDA IPC reaches the ranks of one host only (use the NVSHMEM transport)");
+    fail(ErrorCode::kUnsupported, "Buffer: rank ", elsewhere, " runs on host ", host_text(census[elsewhere]),
+         " and rank ", rank, " on ", host_text(mine),
+         "; CUDA IPC reaches the ranks of one host only (use the NVSHMEM transport)");
   }
   EPCOMM_CUDA_CHECK(cudaMemset(local_.get(), 0, options.layout.total_bytes()));
   EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());  // zeroed before any peer learns the handle
