@@ -171,6 +171,16 @@ TEST(CheckEnvCollect, RelevantEnvironmentFromAnArray) {
   EXPECT_EQ(collect_relevant_environment(array.data()), expected);
 }
 
+TEST(CheckEnvCollect, TheJobSecretIsSaidToBeSetNotShown) {
+  std::string secret = "EPCOMM_JOB_SECRET=hunter2-abcdef";
+  std::vector<char*> array = {secret.data(), nullptr};
+  const auto collected = collect_relevant_environment(array.data());
+  ASSERT_EQ(collected.size(), 1u);
+  EXPECT_EQ(collected[0].first, "EPCOMM_JOB_SECRET");
+  EXPECT_EQ(collected[0].second, "<set, 14 characters, not shown>");
+  EXPECT_EQ(collected[0].second.find("hunter2"), std::string::npos);
+}
+
 TEST(CheckEnvCollect, MpsControlPipe) {
   const TempDir dir;
   EXPECT_FALSE(mps_control_pipe_exists(dir.path()));

@@ -236,6 +236,27 @@ TEST(Launcher, InterruptedLauncherStopsItsRanks) {
   EXPECT_NE(run.output.find("received signal 15"), std::string::npos) << run.output;
 }
 
+TEST(Launcher, ASignalTheCallerIgnoresStaysIgnored) {
+  // Under nohup (SIGHUP ignored), a hangup must neither stop the job nor kill its ranks.
+  constexpr int kRanks = 2;
+  const TempDir dir;
+  struct sigaction ignore {}, saved {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  sigaction(SIGHUP, &ignore, &saved);
+  const auto started = Clock::now();
+  const pid_t pid = start_launcher(
+      dir, concat_args({"-n", std::to_string(kRanks)},
+                       shell(R"(touch "$1/started.$EPCOMM_RANK"; sleep 1; exit 0)", {dir.path()})));
+  sigaction(SIGHUP, &saved, nullptr);
+  ASSERT_GT(pid, 0);
+  while (!std::filesystem::exists(dir.file("started.1")) && Clock::now() - started < 10s) std::this_thread::sleep_for(10ms);
+  kill(pid, SIGHUP);
+  const LaunchResult run = wait_for_launcher(dir, pid, started);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(run.output.find("received signal"), std::string::npos) << run.output;
+}
+
 TEST(Launcher, ProgramThatCannotRunIsNamed) {
   const TempDir dir;
   LaunchResult run = run_launcher(dir, {"-n", "2", "--", "epcomm-no-such-program"});

@@ -2,6 +2,7 @@
 
 #include "bootstrap/host_addresses.hpp"
 #include "common/gpu_presence.hpp"
+#include "epcomm/bootstrap.hpp"
 #include "runtime/nvshmem_plugin.hpp"
 
 #include <cuda_runtime_api.h>
@@ -245,7 +246,12 @@ std::vector<std::pair<std::string, std::string>> collect_relevant_environment(ch
     const size_t equals = text.find('=');
     if (equals == std::string::npos) continue;
     std::string name = text.substr(0, equals);
-    if (is_relevant_variable(name)) relevant.emplace_back(std::move(name), text.substr(equals + 1));
+    if (!is_relevant_variable(name)) continue;
+    std::string value = text.substr(equals + 1);
+    // The job's secret lets a process join the job: reports get pasted into issues, so it is only
+    // said to be there.
+    if (name == kEnvJobSecret) value = "<set, " + std::to_string(value.size()) + " characters, not shown>";
+    relevant.emplace_back(std::move(name), std::move(value));
   }
   std::sort(relevant.begin(), relevant.end());
   return relevant;

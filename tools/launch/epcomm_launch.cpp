@@ -42,8 +42,11 @@ constexpr const char* kUsage =
     "                       (default: a fresh unix socket under $TMPDIR or /tmp)\n"
     "  -h, --help           show this help\n"
     "\n"
-    "Exit status: 0 if every rank succeeded; 77 if every rank exited 77 (skipped); 124 on timeout;\n"
-    "otherwise the exit code of the first rank to fail (128+N if killed by signal N); 2 on usage errors.\n";
+    "Exit status: 0 if every rank succeeded; 77 if every rank exited 77 (skipped); 1 if only some\n"
+    "did; 124 on timeout; 127 if a rank's program could not be executed; 128+N if the launcher itself\n"
+    "got signal N (this wins over everything else); otherwise the exit code of the first rank to fail\n"
+    "(128+N if killed by signal N); 2 on usage errors. A rank that exits 1, 124 or 127 itself reads\n"
+    "the same: the launcher's messages on stderr tell them apart.\n";
 
 class UsageError : public std::runtime_error {
  public:
