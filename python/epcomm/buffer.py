@@ -28,6 +28,17 @@ def emulated_nodes_from_env(emulated_nodes: int) -> int:
     return nodes
 
 
+def _private_group(dist, ranks):
+    """A gloo group of `ranks` that only they create: with use_local_synchronization, torch names it
+    by its ranks, so the disjoint groups of several Buffers (expert-parallel groups of one world)
+    neither wait for the other ranks nor share rendezvous keys. torch before 2.1 lacks the option,
+    and then every rank of the world must create it in the same order, as torch itself requires."""
+    try:
+        return dist.new_group(ranks, backend="gloo", use_local_synchronization=True)
+    except TypeError:  # an older torch.distributed.new_group
+        return dist.new_group(ranks, backend="gloo")
+
+
 class Buffer:
     """Communication buffers of one rank, with deep_ep's methods and return tuples.
 
@@ -100,9 +111,10 @@ class Buffer:
         self.device = torch.cuda.current_device()
         # A background initialisation exchanges on its own thread: give it a private gloo group, so
         # its collectives never interleave with the caller's on `group`.
+        self._exchange_group = None
         exchange_group = group
         if initialize_in_background:
-            exchange_group = dist.new_group(dist.get_process_group_ranks(group), backend="gloo")
+            exchange_group = self._exchange_group = _private_group(dist, dist.get_process_group_ranks(group))
         bootstrap = _C.Bootstrap(self.rank, self.group_size,
                                  functools.partial(_torch.gathered_bytes, exchange_group),
                                  functools.partial(dist.barrier, exchange_group))
@@ -170,6 +182,11 @@ class Buffer:
     def destroy(self) -> None:
         """Collective teardown (deep_ep's explicitly_destroy); the object is unusable afterwards."""
         self.runtime.destroy()
+        if self._exchange_group is not None:  # the background initialisation's own group
+            import torch.distributed as dist
+
+            dist.destroy_process_group(self._exchange_group)
+            self._exchange_group = None
 
     def check_errors(self) -> None:
         """Raises what the GPU recorded for this Buffer since the last check, without waiting for

@@ -280,3 +280,64 @@ def test_tensor_reader_of_the_extension_against_a_stand_in_torch():
 
     done = subprocess.run([sys.executable, "-c", _STAND_IN_TORCH], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+_STAND_IN_DISTRIBUTED = '''
+import sys, types
+calls = []
+torch = types.ModuleType("torch")
+dist = types.ModuleType("torch.distributed")
+torch.distributed = dist
+torch.cuda = types.SimpleNamespace(current_device=lambda: 0,
+                                   Stream=lambda device, priority: types.SimpleNamespace(cuda_stream=0))
+dist.get_rank = lambda group=None: 0
+dist.get_world_size = lambda group=None: 2
+dist.get_process_group_ranks = lambda group: [4, 5]
+dist.barrier = lambda group=None: None
+dist.destroy_process_group = lambda group=None: calls.append(("destroy", group))
+def new_group(ranks, backend=None, use_local_synchronization=False):
+    calls.append(("new_group", list(ranks), backend, use_local_synchronization))
+    return ("group", tuple(ranks))
+dist.new_group = new_group
+sys.modules["torch"], sys.modules["torch.distributed"] = torch, dist
+import epcomm
+from epcomm import buffer as buffer_module
+
+class Runtime:  # the extension's Buffer, which would need a GPU
+    def __init__(self, *args, **kwargs): pass
+    def destroy(self): calls.append(("runtime.destroy",))
+    def is_available(self): return True
+
+real = buffer_module._C
+buffer_module._C = types.SimpleNamespace(Buffer=Runtime, Bootstrap=lambda *args: None,
+                                         BUFFER_DEFAULTS=real.BUFFER_DEFAULTS)
+buffer_module._torch = types.SimpleNamespace(make_allocator=lambda device: None, current_stream=lambda: 0,
+                                             gathered_bytes=lambda *args: None)
+# An expert-parallel group's Buffer initialised in the background: its private group is made by its
+# own ranks alone (named by them), and goes with the Buffer.
+buffer = epcomm.Buffer("ep group of ranks 4 and 5", initialize_in_background=True)
+assert calls == [("new_group", [4, 5], "gloo", True)], calls
+buffer.destroy()
+assert calls[1:] == [("runtime.destroy",), ("destroy", ("group", (4, 5)))], calls
+# An older torch without the option: the group is still made, the old way.
+calls.clear()
+dist.new_group = lambda ranks, backend=None: calls.append(("old new_group", list(ranks), backend)) or "old group"
+buffer = epcomm.Buffer("ep group", initialize_in_background=True)
+assert calls == [("old new_group", [4, 5], "gloo")], calls
+# In the foreground the caller's group serves: no group is made.
+calls.clear()
+epcomm.Buffer("ep group")
+assert calls == [], calls
+print("ok")
+'''
+
+
+def test_a_background_initialisation_gets_a_group_of_its_own_ranks_alone():
+    # Buffer(initialize_in_background=True) makes a private gloo group; torch must name it by its
+    # ranks (use_local_synchronization), or the disjoint expert-parallel groups of one world would
+    # share rendezvous keys and hang. Checked against stand-in torch modules, in a process of its own.
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _STAND_IN_DISTRIBUTED], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
