@@ -39,6 +39,21 @@ def _private_group(dist, ranks):
         return dist.new_group(ranks, backend="gloo")
 
 
+class _HeldHook:
+    """A low-latency call's receive hook with the caller's tensors its launch reads or writes,
+    kept alive as long as the hook is (deep_ep's hooks hold them the same way): the extension's
+    hook keeps the outputs it allocated, but only raw pointers to the caller's own tensors."""
+
+    __slots__ = ("_hook", "_tensors")
+
+    def __init__(self, hook, tensors) -> None:
+        self._hook = hook
+        self._tensors = tuple(tensor for tensor in tensors if tensor is not None)
+
+    def __call__(self, *stream) -> None:
+        self._hook(*stream)
+
+
 class Buffer:
     """Communication buffers of one rank, with deep_ep's methods and return tuples.
 
@@ -319,7 +334,10 @@ class Buffer:
         # view, [E_local, R*M, words] with the rows' stride 1 (the layout grouped FP8 GEMMs read).
         received = (recv_x, scales.transpose(1, 2)) if use_fp8 else recv_x
         overlap = EventOverlap(done, (x, topk_idx)) if async_finish else EventOverlap()
-        return received, count, LowLatencyHandle(handle), overlap, (hook if return_recv_hook else None)
+        # The receive writes the statistics tensors: the hook keeps them, as deep_ep's does.
+        held = (_HeldHook(hook, (cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats))
+                if return_recv_hook else None)
+        return received, count, LowLatencyHandle(handle), overlap, held
 
     def low_latency_combine(self, x, topk_idx, topk_weights, handle: Any, use_logfmt: bool = False,
                             zero_copy: bool = False, async_finish: bool = False, return_recv_hook: bool = False,
@@ -332,7 +350,10 @@ class Buffer:
             x, topk_idx, topk_weights, runtime_handle(handle, LowLatencyHandle, "low_latency_dispatch", "handle"),
             zero_copy, use_logfmt, out, return_recv_hook, combine_wait_recv_cost_stats, self.allocator, async_finish)
         overlap = EventOverlap(done, (x, topk_idx, topk_weights)) if async_finish else EventOverlap()
-        return (out if out is not None else combined), overlap, (hook if return_recv_hook else None)
+        # The receive reads the weights and writes `out` and the statistics: the hook keeps them.
+        held = (_HeldHook(hook, (topk_idx, topk_weights, out, combine_wait_recv_cost_stats))
+                if return_recv_hook else None)
+        return (out if out is not None else combined), overlap, held
 
     def get_next_low_latency_combine_buffer(self, handle: Any):
         """The buffer the next zero-copy low_latency_combine reads: bf16 [E_local, R * M, hidden]. The

@@ -341,3 +341,49 @@ def test_a_background_initialisation_gets_a_group_of_its_own_ranks_alone():
 
     done = subprocess.run([sys.executable, "-c", _STAND_IN_DISTRIBUTED], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_a_low_latency_receive_hook_keeps_the_callers_tensors():
+    # The extension's hook holds raw pointers to the caller's own tensors that its launch writes
+    # (out, the statistics) or reads (the weights); the hook Python returns keeps them, as deep_ep's
+    # does, until the hook itself goes. Checked with a stand-in runtime and stand-in tensors.
+    import gc
+    import weakref
+
+    class Tensor:  # a stand-in: only its lifetime matters here
+        pass
+
+    launched = []
+
+    class Runtime:
+        def low_latency_combine(self, *args):
+            return "combined", None, lambda *stream: launched.append(stream)
+
+        def low_latency_dispatch(self, *args):
+            return "recv_x", None, "count", "handle", None, lambda *stream: launched.append(stream)
+
+    buffer = epcomm.Buffer.__new__(epcomm.Buffer)
+    buffer.runtime, buffer.allocator = Runtime(), None
+    out, weights, stats, topk = Tensor(), Tensor(), Tensor(), Tensor()
+    watched = [weakref.ref(tensor) for tensor in (out, weights, stats, topk)]
+    _, _, hook = buffer.low_latency_combine(Tensor(), topk, weights, None, return_recv_hook=True, out=out,
+                                             combine_wait_recv_cost_stats=stats)
+    del out, weights, stats, topk
+    gc.collect()
+    assert all(ref() is not None for ref in watched), "the hook let go of a tensor its receive uses"
+    hook()
+    hook(7)  # on another stream, as the extension's hook takes it
+    assert launched == [(), (7,)]
+    del hook
+    gc.collect()
+    assert all(ref() is None for ref in watched), "the tensors outlived the hook"
+
+    stats = Tensor()
+    watched = weakref.ref(stats)
+    _, _, _, _, hook = buffer.low_latency_dispatch(Tensor(), Tensor(), 8, 16, cumulative_local_expert_recv_stats=stats,
+                                                   use_fp8=False, return_recv_hook=True)
+    del stats
+    gc.collect()
+    assert watched() is not None
+    _, _, no_hook = buffer.low_latency_combine(Tensor(), Tensor(), Tensor(), None)
+    assert no_hook is None
