@@ -74,7 +74,8 @@ class Buffer {
   std::shared_ptr<Allocator> output_allocator() const;
   // How long each step of the initialisation (and of warmup) took, in order; for reports.
   std::vector<InitPhase> initialization_phases() const;
-  // Collective explicit teardown (deep_ep's explicitly_destroy); the destructor calls it if needed.
+  // Collective explicit teardown (deep_ep's explicitly_destroy); the destructor calls it if needed
+  // (not with BufferOptions::explicitly_destroy, where it only abandons this rank's mappings).
   void destroy();
 
   // For every token, which ranks and experts its top-k ids name. topk_idx: int64 or int32

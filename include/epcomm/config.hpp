@@ -96,6 +96,11 @@ struct BufferOptions {
   // (and every later one). The bootstrap belongs to that thread until then: make no other use of
   // it (another Buffer on it, a barrier) and capture no CUDA graph in global mode meanwhile.
   bool initialize_in_background = false;
+  // deep_ep's explicitly_destroy: the caller tears the Buffer down with destroy() (collective)
+  // itself. One destroyed without it (a rank unwinding from an error) does not wait for its peers:
+  // it closes its mappings, warns, and leaves its memory to the process's exit; its peers see it
+  // as dead and their own teardown does the same. false: the destructor calls destroy().
+  bool explicitly_destroy = false;
   // Bound on every GPU spin-wait. On expiry the kernel records which rank waited on which peer
   // for what, and the call fails with an epcomm::Error instead of hanging.
   std::chrono::milliseconds wait_timeout{100 * 1000};

@@ -152,7 +152,7 @@ class Buffer:
                                  warmup_stream=None if initialize_in_background else _torch.current_stream(),
                                  comm_stream=self.comm_stream.cuda_stream, enable_shrink=enable_shrink,
                                  transport=transport, emulated_nodes=emulated_nodes, ranks_per_node=ranks_per_node,
-                                 num_rail_bytes=num_rail_bytes)
+                                 num_rail_bytes=num_rail_bytes, explicitly_destroy=explicitly_destroy)
 
     def __del__(self) -> None:
         # Wait (without the GIL) for a background initialisation before the runtime is torn down:

@@ -238,8 +238,9 @@ BufferOptions make_options(int64_t num_nvl_bytes, int64_t num_rdma_bytes, bool l
                            const WarmupShape& warmup_shape, std::shared_ptr<PythonAllocator> output_allocator,
                            std::optional<uintptr_t> warmup_stream, std::optional<uintptr_t> comm_stream,
                            bool enable_shrink, const std::string& transport, int ranks_per_node,
-                           int64_t num_rail_bytes) {
+                           int64_t num_rail_bytes, bool explicitly_destroy) {
   BufferOptions options;
+  options.explicitly_destroy = explicitly_destroy;
   options.num_rail_bytes = num_rail_bytes;
   options.ranks_per_node = ranks_per_node;
   options.transport = parse_transport_kind(transport, "Buffer: transport");
@@ -277,6 +278,7 @@ nb::dict buffer_defaults(const BufferOptions& defaults) {
   values["ranks_per_node"] = defaults.ranks_per_node;
   values["num_rail_bytes"] = defaults.num_rail_bytes;
   values["enable_shrink"] = defaults.enable_shrink;
+  values["explicitly_destroy"] = defaults.explicitly_destroy;
   return values;
 }
 
@@ -293,12 +295,12 @@ void bind_buffer(nb::module_& m) {
               bool in_background, int64_t wait_timeout_ms, int emulated_nodes, const WarmupShape& warmup_shape,
               std::shared_ptr<PythonAllocator> output_allocator, std::optional<uintptr_t> warmup_stream,
               std::optional<uintptr_t> comm_stream, bool enable_shrink, const std::string& transport,
-              int ranks_per_node, int64_t num_rail_bytes) {
+              int ranks_per_node, int64_t num_rail_bytes, bool explicitly_destroy) {
              const BufferOptions options =
                  make_options(num_nvl_bytes, num_rdma_bytes, low_latency_mode, num_qps_per_rank, allow_nvlink, device,
                               preinitialize, in_background, wait_timeout_ms, emulated_nodes, warmup_shape,
                               std::move(output_allocator), warmup_stream, comm_stream, enable_shrink, transport,
-                              ranks_per_node, num_rail_bytes);
+                              ranks_per_node, num_rail_bytes, explicitly_destroy);
              nb::gil_scoped_release release;  // the exchange calls back into Python from C++
              new (self) Buffer(std::move(bootstrap), options);
            },
@@ -313,7 +315,8 @@ void bind_buffer(nb::module_& m) {
            nb::arg("warmup_shape") = WarmupShape{}, nb::arg("output_allocator").none() = nb::none(),
            nb::arg("warmup_stream").none() = nb::none(), nb::arg("comm_stream").none() = nb::none(),
            nb::arg("enable_shrink") = defaults.enable_shrink, nb::arg("transport") = "auto",
-           nb::arg("ranks_per_node") = defaults.ranks_per_node, nb::arg("num_rail_bytes") = defaults.num_rail_bytes)
+           nb::arg("ranks_per_node") = defaults.ranks_per_node, nb::arg("num_rail_bytes") = defaults.num_rail_bytes,
+           nb::arg("explicitly_destroy") = defaults.explicitly_destroy)
       .def_prop_ro("rank", &Buffer::rank)
       .def_prop_ro("num_ranks", &Buffer::num_ranks)
       .def_prop_ro("device", &Buffer::device, nb::call_guard<nb::gil_scoped_release>())

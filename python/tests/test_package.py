@@ -303,8 +303,9 @@ sys.modules["torch"], sys.modules["torch.distributed"] = torch, dist
 import epcomm
 from epcomm import buffer as buffer_module
 
+made = []
 class Runtime:  # the extension's Buffer, which would need a GPU
-    def __init__(self, *args, **kwargs): pass
+    def __init__(self, *args, **kwargs): made.append(kwargs)
     def destroy(self): calls.append(("runtime.destroy",))
     def is_available(self): return True
 
@@ -328,6 +329,11 @@ assert calls == [("old new_group", [4, 5], "gloo")], calls
 calls.clear()
 epcomm.Buffer("ep group")
 assert calls == [], calls
+# deep_ep's explicitly_destroy reaches the runtime (whose destructor then waits for no peer).
+assert made[-1]["explicitly_destroy"] is False
+epcomm.Buffer("ep group", explicitly_destroy=True)
+assert made[-1]["explicitly_destroy"] is True
+assert real.BUFFER_DEFAULTS["explicitly_destroy"] is False
 print("ok")
 '''
 

@@ -212,7 +212,14 @@ Buffer::~Buffer() {
   if (impl_->initialization.valid()) impl_->initialization.wait();  // never leave the thread running
   if (!impl_->transport) return;
   try {
-    destroy();
+    if (impl_->options.explicitly_destroy) {
+      std::fprintf(stderr, "epcomm: warning: rank %d's Buffer went without destroy() (explicitly_destroy): its "
+                   "peer mappings are closed without a collective teardown, and its peers will see it as dead\n",
+                   impl_->bootstrap->rank());
+      impl_->tear_down(/*collectively=*/false);
+    } else {
+      destroy();
+    }
   } catch (const std::exception& error) {
     std::fprintf(stderr, "epcomm: warning: Buffer teardown on rank %d failed: %s\n", impl_->bootstrap->rank(),
                  error.what());
@@ -282,27 +289,30 @@ void Buffer::destroy() {
   if (!impl_) return;
   if (impl_->initialization.valid()) impl_->initialization.wait();
   if (!impl_->transport) return;
-  impl_->alive->store(false);
-  impl_->watchdog.reset();  // peers may exit once they are past their own destroy()
-  detail::ScopedDevice scoped(impl_->device);
+  // A dead rank can meet no barrier (a process-group barrier would wait out its own timeout).
+  impl_->tear_down(/*collectively=*/!impl_->errors.peer_died());
+}
+
+void Buffer::Impl::tear_down(bool collectively) {
+  alive->store(false);
+  watchdog.reset();  // peers may exit once they are past their own destroy()
+  detail::ScopedDevice scoped(device);
   // No kernel of this rank may still touch a peer, and no peer one of ours, once memory is freed.
-  // (Waits give up once a peer is known dead, so this returns then too.)
+  // (Waits give up once a peer is known dead, or after wait_timeout, so this returns then too.)
   EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
-  if (impl_->errors.peer_died()) {
-    // A dead rank can meet no barrier (a process-group barrier would wait out its own timeout):
-    // close this rank's mappings; its own memory (survivors may still map it) is left to the
-    // process's exit. The survivors each do the same.
-    impl_->transport->abandon();
-    impl_->transport.reset();
+  if (collectively) {
+    bootstrap->barrier();
+    transport->release_collectively(*bootstrap);
   } else {
-    impl_->bootstrap->barrier();
-    impl_->transport->release_collectively(*impl_->bootstrap);
-    impl_->transport.reset();
+    // Close this rank's mappings; its own memory (peers may still map it) is left to the
+    // process's exit. Survivors of a dead rank each do the same.
+    transport->abandon();
   }
-  impl_->liveness.reset();  // after the barrier: a rank that closes it earlier would look dead
-  impl_->layout_workspace = detail::DeviceAllocation();
-  impl_->stage_layout_workspace = detail::DeviceAllocation();
-  if (impl_->comm_memory) impl_->comm_memory->close(impl_->comm_stream);  // what handles hold is freed as they go
+  transport.reset();
+  liveness.reset();  // after the barrier: a rank that closes it earlier would look dead
+  layout_workspace = detail::DeviceAllocation();
+  stage_layout_workspace = detail::DeviceAllocation();
+  if (comm_memory) comm_memory->close(comm_stream);  // what handles hold is freed as they go
 }
 
 void Buffer::get_dispatch_layout(const TensorView& topk_idx, int num_experts, const DispatchLayoutOutputs& outputs,

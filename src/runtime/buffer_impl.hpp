@@ -47,6 +47,9 @@ void check_warmup_fits(const BufferOptions& options, int num_ranks, int ranks_pe
 
 struct Buffer::Impl {
   ~Impl();
+  // Releases the transport and what hangs on it: collectively (a barrier, then every rank's
+  // release), or by abandoning this rank's mappings without waiting for any peer.
+  void tear_down(bool collectively);
 
   // Names this Buffer for the handles it makes: unlike its address, never reused by a later
   // Buffer of the process, so a stale handle is refused rather than taken for a new Buffer's.

@@ -1,6 +1,8 @@
 // Buffers come and go without leaking: 100 create/destroy cycles (IPC export, peer mapping,
 // preinitialize, explicit destroy or destructor) leave device memory, open file descriptors and
 // memory mappings where they started.
+#include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +17,8 @@ namespace {
 
 constexpr int kCycles = 100;
 constexpr int64_t kBufferBytes = 32 << 20;
+// A teardown that waits for no peer takes what closing mappings takes, well under this.
+constexpr double kPromptTeardownSeconds = 5.0;
 // Events are reused once released (see event.cpp). A stream made to wait on an event keeps
 // waiting for the recording it saw, even after the event is released and recorded again on an
 // idle stream. `slow` runs a large memset; if `waiter` finishes before it, the wait moved.
@@ -86,6 +90,27 @@ void check_use_after_destroy(RankHarness& harness) {
                        "a handle of a destroyed Buffer given to a later one");
 }
 
+// deep_ep's explicitly_destroy: a Buffer that goes without destroy() (a rank unwinding from an
+// error) waits for no peer. Rank 0 drops its Buffer while every other rank waits in a bootstrap
+// barrier that rank 0 joins only afterwards: a collective teardown there would never finish.
+void check_explicitly_destroyed_buffer_waits_for_no_peer(RankHarness& harness) {
+  BufferOptions options;
+  options.num_nvl_bytes = kBufferBytes;
+  options.explicitly_destroy = true;
+  std::optional<Buffer> buffer(std::in_place, harness.bootstrap(), options);
+  buffer->barrier(nullptr);
+  buffer->synchronize(nullptr);
+  if (harness.rank() == 0) {
+    const auto start = std::chrono::steady_clock::now();
+    buffer.reset();  // no destroy(): abandons its mappings, with a warning
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    harness.check(seconds < kPromptTeardownSeconds, "a Buffer without destroy() went in " + std::to_string(seconds) +
+                                                        " s, waiting for no peer (explicitly_destroy)");
+  }
+  harness.bootstrap()->barrier();
+  buffer.reset();  // the others go the same way: rank 0 is gone, so nobody could meet them
+}
+
 }  // namespace
 
 void run_lifecycle_case(RankHarness& harness) {
@@ -141,6 +166,7 @@ void run_lifecycle_case(RankHarness& harness) {
 
   check_released_events_keep_their_waits(harness);
   check_use_after_destroy(harness);
+  check_explicitly_destroyed_buffer_waits_for_no_peer(harness);
 
   // Construction validates options before touching the GPU or the bootstrap.
   BufferOptions bad;
