@@ -196,12 +196,10 @@ class Buffer:
     # ---- lifetime ----
     def destroy(self) -> None:
         """Collective teardown (deep_ep's explicitly_destroy); the object is unusable afterwards."""
+        # The background initialisation's own group stays: destroyed, its name (torch's hash of
+        # its ranks) would be free again, and the next Buffer's group of the same ranks would meet
+        # the stale keys it left in torch's store.
         self.runtime.destroy()
-        if self._exchange_group is not None:  # the background initialisation's own group
-            import torch.distributed as dist
-
-            dist.destroy_process_group(self._exchange_group)
-            self._exchange_group = None
 
     def check_errors(self) -> None:
         """Raises what the GPU recorded for this Buffer since the last check, without waiting for

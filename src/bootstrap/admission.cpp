@@ -22,10 +22,13 @@ IoStatus Admission::accept_new() {
   while (candidates_.size() < max_candidates_) {
     IoStatus status;
     UniqueFd fd = listener_.accept(Deadline(std::chrono::milliseconds(0)), status);
-    // Nobody else is waiting (a timeout at once), or this process cannot accept (out of file
-    // descriptors: the connection stays queued and the listener readable, so it is an error now,
-    // not a wait that spins until the deadline).
-    if (!fd) return status.kind == IoStatus::kSystemError ? status : IoStatus{};
+    // Nobody else is waiting (a timeout at once), or accepting failed. Out of file descriptors
+    // (or a broken listener) lasts: the connection stays queued and the listener readable, so it
+    // is an error now, not a wait that spins until the deadline. Short of memory may pass: the
+    // next wake-up tries again.
+    if (!fd) return status.kind == IoStatus::kSystemError && status.error != ENOBUFS && status.error != ENOMEM
+                        ? status
+                        : IoStatus{};
     candidates_.emplace_back(std::move(fd), handshake_budget_);
   }
   return {};
@@ -87,7 +90,10 @@ std::optional<Admitted> Admission::next(const Deadline& deadline, IoStatus& stat
     // Progress every candidate with data, drop the finished and the late.
     std::optional<Admitted> admitted;
     for (Candidate& candidate : candidates_) {
-      if (!admitted && candidate.fd) admitted = advance(candidate);
+      // Once one is admitted the pass ends: the others are read, and only then judged, next time
+      // (a rank 0 that stalled must not refuse a greeting it has not read yet).
+      if (admitted || !candidate.fd) continue;
+      admitted = advance(candidate);
       if (candidate.fd && !candidate.greeted && candidate.greeting_deadline.expired()) {
         refuse(candidate, "a connection did not send its whole greeting in time (a rank sends it as it connects)");
       }

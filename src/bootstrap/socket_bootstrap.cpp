@@ -360,10 +360,12 @@ class SocketBootstrap final : public Bootstrap {
       std::string last_error;
       milliseconds delay = kFirstRetryDelay;
       // Rank 0 may start later than us, so refusals are expected until the deadline.
-      while (!join_root(deadline, last_error)) {
+      std::string unanswered;  // why a greeting went unanswered, kept past later attempts' errors
+      while (!join_root(deadline, last_error, unanswered)) {
         if (deadline.expired()) {
+          const std::string before = unanswered.empty() || unanswered == last_error ? "" : "; before that, " + unanswered;
           fail(ErrorCode::kBootstrapError, "rank ", rank_, " waited ", timeout_.count(), " ms to connect to rank 0 at ",
-               addresses_text(), " (last attempt: ", last_error, ")");
+               addresses_text(), " (last attempt: ", last_error, before, ")");
         }
         std::this_thread::sleep_for(std::min(delay, milliseconds(deadline.remaining_ms())));
         delay = std::min(delay * 2, kMaxRetryDelay);
@@ -378,7 +380,7 @@ class SocketBootstrap final : public Bootstrap {
   // One round over rank 0's addresses: true once one of them answered as rank 0 of this job. With
   // one address, a process there that is not rank 0 of this job is an error; with several (rank
   // 0's interfaces, some of which may lead elsewhere from here) the next one is tried.
-  bool join_root(const Deadline& deadline, std::string& last_error) {
+  bool join_root(const Deadline& deadline, std::string& last_error, std::string& unanswered) {
     const bool alone = addresses_.size() == 1;
     for (const SocketAddress& address : addresses_) {
       const auto within = [&](milliseconds budget) {
@@ -392,17 +394,21 @@ class SocketBootstrap final : public Bootstrap {
       peers_.push_back(std::move(connection));
       const milliseconds handshake = alone ? std::min(timeout_, kHandshakeBudget) : within(kAddressHandshakeBudget);
       if (alone) {
-        if (prove_membership(Deadline(timeout_), handshake, /*silence_is_retried=*/true)) return true;
-        // Silence, not a refusal: rank 0 may be busy with other connections (strangers holding its
-        // handshake slots); try again until the deadline rather than fail the job now.
-        last_error = join_message("the process listening at ", address.text, " did not answer our greeting within ",
-                                  handshake.count(), " ms: rank 0 busy with other connections, or a process that is "
-                                  "not rank 0 of this job");
+        if (prove_membership(Deadline(timeout_), handshake, /*unanswered_is_retried=*/true)) return true;
+        // No challenge came (silence, or the connection closed): rank 0 may have been busy with
+        // other connections (strangers holding its handshake slots) and read our greeting too late,
+        // or the process there is not rank 0 of this job. Try again until the deadline.
+        last_error = join_message(
+            "the process listening at ", address.text, " did not answer our greeting (within ", handshake.count(),
+            " ms, or closed the connection): it is not rank 0 of this job (job ", key_.id_text(), "), but another "
+            "job's (started with another secret), another program, or an older epcomm; or rank 0 was too busy to "
+            "read it in time");
+        unanswered = last_error;
         peers_.clear();
         return false;
       }
       try {
-        prove_membership(Deadline(handshake), handshake, /*silence_is_retried=*/false);
+        prove_membership(Deadline(handshake), handshake, /*unanswered_is_retried=*/false);
         return true;
       } catch (const Error& error) {
         // Not rank 0 of this job: nothing learned there counts (a closed connection names rank 0).
@@ -421,9 +427,10 @@ class SocketBootstrap final : public Bootstrap {
   }
 
   // The peer's half of the handshake: rank 0 must prove it knows the job's secret before this
-  // rank proves it does. False when no challenge came within `challenge_budget` and
-  // `silence_is_retried` (the caller connects again); any other failure throws.
-  bool prove_membership(const Deadline& deadline, milliseconds challenge_budget, bool silence_is_retried) {
+  // rank proves it does. False when no challenge came (none within `challenge_budget`, or the
+  // connection closed first) and `unanswered_is_retried` (the caller connects again); any other
+  // failure throws.
+  bool prove_membership(const Deadline& deadline, milliseconds challenge_budget, bool unanswered_is_retried) {
     Hello hello;
     hello.rank = rank_;
     hello.num_ranks = num_ranks_;
@@ -431,10 +438,14 @@ class SocketBootstrap final : public Bootstrap {
     hello.nonce = random_nonce();
     const auto hello_bytes = hello.encode();
     IoStatus status = write_all(fd_of(0), hello_bytes.data(), hello_bytes.size(), deadline);
+    const auto unanswered = [&] {
+      return unanswered_is_retried && (status.kind == IoStatus::kTimedOut || status.kind == IoStatus::kPeerClosed);
+    };
+    if (unanswered()) return false;
     if (!status.ok()) fail_from_root(status, "accept our greeting");
     std::array<uint8_t, Challenge::kBytes> challenge_bytes{};
     status = read_all(fd_of(0), challenge_bytes.data(), challenge_bytes.size(), Deadline(challenge_budget));
-    if (status.kind == IoStatus::kTimedOut && silence_is_retried) return false;
+    if (unanswered()) return false;
     if (!status.ok()) {
       fail(ErrorCode::kBootstrapError, "rank ", rank_, ": the process listening at ", address_.text,
            " did not answer our greeting (", status.describe(), "): it is not rank 0 of this job (job ", key_.id_text(),

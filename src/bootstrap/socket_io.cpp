@@ -317,11 +317,13 @@ UniqueFd Listener::accept(const Deadline& deadline, IoStatus& status) {
       status = {};
       return fd;
     }
-    // A client that gave up between connecting and our accept (ECONNABORTED), or whose connection
-    // already failed (Linux reports the new socket's pending network error from accept): wait for
-    // the next one. What is left (EMFILE, ENFILE, ENOBUFS, ENOMEM) is this process's failure.
-    if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO || errno == ENETDOWN || errno == ENOPROTOOPT ||
-        errno == EHOSTDOWN || errno == ENONET || errno == EHOSTUNREACH || errno == EOPNOTSUPP || errno == ENETUNREACH) {
+    // One connection's failure: a client that gave up between connecting and our accept, one
+    // whose connection already failed (Linux reports the new socket's pending network error from
+    // accept), one a firewall refused. Wait for the next one. What is left (EMFILE, ENFILE,
+    // ENOBUFS, ENOMEM, a broken listener) is this process's.
+    if (errno == EINTR || errno == ECONNABORTED || errno == ECONNRESET || errno == ETIMEDOUT || errno == EPERM ||
+        errno == EPROTO || errno == ENETDOWN || errno == ENOPROTOOPT || errno == EHOSTDOWN || errno == ENONET ||
+        errno == EHOSTUNREACH || errno == EOPNOTSUPP || errno == ENETUNREACH) {
       continue;
     }
     if (errno != EAGAIN && errno != EWOULDBLOCK) {

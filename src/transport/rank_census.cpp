@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -48,6 +49,7 @@ std::vector<RankCensus> take_census(Bootstrap& bootstrap, const RankCensus& mine
     theirs.pci_bus_id[RankCensus::kBusIdBytes - 1] = '\0';
     theirs.agreed[RankCensus::kAgreedBytes - 1] = '\0';
   }
+  forget_boot_ids_unless_all_known(all);
   for (int peer = 0; peer < bootstrap.num_ranks(); ++peer) {
     const RankCensus& theirs = all[peer];
     if (theirs.total_bytes != mine.total_bytes ||
@@ -58,6 +60,13 @@ std::vector<RankCensus> take_census(Bootstrap& bootstrap, const RankCensus& mine
     }
   }
   return all;
+}
+
+void forget_boot_ids_unless_all_known(std::vector<RankCensus>& census) {
+  const bool all_known =
+      std::all_of(census.begin(), census.end(), [](const RankCensus& entry) { return entry.boot_id[0] != '\0'; });
+  if (all_known) return;
+  for (RankCensus& entry : census) entry.boot_id[0] = '\0';
 }
 
 bool same_host(const RankCensus& a, const RankCensus& b) {

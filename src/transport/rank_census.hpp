@@ -38,6 +38,9 @@ RankCensus describe_this_rank(int device, uint64_t total_bytes, const char* agre
 // options or another buffer size than this one.
 std::vector<RankCensus> take_census(Bootstrap& bootstrap, const RankCensus& mine);
 
+// Boot ids count only where every rank knows its own (take_census calls this): with some missing,
+// a rank without one would share a host with two ranks that do not share one with each other.
+void forget_boot_ids_unless_all_known(std::vector<RankCensus>& census);
 // Whether two entries name the same host: the same name and, where both know it, the same boot id.
 bool same_host(const RankCensus& a, const RankCensus& b);
 // A host as messages name it: 'name', and its boot id's first characters where known.

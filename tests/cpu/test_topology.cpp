@@ -70,6 +70,15 @@ TEST(Topology, MachinesOfOneNameAreToldApartByTheirBootIds) {
   const std::vector<RankCensus> unknown = booted("ubuntu", {"1111aaaa-x", ""});
   EXPECT_TRUE(same_host(unknown[0], unknown[1]));
   EXPECT_EQ(host_text(unknown[1]), "'ubuntu'");
+  // Boot ids count only where every rank knows its own: otherwise the host relation would not be
+  // transitive (A ~ unknown ~ C, but A !~ C), and the ranks' order would decide the nodes.
+  std::vector<RankCensus> partly = booted("ubuntu", {"1111aaaa-x", "", "2222bbbb-y"});
+  forget_boot_ids_unless_all_known(partly);
+  EXPECT_TRUE(same_host(partly[0], partly[2]));
+  EXPECT_EQ(find_topology(partly, 1, 0).num_nodes(), 1);
+  std::vector<RankCensus> all_known = clones;
+  forget_boot_ids_unless_all_known(all_known);
+  EXPECT_FALSE(same_host(all_known[1], all_known[2]));
   // A machine's name and boot id both differ from another's: two hosts.
   EXPECT_FALSE(same_host(booted("a", {"1"})[0], booted("b", {"1"})[0]));
 }

@@ -72,8 +72,8 @@ std::string describe_ranks(const std::vector<int>& ranks) {
   throw std::system_error(errno, std::generic_category(), what);
 }
 
-// While ranks run: stop them (instead of orphaning them) when we are interrupted, unless the
-// caller ignores the signal, and reap them ourselves even if the caller set SIGCHLD to SIG_IGN.
+// While ranks run: stop them (instead of orphaning them) when we are interrupted (but for a
+// hangup the caller ignores), and reap them ourselves even if the caller set SIGCHLD to SIG_IGN.
 // Restores the caller's handlers afterwards.
 class ScopedSignals {
  public:
@@ -84,9 +84,11 @@ class ScopedSignals {
     sigemptyset(&action.sa_mask);
     for (size_t i = 0; i < std::size(kHandledSignals); ++i) {
       sigaction(kHandledSignals[i], &action, &saved_[i]);
-      // A signal the caller ignores (nohup's SIGHUP) stays ignored, here and so in the ranks,
-      // which inherit it: catching it would stop the job, and exec would reset it to the default.
-      if (saved_[i].sa_handler == SIG_IGN) sigaction(kHandledSignals[i], &saved_[i], nullptr);
+      // A hangup the caller ignores (nohup) stays ignored, here and so in the ranks, which inherit
+      // it: catching it would stop the job, and exec would reset it to the default. (SIGINT and
+      // SIGTERM are still caught: a shell ignores SIGINT in its background jobs, yet a kill -INT
+      // of the launcher must stop them, and the ranks must get the default action.)
+      if (kHandledSignals[i] == SIGHUP && saved_[i].sa_handler == SIG_IGN) sigaction(SIGHUP, &saved_[i], nullptr);
     }
     struct sigaction child_default {};
     child_default.sa_handler = SIG_DFL;
