@@ -378,8 +378,9 @@ class SocketBootstrap final : public Bootstrap {
   }
 
   // One round over rank 0's addresses: true once one of them answered as rank 0 of this job. With
-  // one address, a process there that is not rank 0 of this job is an error; with several (rank
-  // 0's interfaces, some of which may lead elsewhere from here) the next one is tried.
+  // one address, a greeting unanswered (silence, or a close) is tried again by the caller until its
+  // deadline, and an answer that proves nothing is an error; with several (rank 0's interfaces,
+  // some of which may lead elsewhere from here) the next one is tried.
   bool join_root(const Deadline& deadline, std::string& last_error, std::string& unanswered) {
     const bool alone = addresses_.size() == 1;
     for (const SocketAddress& address : addresses_) {
