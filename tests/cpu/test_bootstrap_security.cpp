@@ -316,6 +316,11 @@ TEST(BootstrapSecurity, AFakeRankZeroGetsNoProof) {
 // until its deadline and then blame the ranks for not connecting. In a child process, whose
 // open-file limit can be lowered and then used up without touching the test's own.
 TEST(BootstrapErrors, RankZeroOutOfFileDescriptorsSaysSoAtOnce) {
+#if defined(__SANITIZE_ADDRESS__)
+  // The sanitizers' runtimes cannot report with every descriptor taken (UBSan misreads the
+  // stream objects of the child's error message then): the plain build runs this.
+  GTEST_SKIP() << "not under the sanitizers: they need file descriptors of their own";
+#endif
   const TempDir dir;
   const std::string path = dir.file("job.sock");
   int report[2];
