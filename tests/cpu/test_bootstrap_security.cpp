@@ -113,17 +113,33 @@ Result attempt(const std::function<void()>& body) {
   return {};
 }
 
+sockaddr_un unix_address(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  path.copy(addr.sun_path, sizeof(addr.sun_path) - 1);
+  return addr;
+}
+
 // A raw client of a unix-socket address, connected once rank 0 listens.
 int connect_when_listening(const std::string& path) {
+  const sockaddr_un addr = unix_address(path);
   for (auto deadline = Clock::now() + kGenerousTimeout; Clock::now() < deadline; std::this_thread::sleep_for(5ms)) {
     const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    path.copy(addr.sun_path, sizeof(addr.sun_path) - 1);
-    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) return fd;
+    if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) return fd;
     close(fd);
   }
   return -1;
+}
+
+// A raw listener on a unix-socket path (no rank 0 behind it), or -1.
+int listen_on(const std::string& path, int backlog) {
+  const int listener = socket(AF_UNIX, SOCK_STREAM, 0);
+  const sockaddr_un addr = unix_address(path);
+  if (bind(listener, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0 || listen(listener, backlog) != 0) {
+    close(listener);
+    return -1;
+  }
+  return listener;
 }
 
 // Everything the connection receives until the other side closes it (or `wait` passes).
@@ -183,26 +199,41 @@ TEST(BootstrapSecurity, AnotherJobOnTheSameTcpAddressDoesNotMix) {
   EXPECT_FALSE(other_job.ok);
 }
 
-TEST(BootstrapSecurity, SilentAndGarbageConnectionsNeitherStallNorFailTheJobNorLearnAnything) {
-  const TempDir dir;
-  const std::string path = dir.file("job.sock");
+// A job of three ranks (secret "s") at `path`: rank 0 first, then `meanwhile` (strangers
+// connecting), then ranks 1 and 2. Each rank's result, and how long the job took after `meanwhile`.
+struct JobRun {
+  Result ranks[3];
+  Clock::duration after_strangers{};
+};
+JobRun run_job_after(const std::string& path, const std::function<void()>& meanwhile) {
   const std::string address = "unix:" + path;
-  Result job[3];
-  std::thread root([&] { job[0] = attempt([&] { run_rank(address, 0, 3, with_secret("s")); }); });
-  const int silent = connect_when_listening(path);
-  const int garbage = connect_when_listening(path);
-  ASSERT_GE(silent, 0);
-  ASSERT_GE(garbage, 0);
-  const std::string noise(bootstrap_detail::Hello::kBytes, 'G');
-  ASSERT_EQ(write(garbage, noise.data(), noise.size()), static_cast<ssize_t>(noise.size()));
+  JobRun run;
+  std::thread root([&] { run.ranks[0] = attempt([&] { run_rank(address, 0, 3, with_secret("s")); }); });
+  meanwhile();
   const auto start = Clock::now();
-  std::thread one([&] { job[1] = attempt([&] { run_rank(address, 1, 3, with_secret("s")); }); });
-  std::thread two([&] { job[2] = attempt([&] { run_rank(address, 2, 3, with_secret("s")); }); });
+  std::thread one([&] { run.ranks[1] = attempt([&] { run_rank(address, 1, 3, with_secret("s")); }); });
+  std::thread two([&] { run.ranks[2] = attempt([&] { run_rank(address, 2, 3, with_secret("s")); }); });
   one.join();
   two.join();
   root.join();
-  EXPECT_LT(Clock::now() - start, kPromptly);  // the silent connection held nobody up
-  for (const Result& result : job) EXPECT_TRUE(result.ok) << result.message;
+  run.after_strangers = Clock::now() - start;
+  return run;
+}
+
+TEST(BootstrapSecurity, SilentAndGarbageConnectionsNeitherStallNorFailTheJobNorLearnAnything) {
+  const TempDir dir;
+  const std::string path = dir.file("job.sock");
+  int silent = -1, garbage = -1;
+  const JobRun run = run_job_after(path, [&] {
+    silent = connect_when_listening(path);
+    garbage = connect_when_listening(path);
+    const std::string noise(bootstrap_detail::Hello::kBytes, 'G');
+    EXPECT_EQ(write(garbage, noise.data(), noise.size()), static_cast<ssize_t>(noise.size()));
+  });
+  ASSERT_GE(silent, 0);
+  ASSERT_GE(garbage, 0);
+  EXPECT_LT(run.after_strangers, kPromptly);  // the silent connection held nobody up
+  for (const Result& result : run.ranks) EXPECT_TRUE(result.ok) << result.message;
   EXPECT_EQ(drain(garbage, 1s), "");  // closed without a word: no abort text, no job details
   close(garbage);
   close(silent);
@@ -214,23 +245,13 @@ TEST(BootstrapSecurity, MoreSilentConnectionsThanHandshakeSlotsDoNotFailTheJob) 
   // unanswered meanwhile connects again. The job finishes, well inside its timeout.
   const TempDir dir;
   const std::string path = dir.file("job.sock");
-  const std::string address = "unix:" + path;
-  Result job[3];
-  std::thread root([&] { job[0] = attempt([&] { run_rank(address, 0, 3, with_secret("s")); }); });
   std::vector<int> silent;
-  for (int i = 0; i < 80; ++i) {
-    const int fd = connect_when_listening(path);
-    ASSERT_GE(fd, 0);
-    silent.push_back(fd);
-  }
-  const auto start = Clock::now();
-  std::thread one([&] { job[1] = attempt([&] { run_rank(address, 1, 3, with_secret("s")); }); });
-  std::thread two([&] { job[2] = attempt([&] { run_rank(address, 2, 3, with_secret("s")); }); });
-  one.join();
-  two.join();
-  root.join();
-  EXPECT_LT(Clock::now() - start, 15s);
-  for (const Result& result : job) EXPECT_TRUE(result.ok) << result.message;
+  const JobRun run = run_job_after(path, [&] {
+    for (int i = 0; i < 80; ++i) silent.push_back(connect_when_listening(path));
+  });
+  for (const int fd : silent) EXPECT_GE(fd, 0);
+  EXPECT_LT(run.after_strangers, 15s);
+  for (const Result& result : run.ranks) EXPECT_TRUE(result.ok) << result.message;
   for (const int fd : silent) close(fd);
 }
 
@@ -258,16 +279,13 @@ TEST(BootstrapSecurity, AListenerWithAFullBacklogCountsAsLiveAtOnce) {
   // on its socket is told at once that someone listens there, where its probe used to block.
   const TempDir dir;
   const std::string path = dir.file("job.sock");
-  const int listener = socket(AF_UNIX, SOCK_STREAM, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  path.copy(addr.sun_path, sizeof(addr.sun_path) - 1);
-  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(listener, 0), 0);
+  const int listener = listen_on(path, 0);
+  ASSERT_GE(listener, 0);
+  const sockaddr_un addr = unix_address(path);
   std::vector<int> queued;
   for (int i = 0; i < 64; ++i) {
     const int client = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
-    if (connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    if (connect(client, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
       close(client);
       break;  // EAGAIN: the backlog is full
     }
@@ -287,12 +305,8 @@ TEST(BootstrapSecurity, AListenerWithAFullBacklogCountsAsLiveAtOnce) {
 TEST(BootstrapSecurity, AFakeRankZeroGetsNoProof) {
   const TempDir dir;
   const std::string path = dir.file("job.sock");
-  const int listener = socket(AF_UNIX, SOCK_STREAM, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  path.copy(addr.sun_path, sizeof(addr.sun_path) - 1);
-  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(listener, 4), 0);
+  const int listener = listen_on(path, 4);
+  ASSERT_GE(listener, 0);
   std::string after_challenge;
   std::thread fake([&] {
     const int fd = accept(listener, nullptr, nullptr);
@@ -340,12 +354,11 @@ TEST(BootstrapErrors, RankZeroOutOfFileDescriptorsSaysSoAtOnce) {
     });
     const int early = connect_when_listening(path);  // rank 0 listens (this one is a silent candidate)
     const int client = socket(AF_UNIX, SOCK_STREAM, 0);
+    const sockaddr_un addr = unix_address(path);
     std::vector<int> fillers;
     for (int fd; (fd = open("/dev/null", O_RDONLY)) >= 0;) fillers.push_back(fd);  // every descriptor taken
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    path.copy(addr.sun_path, sizeof(addr.sun_path) - 1);
-    const bool connected = early >= 0 && client >= 0 && connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    const bool connected =
+        early >= 0 && client >= 0 && connect(client, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
     root.join();
     for (const int fd : fillers) close(fd);
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
