@@ -47,9 +47,10 @@ inline constexpr int kMinRingTokens = 2 * kSendWindowTokens;
 // The smallest ring (tokens) that never deadlocks with a send chunk of `send_chunk` tokens: a
 // sender publishes only every send_chunk tokens, in windows of kSendWindowTokens, and may wait for
 // ring space before publishing, so the ring must hold a whole unpublished stretch plus a window.
-constexpr int min_ring_tokens(int send_chunk) {
-  const int stretch = (send_chunk + kSendWindowTokens - 1) / kSendWindowTokens * kSendWindowTokens;
-  return stretch + kSendWindowTokens > kMinRingTokens ? stretch + kSendWindowTokens : kMinRingTokens;
+// In 64 bits: any int send_chunk (a caller's INT_MAX) gives the true bound, never a wrapped one.
+constexpr int64_t min_ring_tokens(int send_chunk) {
+  const int64_t stretch = (int64_t{send_chunk} + kSendWindowTokens - 1) / kSendWindowTokens * kSendWindowTokens;
+  return stretch + kSendWindowTokens > kMinRingTokens ? stretch + kSendWindowTokens : int64_t{kMinRingTokens};
 }
 // 16-byte loads each lane keeps in flight (its registers hold them): the combine receiver, and
 // the row copies of normal-mode dispatch.

@@ -116,6 +116,21 @@ TransportKind parse_transport_kind(const std::string& name, const char* what) {
   fail(ErrorCode::kInvalidArgument, what, "='", name, "' must be 'auto', 'ipc' or 'nvshmem'");
 }
 
+namespace {
+
+// A row size and rank count a size hint can lay rings out for, or an error naming the bad one.
+void require_ring_shape(const char* what, int64_t hidden_bytes, int num_ranks) {
+  if (hidden_bytes <= 0 || hidden_bytes % static_cast<int64_t>(kVectorBytes) != 0 || hidden_bytes > INT32_MAX) {
+    fail(ErrorCode::kInvalidArgument, what, ": hidden_bytes=", hidden_bytes, " must be a positive multiple of ",
+         kVectorBytes, " (16-byte rows), at most ", INT32_MAX);
+  }
+  if (num_ranks < 1 || num_ranks > kMaxRanks) {
+    fail(ErrorCode::kInvalidArgument, what, ": num_ranks=", num_ranks, " must be in [1, ", kMaxRanks, "]");
+  }
+}
+
+}  // namespace
+
 void Config::validate() const {
   // Even, as deep_ep requires (its channels are SM pairs); here each SM is a channel of its own.
   if (num_sms < 2 || num_sms % 2 != 0 || num_sms > kMaxChannels) {
@@ -126,7 +141,7 @@ void Config::validate() const {
     fail(ErrorCode::kInvalidArgument, "Config: num_max_nvl_chunked_send_tokens=", num_max_nvl_chunked_send_tokens,
          " must be at least 1");
   }
-  const int min_ring = min_ring_tokens(num_max_nvl_chunked_send_tokens);
+  const int64_t min_ring = min_ring_tokens(num_max_nvl_chunked_send_tokens);
   if (num_max_nvl_chunked_recv_tokens < min_ring) {
     fail(ErrorCode::kInvalidArgument, "Config: num_max_nvl_chunked_recv_tokens=", num_max_nvl_chunked_recv_tokens,
          " must be at least ", min_ring, " with num_max_nvl_chunked_send_tokens=", num_max_nvl_chunked_send_tokens,
@@ -143,6 +158,7 @@ void Config::validate() const {
 }
 
 int64_t Config::nvl_buffer_size_hint(int64_t hidden_bytes, int num_ranks, int num_nodes) const {
+  require_ring_shape("Config::nvl_buffer_size_hint", hidden_bytes, num_ranks);
   if (num_nodes < 1 || num_nodes > num_ranks) {
     fail(ErrorCode::kInvalidArgument, "Config::nvl_buffer_size_hint: num_nodes=", num_nodes, " must be in [1, num_ranks=",
          num_ranks, "]");
@@ -151,6 +167,7 @@ int64_t Config::nvl_buffer_size_hint(int64_t hidden_bytes, int num_ranks, int nu
 }
 
 int64_t Config::rdma_buffer_size_hint(int64_t hidden_bytes, int num_nodes) const {
+  require_ring_shape("Config::rdma_buffer_size_hint", hidden_bytes, 1);
   if (num_nodes < 1 || num_nodes > kMaxNvlPeers) {
     fail(ErrorCode::kInvalidArgument, "Config::rdma_buffer_size_hint: num_nodes=", num_nodes, " must be in [1, ",
          kMaxNvlPeers, "]");
@@ -160,6 +177,7 @@ int64_t Config::rdma_buffer_size_hint(int64_t hidden_bytes, int num_nodes) const
 }
 
 int64_t Config::ring_buffer_bytes(int64_t hidden_bytes, int num_ranks, bool staged) const {
+  require_ring_shape("Config::ring_buffer_bytes", hidden_bytes, num_ranks);
   return rings_bytes(hidden_bytes, num_ranks, staged, num_max_nvl_chunked_recv_tokens);
 }
 

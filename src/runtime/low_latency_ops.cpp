@@ -41,6 +41,7 @@ void require_low_latency_region(const char* op, const Buffer::Impl& impl, const 
 }
 
 void validate_shapes(const char* op, int num_ranks, int max_tokens, int hidden, int num_experts, int num_topk) {
+  detail::require_in_range(op, "num_ranks", num_ranks, 1, kMaxRanks);  // first: num_experts is divided by it
   detail::require_in_range(op, "num_max_dispatch_tokens_per_rank", max_tokens, 1, kMaxLowLatencyPairs);
   detail::require_in_range(op, "num_topk (topk_idx.shape[1])", num_topk, 1, kMaxLowLatencyTopk);
   if (num_experts <= 0 || num_experts % num_ranks != 0 || num_experts > kMaxLowLatencyExperts) {

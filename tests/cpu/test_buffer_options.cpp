@@ -13,13 +13,19 @@
 namespace epcomm {
 namespace {
 
-std::string validation_error(const BufferOptions& options, int num_ranks) {
+// The message of what `call` throws ("" when it throws nothing).
+template <typename Call>
+std::string error_from(Call&& call) {
   try {
-    options.validate(num_ranks);
+    call();
   } catch (const Error& error) {
     return error.what();
   }
   return "";
+}
+
+std::string validation_error(const BufferOptions& options, int num_ranks) {
+  return error_from([&] { options.validate(num_ranks); });
 }
 
 TEST(BufferOptions, DefaultsAreValid) {
@@ -276,6 +282,38 @@ TEST(LowLatencySizeHint, CoversTheLayoutAndGrowsWithEveryShape) {
   EXPECT_THROW(Buffer::low_latency_buffer_size_hint(128, 7168, 8, 250), Error);  // 250 % 8 != 0
   EXPECT_THROW(Buffer::low_latency_buffer_size_hint(0, 7168, 8, 256), Error);
   EXPECT_THROW(Buffer::low_latency_buffer_size_hint(128, 100, 8, 256), Error);  // rows not 16-byte multiples
+}
+
+TEST(LowLatencySizeHint, ARankCountOutOfRangeIsNamedNotDividedBy) {
+  // num_ranks 0 divided num_experts (SIGFPE); a negative one passed with a wrapped size.
+  for (const int ranks : {0, -8, kMaxRanks + 1}) {
+    const std::string message = error_from([&] { (void)Buffer::low_latency_buffer_size_hint(128, 7168, ranks, 256); });
+    EXPECT_NE(message.find("num_ranks=" + std::to_string(ranks)), std::string::npos) << message;
+  }
+}
+
+TEST(NormalSizeHint, BadRowSizesAndRankCountsAreNamed) {
+  const Config config = default_dispatch_config(8);
+  for (const int64_t hidden_bytes : {int64_t{0}, int64_t{-16}, int64_t{100}}) {
+    const std::string message = error_from([&] { (void)config.nvl_buffer_size_hint(hidden_bytes, 8); });
+    EXPECT_NE(message.find("hidden_bytes=" + std::to_string(hidden_bytes)), std::string::npos) << message;
+  }
+  // The rank count is named as such, not blamed on num_nodes.
+  EXPECT_NE(error_from([&] { (void)config.nvl_buffer_size_hint(7168 * 2, 0); }).find("num_ranks=0"), std::string::npos);
+  EXPECT_NE(error_from([&] { (void)config.ring_buffer_bytes(7168 * 2, -3, false); }).find("num_ranks=-3"),
+            std::string::npos);
+  EXPECT_NE(error_from([&] { (void)config.rdma_buffer_size_hint(-16, 2); }).find("hidden_bytes=-16"), std::string::npos);
+}
+
+TEST(Config, AHugeSendChunkNeedsAHugeRingNotAWrappedOne) {
+  // send chunk INT_MAX: its bound used to wrap to 64 tokens, so a ring of 128 passed and the
+  // dispatch waited for ring space it could never get.
+  Config config = default_dispatch_config(8);
+  config.num_max_nvl_chunked_send_tokens = INT32_MAX;
+  config.num_max_nvl_chunked_recv_tokens = 128;
+  EXPECT_NE(error_from([&] { config.validate(); }).find("num_max_nvl_chunked_recv_tokens=128 must be at least"),
+            std::string::npos);
+  EXPECT_GT(min_ring_tokens(INT32_MAX), int64_t{INT32_MAX});
 }
 
 TEST(NormalSizeHint, FitsTheRingsOfTheConfig) {

@@ -956,7 +956,7 @@ void check_hierarchical_disagreements(Context& ctx, RankTensors& inputs, Allocat
   // A field only the node stage uses (its ring): the rail stage compares it too, so the same. Rank
   // 0's ring stays valid and fits (smaller), or the case would fail on rank 0 alone, before any call.
   const int smaller_ring = std::max(ctx.default_config.num_max_nvl_chunked_recv_tokens / 2,
-                                    min_ring_tokens(ctx.default_config.num_max_nvl_chunked_send_tokens));
+                                    static_cast<int>(min_ring_tokens(ctx.default_config.num_max_nvl_chunked_send_tokens)));
   if (smaller_ring < ctx.default_config.num_max_nvl_chunked_recv_tokens) {
     mine = good;
     if (me == 0) mine.config.num_max_nvl_chunked_recv_tokens = smaller_ring;
