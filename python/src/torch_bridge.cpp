@@ -80,6 +80,10 @@ TensorView TorchBridge::view(nb::handle tensor, const char* name) const {
     throw nb::type_error(("epcomm: " + std::string(name) + ".stride() gave " + text_of(strides) + " for shape " +
                           text_of(shape)).c_str());
   }
+  if (ndim == 0) {  // a TensorView of no dimensions means "not given": a scalar would be dropped unseen
+    throw nb::value_error(("epcomm: " + std::string(name) + " is a 0-dimensional tensor (a scalar); epcomm takes "
+                           "tensors of 1 to " + std::to_string(TensorView::kMaxDims) + " dimensions").c_str());
+  }
   if (ndim > TensorView::kMaxDims) {
     throw nb::value_error(("epcomm: " + std::string(name) + " has " + std::to_string(ndim) +
                            " dimensions; epcomm takes at most " + std::to_string(TensorView::kMaxDims)).c_str());

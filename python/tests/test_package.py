@@ -260,7 +260,8 @@ view = _C.TensorView.of(Tensor(torch.int64), "topk_idx")
 assert (view.data, view.dtype, view.shape) == (4096, int(_C.DType.int64), [4, 2]), view
 for bad, kind, words in ((Tensor(object()), ValueError, "x has dtype"), ([1, 2], TypeError, "got list"),
                          (Tensor(torch.bool, (2, 2, 2, 2, 2), (16, 8, 4, 2, 1)), ValueError, "5 dimensions"),
-                         (Tensor(torch.bool, (4, 2), (1,)), TypeError, "x.stride() gave")):
+                         (Tensor(torch.bool, (4, 2), (1,)), TypeError, "x.stride() gave"),
+                         (Tensor(torch.bool, (), ()), ValueError, "0-dimensional")):
     try:
         _C.TensorView.of(bad, "x")
     except kind as error:

@@ -37,6 +37,14 @@ int device_of(const void* pointer) {
 
 void require_device_tensor(int device, const char* op, const char* name, const TensorView& tensor,
                            std::initializer_list<DType> dtypes, std::initializer_list<int64_t> shape, Strides strides) {
+  // Extents the calls hold in an int (rows, hidden): a negative one, or one past INT32_MAX that a
+  // cast would cut (an 8 GiB row read as 8 bytes), is refused here.
+  for (int d = 0; d < tensor.ndim; ++d) {
+    if (tensor.shape[d] < 0 || tensor.shape[d] > INT32_MAX) {
+      fail(ErrorCode::kInvalidArgument, op, ": ", name, " has extent ", tensor.shape[d], " in dimension ", d,
+           "; epcomm takes 0 to ", INT32_MAX, ", got ", tensor.describe());
+    }
+  }
   bool dtype_ok = false;
   for (DType dtype : dtypes) dtype_ok = dtype_ok || tensor.dtype == dtype;
   bool shape_ok = tensor.ndim == static_cast<int>(shape.size());

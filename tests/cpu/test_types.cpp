@@ -93,6 +93,23 @@ TEST(Validate, ShapeMismatchAndHostMemoryAreRejected) {
   EXPECT_NO_THROW(detail::require_device_tensor(0, "op", "ids", empty, {DType::kInt64}, {0, 4}));
 }
 
+TEST(Validate, ExtentsAnIntCannotHoldAreRefusedByName) {
+  int64_t storage[8] = {};
+  // An 8 GiB row would be cut to 8 elements by the calls' int hidden; a negative extent passes
+  // any "any extent" shape.
+  const TensorView wide = TensorView::contiguous(storage, DType::kBFloat16, {1, (int64_t{1} << 32) + 8});
+  TensorView negative = TensorView::contiguous(storage, DType::kBFloat16, {2, 4});
+  negative.shape[0] = -1;
+  for (const TensorView& view : {wide, negative}) {
+    try {
+      detail::require_device_tensor(0, "dispatch", "x", view, {DType::kBFloat16}, {detail::kAnyExtent, detail::kAnyExtent});
+      FAIL() << "expected an error for " << view.describe();
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("dispatch: x has extent "), std::string::npos) << error.what();
+    }
+  }
+}
+
 // Host memory stands in for the device: allocate_together only does address arithmetic.
 class RecordingAllocator final : public Allocator {
  public:
