@@ -26,6 +26,36 @@ int64_t parse_integer(const std::string& option, const std::string& text, int64_
 }
 
 // A comma-separated list of integers in [lo, hi], each checked like a single value.
+// The library's own limits on the benchmark's shapes, checked here so that bad options exit 2
+// at once rather than fail inside the ranks (exit 1) after the runs before them.
+void require_what_the_library_takes(const BenchOptions& options) {
+  // Every run times low-latency mode, whose dispatch is FP8, as is normal mode's FP8 dispatch.
+  if (options.hidden % kFp8ChannelsPerScale != 0) {
+    fail(ErrorCode::kInvalidArgument, "epcomm-bench: --hidden ", options.hidden, " must be a multiple of ",
+         kFp8ChannelsPerScale, " (the FP8 dispatches' scale groups)");
+  }
+  if (options.num_topk > kMaxLowLatencyTopk) {
+    fail(ErrorCode::kInvalidArgument, "epcomm-bench: --topk ", options.num_topk, " exceeds ", kMaxLowLatencyTopk,
+         ", the most low-latency mode takes");
+  }
+  if (options.num_experts > kMaxLowLatencyExperts) {
+    fail(ErrorCode::kInvalidArgument, "epcomm-bench: --experts ", options.num_experts, " exceeds ", kMaxLowLatencyExperts,
+         ", the most low-latency mode takes");
+  }
+  if (static_cast<int64_t>(options.low_latency_tokens) * options.num_topk > kMaxLowLatencyPairs) {
+    fail(ErrorCode::kInvalidArgument, "epcomm-bench: --ll-tokens ", options.low_latency_tokens, " x --topk ",
+         options.num_topk, " exceeds ", kMaxLowLatencyPairs, " (token, expert) pairs, the most a low-latency call takes");
+  }
+  for (const int sms : options.sms_list) {
+    if (sms % 2 != 0) fail(ErrorCode::kInvalidArgument, "epcomm-bench: --sms ", sms, " must be even (Config::num_sms)");
+  }
+  if (options.hierarchical && options.num_ranks / options.nodes > kMaxNvlPeers) {
+    fail(ErrorCode::kInvalidArgument, "epcomm-bench: --hierarchical with --ranks ", options.num_ranks, " and --nodes ",
+         options.nodes, " makes nodes of ", options.num_ranks / options.nodes, " ranks; a node holds at most ",
+         kMaxNvlPeers);
+  }
+}
+
 std::vector<int> parse_list(const char* option, const std::string& value, int64_t lo, int64_t hi) {
   std::vector<int> items;
   std::stringstream list(value);
@@ -183,6 +213,7 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
   if (options.num_topk > options.num_experts) {
     fail(ErrorCode::kInvalidArgument, "epcomm-bench: --topk ", options.num_topk, " exceeds --experts ", options.num_experts);
   }
+  require_what_the_library_takes(options);
   return options;
 }
 
