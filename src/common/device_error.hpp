@@ -85,6 +85,8 @@ enum class WaitTarget : int32_t {
   kRingData,       // a writer's tail: tokens to read in my ring (channel, peer)
   kRingSpace,      // a reader's head: free slots in its ring (channel, me)
   kLowLatencyFlag, // a low-latency (epoch, rows) flag; `channel` holds the local expert, if any
+  kLaunchCheckins, // a kernel's block 0, for its other blocks to start (peer: this rank)
+  kLaunchGo,       // a kernel's other blocks, for its block 0's checked barrier (peer: this rank)
 };
 
 struct DeviceErrorRecord {

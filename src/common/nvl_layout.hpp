@@ -6,6 +6,8 @@
 //     barrier_signal[kMaxRanks]       written by peers at a barrier (every mode's barrier)
 //     barrier_epoch, notify_parity    written by the owner only
 //     call_verdict                    owner only: a checked barrier's verdict on the call after it
+//     launch_checkins, launch_go      owner only: a kernel's blocks waiting for its block 0's
+//                                     checked barrier (kernels/common/checked_start.cuh)
 //     ring_tail[channel][writer]      positions a writer has filled in my ring (channel, writer)
 //     ring_head[channel][reader]      positions a reader has emptied of my writes to it
 //     ring_sent[channel][reader]      owner-only copy of what I have written to each reader
@@ -44,7 +46,7 @@ struct NotifySlot {
   int32_t expert_counts[kMaxLocalExperts];   // (token, k) pairs for each of my local experts
 };
 
-// What a source tells a destination at a checked barrier (kernels/common/barrier.cu).
+// What a source tells a destination at a checked barrier (kernels/common/checked_start.cuh).
 struct CheckedCallSlot {
   uint64_t barrier_epoch;   // the barrier it was written at: an older one means no checked call
   CallSignature signature;  // the source's call
@@ -57,8 +59,10 @@ struct NvlLayout {
   static constexpr size_t kBarrierEpochOffset = kBarrierSignalsOffset + kMaxRanks * sizeof(uint64_t);
   static constexpr size_t kNotifyParityOffset = kBarrierEpochOffset + sizeof(uint64_t);
   static constexpr size_t kCallVerdictOffset = kNotifyParityOffset + sizeof(uint64_t);
+  static constexpr size_t kLaunchCheckinsOffset = kCallVerdictOffset + sizeof(uint64_t);
+  static constexpr size_t kLaunchGoOffset = kLaunchCheckinsOffset + sizeof(uint64_t);
   static constexpr size_t kRingTailOffset =
-      (kCallVerdictOffset + sizeof(int32_t) + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
+      (kLaunchGoOffset + sizeof(uint64_t) + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
   static constexpr size_t kRingHeadOffset = kRingTailOffset + sizeof(Counters);
   static constexpr size_t kRingSentOffset = kRingHeadOffset + sizeof(Counters);
   static constexpr size_t kRingConsumedOffset = kRingSentOffset + sizeof(Counters);
@@ -72,7 +76,7 @@ struct NvlLayout {
   // The rings (normal-mode user data, num_nvl_bytes) start right after the control block.
   static constexpr size_t kDataOffset = kControlBytes;
 
-  static_assert(kCallVerdictOffset + sizeof(int32_t) <= kRingTailOffset, "control header overflow");
+  static_assert(kLaunchGoOffset + sizeof(uint64_t) <= kRingTailOffset, "control header overflow");
   static_assert(kNotifyStagingOffset % kRegionAlignment == 0, "staged notify slots are put whole: keep them aligned");
 
   // Every function returns an offset from the start of a rank's buffer (the same on every rank).
@@ -82,6 +86,8 @@ struct NvlLayout {
   EPCOMM_HOST_DEVICE static constexpr size_t barrier_epoch() { return kBarrierEpochOffset; }
   EPCOMM_HOST_DEVICE static constexpr size_t notify_parity() { return kNotifyParityOffset; }
   EPCOMM_HOST_DEVICE static constexpr size_t call_verdict() { return kCallVerdictOffset; }
+  EPCOMM_HOST_DEVICE static constexpr size_t launch_checkins() { return kLaunchCheckinsOffset; }
+  EPCOMM_HOST_DEVICE static constexpr size_t launch_go() { return kLaunchGoOffset; }
   EPCOMM_HOST_DEVICE static constexpr size_t call_slot(uint64_t parity, int source_rank) {
     return kCallSlotsOffset + (parity * kMaxNvlPeers + source_rank) * sizeof(CheckedCallSlot);
   }

@@ -27,10 +27,9 @@ void load_cross_rank_kernel_modules() {
 }  // namespace
 
 const KernelTable& builtin_kernels() {
-  static const KernelTable table{launch_nvl_barrier,          launch_checked_barrier,     launch_low_latency_dispatch,
-                                 launch_low_latency_combine,  launch_notify_dispatch,     launch_dispatch,
-                                 launch_combine,              normal_kernel_blocks_per_sm, launch_peer_copy,
-                                 load_cross_rank_kernel_modules};
+  static const KernelTable table{launch_nvl_barrier,     launch_low_latency_dispatch, launch_low_latency_combine,
+                                 launch_notify_dispatch, launch_dispatch,             launch_combine,
+                                 normal_kernel_blocks_per_sm, launch_peer_copy,        load_cross_rank_kernel_modules};
   return table;
 }
 

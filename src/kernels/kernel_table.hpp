@@ -14,8 +14,6 @@ namespace epcomm::kernels {
 
 struct KernelTable {
   void (*nvl_barrier)(const PeerWindow& window, const KernelContext& context, cudaStream_t stream);
-  void (*checked_barrier)(const PeerWindow& window, const CallCheck& check, const KernelContext& context,
-                          cudaStream_t stream);
   void (*low_latency_dispatch)(const PeerWindow& window, const LowLatencyDispatchKernelArgs& args, unsigned phases,
                                const KernelContext& context, cudaStream_t stream);
   void (*low_latency_combine)(const PeerWindow& window, const LowLatencyCombineKernelArgs& args, unsigned phases,

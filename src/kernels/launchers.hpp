@@ -49,7 +49,10 @@ void launch_ids_of_ranks(const IdsOfRanksArgs& args, int max_blocks, cudaStream_
 // before later stream work on every rank.
 void launch_nvl_barrier(const PeerWindow& window, const KernelContext& context, cudaStream_t stream);
 
-// A call every rank must make alike (a combine, a cached dispatch), checked at the barrier before it.
+// A call every rank must make alike (a combine, a cached dispatch), checked at a barrier its kernel
+// passes first (kernels/common/checked_start.cuh): the verdict it leaves in this rank's
+// NvlLayout::call_verdict() is 0 when every rank made the same call (and the prior verdicts were
+// 0), else 1, the first difference recorded.
 struct CallCheck {
   CallSignature signature{};             // this rank's call, compared with every peer's
   DeviceOp op = DeviceOp::kBarrier;      // the call, for the error a difference records
@@ -59,10 +62,6 @@ struct CallCheck {
   // that the whole group fails alike. Null: no earlier stage.
   const int32_t* earlier_stage_verdict = nullptr;
 };
-// The barrier above, which also leaves in this rank's NvlLayout::call_verdict() 0 when every rank
-// made the same call (and the prior verdict was 0), else 1, recording the first difference.
-void launch_checked_barrier(const PeerWindow& window, const CallCheck& check, const KernelContext& context,
-                            cudaStream_t stream);
 
 // Writes `bytes_per_peer` bytes from `source` into every rank's user region at offset
 // rank * bytes_per_peer: the all-to-all traffic pattern of dispatch, with nothing else.

@@ -55,6 +55,8 @@ const char* wait_target_name(WaitTarget target) {
     case WaitTarget::kRingData: return "tokens (ring tail)";
     case WaitTarget::kRingSpace: return "free ring slots (ring head)";
     case WaitTarget::kLowLatencyFlag: return "low-latency flag (epoch, rows)";
+    case WaitTarget::kLaunchCheckins: return "blocks to start";
+    case WaitTarget::kLaunchGo: return "block 0 to pass the checked barrier";
   }
   return "(unknown target)";
 }
@@ -78,6 +80,15 @@ std::string DeviceErrorLog::describe(const DeviceErrorRecord& record) {
                     record.index1, "] = ", record.observed, " is outside [-1, ", record.limit,
                     ") (num_experts=", record.limit, ")");
     case DeviceErrorKind::kWaitTimeout:
+      if (record.target == static_cast<int32_t>(WaitTarget::kLaunchCheckins) ||
+          record.target == static_cast<int32_t>(WaitTarget::kLaunchGo)) {
+        // A wait inside one launch of this rank: its blocks were not all running at once.
+        return join_message("rank ", record.rank, " waited ", record.limit / 1000000, " ms in ", device_op_name(op),
+                            " for its own kernel's ", wait_target_name(static_cast<WaitTarget>(record.target)),
+                            " (expected >= ", record.expected, ", last saw ", record.observed,
+                            "); the kernel's blocks did not all run at once (other work on the GPU, or too many "
+                            "ranks' blocks for its SMs?)");
+      }
       return join_message("rank ", record.rank, " waited ", record.limit / 1000000, " ms in ", device_op_name(op),
                     " for rank ", record.peer, "'s ", wait_target_name(static_cast<WaitTarget>(record.target)),
                     record.channel >= 0 ? join_message(" on channel ", record.channel) : std::string(),

@@ -230,17 +230,20 @@ CallSignature combine_signature(const detail::RingGroup& group, const detail::Di
   return signature;
 }
 
-// The barrier before a call that reuses a dispatch's routing (a combine, a cached dispatch), with
-// every rank's call compared on the way; the kernel after it reads the verdict it leaves.
-const int32_t* checked_barrier(const Buffer::Impl& impl, const detail::RingGroup& group, const CallSignature& signature,
-                               DeviceOp op, const detail::DispatchHandleState& routing, cudaStream_t comm,
-                               const int32_t* earlier_stage_verdict) {
+// The checked barrier a kernel passes before a call that reuses a dispatch's routing (a combine, a
+// cached dispatch): every rank past its previous call, and every rank's call compared on the way.
+kernels::CallCheck call_check(const CallSignature& signature, DeviceOp op, const detail::DispatchHandleState& routing,
+                              const int32_t* earlier_stage_verdict) {
   kernels::CallCheck check;
   check.signature = signature;
   check.op = op;
   check.prior_verdict = routing.verdict.view.ptr<int32_t>();
   check.earlier_stage_verdict = earlier_stage_verdict;
-  impl.kernels->checked_barrier(group.window, check, group.context, comm);
+  return check;
+}
+
+// Where the checked barrier leaves its verdict on the call (this rank's, in the group's window).
+const int32_t* call_verdict(const detail::RingGroup& group) {
   return reinterpret_cast<const int32_t*>(group.window.bases[group.rank()] + NvlLayout::call_verdict());
 }
 
@@ -256,16 +259,14 @@ void split_by_source_node(detail::DispatchHandleState& node_stage, const detail:
 
 // Step 1 of a dispatch: the routing of this call in the handle. A new routing runs the notify step
 // (counts exchanged between ranks; unless the outputs are worst-case sized, the host waits for the
-// received counts); a cached one only needs every rank past its previous call (a checked barrier).
-// Returns the verdict the dispatch kernel reads: nonzero when the ranks made different calls.
+// received counts); a cached one only needs every rank past its previous call, which the dispatch
+// kernel's checked barrier sees to. Returns the verdict on the call (the notify step's, or the
+// checked barrier's): nonzero when the ranks made different calls.
 const int32_t* notify(Buffer::Impl& impl, const detail::RingGroup& group, const DispatchArgs& args,
                       const DispatchShape& shape, bool host_waits, const detail::DispatchHandleState* cached,
                       detail::DispatchHandleState& state, Allocator& routing_memory, cudaStream_t comm,
                       StageLink& link) {
-  if (cached != nullptr) {
-    return checked_barrier(impl, group, call_signature(group, args, shape, cached->dispatch_number),
-                           DeviceOp::kDispatch, *cached, comm, link.earlier_verdict);
-  }
+  if (cached != nullptr) return call_verdict(group);
   const int ranks = group.num_ranks();
   const int channels = args.config.num_channels();
   // The handle's tensors live in the communication stream's order (every kernel that reads them
@@ -360,10 +361,11 @@ DispatchResult allocate_outputs(const DispatchArgs& args, const DispatchShape& s
   return result;
 }
 
-// Step 3: the dispatch kernel, from the caller's inputs into the outputs, by the handle's routing.
+// Step 3: the dispatch kernel, from the caller's inputs into the outputs, by the handle's routing
+// (a cached one's after the kernel's checked barrier; `earlier_stage_verdict`: see CallCheck).
 void launch(const Buffer::Impl& impl, const detail::RingGroup& group, const DispatchArgs& args,
-            const DispatchShape& shape, bool cached, const detail::DispatchHandleState& state, const int32_t* verdict,
-            const DispatchResult& result, cudaStream_t comm) {
+            const DispatchShape& shape, const detail::DispatchHandleState* cached, const detail::DispatchHandleState& state,
+            const int32_t* verdict, const int32_t* earlier_stage_verdict, const DispatchResult& result, cudaStream_t comm) {
   kernels::DispatchKernelArgs kernel;
   kernel.x = args.x.data;
   kernel.row_bytes = static_cast<size_t>(shape.row_bytes);
@@ -386,9 +388,14 @@ void launch(const Buffer::Impl& impl, const detail::RingGroup& group, const Disp
   kernel.recv_topk_idx = result.recv_topk_idx.view.ptr<int64_t>();
   kernel.recv_topk_weights = result.recv_topk_weights.view.ptr<float>();
   // A cached dispatch replays known routing: the source indices and positions are already there.
-  kernel.recv_src_idx = cached ? nullptr : state.recv_src_idx.view.ptr<int32_t>();
-  kernel.send_position = cached ? nullptr : state.send_position.view.ptr<int32_t>();
+  kernel.recv_src_idx = cached != nullptr ? nullptr : state.recv_src_idx.view.ptr<int32_t>();
+  kernel.send_position = cached != nullptr ? nullptr : state.send_position.view.ptr<int32_t>();
   kernel.verdict = verdict;
+  kernel.check_call = cached != nullptr;
+  if (cached != nullptr) {
+    kernel.call = call_check(call_signature(group, args, shape, cached->dispatch_number), DeviceOp::kDispatch, *cached,
+                             earlier_stage_verdict);
+  }
   kernel.ring = ring_args(group, args.config);
   impl.kernels->dispatch(group.window, kernel, group.context, comm);
 }
@@ -433,7 +440,7 @@ DispatchResult dispatch_stage(Buffer::Impl& impl, const detail::RingGroup& group
   }
   if (!link.failed) {
     const auto profiled = impl.profile_host_step(dispatch_step_name(group, DispatchStep::kLaunch));
-    launch(impl, group, args, shape, cached != nullptr, *state, verdict, result, streams.comm());
+    launch(impl, group, args, shape, cached, *state, verdict, link.earlier_verdict, result, streams.comm());
   }
   result.num_recv_tokens_per_expert_device = state->num_recv_tokens_per_expert_device;
   result.num_recv_tokens_per_expert = state->num_recv_tokens_per_expert;
@@ -487,17 +494,16 @@ struct CombineInputs {
   const void* bias1 = nullptr;
 };
 
-// One flat stage's combine into `out` ([routing.num_tokens, hidden]) and `out_weights`: the checked
-// barrier (every rank past its previous call, and making this same call; with `earlier_stage_verdict`,
-// every rank's earlier stage of it succeeded), then the kernel. Returns the stage's verdict.
+// One flat stage's combine into `out` ([routing.num_tokens, hidden]) and `out_weights`: the kernel,
+// which passes the checked barrier first (every rank past its previous call, and making this same
+// call; with `earlier_stage_verdict`, every rank's earlier stage of it succeeded). Returns the
+// stage's verdict.
 const int32_t* combine_stage(const Buffer::Impl& impl, const detail::RingGroup& group,
                              const detail::DispatchHandleState& routing, const CombineInputs& in, const Config& config,
                              const Tensor& out, const Tensor& out_weights, cudaStream_t comm,
                              const int32_t* earlier_stage_verdict = nullptr) {
   const int hidden = static_cast<int>(in.x.shape[1]);
   const int num_topk = in.topk_weights.ndim > 0 ? static_cast<int>(in.topk_weights.shape[1]) : 0;
-  const int32_t* verdict = checked_barrier(impl, group, combine_signature(group, routing, hidden, num_topk, config),
-                                           DeviceOp::kCombine, routing, comm, earlier_stage_verdict);
   kernels::CombineKernelArgs kernel;
   kernel.x = in.x.data;
   kernel.hidden = hidden;
@@ -509,14 +515,15 @@ const int32_t* combine_stage(const Buffer::Impl& impl, const detail::RingGroup& 
   kernel.recv_channel_prefix = routing.recv_channel_prefix.view.ptr<int32_t>();
   kernel.recv_channel_count = routing.recv_channel_count.view.ptr<int32_t>();
   kernel.send_position = routing.send_position.view.ptr<int32_t>();
-  kernel.verdict = verdict;
+  kernel.call = call_check(combine_signature(group, routing, hidden, num_topk, config), DeviceOp::kCombine, routing,
+                          earlier_stage_verdict);
   kernel.num_tokens = routing.num_tokens;
   kernel.num_rows = routing.num_rows;
   kernel.combined_x = out.view.data;
   kernel.combined_topk_weights = out_weights.view.ptr<float>();
   kernel.ring = ring_args(group, config);
   impl.kernels->combine(group.window, kernel, group.context, comm);
-  return verdict;
+  return call_verdict(group);
 }
 
 }  // namespace
@@ -579,7 +586,7 @@ CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, con
     streams.order_after_allocations();
   }
   {
-    const auto launch_step = impl.profile_host_step("combine.launch");  // the checked barriers and kernels
+    const auto launch_step = impl.profile_host_step("combine.launch");  // the kernels
     CombineInputs in{args.x, args.topk_weights, given(args.bias0) ? args.bias0.data : nullptr,
                      given(args.bias1) ? args.bias1.data : nullptr};
     if (!hierarchical) {

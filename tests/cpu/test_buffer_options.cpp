@@ -418,6 +418,26 @@ TEST(DeviceErrorLog, TimeoutMessageSaysWhoWaitedForWhom) {
   EXPECT_NE(detail::DeviceErrorLog::describe(record).find("on channel 3"), std::string::npos);
 }
 
+TEST(DeviceErrorLog, ATimeoutInsideOneLaunchSaysTheBlocksDidNotRunTogether) {
+  DeviceErrorRecord record{};
+  record.kind = static_cast<int32_t>(DeviceErrorKind::kWaitTimeout);
+  record.op = static_cast<int32_t>(DeviceOp::kCombine);
+  record.target = static_cast<int32_t>(WaitTarget::kLaunchCheckins);
+  record.rank = 3;
+  record.peer = 3;
+  record.channel = -1;
+  record.expected = 23;
+  record.observed = 20;
+  record.limit = 2000LL * 1000 * 1000;
+  EXPECT_EQ(detail::DeviceErrorLog::describe(record),
+            "rank 3 waited 2000 ms in combine for its own kernel's blocks to start (expected >= 23, last saw 20); "
+            "the kernel's blocks did not all run at once (other work on the GPU, or too many ranks' blocks for its "
+            "SMs?)");
+  record.target = static_cast<int32_t>(WaitTarget::kLaunchGo);
+  EXPECT_NE(detail::DeviceErrorLog::describe(record).find("for its own kernel's block 0 to pass the checked barrier"),
+            std::string::npos);
+}
+
 TEST(DeviceErrorLog, InvalidIdMessageNamesTokenSlotAndValue) {
   DeviceErrorRecord record{};
   record.kind = static_cast<int32_t>(DeviceErrorKind::kInvalidExpertId);

@@ -120,7 +120,7 @@ TEST(NvshmemPlugin, ThisBuildsPluginLoadsOrSaysWhy) {
   EXPECT_STREQ(plugin->epcomm_version, EPCOMM_VERSION_STRING);
   ASSERT_NE(plugin->kernels, nullptr);
   EXPECT_NE(plugin->kernels->low_latency_dispatch, nullptr);
-  EXPECT_NE(plugin->kernels->checked_barrier, nullptr);
+  EXPECT_NE(plugin->kernels->combine, nullptr);
   EXPECT_NE(plugin->make_transport, nullptr);
   // Its kernels are its own, not libepcomm's.
   EXPECT_NE(plugin->kernels->low_latency_dispatch, kernels::builtin_kernels().low_latency_dispatch);

@@ -19,6 +19,7 @@
 #include "common/cuda_check.hpp"
 #include "common/nvl_layout.hpp"
 #include "device/warp_ops.cuh"
+#include "kernels/common/checked_start.cuh"
 #include "kernels/common/rank_bound.hpp"
 #include "kernels/intranode/channel_block.cuh"
 #include "kernels/intranode/intranode_launchers.hpp"
@@ -249,9 +250,10 @@ template <int kRankBound, bool kStaged>
 __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
     combine(const __grid_constant__ PeerWindow peers, const __grid_constant__ CombineKernelArgs args,
             KernelContext context) {
-  // The dispatch behind this handle sent nothing (its ranks disagreed): neither does its combine.
-  if (*args.verdict != 0) return;
   const device::Window window(peers);
+  // Every rank past its previous call and making this one, else nothing is sent (also when the
+  // dispatch behind this handle sent nothing: its ranks disagreed).
+  if (!device::start_after_checked_barrier(window, args.call, context)) return;
   RingLayout ring;
   ring.slot = SlotLayout::combine(static_cast<size_t>(args.hidden) * sizeof(__nv_bfloat16), args.num_topk);
   ring.num_ranks = context.num_ranks;

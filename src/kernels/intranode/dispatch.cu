@@ -25,6 +25,7 @@
 #include "common/cuda_check.hpp"
 #include "common/nvl_layout.hpp"
 #include "device/warp_ops.cuh"
+#include "kernels/common/checked_start.cuh"
 #include "kernels/intranode/channel_block.cuh"
 #include "kernels/intranode/intranode_launchers.hpp"
 #include "kernels/intranode/ring_send.cuh"
@@ -352,14 +353,16 @@ template <bool kStaged>
 __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
     dispatch(const __grid_constant__ PeerWindow peers, const __grid_constant__ DispatchKernelArgs args,
              KernelContext context) {
-  // Ranks that disagreed about this call (found and reported by the notify step) send nothing. A
-  // worst-case sized call still marks its rows unused, so that nothing reads them as routed (the
-  // hierarchical mode's node stage lays out a failed rail stage's rows).
-  if (*args.verdict != 0) {
+  const device::Window window(peers);
+  // Ranks that disagreed about this call (found and reported by the notify step, or by the checked
+  // barrier of a cached dispatch) send nothing. A worst-case sized call still marks its rows
+  // unused, so that nothing reads them as routed (the hierarchical mode's node stage lays out a
+  // failed rail stage's rows).
+  const bool agreed = args.check_call ? device::start_after_checked_barrier(window, args.call, context) : *args.verdict == 0;
+  if (!agreed) {
     clear_rows(args, 0, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
     return;
   }
-  const device::Window window(peers);
   RingLayout ring;
   ring.slot = SlotLayout::dispatch(args.row_bytes, args.num_scales, args.num_topk);
   ring.num_ranks = context.num_ranks;

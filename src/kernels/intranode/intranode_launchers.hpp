@@ -13,6 +13,7 @@
 #include "common/kernel_context.hpp"
 #include "common/notify_results.hpp"
 #include "common/nvl_layout.hpp"
+#include "kernels/launchers.hpp"
 #include "transport/window.hpp"
 
 namespace epcomm::kernels {
@@ -79,6 +80,9 @@ struct DispatchKernelArgs {
   int32_t* recv_src_idx = nullptr;      // out, or null (cached dispatch: already known)
   int32_t* send_position = nullptr;     // out: [num_tokens, R], or null (cached dispatch)
   const int32_t* verdict = nullptr;     // the notify step's: nonzero means the ranks disagreed, send nothing
+  bool check_call = false;              // a cached dispatch: pass the checked barrier of `call` first
+                                        // (its verdict, not `verdict`, then decides)
+  CallCheck call;
   RingArgs ring;
 };
 void launch_dispatch(const PeerWindow& window, const DispatchKernelArgs& args, const KernelContext& context,
@@ -99,7 +103,7 @@ struct CombineKernelArgs {
   int num_rows = 0;                      // rows of x (rows past it were dropped by the dispatch)
   void* combined_x = nullptr;            // out: bf16 [num_tokens, hidden]
   float* combined_topk_weights = nullptr;  // out: [num_tokens, num_topk], or null
-  const int32_t* verdict = nullptr;      // the dispatch's notify verdict: nonzero, the ranks disagreed
+  CallCheck call;                        // the kernel passes its checked barrier first
   RingArgs ring;
 };
 void launch_combine(const PeerWindow& window, const CombineKernelArgs& args, const KernelContext& context,
