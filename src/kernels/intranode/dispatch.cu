@@ -345,11 +345,11 @@ __device__ void mark_unused_rows(const DispatchKernelArgs& args, const HalfPlan&
 
 }  // namespace
 
-// Named for profiler traces: "epcomm::kernels::intranode::dispatch<S>" says which op ran (S: the
-// rings are staged, some rank is on another node).
+// Named for profiler traces: "epcomm::kernels::intranode::dispatch<S, C>" says which op ran (S: the
+// rings are staged, some rank is on another node; C: a cached dispatch, checked barrier first).
 namespace intranode {
 
-template <bool kStaged>
+template <bool kStaged, bool kChecked>
 __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
     dispatch(const __grid_constant__ PeerWindow peers, const __grid_constant__ DispatchKernelArgs args,
              KernelContext context) {
@@ -358,7 +358,12 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
   // barrier of a cached dispatch) send nothing. A worst-case sized call still marks its rows
   // unused, so that nothing reads them as routed (the hierarchical mode's node stage lays out a
   // failed rail stage's rows).
-  const bool agreed = args.check_call ? device::start_after_checked_barrier(window, args.call, context) : *args.verdict == 0;
+  bool agreed;
+  if constexpr (kChecked) {
+    agreed = device::start_after_checked_barrier(window, args.call, context);
+  } else {
+    agreed = *args.verdict == 0;
+  }
   if (!agreed) {
     clear_rows(args, 0, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
     return;
@@ -388,30 +393,55 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
 
 }  // namespace intranode
 
+namespace {
+
+// The dispatch kernel for rings staged or not, and with the checked barrier (a cached dispatch) or
+// not. Instances of their own, not a run-time flag: the checked barrier's code costs the kernel registers
+// (ptxas: spills), which a new routing's dispatch need not pay.
+template <typename Use>
+void with_dispatch_variant(bool staged, bool checked, Use&& use) {
+  if (staged) {
+    checked ? use(intranode::dispatch<true, true>) : use(intranode::dispatch<true, false>);
+  } else {
+    checked ? use(intranode::dispatch<false, true>) : use(intranode::dispatch<false, false>);
+  }
+}
+
+template <typename Use>
+void for_each_dispatch_variant(Use&& use) {
+  for (const bool staged : {false, true}) {
+    for (const bool checked : {false, true}) with_dispatch_variant(staged, checked, use);
+  }
+}
+
+}  // namespace
+
 void launch_dispatch(const PeerWindow& window, const DispatchKernelArgs& args, const KernelContext& context,
                      cudaStream_t stream) {
   const int blocks = channel_blocks(kDispatchChannelLayout, args.ring.num_channels);
-  if (args.ring.staged) {
-    intranode::dispatch<true><<<blocks, kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
-  } else {
-    intranode::dispatch<false><<<blocks, kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
-  }
+  with_dispatch_variant(args.ring.staged, args.check_call, [&](auto kernel) {
+    kernel<<<blocks, kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
+  });
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }
 
 int combine_blocks_per_sm();
 
 int normal_kernel_blocks_per_sm() {
-  int direct = 0, staged = 0;
-  EPCOMM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&direct, intranode::dispatch<false>, kNormalThreadsPerBlock, 0));
-  EPCOMM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&staged, intranode::dispatch<true>, kNormalThreadsPerBlock, 0));
-  return std::min({direct, staged, combine_blocks_per_sm()});
+  int fewest = combine_blocks_per_sm();
+  for_each_dispatch_variant([&](auto kernel) {
+    int blocks = 0;
+    EPCOMM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kNormalThreadsPerBlock, 0));
+    fewest = std::min(fewest, blocks);
+  });
+  return fewest;
 }
 
 void load_dispatch_kernel_module() {
-  cudaFuncAttributes attributes;
-  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, intranode::dispatch<false>));
-  EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, intranode::dispatch<true>));
+  for_each_dispatch_variant([](auto kernel) {
+    cudaFuncAttributes attributes;
+    EPCOMM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  });
 }
 
 }  // namespace epcomm::kernels
