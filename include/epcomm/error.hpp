@@ -20,6 +20,7 @@ enum class ErrorCode {
   kTimeout,          // a bounded GPU wait expired (a peer never answered)
   kPeerFailed,       // another rank's process died (killed, crashed) during the job
   kInternal,         // an invariant of epcomm itself was broken: a bug
+  kOutOfMemory,      // device memory ran out: CUDA, or the caller's allocator, refused an allocation
 };
 
 const char* error_code_name(ErrorCode code);

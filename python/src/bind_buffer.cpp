@@ -193,7 +193,13 @@ void bind_types(nb::module_& m) {
   nb::class_<PythonAllocator>(m, "Allocator",
                               "Output memory: torch.empty on `device` where the call's stream is torch's current one "
                               "there, else a Python callable: ([(dtype, shape), ...], stream) -> [(ptr, owner), ...].")
-      .def(nb::init<nb::object, int>(), nb::arg("allocate"), nb::arg("device") = -1);
+      .def(nb::init<nb::object, int>(), nb::arg("allocate"), nb::arg("device") = -1)
+      // For tests without a GPU: one [rows, cols] output allocated as a call allocates it; its owner.
+      .def("_allocate_for_test",
+           [](PythonAllocator& allocator, DType dtype, int64_t rows, int64_t cols, uintptr_t stream) {
+             return owner_of(allocator.allocate(dtype, {rows, cols}, as_stream(stream)));
+           },
+           nb::arg("dtype"), nb::arg("rows"), nb::arg("cols"), nb::arg("stream") = 0);
   nb::class_<RecvHook>(m, "RecvHook")
       .def("__call__", [](const RecvHook& hook) { hook(); }, nb::call_guard<nb::gil_scoped_release>())
       .def("__call__", [](const RecvHook& hook, uintptr_t stream) { hook(as_stream(stream)); },

@@ -1,10 +1,12 @@
 // epcomm._C: the C++ API for the Python layer. Errors become Python exceptions by kind:
-// InvalidArgument -> ValueError, Timeout -> TimeoutError, everything else -> RuntimeError.
+// InvalidArgument -> ValueError, Timeout -> TimeoutError, OutOfMemory -> torch.cuda.OutOfMemoryError
+// (MemoryError where torch is not loaded), everything else -> RuntimeError.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
 #include "epcomm/buffer.hpp"
 #include "epcomm/error.hpp"
+#include "python_allocator.hpp"
 
 namespace nb = nanobind;
 
@@ -18,10 +20,11 @@ NB_MODULE(_C, module) {
     try {
       std::rethrow_exception(error);
     } catch (const epcomm::Error& failure) {
-      PyObject* kind = PyExc_RuntimeError;
-      if (failure.code() == epcomm::ErrorCode::kInvalidArgument) kind = PyExc_ValueError;
-      if (failure.code() == epcomm::ErrorCode::kTimeout) kind = PyExc_TimeoutError;
-      PyErr_SetString(kind, failure.what());
+      nb::object kind = nb::borrow(PyExc_RuntimeError);
+      if (failure.code() == epcomm::ErrorCode::kInvalidArgument) kind = nb::borrow(PyExc_ValueError);
+      if (failure.code() == epcomm::ErrorCode::kTimeout) kind = nb::borrow(PyExc_TimeoutError);
+      if (failure.code() == epcomm::ErrorCode::kOutOfMemory) kind = epcomm::python::out_of_memory_error_type();
+      PyErr_SetString(kind.ptr(), failure.what());
     }
   });
   module.def("version", &epcomm::Buffer::version, "Library version and the git revision it was built from.");

@@ -28,7 +28,30 @@ struct PythonOwner {
   nb::object object;
 };
 
+// Whether the allocator's error means device memory ran out (GIL held).
+bool is_out_of_memory(const nb::python_error& error) {
+  return error.matches(PyExc_MemoryError) || error.matches(out_of_memory_error_type());
+}
+
+// Its failure keeps its kind: running out of memory is the caller's to handle (retry smaller), any
+// other failure of the allocator is not epcomm's bug but has no kind of its own.
+[[noreturn]] void fail_allocation(const nb::python_error& error, const char* who, const std::vector<TensorView>& shapes) {
+  fail(is_out_of_memory(error) ? ErrorCode::kOutOfMemory : ErrorCode::kInternal, who, " failed for ", shapes.size(),
+       " outputs (the first ", shapes.empty() ? std::string("none") : shapes[0].describe(), "): ", error.what());
+}
+
 }  // namespace
+
+nb::object out_of_memory_error_type() {
+  const nb::dict modules = nb::borrow<nb::dict>(PyImport_GetModuleDict());
+  if (modules.contains("torch")) {
+    // Not an import: a process without torch loaded has no torch errors to raise.
+    const nb::object cuda = nb::getattr(modules["torch"], "cuda", nb::none());
+    nb::object type = cuda.is_none() ? nb::none() : nb::getattr(cuda, "OutOfMemoryError", nb::none());
+    if (!type.is_none()) return type;
+  }
+  return nb::borrow(PyExc_MemoryError);
+}
 
 PythonAllocator::PythonAllocator(nb::object allocate, int device) : allocate_(std::move(allocate)), device_(device) {
   if (device_ >= 0) TorchBridge::get();  // imports torch now, at construction, not in the first call
@@ -60,8 +83,7 @@ std::vector<Tensor> PythonAllocator::allocate_many(const std::vector<TensorView>
     }
     return tensors;
   } catch (const nb::python_error& error) {
-    fail(ErrorCode::kInternal, "torch could not allocate ", shapes.size(), " outputs (the first ",
-         shapes.empty() ? std::string("none") : shapes[0].describe(), "): ", error.what());
+    fail_allocation(error, "torch.empty", shapes);
   }
 }
 
@@ -91,8 +113,7 @@ std::vector<Tensor> PythonAllocator::call_allocate(const std::vector<TensorView>
       tensors.push_back(std::move(tensor));
     }
   } catch (const nb::python_error& error) {
-    fail(ErrorCode::kInternal, "the Python allocator failed for ", shapes.size(), " outputs (the first ",
-         shapes.empty() ? std::string("none") : shapes[0].describe(), "): ", error.what());
+    fail_allocation(error, "the Python allocator", shapes);
   } catch (const nb::cast_error&) {
     fail(ErrorCode::kInternal, "the Python allocator must return a list of (data_ptr: int, owner) pairs, one per "
          "request; it returned something else for ", shapes.size(), " requests");

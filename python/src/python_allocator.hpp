@@ -31,4 +31,8 @@ class PythonAllocator final : public Allocator {
 // The Python object that owns a Tensor's memory (what PythonAllocator was given), or None.
 nanobind::object owner_of(const Tensor& tensor);
 
+// The exception for ErrorCode::kOutOfMemory: torch.cuda.OutOfMemoryError where torch is loaded
+// (what frameworks catch to retry smaller), else MemoryError. GIL held.
+nanobind::object out_of_memory_error_type();
+
 }  // namespace epcomm::python

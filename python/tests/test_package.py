@@ -283,6 +283,48 @@ def test_tensor_reader_of_the_extension_against_a_stand_in_torch():
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
+_OUT_OF_MEMORY = '''
+import sys, types
+from epcomm import _C
+def allocator_raising(error):
+    def allocate(requests, stream):
+        raise error
+    return _C.Allocator(allocate)
+def raised(allocator):
+    try:
+        allocator._allocate_for_test(_C.DType.bfloat16, 4, 8)
+    except Exception as error:
+        return error
+    raise AssertionError("the allocator's failure was not raised")
+# Without torch loaded: MemoryError keeps its kind; any other failure is a RuntimeError.
+error = raised(allocator_raising(MemoryError("no more memory")))
+assert type(error) is MemoryError and "OutOfMemory" in str(error) and "no more memory" in str(error), repr(error)
+error = raised(allocator_raising(KeyError("lost")))
+assert type(error) is RuntimeError and "lost" in str(error), repr(error)
+# With torch loaded: torch's own out-of-memory error, whichever the allocator raised.
+torch = types.ModuleType("torch")
+class OutOfMemoryError(RuntimeError):
+    pass
+torch.cuda = types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError)
+sys.modules["torch"] = torch
+for cause in (OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), MemoryError("host")):
+    error = raised(allocator_raising(cause))
+    assert type(error) is OutOfMemoryError and str(cause) in str(error), repr(error)
+print("ok")
+'''
+
+
+def test_an_allocators_out_of_memory_keeps_its_kind():
+    # Frameworks catch torch.cuda.OutOfMemoryError (or MemoryError) to retry with less; an
+    # allocation failing inside a call must not turn into a plain RuntimeError. In a process of its
+    # own, with a stand-in torch (no GPU needed).
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _OUT_OF_MEMORY], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
 _STAND_IN_DISTRIBUTED = '''
 import sys, types
 calls = []

@@ -5,11 +5,14 @@
 
 #include "epcomm/error.hpp"
 
+// Running out of device memory is an error of its own kind (callers catch it to retry smaller).
 #define EPCOMM_CUDA_CHECK(call)                                                                   \
   do {                                                                                            \
     const cudaError_t epcomm_status_ = (call);                                                    \
     if (epcomm_status_ != cudaSuccess) {                                                          \
-      ::epcomm::fail(::epcomm::ErrorCode::kCudaError, #call, " failed: ",                         \
+      ::epcomm::fail(epcomm_status_ == cudaErrorMemoryAllocation ? ::epcomm::ErrorCode::kOutOfMemory \
+                                                                 : ::epcomm::ErrorCode::kCudaError, \
+                     #call, " failed: ",                                                          \
                      cudaGetErrorName(epcomm_status_), " (", cudaGetErrorString(epcomm_status_), \
                      ") at ", __FILE__, ":", __LINE__);                                           \
     }                                                                                             \

@@ -12,6 +12,7 @@ const char* error_code_name(ErrorCode code) {
     case ErrorCode::kTimeout: return "Timeout";
     case ErrorCode::kPeerFailed: return "PeerFailed";
     case ErrorCode::kInternal: return "Internal";
+    case ErrorCode::kOutOfMemory: return "OutOfMemory";
   }
   return "Unknown";  // only reachable through a value cast from outside the enum
 }

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cuda_check.hpp"
 #include "epcomm/error.hpp"
 #include "epcomm/types.hpp"
 #include "runtime/tensor_group.hpp"
@@ -280,6 +281,23 @@ TEST(Error, CodesHaveNamesAndMessagesCompose) {
   const Error error(ErrorCode::kTimeout, join_message("rank ", 3, " waited"));
   EXPECT_EQ(error.code(), ErrorCode::kTimeout);
   EXPECT_STREQ(error.what(), "Timeout: rank 3 waited");
+}
+
+// Callers catch running out of memory to retry with less: CUDA's allocation failure has its own
+// code, every other CUDA failure stays a CUDA error (no GPU needed: the status is the call).
+TEST(Error, CudaOutOfMemoryHasItsOwnCode) {
+  const auto code_of = [](cudaError_t status) {
+    try {
+      EPCOMM_CUDA_CHECK(status);
+    } catch (const Error& error) {
+      return error.code();
+    }
+    ADD_FAILURE() << "no error for " << cudaGetErrorName(status);
+    return ErrorCode::kInternal;
+  };
+  EXPECT_EQ(code_of(cudaErrorMemoryAllocation), ErrorCode::kOutOfMemory);
+  EXPECT_EQ(code_of(cudaErrorInvalidValue), ErrorCode::kCudaError);
+  EXPECT_STREQ(error_code_name(ErrorCode::kOutOfMemory), "OutOfMemory");
 }
 
 }  // namespace
