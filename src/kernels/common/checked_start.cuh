@@ -13,11 +13,17 @@
 //
 // The start. Block 0 may release the others only once each has read the launch's go count, or a
 // late block would read the new count and wait for the one after. So every other block reads
-// launch_go and then checks in (a release: the read is ordered before its check-in); block 0,
-// after the barrier, waits for every check-in, resets their count for the next launch, writes the
-// verdict and releases launch_go + 1. The other blocks acquire that and read the verdict. Both
-// words are this rank's own, reset or grown inside each launch, so CUDA graph replays stay in
-// step; the control block starts zeroed.
+// launch_go and then checks in (a release: the read is ordered before its check-in); block 0 waits
+// for every check-in before the barrier (a rank whose blocks cannot all run tells its peers there,
+// so every rank fails the call alike), takes the launch's check-ins off the count (an atomic: the
+// count is 0 again when the kernel ends, even after a late check-in), passes the barrier, writes
+// the verdict and releases launch_go + 1. The other blocks acquire that and read the verdict. Both
+// words are this rank's own, back to 0 or grown by one in each launch, so CUDA graph replays stay
+// in step; the control block starts zeroed.
+//
+// While a rank waits for its peers, all of its op's blocks spin (before, one block of a barrier
+// kernel did): on a GPU shared under MPS they hold their SMs meanwhile, as every waiting epcomm
+// kernel does.
 #pragma once
 
 #include <cstddef>
@@ -31,8 +37,10 @@ namespace epcomm::device {
 
 // Every thread of block 0 calls it. Leaves this rank's NvlLayout::call_verdict() 0 when every rank
 // made the same call (and the prior verdicts were 0), else 1, and returns it (the same in every thread).
+// `cannot_run`: this rank cannot run the call (its kernel's blocks did not all start); its peers
+// see it as a failed earlier stage, so every rank fails alike, and this rank's own error says why.
 __device__ __forceinline__ int32_t checked_barrier(const Window& window, const kernels::CallCheck& check,
-                                                       const KernelContext& context) {
+                                                   const KernelContext& context, bool cannot_run) {
   constexpr int kFields = static_cast<int>(CallField::kCount);
   constexpr int kEarlierStage = static_cast<int>(CallField::kEarlierStageFailed);
   const int peer = static_cast<int>(threadIdx.x);
@@ -42,6 +50,7 @@ __device__ __forceinline__ int32_t checked_barrier(const Window& window, const k
   // The earlier stage's verdict, written by an earlier kernel of this stream: ordered before this one.
   CallSignature mine = check.signature;
   if (check.earlier_stage_verdict != nullptr) mine.values[kEarlierStage] = *check.earlier_stage_verdict != 0 ? 1 : 0;
+  if (cannot_run) mine.values[kEarlierStage] = 1;
   if (peer < context.num_ranks) {
     const size_t slot = NvlLayout::call_slot(parity, context.rank);
     for (int field = 0; field < kFields; ++field) {
@@ -94,21 +103,25 @@ __device__ __forceinline__ int32_t checked_barrier(const Window& window, const k
 __device__ __forceinline__ bool start_after_checked_barrier(const Window& window, const kernels::CallCheck& check,
                                                             const KernelContext& context) {
   __shared__ bool proceed;
+  __shared__ bool all_started;
   uint64_t* checkins = window.own<uint64_t>(NvlLayout::launch_checkins());
   uint64_t* go = window.own<uint64_t>(NvlLayout::launch_go());
   if (blockIdx.x == 0) {
-    const int32_t verdict = checked_barrier(window, check, context);
     if (threadIdx.x == 0) {
-      // Only block 0 writes launch_go, and only below: the previous launch's count.
-      const uint64_t previous = ld_relaxed_sys(go);
       // Pairs with each other block's check-in below (their reads of launch_go come before it).
       const WaitSite site{check.op, WaitTarget::kLaunchCheckins, context.rank, -1};
-      const bool all_started = wait_at_least(checkins, gridDim.x - 1, context, site);
-      *checkins = 0;  // the next launch's count starts after this kernel ends
-      // The verdict store above (this thread's, in checked_barrier) comes before; pairs with the
-      // other blocks' wait on launch_go.
-      st_release_sys(go, previous + 1);
-      proceed = verdict == 0 && all_started;
+      all_started = wait_at_least(checkins, gridDim.x - 1, context, site);
+      // This launch's check-ins off the count: every block checks in once, so it ends at 0.
+      atomicAdd(reinterpret_cast<unsigned long long*>(checkins), 0ull - (gridDim.x - 1));
+    }
+    __syncthreads();
+    const int32_t verdict = checked_barrier(window, check, context, !all_started);
+    if (threadIdx.x == 0) {
+      // Only block 0 writes launch_go, and only here: the previous launch's count plus one. The
+      // verdict store (this thread's, in checked_barrier) comes before; pairs with the other
+      // blocks' wait on launch_go.
+      st_release_sys(go, ld_relaxed_sys(go) + 1);
+      proceed = verdict == 0;
     }
   } else if (threadIdx.x == 0) {
     const uint64_t previous = ld_relaxed_sys(go);
