@@ -179,6 +179,63 @@ TEST(Launcher, FailingRankStopsTheOthersAfterTheGracePeriod) {
   EXPECT_NE(run.output.find("sending SIGTERM to ranks 0, 2"), std::string::npos) << run.output;
 }
 
+// True once no process has `pid` (an exited child of another process, not yet reaped, counts as gone).
+bool process_gone(pid_t pid) {
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  const size_t end_of_name = line.rfind(')');
+  return end_of_name != std::string::npos && line.compare(end_of_name, 3, ") Z") == 0;
+}
+
+bool gone_within(pid_t pid, Clock::duration limit) {
+  const auto until = Clock::now() + limit;
+  while (!process_gone(pid) && Clock::now() < until) std::this_thread::sleep_for(10ms);
+  return process_gone(pid);
+}
+
+// The pid a rank wrote to `path` (a process it started in the background), or -1.
+pid_t pid_from(const std::string& path) {
+  const std::string text = read_file(path);
+  return text.empty() ? -1 : static_cast<pid_t>(std::stol(text));
+}
+
+TEST(Launcher, AStoppedJobStopsWhatItsRanksLeftRunning) {
+  // Rank 1 starts a helper in the background and fails; rank 0 would run on. Stopping the job must
+  // stop the helper too: it outlived its rank and would hold what it holds (a GPU, a port).
+  const TempDir dir;
+  const LaunchResult run = run_launcher(
+      dir, concat_args({"-n", "2", "--grace", "1"},
+                       shell(R"(if [ "$EPCOMM_RANK" = 1 ]; then sleep 100 & echo $! > "$1/helper.pid"; exit 3; fi;
+                                exec sleep 100)",
+                             {dir.path()})));
+  const pid_t helper = pid_from(dir.file("helper.pid"));
+  ASSERT_GT(helper, 0) << run.output;
+  const bool stopped = gone_within(helper, 2s);
+  if (!stopped) kill(helper, SIGKILL);
+  EXPECT_TRUE(stopped) << "the helper (pid " << helper << ") outlived the stopped job\n" << run.output;
+  EXPECT_EQ(run.exit_code, 3) << run.output;
+  EXPECT_LT(run.elapsed, kStopsPromptly);
+  EXPECT_NE(run.output.find("stopped process pid " + std::to_string(helper) + " that the ranks left running"),
+            std::string::npos)
+      << run.output;
+}
+
+TEST(Launcher, AJobThatSucceededKeepsWhatItsRanksLeftRunning) {
+  // A rank may start a daemon on purpose (an MPS control daemon, say): success stops nothing.
+  const TempDir dir;
+  const LaunchResult run =
+      run_launcher(dir, concat_args({"-n", "1"}, shell(R"(sleep 100 & echo $! > "$1/daemon.pid"; exit 0)", {dir.path()})));
+  const pid_t daemon = pid_from(dir.file("daemon.pid"));
+  ASSERT_GT(daemon, 0) << run.output;
+  const bool alive = !process_gone(daemon);
+  kill(daemon, SIGKILL);
+  EXPECT_TRUE(alive) << run.output;
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(run.output.find("left running"), std::string::npos) << run.output;
+}
+
 TEST(Launcher, RankKilledBySignalIsReported) {
   const TempDir dir;
   const LaunchResult run =

@@ -26,6 +26,7 @@
 #include <thread>
 
 #include "epcomm/bootstrap.hpp"
+#include "support/adopted_orphans.hpp"
 
 extern char** environ;
 
@@ -65,6 +66,12 @@ std::string describe_signal(int signal_number) {
 std::string describe_ranks(const std::vector<int>& ranks) {
   std::string text = ranks.size() == 1 ? "rank " : "ranks ";
   for (size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
+  return text;
+}
+
+std::string describe_pids(const std::vector<pid_t>& pids) {
+  std::string text = pids.size() == 1 ? "process " : std::to_string(pids.size()) + " processes ";
+  for (size_t i = 0; i < pids.size(); ++i) text += (i ? ", " : "") + std::string("pid ") + std::to_string(pids[i]);
   return text;
 }
 
@@ -245,6 +252,7 @@ class Job {
       escalate();
       if (any_running()) std::this_thread::sleep_for(kPollInterval);
     }
+    settle_left_behind();
     return result();
   }
 
@@ -327,6 +335,25 @@ class Job {
     process.running = false;
     process.ended_after_stop = true;  // reported just above
     return false;
+  }
+
+  // What the ranks left behind (adopted_orphans.hpp): stopped with a stopped job; after a job that
+  // succeeded, left running (a rank may start a daemon on purpose) and only reaped once exited.
+  void settle_left_behind() {
+    std::vector<pid_t> rank_pids;
+    for (const Rank& process : ranks_) rank_pids.push_back(process.pid);
+    if (!stopping_) {
+      orphans_.reap_exited(rank_pids);
+      return;
+    }
+    const std::vector<pid_t> stuck = orphans_.stop_all(rank_pids, kKillDelay);
+    if (!orphans_.stopped().empty()) {
+      report("stopped " + describe_pids(orphans_.stopped()) + " that the ranks left running (" + stop_reason_ + ")");
+    }
+    if (!stuck.empty()) {
+      report(describe_pids(stuck) + " left by the ranks still running " + std::to_string(kKillDelay.count()) +
+             " s after SIGKILL (stuck in the kernel: a driver call, I/O?); leaving them");
+    }
   }
 
   void reap() {
@@ -449,6 +476,7 @@ class Job {
 
   const LaunchOptions& options_;
   std::vector<Rank> ranks_;
+  AdoptedOrphans orphans_;  // before the ranks start: their children that outlive them come to us
   std::optional<TempSocketDir> temp_dir_;  // set when we chose the address; outlives ~Job's reaping
   bool exec_failed_ = false;
   bool stopping_ = false;

@@ -40,7 +40,9 @@ struct LaunchOptions {
 // them all), and waits for them. Reports every failed rank on stderr. Returns 0 when all ranks
 // succeeded, kExitSkipped when all exited 77, kExitTimedOut on timeout, otherwise the exit code of
 // the first rank to fail (128 + signal for a signal). While it waits, SIGINT/SIGTERM/SIGHUP stop
-// the ranks and make it return 128 + that signal. Throws std::invalid_argument for bad options and
+// the ranks and make it return 128 + that signal. A job it stops (a rank failed, the timeout, a
+// signal) also has the processes its ranks left running stopped (adopted_orphans.hpp); a job that
+// succeeded keeps them. Throws std::invalid_argument for bad options and
 // std::system_error when the operating system refuses to start processes.
 int launch_ranks(const LaunchOptions& options);
 
