@@ -369,6 +369,47 @@ TEST(LauncherLibrary, RejectsBadOptions) {
   EXPECT_THROW(launch_ranks(options), std::invalid_argument);
 }
 
+TEST(LauncherLibrary, ARankThatOutlivesTheLastSignalIsNamedAndLeft) {
+  // A rank stuck in the kernel (a driver call, I/O) outlives even SIGKILL, and waiting for it would
+  // wait without bound. The stand-in: ranks that ignore SIGTERM and the signal sent in SIGKILL's place.
+  const TempDir dir;
+  LaunchOptions options;
+  options.num_ranks = 2;
+  options.timeout = 1s;
+  options.kill_delay = 300ms;
+  options.kill_signal = SIGUSR2;
+  options.argv = {"/bin/sh", "-c", R"(trap '' TERM USR2; echo $$ > "$1/rank.$EPCOMM_RANK"; exec sleep 30)", "sh",
+                  dir.path()};
+  testing::internal::CaptureStderr();
+  const auto started = Clock::now();
+  const int code = launch_ranks(options);
+  const auto elapsed = Clock::now() - started;
+  const std::string output = testing::internal::GetCapturedStderr();
+  for (int rank = 0; rank < options.num_ranks; ++rank) {  // the stand-ins are still this process's children
+    const pid_t pid = pid_from(dir.file("rank." + std::to_string(rank)));
+    if (pid > 0 && kill(pid, SIGKILL) == 0) waitpid(pid, nullptr, 0);
+  }
+  EXPECT_EQ(code, kExitTimedOut) << output;
+  EXPECT_LT(elapsed, kStopsPromptly);
+  EXPECT_NE(output.find("ranks 0, 1 still running 300 ms after signal 12"), std::string::npos) << output;
+  EXPECT_NE(output.find("not waiting for them"), std::string::npos) << output;
+}
+
+LaunchOptions with_kill(std::chrono::milliseconds delay, int signal_number) {
+  LaunchOptions options;
+  options.argv = {"true"};
+  options.kill_delay = delay;
+  options.kill_signal = signal_number;
+  return options;
+}
+
+TEST(LauncherLibrary, RejectsABadKillDelayOrSignal) {
+  EXPECT_THROW(launch_ranks(with_kill(-1ms, SIGKILL)), std::invalid_argument);
+  EXPECT_THROW(launch_ranks(with_kill(1ms, 0)), std::invalid_argument);
+  EXPECT_THROW(launch_ranks(with_kill(1ms, NSIG)), std::invalid_argument);
+  EXPECT_EQ(launch_ranks(with_kill(1ms, SIGKILL)), 0);
+}
+
 // A share of the ranks (a job across hosts) needs a TCP address and a secret every host knows.
 TEST(LauncherLibrary, AShareOfTheRanksNeedsATcpAddressAndASharedSecret) {
   LaunchOptions options;

@@ -39,9 +39,6 @@ using std::chrono::milliseconds;
 // Waiting polls instead of sleeping on SIGCHLD: simpler than signal masks, which children would
 // inherit, and 10 ms of latency is nothing next to a job's run time.
 constexpr milliseconds kPollInterval{10};
-// How long ranks get to exit after SIGTERM before SIGKILL (a rank stuck in a driver call may
-// ignore SIGTERM).
-constexpr std::chrono::seconds kKillDelay{5};
 constexpr const char* kDefaultPath = "/usr/bin:/bin";
 constexpr const char* kSocketName = "bootstrap.sock";
 constexpr const char* kTempDirPattern = "epcomm-launch-XXXXXX";
@@ -67,6 +64,15 @@ std::string describe_ranks(const std::vector<int>& ranks) {
   std::string text = ranks.size() == 1 ? "rank " : "ranks ";
   for (size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
   return text;
+}
+
+std::string signal_name(int signal_number) {
+  return signal_number == SIGKILL ? "SIGKILL" : describe_signal(signal_number);
+}
+
+std::string seconds_text(std::chrono::milliseconds delay) {
+  const long long ms = delay.count();
+  return ms % 1000 == 0 ? std::to_string(ms / 1000) + " s" : std::to_string(ms) + " ms";
 }
 
 std::string describe_pids(const std::vector<pid_t>& pids) {
@@ -346,13 +352,13 @@ class Job {
       orphans_.reap_exited(rank_pids);
       return;
     }
-    const std::vector<pid_t> stuck = orphans_.stop_all(rank_pids, kKillDelay);
+    const std::vector<pid_t> stuck = orphans_.stop_all(rank_pids, options_.kill_delay);
     if (!orphans_.stopped().empty()) {
       report("stopped " + describe_pids(orphans_.stopped()) + " that the ranks left running (" + stop_reason_ + ")");
     }
     if (!stuck.empty()) {
-      report(describe_pids(stuck) + " left by the ranks still running " + std::to_string(kKillDelay.count()) +
-             " s after SIGKILL (stuck in the kernel: a driver call, I/O?); leaving them");
+      report(describe_pids(stuck) + " left by the ranks still running " + seconds_text(options_.kill_delay) +
+             " after SIGKILL (stuck in the kernel: a driver call, I/O?); leaving them");
     }
   }
 
@@ -415,13 +421,38 @@ class Job {
       report("sending SIGTERM to " + describe_ranks(running_ranks()) + " (" + stop_reason_ + ")");
       signal_running(SIGTERM);
       sent_term_ = true;
-      kill_at_ = now + kKillDelay;
+      kill_at_ = now + options_.kill_delay;
     } else if (sent_term_ && !sent_kill_ && now >= kill_at_) {
-      report("sending SIGKILL to " + describe_ranks(running_ranks()) + ", still running " +
-             std::to_string(kKillDelay.count()) + " s after SIGTERM");
-      signal_running(SIGKILL);
+      report("sending " + signal_name(options_.kill_signal) + " to " + describe_ranks(running_ranks()) +
+             ", still running " + seconds_text(options_.kill_delay) + " after SIGTERM");
+      signal_running(options_.kill_signal);
       sent_kill_ = true;
+      give_up_at_ = now + options_.kill_delay;
+    } else if (sent_kill_ && now >= give_up_at_) {
+      give_up_on_running_ranks();
     }
+  }
+
+  // A rank that outlives SIGKILL is stuck in the kernel (a driver call, I/O); waiting for it
+  // would be waiting without bound. Reported, counted as killed, and left.
+  void give_up_on_running_ranks() {
+    report(describe_ranks(running_ranks()) + " still running " + seconds_text(options_.kill_delay) + " after " +
+           signal_name(options_.kill_signal) + " (stuck in the kernel: a driver call, I/O?); not waiting for " +
+           (running_ranks().size() == 1 ? "it" : "them") + " (pids " + running_pids() + ")");
+    for (Rank& process : ranks_) {
+      if (!process.running) continue;
+      process.running = false;
+      process.wait_status = options_.kill_signal;  // reads as "killed by" that signal
+      process.ended_after_stop = true;
+    }
+  }
+
+  std::string running_pids() const {
+    std::string text;
+    for (const Rank& process : ranks_) {
+      if (process.running) text += (text.empty() ? "" : ", ") + std::to_string(process.pid);
+    }
+    return text;
   }
 
   void signal_running(int signal_number) {
@@ -488,6 +519,7 @@ class Job {
   std::string stop_reason_;
   Clock::time_point terminate_at_{};
   Clock::time_point kill_at_{};
+  Clock::time_point give_up_at_{};
 };
 
 }  // namespace
@@ -526,6 +558,11 @@ int launch_ranks(const LaunchOptions& options) {
                                   " set to the same value on every host (e.g. the output of `openssl rand -hex 32`), "
                                   "so that they can prove to each other they belong to one job");
     }
+  }
+  if (options.kill_delay.count() < 0 || options.kill_signal <= 0 || options.kill_signal >= NSIG) {
+    throw std::invalid_argument("launch_ranks: kill_delay=" + std::to_string(options.kill_delay.count()) +
+                                " ms must not be negative and kill_signal=" + std::to_string(options.kill_signal) +
+                                " must be a signal");
   }
   if (options.timeout.count() < 0 || options.grace.count() < 0) {
     throw std::invalid_argument("launch_ranks: timeout=" + std::to_string(options.timeout.count()) +

@@ -2,6 +2,7 @@
 // and by tools and GPU tests that relaunch themselves as N ranks.
 #pragma once
 
+#include <csignal>
 #include <chrono>
 #include <string>
 #include <utility>
@@ -33,6 +34,11 @@ struct LaunchOptions {
   // directory under $TMPDIR (or /tmp), unique to this launch and removed afterwards.
   std::string bootstrap_address;
   std::vector<std::pair<std::string, std::string>> extra_env;  // set (or overridden) in every rank
+  // Stopping: SIGTERM, then `kill_signal` after `kill_delay`; a rank still running `kill_delay`
+  // after that (stuck in the kernel: a driver call, I/O) is reported and left, so the launcher
+  // returns. Tests shorten the delay and send a signal their ranks ignore.
+  std::chrono::milliseconds kill_delay{5000};
+  int kill_signal = SIGKILL;
 };
 
 // Starts this host's copies of options.argv (every rank by default), rank r with EPCOMM_RANK=r, EPCOMM_NUM_RANKS and
