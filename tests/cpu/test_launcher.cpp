@@ -222,6 +222,26 @@ TEST(Launcher, AStoppedJobStopsWhatItsRanksLeftRunning) {
       << run.output;
 }
 
+TEST(Launcher, AStoppedJobAlsoStopsTheChildrenOfWhatItsRanksLeft) {
+  // The helper a failing rank leaves has a child of its own, handed to the launcher only when the
+  // helper ends (on its SIGTERM): it must be found and stopped too.
+  const TempDir dir;
+  const LaunchResult run = run_launcher(
+      dir, concat_args({"-n", "2", "--grace", "0"},
+                       shell(R"(if [ "$EPCOMM_RANK" = 1 ]; then
+                                  sh -c 'sleep 100 & echo $! > "$1/grandchild.pid"; wait' sh "$1" &
+                                  while [ ! -s "$1/grandchild.pid" ]; do sleep 0.05; done; exit 3
+                                fi; exec sleep 100)",
+                             {dir.path()})));
+  const pid_t grandchild = pid_from(dir.file("grandchild.pid"));
+  ASSERT_GT(grandchild, 0) << run.output;
+  const bool stopped = gone_within(grandchild, 2s);
+  if (!stopped) kill(grandchild, SIGKILL);
+  EXPECT_TRUE(stopped) << "the helper's child (pid " << grandchild << ") outlived the stopped job\n" << run.output;
+  EXPECT_EQ(run.exit_code, 3) << run.output;
+  EXPECT_LT(run.elapsed, kStopsPromptly);
+}
+
 TEST(Launcher, AJobThatSucceededKeepsWhatItsRanksLeftRunning) {
   // A rank may start a daemon on purpose (an MPS control daemon, say): success stops nothing.
   const TempDir dir;
@@ -371,43 +391,50 @@ TEST(LauncherLibrary, RejectsBadOptions) {
 
 TEST(LauncherLibrary, ARankThatOutlivesTheLastSignalIsNamedAndLeft) {
   // A rank stuck in the kernel (a driver call, I/O) outlives even SIGKILL, and waiting for it would
-  // wait without bound. The stand-in: ranks that ignore SIGTERM and the signal sent in SIGKILL's place.
+  // wait without bound. The stand-in: rank 1 ignores SIGTERM and the signal sent in SIGKILL's
+  // place; rank 0 fails once rank 1 ignores them (its pid file is written after its trap).
   const TempDir dir;
   LaunchOptions options;
   options.num_ranks = 2;
-  options.timeout = 1s;
-  options.kill_delay = 300ms;
+  options.grace = 0s;
+  options.kill_delay = 200ms;
+  options.stuck_delay = 300ms;
   options.kill_signal = SIGUSR2;
-  options.argv = {"/bin/sh", "-c", R"(trap '' TERM USR2; echo $$ > "$1/rank.$EPCOMM_RANK"; exec sleep 30)", "sh",
-                  dir.path()};
+  options.argv = {"/bin/sh", "-c",
+                  R"(trap '' TERM USR2; echo $$ > "$1/rank.$EPCOMM_RANK"
+                     if [ "$EPCOMM_RANK" = 0 ]; then while [ ! -s "$1/rank.1" ]; do sleep 0.05; done; exit 1; fi
+                     exec sleep 30)",
+                  "sh", dir.path()};
   testing::internal::CaptureStderr();
   const auto started = Clock::now();
   const int code = launch_ranks(options);
   const auto elapsed = Clock::now() - started;
   const std::string output = testing::internal::GetCapturedStderr();
-  for (int rank = 0; rank < options.num_ranks; ++rank) {  // the stand-ins are still this process's children
-    const pid_t pid = pid_from(dir.file("rank." + std::to_string(rank)));
-    if (pid > 0 && kill(pid, SIGKILL) == 0) waitpid(pid, nullptr, 0);
-  }
-  EXPECT_EQ(code, kExitTimedOut) << output;
+  const pid_t stuck = pid_from(dir.file("rank.1"));
+  if (stuck > 0 && kill(stuck, SIGKILL) == 0) waitpid(stuck, nullptr, 0);  // still this process's child
+  EXPECT_EQ(code, 1) << output;
   EXPECT_LT(elapsed, kStopsPromptly);
-  EXPECT_NE(output.find("ranks 0, 1 still running 300 ms after signal 12"), std::string::npos) << output;
-  EXPECT_NE(output.find("not waiting for them"), std::string::npos) << output;
+  EXPECT_NE(output.find("rank 1 still running 300 ms after signal " + std::to_string(SIGUSR2)), std::string::npos)
+      << output;
+  EXPECT_NE(output.find("not waiting for it (pids " + std::to_string(stuck) + ")"), std::string::npos) << output;
 }
 
-LaunchOptions with_kill(std::chrono::milliseconds delay, int signal_number) {
+LaunchOptions with_stop(std::chrono::milliseconds kill_delay, std::chrono::milliseconds stuck_delay, int signal_number) {
   LaunchOptions options;
   options.argv = {"true"};
-  options.kill_delay = delay;
+  options.kill_delay = kill_delay;
+  options.stuck_delay = stuck_delay;
   options.kill_signal = signal_number;
   return options;
 }
 
-TEST(LauncherLibrary, RejectsABadKillDelayOrSignal) {
-  EXPECT_THROW(launch_ranks(with_kill(-1ms, SIGKILL)), std::invalid_argument);
-  EXPECT_THROW(launch_ranks(with_kill(1ms, 0)), std::invalid_argument);
-  EXPECT_THROW(launch_ranks(with_kill(1ms, NSIG)), std::invalid_argument);
-  EXPECT_EQ(launch_ranks(with_kill(1ms, SIGKILL)), 0);
+TEST(LauncherLibrary, RejectsBadStopDelaysOrSignal) {
+  EXPECT_THROW(launch_ranks(with_stop(0ms, 1s, SIGKILL)), std::invalid_argument);
+  EXPECT_THROW(launch_ranks(with_stop(1s, 0ms, SIGKILL)), std::invalid_argument);
+  EXPECT_THROW(launch_ranks(with_stop(1s, std::chrono::hours(2), SIGKILL)), std::invalid_argument);
+  EXPECT_THROW(launch_ranks(with_stop(1s, 1s, 0)), std::invalid_argument);
+  EXPECT_THROW(launch_ranks(with_stop(1s, 1s, NSIG)), std::invalid_argument);
+  EXPECT_EQ(launch_ranks(with_stop(1ms, 1ms, SIGKILL)), 0);
 }
 
 // A share of the ranks (a job across hosts) needs a TCP address and a secret every host knows.

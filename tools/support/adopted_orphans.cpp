@@ -20,7 +20,8 @@ namespace epcomm::tools {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr std::chrono::milliseconds kPollInterval{10};
+// Each round reads every /proc/PID/stat: not more often than this.
+constexpr std::chrono::milliseconds kPollInterval{50};
 
 bool contains(const std::vector<pid_t>& pids, pid_t pid) {
   return std::find(pids.begin(), pids.end(), pid) != pids.end();
@@ -69,10 +70,8 @@ std::vector<pid_t> children_of(pid_t parent) {
 
 AdoptedOrphans::AdoptedOrphans() {
 #ifdef __linux__
-  if (prctl(PR_GET_CHILD_SUBREAPER, &previous_setting_) == 0 && prctl(PR_SET_CHILD_SUBREAPER, 1) == 0) {
-    active_ = true;
-    children_before_ = children_of(getpid());
-  }
+  children_before_ = children_of(getpid());  // before the setting: nothing after it may throw
+  active_ = prctl(PR_GET_CHILD_SUBREAPER, &previous_setting_) == 0 && prctl(PR_SET_CHILD_SUBREAPER, 1) == 0;
 #endif
 }
 
@@ -100,19 +99,27 @@ std::vector<pid_t> AdoptedOrphans::stop_all(const std::vector<pid_t>& ranks, std
   const Clock::time_point give_up_at = kill_at + patience;
   std::vector<pid_t> alive;
   while (true) {
-    // Looked for again on every round: a process stopped here leaves its own children to us.
+    // Looked for again on every round: a process stopped here leaves its own children to us, and
+    // it hands them over before it can be reaped, so a round that reaped one looks again at once.
     alive.clear();
+    bool reaped_any = false;
     const bool killing = Clock::now() >= kill_at;
     for (const pid_t child : adopted(ranks)) {
-      if (reaped(child)) continue;
+      if (reaped(child)) {
+        reaped_any = true;
+        continue;
+      }
       alive.push_back(child);
       if (!contains(stopped_, child)) {
         stopped_.push_back(child);
         kill(child, SIGTERM);
+        kill(child, SIGCONT);  // a stopped process (Ctrl-Z, SIGTTIN) acts on SIGTERM only once running
       }
       if (killing) kill(child, SIGKILL);
     }
-    if (alive.empty() || Clock::now() >= give_up_at) return alive;
+    if (Clock::now() >= give_up_at) return alive;
+    if (reaped_any) continue;
+    if (alive.empty()) return alive;
     std::this_thread::sleep_for(kPollInterval);
   }
 }

@@ -17,8 +17,10 @@ namespace epcomm::tools {
 // goes. Elsewhere than Linux it does nothing.
 //
 // "Adopted" means a child of this process that is neither a rank nor a child it had before: a
-// process that another thread of this process starts meanwhile would count too (epcomm-launch has
-// no other threads; a library caller of launch_ranks should start none during a job).
+// process that another thread of this process starts meanwhile would count too, and so would the
+// orphaned children of a child it had before (epcomm-launch has neither; a library caller of
+// launch_ranks should start no process during a job). What stop_all leaves, and what a job that
+// succeeded leaves, stay children of a library caller's process once the job is over.
 class AdoptedOrphans {
  public:
   AdoptedOrphans();

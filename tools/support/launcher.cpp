@@ -39,6 +39,9 @@ using std::chrono::milliseconds;
 // Waiting polls instead of sleeping on SIGCHLD: simpler than signal masks, which children would
 // inherit, and 10 ms of latency is nothing next to a job's run time.
 constexpr milliseconds kPollInterval{10};
+// How often, while ranks run, what they left behind and has exited is reaped (a /proc scan).
+constexpr milliseconds kOrphanReapInterval{1000};
+constexpr milliseconds kMaxStopDelay{3600 * 1000};
 constexpr const char* kDefaultPath = "/usr/bin:/bin";
 constexpr const char* kSocketName = "bootstrap.sock";
 constexpr const char* kTempDirPattern = "epcomm-launch-XXXXXX";
@@ -238,24 +241,34 @@ class Job {
         ranks_(static_cast<size_t>(options.local_ranks > 0 ? options.local_ranks : options.num_ranks)) {}
   Job(const Job&) = delete;
   Job& operator=(const Job&) = delete;
-  // Only reached with ranks still running when starting them threw: never leave them orphaned.
+  // Only reached with ranks still running when starting them threw: never leave them orphaned,
+  // nor what they started; bounded like a stop.
   ~Job() {
-    for (Rank& process : ranks_) {
-      if (!process.running) continue;
-      kill(process.pid, SIGKILL);
-      int status = 0;
-      while (waitpid(process.pid, &status, 0) < 0 && errno == EINTR) {
-      }
+    if (!any_running()) return;
+    signal_running(SIGKILL);
+    const Clock::time_point give_up_at = Clock::now() + options_.stuck_delay;
+    while (any_running() && Clock::now() < give_up_at) {
+      reap();
+      if (any_running()) std::this_thread::sleep_for(kPollInterval);
+    }
+    try {
+      orphans_.stop_all(unreaped_rank_pids(), options_.kill_delay);
+    } catch (...) {  // a destructor: what could not be stopped stays
     }
   }
 
   int run() {
     const Clock::time_point started = Clock::now();
     start_ranks();
+    Clock::time_point next_orphan_reap = started;
     while (any_running()) {
       reap();
       check_timeout_and_signals(started);
       escalate();
+      if (Clock::now() >= next_orphan_reap) {  // what the ranks left that exited: no zombies pile up
+        orphans_.reap_exited(unreaped_rank_pids());
+        next_orphan_reap = Clock::now() + kOrphanReapInterval;
+      }
       if (any_running()) std::this_thread::sleep_for(kPollInterval);
     }
     settle_left_behind();
@@ -268,6 +281,7 @@ class Job {
     bool running = false;
     int wait_status = 0;
     bool ended_after_stop = false;  // exited after we sent SIGTERM: a consequence, not a cause
+    bool given_up = false;          // still running stuck_delay after the last signal: not reaped
   };
 
   // Stops at the first rank whose program cannot be executed: without it there is no job, so the
@@ -346,8 +360,7 @@ class Job {
   // What the ranks left behind (adopted_orphans.hpp): stopped with a stopped job; after a job that
   // succeeded, left running (a rank may start a daemon on purpose) and only reaped once exited.
   void settle_left_behind() {
-    std::vector<pid_t> rank_pids;
-    for (const Rank& process : ranks_) rank_pids.push_back(process.pid);
+    const std::vector<pid_t> rank_pids = unreaped_rank_pids();
     if (!stopping_) {
       orphans_.reap_exited(rank_pids);
       return;
@@ -360,6 +373,18 @@ class Job {
       report(describe_pids(stuck) + " left by the ranks still running " + seconds_text(options_.kill_delay) +
              " after SIGKILL (stuck in the kernel: a driver call, I/O?); leaving them");
     }
+    for (Rank& process : ranks_) {  // a rank left as stuck may have ended meanwhile
+      if (process.given_up && waitpid(process.pid, &process.wait_status, WNOHANG) == process.pid) process.given_up = false;
+    }
+  }
+
+  // The ranks not reaped (running, or left as stuck): a reaped rank's pid may be reused by now.
+  std::vector<pid_t> unreaped_rank_pids() const {
+    std::vector<pid_t> pids;
+    for (const Rank& process : ranks_) {
+      if (process.running || process.given_up) pids.push_back(process.pid);
+    }
+    return pids;
   }
 
   void reap() {
@@ -427,7 +452,7 @@ class Job {
              ", still running " + seconds_text(options_.kill_delay) + " after SIGTERM");
       signal_running(options_.kill_signal);
       sent_kill_ = true;
-      give_up_at_ = now + options_.kill_delay;
+      give_up_at_ = now + options_.stuck_delay;
     } else if (sent_kill_ && now >= give_up_at_) {
       give_up_on_running_ranks();
     }
@@ -436,12 +461,13 @@ class Job {
   // A rank that outlives SIGKILL is stuck in the kernel (a driver call, I/O); waiting for it
   // would be waiting without bound. Reported, counted as killed, and left.
   void give_up_on_running_ranks() {
-    report(describe_ranks(running_ranks()) + " still running " + seconds_text(options_.kill_delay) + " after " +
+    report(describe_ranks(running_ranks()) + " still running " + seconds_text(options_.stuck_delay) + " after " +
            signal_name(options_.kill_signal) + " (stuck in the kernel: a driver call, I/O?); not waiting for " +
            (running_ranks().size() == 1 ? "it" : "them") + " (pids " + running_pids() + ")");
     for (Rank& process : ranks_) {
       if (!process.running) continue;
       process.running = false;
+      process.given_up = true;
       process.wait_status = options_.kill_signal;  // reads as "killed by" that signal
       process.ended_after_stop = true;
     }
@@ -458,7 +484,9 @@ class Job {
   void signal_running(int signal_number) {
     // Each pid on its own: the process group also holds the launcher and whoever started it.
     for (const Rank& process : ranks_) {
-      if (process.running) kill(process.pid, signal_number);
+      if (!process.running) continue;
+      kill(process.pid, signal_number);
+      if (signal_number == SIGTERM) kill(process.pid, SIGCONT);  // a stopped rank acts on it only once running
     }
   }
 
@@ -559,10 +587,13 @@ int launch_ranks(const LaunchOptions& options) {
                                   "so that they can prove to each other they belong to one job");
     }
   }
-  if (options.kill_delay.count() < 0 || options.kill_signal <= 0 || options.kill_signal >= NSIG) {
+  const auto bad_delay = [](milliseconds delay) { return delay < milliseconds{1} || delay > kMaxStopDelay; };
+  if (bad_delay(options.kill_delay) || bad_delay(options.stuck_delay) || options.kill_signal <= 0 ||
+      options.kill_signal >= NSIG) {
     throw std::invalid_argument("launch_ranks: kill_delay=" + std::to_string(options.kill_delay.count()) +
-                                " ms must not be negative and kill_signal=" + std::to_string(options.kill_signal) +
-                                " must be a signal");
+                                " ms and stuck_delay=" + std::to_string(options.stuck_delay.count()) +
+                                " ms must be 1 ms to 1 hour, and kill_signal=" + std::to_string(options.kill_signal) +
+                                " a signal");
   }
   if (options.timeout.count() < 0 || options.grace.count() < 0) {
     throw std::invalid_argument("launch_ranks: timeout=" + std::to_string(options.timeout.count()) +

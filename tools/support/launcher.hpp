@@ -34,10 +34,12 @@ struct LaunchOptions {
   // directory under $TMPDIR (or /tmp), unique to this launch and removed afterwards.
   std::string bootstrap_address;
   std::vector<std::pair<std::string, std::string>> extra_env;  // set (or overridden) in every rank
-  // Stopping: SIGTERM, then `kill_signal` after `kill_delay`; a rank still running `kill_delay`
-  // after that (stuck in the kernel: a driver call, I/O) is reported and left, so the launcher
-  // returns. Tests shorten the delay and send a signal their ranks ignore.
+  // Stopping: SIGTERM, then `kill_signal` after `kill_delay`; a rank still running `stuck_delay`
+  // after that (stuck in the kernel: a driver call, I/O; a CUDA process's teardown alone can take
+  // seconds) is reported and left, so the launcher returns. Tests shorten the delays and send a
+  // signal their ranks ignore. Both delays: 1 ms to 1 hour.
   std::chrono::milliseconds kill_delay{5000};
+  std::chrono::milliseconds stuck_delay{60000};
   int kill_signal = SIGKILL;
 };
 
@@ -48,7 +50,8 @@ struct LaunchOptions {
 // the first rank to fail (128 + signal for a signal). While it waits, SIGINT/SIGTERM/SIGHUP stop
 // the ranks and make it return 128 + that signal. A job it stops (a rank failed, the timeout, a
 // signal) also has the processes its ranks left running stopped (adopted_orphans.hpp); a job that
-// succeeded keeps them. Throws std::invalid_argument for bad options and
+// succeeded keeps them; so do a rank left as stuck. Called from a library, such processes stay the
+// caller's children once it returns. Throws std::invalid_argument for bad options and
 // std::system_error when the operating system refuses to start processes.
 int launch_ranks(const LaunchOptions& options);
 
