@@ -400,17 +400,24 @@ TEST(Config, DefaultsAreValidAndBadFieldsNamed) {
   EXPECT_THROW(config.validate(), Error);
 }
 
-TEST(DeviceErrorLog, TimeoutMessageSaysWhoWaitedForWhom) {
+// A timed-out wait's record: `rank` waited `limit_ms` in `op` for `peer`'s `target`.
+DeviceErrorRecord timeout_record(DeviceOp op, WaitTarget target, int rank, int peer, int64_t expected, int64_t observed,
+                                 int64_t limit_ms) {
   DeviceErrorRecord record{};
   record.kind = static_cast<int32_t>(DeviceErrorKind::kWaitTimeout);
-  record.op = static_cast<int32_t>(DeviceOp::kBarrier);
-  record.target = static_cast<int32_t>(WaitTarget::kBarrierSignal);
-  record.rank = 2;
-  record.peer = 5;
+  record.op = static_cast<int32_t>(op);
+  record.target = static_cast<int32_t>(target);
+  record.rank = rank;
+  record.peer = peer;
   record.channel = -1;
-  record.expected = 7;
-  record.observed = 6;
-  record.limit = 1500LL * 1000 * 1000;
+  record.expected = expected;
+  record.observed = observed;
+  record.limit = limit_ms * 1000 * 1000;
+  return record;
+}
+
+TEST(DeviceErrorLog, TimeoutMessageSaysWhoWaitedForWhom) {
+  DeviceErrorRecord record = timeout_record(DeviceOp::kBarrier, WaitTarget::kBarrierSignal, 2, 5, 7, 6, 1500);
   EXPECT_EQ(detail::DeviceErrorLog::describe(record),
             "rank 2 waited 1500 ms in barrier for rank 5's barrier signal (expected >= 7, last saw 6); that rank "
             "may have died, be stuck, or not have made the same call");
@@ -419,16 +426,7 @@ TEST(DeviceErrorLog, TimeoutMessageSaysWhoWaitedForWhom) {
 }
 
 TEST(DeviceErrorLog, ATimeoutInsideOneLaunchSaysTheBlocksDidNotRunTogether) {
-  DeviceErrorRecord record{};
-  record.kind = static_cast<int32_t>(DeviceErrorKind::kWaitTimeout);
-  record.op = static_cast<int32_t>(DeviceOp::kCombine);
-  record.target = static_cast<int32_t>(WaitTarget::kLaunchCheckins);
-  record.rank = 3;
-  record.peer = 3;
-  record.channel = -1;
-  record.expected = 23;
-  record.observed = 20;
-  record.limit = 2000LL * 1000 * 1000;
+  DeviceErrorRecord record = timeout_record(DeviceOp::kCombine, WaitTarget::kLaunchCheckins, 3, 3, 23, 20, 2000);
   EXPECT_EQ(detail::DeviceErrorLog::describe(record),
             "rank 3 waited 2000 ms in combine for its own kernel's blocks to start (expected >= 23, last saw 20); "
             "the kernel's blocks did not all run at once (other work on the GPU, or too many ranks' blocks for its "

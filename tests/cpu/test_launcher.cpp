@@ -201,6 +201,16 @@ pid_t pid_from(const std::string& path) {
   return text.empty() ? -1 : static_cast<pid_t>(std::stol(text));
 }
 
+// `pid`, left running by a rank of a job stopped because rank 1 exited 3, must be gone soon after
+// the launcher returned (killed here if not, so no test leaves it behind).
+void expect_stopped_with_the_job(pid_t pid, const std::string& what, const LaunchResult& run) {
+  const bool stopped = gone_within(pid, 2s);
+  if (!stopped) kill(pid, SIGKILL);
+  EXPECT_TRUE(stopped) << what << " (pid " << pid << ") outlived the stopped job\n" << run.output;
+  EXPECT_EQ(run.exit_code, 3) << run.output;
+  EXPECT_LT(run.elapsed, kStopsPromptly);
+}
+
 TEST(Launcher, AStoppedJobStopsWhatItsRanksLeftRunning) {
   // Rank 1 starts a helper in the background and fails; rank 0 would run on. Stopping the job must
   // stop the helper too: it outlived its rank and would hold what it holds (a GPU, a port).
@@ -212,11 +222,7 @@ TEST(Launcher, AStoppedJobStopsWhatItsRanksLeftRunning) {
                              {dir.path()})));
   const pid_t helper = pid_from(dir.file("helper.pid"));
   ASSERT_GT(helper, 0) << run.output;
-  const bool stopped = gone_within(helper, 2s);
-  if (!stopped) kill(helper, SIGKILL);
-  EXPECT_TRUE(stopped) << "the helper (pid " << helper << ") outlived the stopped job\n" << run.output;
-  EXPECT_EQ(run.exit_code, 3) << run.output;
-  EXPECT_LT(run.elapsed, kStopsPromptly);
+  expect_stopped_with_the_job(helper, "the helper", run);
   EXPECT_NE(run.output.find("stopped process pid " + std::to_string(helper) + " that the ranks left running"),
             std::string::npos)
       << run.output;
@@ -235,11 +241,7 @@ TEST(Launcher, AStoppedJobAlsoStopsTheChildrenOfWhatItsRanksLeft) {
                              {dir.path()})));
   const pid_t grandchild = pid_from(dir.file("grandchild.pid"));
   ASSERT_GT(grandchild, 0) << run.output;
-  const bool stopped = gone_within(grandchild, 2s);
-  if (!stopped) kill(grandchild, SIGKILL);
-  EXPECT_TRUE(stopped) << "the helper's child (pid " << grandchild << ") outlived the stopped job\n" << run.output;
-  EXPECT_EQ(run.exit_code, 3) << run.output;
-  EXPECT_LT(run.elapsed, kStopsPromptly);
+  expect_stopped_with_the_job(grandchild, "the helper's child", run);
 }
 
 TEST(Launcher, AJobThatSucceededKeepsWhatItsRanksLeftRunning) {
