@@ -283,6 +283,15 @@ TEST(Launcher, SomeRanksSkippingIsAFailure) {
       << run.output;
 }
 
+TEST(Launcher, ARankThatSkipsStopsTheOthersAsSkippedNotFailed) {
+  const TempDir dir;
+  const LaunchResult run = run_launcher(
+      dir, concat_args({"-n", "2", "--grace", "0"}, shell(R"(if [ "$EPCOMM_RANK" = 1 ]; then exit 77; fi; exec sleep 100)")));
+  EXPECT_EQ(run.exit_code, kExitMixedSkip) << run.output;
+  EXPECT_LT(run.elapsed, kStopsPromptly);
+  EXPECT_NE(run.output.find("sending SIGTERM to rank 0 (rank 1 skipped (exit 77))"), std::string::npos) << run.output;
+}
+
 TEST(Launcher, TimeoutStopsEveryRank) {
   const TempDir dir;
   const LaunchResult run = run_launcher(dir, {"-n", "2", "--timeout", "1", "--", "sleep", "100"});

@@ -413,7 +413,7 @@ class Job {
     } else if (code != kExitSkipped) {  // skips are reported at the end, unless every rank skipped
       report(who + " exited with code " + std::to_string(code));
     }
-    begin_stop(who + " failed", Clock::now() + options_.grace);
+    begin_stop(who + (code == kExitSkipped ? " skipped (exit 77)" : " failed"), Clock::now() + options_.grace);
   }
 
   void check_timeout_and_signals(Clock::time_point started) {
