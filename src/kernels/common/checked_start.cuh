@@ -39,7 +39,9 @@ namespace epcomm::device {
 // made the same call (and the prior verdicts were 0), else 1, and returns it (the same in every thread).
 // `cannot_run`: this rank cannot run the call (its kernel's blocks did not all start); its peers
 // see it as a failed earlier stage, so every rank fails alike, and this rank's own error says why.
-__device__ __forceinline__ int32_t checked_barrier(const Window& window, const kernels::CallCheck& check,
+// Out of line: inlined, its registers spilled the op kernel's loops (ptxas: 84 bytes of spill
+// stores in the cached dispatch, where an out-of-line barrier leaves 24), and it runs once a call.
+static __device__ __noinline__ int32_t checked_barrier(const Window& window, const kernels::CallCheck& check,
                                                    const KernelContext& context, bool cannot_run) {
   constexpr int kFields = static_cast<int>(CallField::kCount);
   constexpr int kEarlierStage = static_cast<int>(CallField::kEarlierStageFailed);
