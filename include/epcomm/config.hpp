@@ -38,7 +38,8 @@ TransportKind parse_transport_kind(const std::string& name, const char* what = "
 
 struct BufferOptions {
   // Bytes of the NVLink buffer (normal mode's rings) each rank allocates and shares with its peers.
-  // Must be 0 past normal mode's 8 ranks (kMaxNvlPeers): with more, only low-latency mode runs.
+  // Past 8 ranks (kMaxNvlPeers) normal mode runs only hierarchical, across nodes of at most 8
+  // (ranks_per_node): then it needs a rail region too (num_rdma_bytes), or must be 0.
   int64_t num_nvl_bytes = 0;
   // Bytes of deep_ep's RDMA buffer, shared like the NVLink buffer (CUDA IPC, or NVSHMEM's heap).
   // With low_latency_mode: the low-latency region (Buffer::low_latency_buffer_size_hint). Without:
@@ -75,10 +76,14 @@ struct BufferOptions {
   // or stores into each other's memory, as ranks of different nodes do. 1: off. Both modes (normal
   // mode's rings are then staged: nvl_buffer_size_hint with num_nodes); every rank passes the same.
   int emulated_nodes = 1;
-  // Ranks per node (deep_ep's numbering: rank = node x ranks_per_node + local rank). 0: the
-  // consecutive ranks of one host form a node; > 0: this many, which must divide the ranks and
-  // share a host (e.g. to treat a host of two NVLink domains as two nodes). Every rank passes the
-  // same value; emulated_nodes, when given, must agree with it.
+  // Ranks per node (deep_ep's numbering: rank = node x ranks_per_node + local rank): the ranks
+  // normal mode joins in one NVLink stage; across nodes it runs hierarchical. 0: the consecutive
+  // ranks of one host, or past 8 (kMaxNvlPeers) the largest equal split of them into nodes of at
+  // most 8 (16 -> 2 x 8, 12 -> 2 x 6); > 0: this many, which must divide the ranks and share a
+  // host (e.g. to treat a host of two NVLink domains as two nodes). The nodes of one host still
+  // reach each other by load and store (their rail stage runs over NVLink); only emulated_nodes
+  // hides them from each other. Every rank passes the same value; emulated_nodes, when given,
+  // must agree with it.
   int ranks_per_node = 0;
   // Which transport joins the ranks; every rank passes the same. kNvshmem on one host runs
   // NVSHMEM's P2P transport, and with emulated_nodes its put path carries the traffic between the

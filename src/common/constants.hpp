@@ -67,6 +67,11 @@ inline constexpr int kMaxTopk = 32;
 inline constexpr int kMaxLocalExperts = 4096;
 inline constexpr int kFp8ChannelsPerScale = 128;
 
+// Warmup's full-size normal rounds (warmup_shape) run on this many SMs: few, so that every rank's
+// blocks fit on one GPU under MPS; the rings shrink to kMinRingTokens where the defaults do not fit.
+inline constexpr int kFullSizeRoundSms = 8;
+static_assert(kFullSizeRoundSms >= kMaxNvlPeers, "a channel per node: the rail stage has at most kMaxNvlPeers nodes");
+
 // Low-latency mode.
 inline constexpr int kLowLatencyThreadsPerBlock = 512;
 inline constexpr int kLowLatencyWarpsPerBlock = kLowLatencyThreadsPerBlock / 32;

@@ -157,7 +157,7 @@ void Buffer::Impl::initialize(int caller_device, bool background) {
   require_normal_groups_fit();
   build_ring_groups();
   // After the agreement: every rank has the same options now, so every rank fails here alike.
-  detail::check_warmup_fits(options, bootstrap->num_ranks(), topology.ranks_per_node);
+  detail::check_warmup_fits(options, topology);
   if (bootstrap->num_ranks() > 1) start_watchdog();
 }
 

@@ -40,8 +40,8 @@ namespace detail {
 inline thread_local bool initializing_on_this_thread = false;
 
 // Throws InvalidArgument if options.warmup_shape's dummy rounds would not fit the buffers, with
-// the ranks in nodes of `ranks_per_node` (the topology, once the ranks have met).
-void check_warmup_fits(const BufferOptions& options, int num_ranks, int ranks_per_node);
+// the ranks in `topology`'s nodes and hosts (known once the ranks have met).
+void check_warmup_fits(const BufferOptions& options, const Topology& topology);
 
 }  // namespace detail
 

@@ -21,13 +21,15 @@ void BufferOptions::validate(int num_ranks) const {
          " ranks this build runs (low-latency mode; normal mode ", kMaxNvlPeers, ")");
   }
   // Past kMaxNvlPeers ranks normal mode runs only hierarchical (a rail region), each stage among
-  // at most that many (the nodes are checked once known).
+  // at most that many: a host of more ranks forms several nodes (the nodes are checked once known).
   const bool rail = rail_bytes_across_nodes() > 0;
   if (num_ranks > kMaxNvlPeers && num_nvl_bytes > 0 && !rail) {
     fail(ErrorCode::kUnsupported, "Buffer: num_ranks=", num_ranks, " with num_nvl_bytes=", num_nvl_bytes,
-         ": flat normal mode runs at most ", kMaxNvlPeers, " ranks (its kernels give each peer a team of warps); with ",
-         num_ranks, " ranks pass num_nvl_bytes=0 (low-latency mode only), or make normal mode hierarchical across "
-         "nodes of at most ", kMaxNvlPeers, " ranks (num_rdma_bytes > 0, or num_rail_bytes in low-latency mode)");
+         " and no rail region: flat normal mode runs at most ", kMaxNvlPeers, " ranks; past that it runs hierarchical, "
+         "across nodes of at most ",
+         kMaxNvlPeers, " ranks (a host of more is split into equal nodes), and its rail stage needs a region: pass "
+         "num_rdma_bytes > 0 (Config::rdma_buffer_size_hint; num_rail_bytes in low-latency mode), or "
+         "num_nvl_bytes=0 for low-latency mode alone");
   }
   if (num_nvl_bytes < 0 || num_nvl_bytes % static_cast<int64_t>(kRegionAlignment) != 0) {
     fail(ErrorCode::kInvalidArgument, "Buffer: num_nvl_bytes=", num_nvl_bytes, " must be a non-negative multiple of ",

@@ -16,8 +16,6 @@ namespace {
 // channels. They run every kernel a call can launch; the full-size rounds (warmup_shape) follow.
 constexpr int kWarmupHidden = 128;
 constexpr int kFullSizeRounds = 2;   // a caller keeps the previous call's results while making the next
-constexpr int kFullSizeRoundSms = 8;  // few SMs: every rank's blocks fit on one GPU under MPS
-static_assert(kFullSizeRoundSms >= kMaxNvlPeers, "a channel per node: the rail stage has at most kMaxNvlPeers nodes");
 
 struct RoundShape {
   int tokens = 0;
@@ -169,7 +167,9 @@ RoundShape small_round_shape(int num_ranks) { return RoundShape{1, kWarmupHidden
 
 namespace detail {
 
-void check_warmup_fits(const BufferOptions& options, int num_ranks, int ranks_per_node) {
+void check_warmup_fits(const BufferOptions& options, const Topology& topology) {
+  const int num_ranks = topology.num_ranks;
+  const int ranks_per_node = topology.ranks_per_node;
   const WarmupShape& shape = options.warmup_shape;
   const int64_t rail_bytes = options.rail_bytes_across_nodes();
   const char* rail_field = options.low_latency_mode ? "num_rail_bytes" : "num_rdma_bytes";
@@ -180,11 +180,12 @@ void check_warmup_fits(const BufferOptions& options, int num_ranks, int ranks_pe
   }
   if (shape.num_tokens > 0) {
     // As the Buffer runs it (Impl::hierarchical): across nodes with a rail region the NVLink rings
-    // serve one node's ranks and the rail's rings must fit too; flat across nodes they are staged.
+    // serve one node's ranks and the rail's rings must fit too; flat, they are staged when some
+    // rank is on another host (or emulated node).
     const int nodes = num_ranks / ranks_per_node;
     const bool rail = rail_bytes > 0 && nodes > 1;
     const int nvl_ranks = rail ? ranks_per_node : num_ranks;
-    const bool staged = !rail && nodes > 1;
+    const bool staged = !rail && topology.ranks_per_host < num_ranks;
     const int64_t hidden_bytes = int64_t{shape.hidden} * 2;
     const Config config = full_size_config(options.num_nvl_bytes, shape.hidden, nvl_ranks, staged, nodes,
                                            rail ? rail_bytes : 0);

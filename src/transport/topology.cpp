@@ -1,5 +1,8 @@
 #include "transport/topology.hpp"
 
+#include <algorithm>
+
+#include "common/constants.hpp"
 #include "epcomm/error.hpp"
 
 namespace epcomm::detail {
@@ -33,6 +36,13 @@ int ranks_per_host(const std::vector<RankCensus>& census) {
 
 }  // namespace
 
+int default_ranks_per_node(int ranks_per_host) {
+  for (int size = std::min(ranks_per_host, kMaxNvlPeers); size > 1; --size) {
+    if (ranks_per_host % size == 0) return size;
+  }
+  return 1;
+}
+
 Topology find_topology(const std::vector<RankCensus>& census, int emulated_nodes, int ranks_per_node) {
   Topology topology;
   topology.num_ranks = static_cast<int>(census.size());
@@ -48,8 +58,11 @@ Topology find_topology(const std::vector<RankCensus>& census, int emulated_nodes
            emulated_nodes, " (", emulated, " ranks per node among ", num_ranks, ")");
     }
     ranks_per_node = emulated;
+    topology.ranks_per_host = emulated;  // an emulated node reaches the others only by put
+  } else {
+    topology.ranks_per_host = ranks_per_host(census);
   }
-  topology.ranks_per_node = ranks_per_node > 0 ? ranks_per_node : ranks_per_host(census);
+  topology.ranks_per_node = ranks_per_node > 0 ? ranks_per_node : default_ranks_per_node(topology.ranks_per_host);
   // A node is ranks that reach each other's memory: never ranks of two hosts.
   for (int rank = 0; rank < num_ranks; ++rank) {
     const int first = topology.node_of(rank) * topology.ranks_per_node;

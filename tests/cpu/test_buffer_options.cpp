@@ -214,8 +214,9 @@ TEST(BufferOptions, WarmupShapeIsCheckedFieldByField) {
   EXPECT_EQ(validation_error(options, 8), "");
 }
 
-constexpr int kOneNode = 8;   // ranks per node of an 8-rank job on one node
-constexpr int kTwoNodes = 4;  // ... and in two nodes of 4
+// An 8-rank job on one host and node, and in two emulated nodes (and hosts) of 4.
+constexpr detail::Topology kOneNode{8, 8, 8};
+constexpr detail::Topology kTwoNodes{8, 4, 4};
 
 TEST(BufferOptions, WarmupShapeMustFitTheBuffers) {
   BufferOptions options;
@@ -223,19 +224,38 @@ TEST(BufferOptions, WarmupShapeMustFitTheBuffers) {
   options.warmup_shape = WarmupShape{4096, 0, 7168, 8, 256};
   options.num_nvl_bytes = 1 << 20;
   try {
-    detail::check_warmup_fits(options, 8, kOneNode);
+    detail::check_warmup_fits(options, kOneNode);
     FAIL();
   } catch (const Error& error) {
     EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument);
     EXPECT_NE(std::string(error.what()).find("needs num_nvl_bytes >= "), std::string::npos) << error.what();
   }
   options.num_nvl_bytes = default_dispatch_config(8).nvl_buffer_size_hint(7168 * 2, 8);  // what callers allocate
-  EXPECT_NO_THROW(detail::check_warmup_fits(options, 8, kOneNode));
+  EXPECT_NO_THROW(detail::check_warmup_fits(options, kOneNode));
   options.warmup_shape.num_low_latency_tokens = 128;
   options.num_rdma_bytes = Buffer::low_latency_buffer_size_hint(64, 7168, 8, 256);
-  EXPECT_THROW(detail::check_warmup_fits(options, 8, kOneNode), Error);
+  EXPECT_THROW(detail::check_warmup_fits(options, kOneNode), Error);
   options.num_rdma_bytes = Buffer::low_latency_buffer_size_hint(128, 7168, 8, 256);
-  EXPECT_NO_THROW(detail::check_warmup_fits(options, 8, kOneNode));
+  EXPECT_NO_THROW(detail::check_warmup_fits(options, kOneNode));
+}
+
+TEST(BufferOptions, WarmupRingsAreStagedOnlyForRanksOnAnotherHost) {
+  BufferOptions options;
+  options.warmup_shape = WarmupShape{4096, 0, 7168, 8, 256};
+  // Room for the smallest unstaged rings a full-size round falls back to, not for staged ones.
+  Config smallest;
+  smallest.num_sms = kFullSizeRoundSms;
+  smallest.num_max_nvl_chunked_recv_tokens = kMinRingTokens;
+  options.num_nvl_bytes = smallest.ring_buffer_bytes(7168 * 2, 8, /*staged=*/false);
+  // Two nodes of one host without a rail region: flat, every rank reached by store, no staging.
+  EXPECT_NO_THROW(detail::check_warmup_fits(options, detail::Topology{8, 4, 8}));
+  // Two emulated nodes (hosts): the rings are staged, twice the size.
+  try {
+    detail::check_warmup_fits(options, kTwoNodes);
+    FAIL();
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("needs num_nvl_bytes >= "), std::string::npos) << error.what();
+  }
 }
 
 TEST(BufferOptions, WarmupWithARailRegionSizesEachStageByItsRanks) {
@@ -245,30 +265,30 @@ TEST(BufferOptions, WarmupWithARailRegionSizesEachStageByItsRanks) {
   const Config config = default_dispatch_config(8);
   options.num_nvl_bytes = config.nvl_buffer_size_hint(7168 * 2, 4);  // one node's ranks, unstaged
   options.num_rdma_bytes = config.rdma_buffer_size_hint(7168 * 2, 2);
-  EXPECT_NO_THROW(detail::check_warmup_fits(options, 8, kTwoNodes));
+  EXPECT_NO_THROW(detail::check_warmup_fits(options, kTwoNodes));
   options.num_rdma_bytes = 1 << 20;  // not even the smallest rail rings
   try {
-    detail::check_warmup_fits(options, 8, kTwoNodes);
+    detail::check_warmup_fits(options, kTwoNodes);
     FAIL();
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("needs num_rdma_bytes >= "), std::string::npos) << error.what();
   }
   // On one node the rail region goes unused (normal mode is flat), so its size is not checked.
-  EXPECT_NO_THROW(detail::check_warmup_fits(options, 8, kOneNode));
+  EXPECT_NO_THROW(detail::check_warmup_fits(options, kOneNode));
   // Low-latency mode across nodes: the rail rings beside the low-latency region, num_rail_bytes.
   options.low_latency_mode = true;
   options.num_rdma_bytes = Buffer::low_latency_buffer_size_hint(128, 7168, 8, 256);
   ASSERT_GE(options.num_rdma_bytes, config.rdma_buffer_size_hint(7168 * 2, 2));
-  EXPECT_NO_THROW(detail::check_warmup_fits(options, 8, kTwoNodes)) << "num_rail_bytes -1: num_rdma_bytes again";
+  EXPECT_NO_THROW(detail::check_warmup_fits(options, kTwoNodes)) << "num_rail_bytes -1: num_rdma_bytes again";
   options.num_rail_bytes = 1 << 20;
   try {
-    detail::check_warmup_fits(options, 8, kTwoNodes);
+    detail::check_warmup_fits(options, kTwoNodes);
     FAIL();
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("needs num_rail_bytes >= "), std::string::npos) << error.what();
   }
   options.num_rail_bytes = 0;  // no rail region: flat across the nodes, nothing of it to check
-  EXPECT_NO_THROW(detail::check_warmup_fits(options, 8, kTwoNodes));
+  EXPECT_NO_THROW(detail::check_warmup_fits(options, kTwoNodes));
 }
 
 TEST(LowLatencySizeHint, CoversTheLayoutAndGrowsWithEveryShape) {
@@ -330,13 +350,13 @@ TEST(NormalSizeHint, FitsTheRingsOfTheConfig) {
 TEST(BufferOptions, PastEightRanksNormalModeIsHierarchicalOnly) {
   BufferOptions options;
   options.num_nvl_bytes = 1 << 20;
-  EXPECT_NE(validation_error(options, 16).find("make normal mode hierarchical"), std::string::npos);
+  EXPECT_NE(validation_error(options, 16).find("its rail stage needs a region: pass num_rdma_bytes > 0"), std::string::npos);
   options.num_rdma_bytes = 1 << 20;  // a rail region: the nodes are checked once known
   EXPECT_EQ(validation_error(options, 16), "");
   options.low_latency_mode = true;  // num_rdma_bytes is the low-latency region; the rail's too, beside it
   EXPECT_EQ(validation_error(options, 16), "");
   options.num_rail_bytes = 0;  // no rail region: flat, at most 8 ranks
-  EXPECT_NE(validation_error(options, 16).find("make normal mode hierarchical"), std::string::npos);
+  EXPECT_NE(validation_error(options, 16).find("its rail stage needs a region: pass num_rdma_bytes > 0"), std::string::npos);
   options.num_rail_bytes = 1 << 20;
   EXPECT_EQ(validation_error(options, 16), "");
 }

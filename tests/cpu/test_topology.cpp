@@ -93,6 +93,49 @@ TEST(Topology, EmulatedNodesAndRanksPerNodeSplitAHost) {
   EXPECT_EQ(find_topology(hosts({"a", "a", "a", "a", "b", "b", "b", "b"}), 4, 0).num_nodes(), 4);
 }
 
+std::vector<RankCensus> one_host(int ranks) {
+  std::vector<RankCensus> census = hosts({"a"});
+  census.resize(ranks, census[0]);
+  return census;
+}
+
+TEST(Topology, AHostOfMoreRanksThanANodeHoldsIsSplitIntoEqualNodes) {
+  for (int ranks = 1; ranks <= 8; ++ranks) EXPECT_EQ(default_ranks_per_node(ranks), ranks);
+  EXPECT_EQ(default_ranks_per_node(9), 3);
+  EXPECT_EQ(default_ranks_per_node(11), 1);
+  EXPECT_EQ(default_ranks_per_node(12), 6);
+  EXPECT_EQ(default_ranks_per_node(16), 8);
+  EXPECT_EQ(default_ranks_per_node(24), 8);
+  const Topology sixteen = find_topology(one_host(16), 1, 0);
+  EXPECT_EQ(sixteen.ranks_per_node, 8);
+  EXPECT_EQ(sixteen.ranks_per_host, 16);
+  EXPECT_EQ(sixteen.num_nodes(), 2);
+  EXPECT_FALSE(sixteen.same_node(7, 8));
+  EXPECT_TRUE(sixteen.reach_directly(7, 8)) << "nodes of one host still reach each other by load and store";
+  EXPECT_EQ(find_topology(one_host(32), 1, 0).num_nodes(), 4);
+  // Two hosts of 16: four nodes, and no load or store between the hosts.
+  std::vector<RankCensus> two = one_host(32);
+  for (int rank = 16; rank < 32; ++rank) std::strncpy(two[rank].host_name, "b", RankCensus::kHostNameBytes - 1);
+  const Topology across = find_topology(two, 1, 0);
+  EXPECT_EQ(across.num_nodes(), 4);
+  EXPECT_TRUE(across.reach_directly(0, 15));
+  EXPECT_FALSE(across.reach_directly(15, 16));
+}
+
+TEST(Topology, OnlyEmulatedNodesHideTheRestOfTheirHost) {
+  // ranks_per_node splits a host into nodes (normal mode's stages) that still share its memory.
+  const Topology given = find_topology(one_host(8), 1, 4);
+  EXPECT_EQ(given.num_nodes(), 2);
+  EXPECT_TRUE(given.reach_directly(0, 7));
+  // Emulated nodes reach each other only by put: each is a host of its own.
+  const Topology emulated = find_topology(one_host(8), 2, 0);
+  EXPECT_EQ(emulated.ranks_per_host, 4);
+  EXPECT_TRUE(emulated.reach_directly(4, 7));
+  EXPECT_FALSE(emulated.reach_directly(3, 4));
+  // Given both, they agree: the same split, and still emulated.
+  EXPECT_FALSE(find_topology(one_host(8), 2, 4).reach_directly(3, 4));
+}
+
 TEST(Topology, RanksThatCannotBeNumberedAsDeepEpDoesAreRefusedByName) {
   EXPECT_NE(topology_error(hosts({"a", "b", "a", "b"}), 1, 0)
                 .find("ranks 0-0 and 2 run on host 'a' but rank 1 runs on 'b': the ranks of a host must be consecutive"),

@@ -19,6 +19,7 @@ void run_normal_case(RankHarness& harness);
 void run_normal_emulated_case(RankHarness& harness);
 void run_normal_nvshmem_case(RankHarness& harness);
 void run_normal_hierarchical_case(RankHarness& harness);
+void run_normal_host_nodes_case(RankHarness& harness);
 void run_normal_hierarchical_nvshmem_case(RankHarness& harness);
 void run_low_latency_case(RankHarness& harness);
 void run_low_latency_emulated_case(RankHarness& harness);

@@ -31,6 +31,7 @@ constexpr Case kCases[] = {
     {"normal_emulated", epcomm::testing::run_normal_emulated_case},
     {"normal_nvshmem", epcomm::testing::run_normal_nvshmem_case, nullptr, true},
     {"normal_hierarchical", epcomm::testing::run_normal_hierarchical_case},
+    {"normal_host_nodes", epcomm::testing::run_normal_host_nodes_case},
     {"normal_hierarchical_nvshmem", epcomm::testing::run_normal_hierarchical_nvshmem_case, nullptr, true},
     {"low_latency", epcomm::testing::run_low_latency_case},
     {"low_latency_emulated", epcomm::testing::run_low_latency_emulated_case},

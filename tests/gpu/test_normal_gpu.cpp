@@ -1017,19 +1017,22 @@ void check_hierarchical_errors(Context& ctx) {
 }
 
 // The suite on one Buffer: every scenario and the graph case; with `everything`, also the argument
-// errors and results that outlive their Buffer. `emulated_nodes` > 1 splits the ranks into nodes
-// that reach each other only by put (staged rings), over `transport`; with `hierarchical`, normal
-// mode crosses them in two stages (a rail region: num_rdma_bytes without low_latency_mode): every
-// scenario (without top-k too), the graph case, then its refusals and disagreements.
-void run_normal_suite(RankHarness& harness, int emulated_nodes, TransportKind transport, bool everything,
-                      bool hierarchical = false) {
+// errors and results that outlive their Buffer. `nodes` > 1 splits the ranks into nodes: emulated
+// ones, that reach each other only by put (staged rings), over `transport`; or, with `emulated`
+// false, the nodes a host of more than 8 ranks splits into itself, whose ranks all reach each
+// other by store. With `hierarchical`, normal mode crosses the nodes in two stages (a rail region:
+// num_rdma_bytes without low_latency_mode): every scenario (without top-k too), the graph case,
+// then its refusals and disagreements.
+void run_normal_suite(RankHarness& harness, int nodes, TransportKind transport, bool everything,
+                      bool hierarchical = false, bool emulated = true) {
   const int ranks = harness.num_ranks();
   int device = 0, sm_count = 0;
   EPCOMM_CUDA_CHECK(cudaGetDevice(&device));
   EPCOMM_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
   if (harness.rank() == 0) {
-    std::printf("normal suite: %d rank(s), %d node(s)%s, transport %s\n", ranks, emulated_nodes,
-                hierarchical ? " (hierarchical)" : "", transport == TransportKind::kNvshmem ? "nvshmem" : "default");
+    std::printf("normal suite: %d rank(s), %d node(s)%s%s, transport %s\n", ranks, nodes,
+                emulated ? "" : " of one host", hierarchical ? " (hierarchical)" : "",
+                transport == TransportKind::kNvshmem ? "nvshmem" : "default");
     std::fflush(stdout);
   }
 
@@ -1049,19 +1052,19 @@ void run_normal_suite(RankHarness& harness, int emulated_nodes, TransportKind tr
   wide_config.num_max_nvl_chunked_recv_tokens = 64;
 
   const int64_t max_row_bytes = int64_t{kMaxHidden} * 2;
-  const int per_node = ranks / emulated_nodes;
+  const int per_node = ranks / nodes;
   int64_t hint = 0, rdma_hint = 0;
   for (const Config* config : {&default_config, &small_config, &wide_config}) {
     // Hierarchical: the NVLink rings serve one node's ranks, unstaged; the rail's, one per node.
     hint = std::max(hint, hierarchical ? config->nvl_buffer_size_hint(max_row_bytes, per_node)
-                                       : config->nvl_buffer_size_hint(max_row_bytes, ranks, emulated_nodes));
-    if (hierarchical) rdma_hint = std::max(rdma_hint, config->rdma_buffer_size_hint(max_row_bytes, emulated_nodes));
+                                       : config->nvl_buffer_size_hint(max_row_bytes, ranks, nodes));
+    if (hierarchical) rdma_hint = std::max(rdma_hint, config->rdma_buffer_size_hint(max_row_bytes, nodes));
   }
   BufferOptions options;
   options.num_nvl_bytes = (hint + 127) / 128 * 128;
   options.num_rdma_bytes = rdma_hint;
   options.wait_timeout = kWaitTimeout;
-  options.emulated_nodes = emulated_nodes;
+  options.emulated_nodes = emulated ? nodes : 1;
   options.transport = transport;
 
   cudaStream_t side_stream = nullptr;
@@ -1071,7 +1074,7 @@ void run_normal_suite(RankHarness& harness, int emulated_nodes, TransportKind tr
   });
   {
     Buffer buffer(harness.bootstrap(), options);
-    harness.check(buffer.num_nodes() == emulated_nodes && buffer.node() == harness.rank() / per_node &&
+    harness.check(buffer.num_nodes() == nodes && buffer.node() == harness.rank() / per_node &&
                       buffer.local_rank() == harness.rank() % per_node,
                   "nodes as the Buffer reports them (num_nodes, node, local_rank)");
     Context ctx{harness, buffer, default_config, small_config, wide_config, side_stream, hierarchical ? per_node : 0};
@@ -1158,6 +1161,19 @@ void run_normal_hierarchical_case(RankHarness& harness) {
   const int ranks = harness.num_ranks();
   run_normal_suite(harness, std::max(2, ranks / kMaxNvlPeers), TransportKind::kAuto, false, /*hierarchical=*/true);
   if (ranks == 8) run_normal_suite(harness, 4, TransportKind::kAuto, false, /*hierarchical=*/true);
+}
+
+// Past 8 ranks on one host, nothing emulated: the host splits into nodes of 8 itself (2 x 8 at 16,
+// 4 x 8 at 32) and normal mode runs hierarchical across them, its rail stage over stores into the
+// other nodes' rings (not staged: the ranks of one host reach each other's memory).
+void run_normal_host_nodes_case(RankHarness& harness) {
+  const int ranks = harness.num_ranks();
+  if (ranks <= kMaxNvlPeers) {
+    if (harness.rank() == 0) std::printf("normal_host_nodes: %d rank(s) form one node; nothing to run\n", ranks);
+    return;
+  }
+  run_normal_suite(harness, ranks / kMaxNvlPeers, TransportKind::kAuto, false, /*hierarchical=*/true,
+                   /*emulated=*/false);
 }
 
 // The same over the NVSHMEM transport: the rail stage's puts and signals are NVSHMEM's, to PEs that

@@ -41,7 +41,7 @@ IpcTransport::IpcTransport(Bootstrap& bootstrap, const TransportOptions& options
   window_.num_ranks = num_ranks;
   mappings_.resize(num_ranks);
   for (int peer = 0; peer < num_ranks; ++peer) {
-    if (topology.same_node(peer, rank)) {
+    if (topology.reach_directly(peer, rank)) {
       window_.direct_ranks |= 1u << peer;
     }
     if (peer == rank) {

@@ -122,9 +122,9 @@ NvshmemTransport::NvshmemTransport(Bootstrap& bootstrap, const TransportOptions&
   window_.num_ranks = num_ranks;
   char* own = static_cast<char*>(symmetric_);
   for (int peer = 0; peer < num_ranks; ++peer) {
-    const bool same_node = topology.same_node(peer, rank);
+    const bool same_host = topology.reach_directly(peer, rank);
     void* mapped = peer == rank ? symmetric_ : nvshmem_ptr(symmetric_, peer);
-    if (same_node && mapped != nullptr) {
+    if (same_host && mapped != nullptr) {
       window_.direct_ranks |= 1u << peer;
       window_.bases[peer] = static_cast<char*>(mapped);
     } else {
