@@ -231,11 +231,13 @@ int run_cold_trial(BenchContext& context, double context_ms) {
   // and their uploads) would leave the first call alone after a long stretch of host work with
   // the GPU idle, a cost any CUDA work pays there, not a one-time cost (see --cold-pause-ms).
   // Across emulated nodes (--nodes) as the warm benchmark runs them: flat (rings staged), or
-  // hierarchical (a rail region beside the low-latency one).
+  // hierarchical (a rail region beside the low-latency one); across the nodes of one host
+  // (--host-nodes) hierarchical.
   const Config config = default_dispatch_config(ranks);
   const int64_t hidden_bytes = static_cast<int64_t>(options.hidden) * 2;
   BufferOptions buffer_options;
-  buffer_options.emulated_nodes = options.nodes;
+  buffer_options.emulated_nodes = options.emulated_nodes();
+  if (!options.nodes_emulated) buffer_options.ranks_per_node = ranks / options.nodes;
   buffer_options.transport = parse_transport_kind(options.transport, "epcomm-bench: --transport");
   buffer_options.low_latency_mode = true;
   buffer_options.num_rdma_bytes =
@@ -244,7 +246,7 @@ int run_cold_trial(BenchContext& context, double context_ms) {
     buffer_options.num_nvl_bytes = config.nvl_buffer_size_hint(hidden_bytes, ranks / options.nodes);
     buffer_options.num_rail_bytes = config.rdma_buffer_size_hint(hidden_bytes, options.nodes);
   } else {
-    buffer_options.num_nvl_bytes = config.nvl_buffer_size_hint(hidden_bytes, ranks, options.nodes);
+    buffer_options.num_nvl_bytes = config.nvl_buffer_size_hint(hidden_bytes, ranks, options.emulated_nodes());
     buffer_options.num_rail_bytes = 0;  // flat across nodes
   }
   buffer_options.preinitialize = options.cold_preinitialize;

@@ -50,7 +50,8 @@ void require_what_the_library_takes(const BenchOptions& options) {
     if (sms % 2 != 0) fail(ErrorCode::kInvalidArgument, "epcomm-bench: --sms ", sms, " must be even (Config::num_sms)");
   }
   if (options.hierarchical && options.num_ranks / options.nodes > kMaxNvlPeers) {
-    fail(ErrorCode::kInvalidArgument, "epcomm-bench: --hierarchical with --ranks ", options.num_ranks, " and --nodes ",
+    fail(ErrorCode::kInvalidArgument, "epcomm-bench: --hierarchical with --ranks ", options.num_ranks, " and ",
+         options.nodes_emulated ? "--nodes " : "--host-nodes ",
          options.nodes, " makes nodes of ", options.num_ranks / options.nodes, " ranks; a node holds at most ",
          kMaxNvlPeers);
   }
@@ -111,9 +112,11 @@ const char* bench_usage() {
          "  --transport T     auto (default: CUDA IPC on one host), ipc or nvshmem (the NVSHMEM plugin)\n"
          "  --nodes N         split the ranks into N emulated nodes reached by put and signal (normal\n"
          "                    mode's rings staged); > 1 runs no copies, so records carry no roofline\n"
-         "  --hierarchical    with --nodes > 1: normal mode in two stages (network once per node, then\n"
-         "                    NVLink; a rail region beside the low-latency one), checked against the\n"
-         "                    hierarchical reference\n"
+         "  --host-nodes N    split the ranks into N nodes of one host (BufferOptions::ranks_per_node):\n"
+         "                    nothing emulated, every rank still reached by store; with --hierarchical\n"
+         "  --hierarchical    with --nodes or --host-nodes > 1: normal mode in two stages (network once\n"
+         "                    per node, then NVLink; a rail region beside the low-latency one), checked\n"
+         "                    against the hierarchical reference\n"
          "  --cold            cold start: --trials trials in fresh processes, with and without\n"
          "                    preinitialize; init time by phase, first / second / steady call of each op\n"
          "                    (with --nodes across emulated nodes, flat or --hierarchical)\n"
@@ -132,6 +135,7 @@ const char* bench_usage() {
 
 BenchOptions parse_bench_options(const std::vector<std::string>& args) {
   BenchOptions options;
+  bool nodes_given = false;
   const std::map<std::string, std::function<void(const std::string&)>> setters = {
       {"--ranks", [&](const std::string& v) { options.num_ranks = static_cast<int>(parse_integer("--ranks", v, 1, kMaxRanks)); }},
       {"--tokens", [&](const std::string& v) { options.num_tokens = static_cast<int>(parse_integer("--tokens", v, 0, 1 << 20)); }},
@@ -160,7 +164,16 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
          (void)parse_transport_kind(v, "epcomm-bench: --transport");  // names a bad value
          options.transport = v;
        }},
-      {"--nodes", [&](const std::string& v) { options.nodes = static_cast<int>(parse_integer("--nodes", v, 1, kMaxRanks)); }},
+      {"--nodes", [&](const std::string& v) {
+         if (!options.nodes_emulated) fail(ErrorCode::kInvalidArgument, "epcomm-bench: give --nodes or --host-nodes, not both");
+         options.nodes = static_cast<int>(parse_integer("--nodes", v, 1, kMaxRanks));
+         nodes_given = true;
+       }},
+      {"--host-nodes", [&](const std::string& v) {
+         if (nodes_given) fail(ErrorCode::kInvalidArgument, "epcomm-bench: give --nodes or --host-nodes, not both");
+         options.nodes = static_cast<int>(parse_integer("--host-nodes", v, 1, kMaxRanks));
+         options.nodes_emulated = false;
+       }},
       {"--sms", [&](const std::string& v) { options.sms_list = parse_list("--sms", v, 2, kMaxChannels); }},
       {"--rings", [&](const std::string& v) { options.ring_list = parse_list("--rings", v, kMinRingTokens, 1 << 16); }},
       {"--token-sweep", [&](const std::string& v) { options.token_sweep = parse_list("--token-sweep", v, 1, 1 << 20); }},
@@ -199,16 +212,23 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
     fail(ErrorCode::kInvalidArgument, "epcomm-bench: --ll-tokens ", options.low_latency_tokens, " exceeds --tokens ",
          options.num_tokens, " (the low-latency benchmark uses the first --ll-tokens tokens)");
   }
+  const char* nodes_option = options.nodes_emulated ? "--nodes" : "--host-nodes";
   if (options.num_ranks % options.nodes != 0) {
-    fail(ErrorCode::kInvalidArgument, "epcomm-bench: --nodes ", options.nodes, " must divide --ranks ", options.num_ranks);
+    fail(ErrorCode::kInvalidArgument, "epcomm-bench: ", nodes_option, " ", options.nodes, " must divide --ranks ",
+         options.num_ranks);
   }
   if (options.num_ranks > kMaxNvlPeers && (!options.skip_normal || options.cold) && !options.hierarchical) {
     fail(ErrorCode::kInvalidArgument, "epcomm-bench: --ranks ", options.num_ranks, " runs low-latency mode only (flat normal ",
-         "mode stops at ", kMaxNvlPeers, " ranks): add --skip-normal, without --cold, or --hierarchical with --nodes");
+         "mode stops at ", kMaxNvlPeers, " ranks): add --skip-normal, without --cold, or --hierarchical with --nodes or ",
+         "--host-nodes");
   }
   if (options.hierarchical && (options.nodes < 2 || options.skip_normal)) {
-    fail(ErrorCode::kInvalidArgument, "epcomm-bench: --hierarchical times normal mode across nodes: it needs --nodes > 1 "
-         "(", options.nodes, " was given) and no --skip-normal");
+    fail(ErrorCode::kInvalidArgument, "epcomm-bench: --hierarchical times normal mode across nodes: it needs --nodes or "
+         "--host-nodes > 1 (", options.nodes, " was given) and no --skip-normal");
+  }
+  if (!options.nodes_emulated && !options.hierarchical) {
+    fail(ErrorCode::kInvalidArgument, "epcomm-bench: --host-nodes ", options.nodes, " needs --hierarchical (flat, the "
+         "nodes of one host run as one)");
   }
   if (options.num_topk > options.num_experts) {
     fail(ErrorCode::kInvalidArgument, "epcomm-bench: --topk ", options.num_topk, " exceeds --experts ", options.num_experts);
@@ -250,7 +270,8 @@ std::vector<std::string> to_arguments(const BenchOptions& options) {
   if (!options.token_sweep.empty()) args.insert(args.end(), {"--token-sweep", join_list(options.token_sweep)});
   if (options.skip_normal) args.push_back("--skip-normal");
   if (options.hierarchical) args.push_back("--hierarchical");
-  args.insert(args.end(), {"--transport", options.transport, "--nodes", std::to_string(options.nodes)});
+  args.insert(args.end(), {"--transport", options.transport, options.nodes_emulated ? "--nodes" : "--host-nodes",
+                           std::to_string(options.nodes)});
   if (options.cold_trial >= 0) {
     args.insert(args.end(), {"--cold-trial", std::to_string(options.cold_trial), "--cold-preinitialize",
                              options.cold_preinitialize ? "1" : "0", "--cold-order", options.cold_order,

@@ -32,7 +32,11 @@ struct BenchOptions {
   // nodes reached by put and signal, against the same ranks' intranode numbers of another run.
   std::string transport = "auto";
   int nodes = 1;
-  // --hierarchical: normal mode across the --nodes in two stages (a rail region beside the
+  // --host-nodes N sets `nodes` instead, not emulated: nodes of one host (BufferOptions::
+  // ranks_per_node), whose ranks still reach each other by store; for --hierarchical only.
+  bool nodes_emulated = true;
+  int emulated_nodes() const { return nodes_emulated ? nodes : 1; }
+  // --hierarchical: normal mode across the nodes in two stages (a rail region beside the
   // low-latency one, BufferOptions::num_rail_bytes); otherwise flat across them (num_rail_bytes 0).
   bool hierarchical = false;
   // --cold: trials of fresh processes, each timing init and the first / second / steady call of

@@ -98,12 +98,12 @@ int run_rank(const BenchOptions& options) {
   for (const Config& config : options.skip_normal ? std::vector<Config>{} : bench_configs(context)) {
     ring_bytes = std::max(ring_bytes, options.hierarchical
                                           ? config.nvl_buffer_size_hint(hidden_bytes, options.num_ranks / options.nodes)
-                                          : config.nvl_buffer_size_hint(hidden_bytes, options.num_ranks, options.nodes));
+                                          : config.nvl_buffer_size_hint(hidden_bytes, options.num_ranks, options.emulated_nodes()));
     if (options.hierarchical) rail_bytes = std::max(rail_bytes, config.rdma_buffer_size_hint(hidden_bytes, options.nodes));
   }
   // Across emulated nodes the copies (roofline) are not run: the copy engines and TMA need every
   // rank mapped, so records there carry no roofline ratio.
-  const bool one_node = options.nodes == 1;
+  const bool one_node = options.emulated_nodes() == 1;
   // Past flat normal mode's ranks the Buffer has no NVLink buffer unless hierarchical (--skip-normal otherwise).
   const bool nvl_buffer = options.num_ranks <= kMaxNvlPeers || options.hierarchical;
   BufferOptions buffer_options;
@@ -117,7 +117,8 @@ int run_rank(const BenchOptions& options) {
       kRegionAlignment * kRegionAlignment);
   buffer_options.preinitialize = true;
   buffer_options.transport = parse_transport_kind(options.transport, "epcomm-bench: --transport");
-  buffer_options.emulated_nodes = options.nodes;
+  buffer_options.emulated_nodes = options.emulated_nodes();
+  if (!options.nodes_emulated) buffer_options.ranks_per_node = options.num_ranks / options.nodes;
   Buffer buffer(context.bootstrap, buffer_options);
   context.buffer = &buffer;
   EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&context.stream, cudaStreamNonBlocking));
@@ -199,6 +200,7 @@ Record BenchContext::base_record(const char* op, const char* mode) const {
       .set("setup", setup)
       .set("transport", options.transport)
       .set("nodes", options.nodes)
+      .set("nodes_emulated", options.nodes_emulated)
       .set("hierarchical", options.hierarchical)
       .set("tokens", options.num_tokens)
       .set("hidden", options.hidden)
