@@ -17,6 +17,7 @@
 #include "epcomm/buffer.hpp"
 #include "epcomm/error.hpp"
 #include "python_allocator.hpp"
+#include "transport/topology.hpp"
 #include "python_bootstrap.hpp"
 #include "torch_bridge.hpp"
 
@@ -153,13 +154,15 @@ void bind_types(nb::module_& m) {
            nb::arg("num_nodes") = 1)
       .def("get_rdma_buffer_size_hint",
            [](const Config& config, int64_t hidden_bytes, int num_ranks) {
-             constexpr int kDeepEpRanksPerNode = 8;  // deep_ep's nodes: 0 up to 8 ranks (one node)
-             const int nodes = std::max(1, (num_ranks + kDeepEpRanksPerNode - 1) / kDeepEpRanksPerNode);
+             // deep_ep's nodes: one up to 8 ranks; past 8, nodes of 8, or the split a host of
+             // num_ranks makes itself (12 -> 2 x 6, 9 -> 3 x 3), never fewer nodes than deep_ep's.
+             const int nodes = num_ranks <= kMaxNvlPeers ? 1 : num_ranks / detail::default_ranks_per_node(num_ranks);
              return config.rdma_buffer_size_hint(hidden_bytes, nodes);
            },
            nb::arg("hidden_bytes"), nb::arg("num_ranks"),
-           "num_rdma_bytes for hierarchical normal mode across nodes of 8 ranks (0 on one node); with other "
-           "node sizes, Config.rdma_buffer_size_hint(hidden_bytes, num_nodes) (epcomm's own)")
+           "num_rdma_bytes for hierarchical normal mode past 8 ranks, in nodes of at most 8 as one host of "
+           "num_ranks splits itself (0 up to 8 ranks); with other node sizes, "
+           "Config.rdma_buffer_size_hint(hidden_bytes, num_nodes) (epcomm's own)")
       .def("rdma_buffer_size_hint", &Config::rdma_buffer_size_hint, nb::arg("hidden_bytes"), nb::arg("num_nodes"));
   m.def("cuda_device_count", [] {
     int count = 0;

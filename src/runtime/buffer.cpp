@@ -147,8 +147,9 @@ void Buffer::Impl::initialize(int caller_device, bool background) {
     std::fprintf(stderr,
                  "epcomm: low-latency mode across %d nodes: normal mode's rail rings take num_rdma_bytes again "
                  "(%lld MiB per rank) beside the low-latency region; BufferOptions::num_rail_bytes sizes them "
-                 "(0: none, normal mode flat across nodes)\n",
-                 topology.num_nodes(), static_cast<long long>(layout.rail_ring_bytes >> 20));
+                 "(Config::rdma_buffer_size_hint(hidden_bytes, %d)%s)\n",
+                 topology.num_nodes(), static_cast<long long>(layout.rail_ring_bytes >> 20), topology.num_nodes(),
+                 bootstrap->num_ranks() > kMaxNvlPeers ? "" : "; 0: none, normal mode flat across nodes");
   }
   if (layout.rail_ring_bytes > 0) {
     stage_layout_workspace = detail::DeviceAllocation(LayoutWorkspace::kTotalBytes);

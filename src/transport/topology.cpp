@@ -38,9 +38,11 @@ int ranks_per_host(const std::vector<RankCensus>& census) {
 
 int default_ranks_per_node(int ranks_per_host) {
   for (int size = std::min(ranks_per_host, kMaxNvlPeers); size > 1; --size) {
-    if (ranks_per_host % size == 0) return size;
+    if (ranks_per_host % size != 0) continue;
+    // More than kMaxNvlPeers nodes could run no hierarchical stage either: keep the host whole.
+    return ranks_per_host / size <= kMaxNvlPeers ? size : ranks_per_host;
   }
-  return 1;
+  return ranks_per_host;
 }
 
 Topology find_topology(const std::vector<RankCensus>& census, int emulated_nodes, int ranks_per_node) {

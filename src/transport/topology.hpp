@@ -51,7 +51,8 @@ struct Topology {
 Topology find_topology(const std::vector<RankCensus>& census, int emulated_nodes, int ranks_per_node);
 
 // The node size of a host of `ranks_per_host` ranks: all of them up to kMaxNvlPeers, else the
-// largest divisor that is at most kMaxNvlPeers (16 -> 8, 12 -> 6, 9 -> 3; a prime -> 1).
+// largest divisor that is at most kMaxNvlPeers (16 -> 8, 12 -> 6, 9 -> 3), where that makes at
+// most kMaxNvlPeers nodes; otherwise (11, 22: no split normal mode could run) the whole host.
 int default_ranks_per_node(int ranks_per_host);
 
 }  // namespace epcomm::detail

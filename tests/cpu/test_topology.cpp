@@ -102,7 +102,8 @@ std::vector<RankCensus> one_host(int ranks) {
 TEST(Topology, AHostOfMoreRanksThanANodeHoldsIsSplitIntoEqualNodes) {
   for (int ranks = 1; ranks <= 8; ++ranks) EXPECT_EQ(default_ranks_per_node(ranks), ranks);
   EXPECT_EQ(default_ranks_per_node(9), 3);
-  EXPECT_EQ(default_ranks_per_node(11), 1);
+  EXPECT_EQ(default_ranks_per_node(11), 11) << "nodes of 1 would run nothing: the host stays whole";
+  EXPECT_EQ(default_ranks_per_node(22), 22) << "11 nodes of 2: more nodes than a stage holds";
   EXPECT_EQ(default_ranks_per_node(12), 6);
   EXPECT_EQ(default_ranks_per_node(16), 8);
   EXPECT_EQ(default_ranks_per_node(24), 8);

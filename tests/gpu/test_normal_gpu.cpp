@@ -17,6 +17,7 @@
 #include "gpu/normal_test_util.hpp"
 #include "reference/reference.hpp"
 #include "reference/workload.hpp"
+#include "transport/topology.hpp"
 
 namespace epcomm::testing {
 namespace {
@@ -1172,8 +1173,8 @@ void run_normal_host_nodes_case(RankHarness& harness) {
     if (harness.rank() == 0) std::printf("normal_host_nodes: %d rank(s) form one node; nothing to run\n", ranks);
     return;
   }
-  run_normal_suite(harness, ranks / kMaxNvlPeers, TransportKind::kAuto, false, /*hierarchical=*/true,
-                   /*emulated=*/false);
+  run_normal_suite(harness, ranks / detail::default_ranks_per_node(ranks), TransportKind::kAuto, false,
+                   /*hierarchical=*/true, /*emulated=*/false);
 }
 
 // The same over the NVSHMEM transport: the rail stage's puts and signals are NVSHMEM's, to PEs that
