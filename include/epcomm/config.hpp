@@ -46,15 +46,17 @@ struct BufferOptions {
   // the rings of normal mode's network stage across nodes (Config::rdma_buffer_size_hint), which
   // make normal mode hierarchical as deep_ep's is: a token crosses the network once per destination
   // node, to the rank of its own local index there, which forwards it over NVLink; combine reduces
-  // inside the node first. 0 (or one node) keeps normal mode flat: across nodes every token is put
-  // once per destination rank, in the rings of num_nvl_bytes (nvl_buffer_size_hint with num_nodes).
-  // With low_latency_mode across nodes, normal mode is hierarchical too, its rail rings beside the
-  // low-latency region (num_rail_bytes).
+  // inside the node first. 0 (or one node) keeps normal mode flat: across hosts every token is put
+  // once per destination rank, in the rings of num_nvl_bytes (nvl_buffer_size_hint with num_nodes);
+  // past 8 ranks flat is refused. Between the nodes of one host (past 8 ranks, or ranks_per_node)
+  // the "network" stage runs over NVLink stores. With low_latency_mode across nodes, normal mode is
+  // hierarchical too, its rail rings beside the low-latency region (num_rail_bytes).
   int64_t num_rdma_bytes = 0;
   // Low-latency mode across nodes (with num_nvl_bytes > 0): the bytes of normal mode's rail rings,
   // a region of their own beside the low-latency one, so that the two modes never need
   // clean_low_latency_buffer between them (deep_ep's modes share one region). -1: num_rdma_bytes
-  // (deep_ep's callers size it for both modes); 0: none (normal mode across nodes then flat).
+  // (deep_ep's callers size it for both modes; Config::rdma_buffer_size_hint needs less); 0: none
+  // (normal mode across nodes then flat: refused past 8 ranks, where normal mode needs the rail).
   // Without low_latency_mode it must stay -1: num_rdma_bytes holds the rail rings.
   int64_t num_rail_bytes = -1;
   // The rail rings' bytes when the ranks form several nodes, from the two fields above.
@@ -150,14 +152,16 @@ struct Config {
   int num_channels() const { return num_sms; }
   // NVLink buffer bytes normal-mode dispatch and combine need with this config, for tokens of
   // `hidden_bytes` (hidden x element size) among `num_ranks` ranks (deep_ep's hint). With ranks
-  // on more than one node (`num_nodes` > 1, or emulated_nodes), the rings take twice as much: a
-  // sender stages what it puts to ranks of other nodes in its own buffer.
+  // on more than one host (`num_nodes` > 1 here: hosts, or emulated_nodes), the rings take twice as
+  // much: a sender stages what it puts to ranks of other hosts in its own buffer. Nodes of one
+  // host need no staging: pass 1.
   int64_t nvl_buffer_size_hint(int64_t hidden_bytes, int num_ranks, int num_nodes = 1) const;
   // The same, said directly: `staged` when some rank is reached only by put.
   int64_t ring_buffer_bytes(int64_t hidden_bytes, int num_ranks, bool staged) const;
   // Rail ring bytes (BufferOptions::num_rdma_bytes without low_latency_mode, num_rail_bytes with
   // it) the hierarchical normal mode's network stage needs among `num_nodes` nodes: staged rings
-  // of the rdma fields' sizes, one peer per node. 0 for one node.
+  // of the rdma fields' sizes, one peer per node (enough too for the unstaged rings between the
+  // nodes of one host). 0 for one node.
   int64_t rdma_buffer_size_hint(int64_t hidden_bytes, int num_nodes) const;
 
  private:

@@ -18,7 +18,7 @@ void BufferOptions::validate(int num_ranks) const {
   if (num_ranks < 1) fail(ErrorCode::kInvalidArgument, "Buffer: num_ranks=", num_ranks, " must be at least 1");
   if (num_ranks > kMaxRanks) {
     fail(ErrorCode::kUnsupported, "Buffer: num_ranks=", num_ranks, " exceeds the ", kMaxRanks,
-         " ranks this build runs (low-latency mode; normal mode ", kMaxNvlPeers, ")");
+         " ranks this build runs (low-latency mode; normal mode ", kMaxNvlPeers, " flat, more hierarchical)");
   }
   // Past kMaxNvlPeers ranks normal mode runs only hierarchical (a rail region), each stage among
   // at most that many: a host of more ranks forms several nodes (the nodes are checked once known).

@@ -29,7 +29,8 @@ constexpr const char* kCombineOp = "combine";
 RingLayout ring_layout(const char* op, const detail::RingGroup& group, const SlotLayout& slot, const Config& config) {
   if (group.num_ranks() > kMaxNvlPeers) {
     fail(ErrorCode::kUnsupported, op, ": ", group.stage, "num_ranks=", group.num_ranks(), " is more than normal mode's ",
-         kMaxNvlPeers, " ranks; with more, only low-latency mode runs");
+         kMaxNvlPeers, " ranks per stage; with more, normal mode runs hierarchical across nodes of at most ",
+         kMaxNvlPeers, " (a rail region)");
   }
   RingLayout rings;
   rings.slot = slot;
