@@ -102,8 +102,9 @@ static __device__ __noinline__ int32_t checked_barrier(const Window& window, con
 // Every thread of every block calls it first. True in every thread where the op may run: the
 // barrier passed and every rank made this call. Inlined: out of line, the call's ABI cost the
 // combine kernels a stack frame and spills they do not have inlined (ptxas -v).
-__device__ __forceinline__ bool start_after_checked_barrier(const Window& window, const kernels::CallCheck& check,
-                                                            const KernelContext& context) {
+static __device__ __forceinline__ bool start_after_checked_barrier(const Window& window,
+                                                                   const kernels::CallCheck& check,
+                                                                   const KernelContext& context) {
   __shared__ bool proceed;
   __shared__ bool all_started;
   uint64_t* checkins = window.own<uint64_t>(NvlLayout::launch_checkins());
