@@ -39,7 +39,7 @@ namespace epcomm::device {
 // made the same call (and the prior verdicts were 0), else 1, and returns it (the same in every thread).
 // `cannot_run`: this rank cannot run the call (its kernel's blocks did not all start); its peers
 // see it as a failed earlier stage, so every rank fails alike, and this rank's own error says why.
-static __device__ __forceinline__ int32_t checked_barrier(const Window& window, const kernels::CallCheck& check,
+__device__ __forceinline__ int32_t checked_barrier(const Window& window, const kernels::CallCheck& check,
                                                    const KernelContext& context, bool cannot_run) {
   constexpr int kFields = static_cast<int>(CallField::kCount);
   constexpr int kEarlierStage = static_cast<int>(CallField::kEarlierStageFailed);
@@ -97,18 +97,9 @@ static __device__ __forceinline__ int32_t checked_barrier(const Window& window, 
   return verdict;
 }
 
-// The same out of line, for the cached dispatch: inlined there, its registers spilled the dispatch
-// loops (ptxas: 84 bytes of spill stores; 24 out of line). The combine kernels keep it inline: out
-// of line it cost them a 48-byte stack frame, and spills where they had none (1 rank, staged).
-static __device__ __noinline__ int32_t checked_barrier_out_of_line(const Window& window, const kernels::CallCheck& check,
-                                                                   const KernelContext& context, bool cannot_run) {
-  return checked_barrier(window, check, context, cannot_run);
-}
-
 // Every thread of every block calls it first. True in every thread where the op may run: the
 // barrier passed and every rank made this call. Inlined: out of line, the call's ABI cost the
 // combine kernels a stack frame and spills they do not have inlined (ptxas -v).
-template <bool kBarrierOutOfLine = false>
 static __device__ __forceinline__ bool start_after_checked_barrier(const Window& window,
                                                                    const kernels::CallCheck& check,
                                                                    const KernelContext& context) {
@@ -125,12 +116,7 @@ static __device__ __forceinline__ bool start_after_checked_barrier(const Window&
       atomicAdd(reinterpret_cast<unsigned long long*>(checkins), 0ull - (gridDim.x - 1));
     }
     __syncthreads();
-    int32_t verdict;
-    if constexpr (kBarrierOutOfLine) {
-      verdict = checked_barrier_out_of_line(window, check, context, !all_started);
-    } else {
-      verdict = checked_barrier(window, check, context, !all_started);
-    }
+    const int32_t verdict = checked_barrier(window, check, context, !all_started);
     if (threadIdx.x == 0) {
       // Only block 0 writes launch_go, and only here: the previous launch's count plus one. The
       // verdict store (this thread's, in checked_barrier) comes before; pairs with the other

@@ -360,7 +360,7 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
   // failed rail stage's rows).
   bool agreed;
   if constexpr (kChecked) {
-    agreed = device::start_after_checked_barrier</*kBarrierOutOfLine=*/true>(window, args.call, context);
+    agreed = device::start_after_checked_barrier(window, args.call, context);
   } else {
     agreed = *args.verdict == 0;
   }
