@@ -48,8 +48,8 @@ struct BufferOptions {
   // node, to the rank of its own local index there, which forwards it over NVLink; combine reduces
   // inside the node first. 0 (or one node) keeps normal mode flat: across hosts every token is put
   // once per destination rank, in the rings of num_nvl_bytes (nvl_buffer_size_hint with num_nodes);
-  // past 8 ranks flat is refused. Between the nodes of one host (past 8 ranks, or ranks_per_node)
-  // the "network" stage runs over NVLink stores. With low_latency_mode across nodes, normal mode is
+  // past 8 ranks flat is refused. Between the nodes of one host (past 8 ranks, NVLink islands, or
+  // ranks_per_node) the "network" stage runs over stores (NVLink, or PCIe between islands). With low_latency_mode across nodes, normal mode is
   // hierarchical too, its rail rings beside the low-latency region (num_rail_bytes).
   int64_t num_rdma_bytes = 0;
   // Low-latency mode across nodes (with num_nvl_bytes > 0): the bytes of normal mode's rail rings,
@@ -80,12 +80,15 @@ struct BufferOptions {
   int emulated_nodes = 1;
   // Ranks per node (deep_ep's numbering: rank = node x ranks_per_node + local rank): the ranks
   // normal mode joins in one NVLink stage; across nodes it runs hierarchical. 0: the consecutive
-  // ranks of one host, or past 8 (kMaxNvlPeers) the largest equal split of them into nodes of at
-  // most 8 (16 -> 2 x 8, 12 -> 2 x 6); > 0: this many, which must divide the ranks and share a
-  // host (e.g. to treat a host of two NVLink domains as two nodes). The nodes of one host still
-  // reach each other by load and store (their rail stage runs over NVLink); only emulated_nodes
-  // hides them from each other. Every rank passes the same value; emulated_nodes, when given,
-  // must agree with it.
+  // ranks of one host, or of one NVLink island where the host's GPUs form islands (bridged pairs:
+  // NVML says which GPUs NVLink joins, each rank for its own GPU), or past 8 (kMaxNvlPeers) the
+  // largest equal split of them into nodes of at most 8 (16 -> 2 x 8, 12 -> 2 x 6). Islands that
+  // cannot be nodes (GPUs with no NVLink at all, islands of unequal size or not of consecutive
+  // ranks, more than 8 of them) leave the host whole, and rank 0 prints why. > 0: this many, which
+  // must divide the ranks and share a host, islands or not. The nodes of one host still reach each
+  // other by load and store (their rail stage runs over NVLink, or PCIe between islands); only
+  // emulated_nodes hides them from each other. Every rank passes the same value; emulated_nodes,
+  // when given, must agree with it.
   int ranks_per_node = 0;
   // Which transport joins the ranks; every rank passes the same. kNvshmem on one host runs
   // NVSHMEM's P2P transport, and with emulated_nodes its put path carries the traffic between the

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -9,7 +10,9 @@
 #include "epcomm/error.hpp"
 #include "runtime/nvshmem_plugin.hpp"
 #include "transport/ipc/ipc_transport.hpp"
+#include "transport/nvlink_reach.hpp"
 #include "transport/rank_census.hpp"
+#include "transport/topology.hpp"
 
 namespace epcomm::detail {
 namespace {
@@ -49,6 +52,18 @@ std::string why_nvshmem(const std::vector<RankCensus>& census, int rank, Transpo
   return "the ranks need the NVSHMEM transport";
 }
 
+// Where the hosts' NVLink could not make the nodes, once per process: the ranks still run, across
+// PCIe where NVLink is missing, and a user tuning speed wants to know.
+void warn_once_of_nvlink(const std::vector<RankCensus>& census, const NvlinkMatrix& nvlink) {
+  static std::once_flag once;
+  const std::string note = nvlink_split_note(census, nvlink);
+  if (note.empty()) return;
+  std::call_once(once, [&] {
+    std::fprintf(stderr, "epcomm: warning: %s (nodes follow the hosts; BufferOptions::ranks_per_node sets them)\n",
+                 note.c_str());
+  });
+}
+
 }  // namespace
 
 const NvshmemPlugin* load_nvshmem_plugin_from(const std::string& path, std::string& why) {
@@ -86,8 +101,10 @@ Backend connect(Bootstrap& bootstrap, const TransportOptions& requested, Transpo
   const int rank = bootstrap.rank();
   const RankCensus mine = describe_this_rank(requested.device, requested.layout.total_bytes(), requested.agreed.c_str());
   const std::vector<RankCensus> census = take_census(bootstrap, mine);
+  const NvlinkMatrix nvlink = exchange_nvlink_rows(bootstrap, census);
   TransportOptions options = requested;
-  options.topology = find_topology(census, options.emulated_nodes, options.ranks_per_node);
+  options.topology = find_topology(census, options.emulated_nodes, options.ranks_per_node, nvlink);
+  if (rank == 0 && options.emulated_nodes <= 1 && options.ranks_per_node == 0) warn_once_of_nvlink(census, nvlink);
   if (options.topology.num_nodes() > 1) {
     options.layout.rail_ring_bytes = std::max(options.layout.rail_ring_bytes, options.rail_ring_bytes_across_nodes);
   }

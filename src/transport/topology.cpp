@@ -1,6 +1,7 @@
 #include "transport/topology.hpp"
 
 #include <algorithm>
+#include <string>
 
 #include "common/constants.hpp"
 #include "epcomm/error.hpp"
@@ -34,7 +35,85 @@ int ranks_per_host(const std::vector<RankCensus>& census) {
   return first_run;
 }
 
+std::string rank_span(int first, int end) { return join_message(first, "-", end - 1); }
+
+// The NVLink islands of the host span [begin, end): consecutive runs of ranks that NVLink joins
+// pairwise. Their size, or 0 and `why` where the host's NVLink does not fall into such runs.
+int island_size_of_host(const std::vector<RankCensus>& census, const NvlinkMatrix& nvlink, int begin, int end,
+                        std::string& why) {
+  int size = 0;
+  for (int first = begin; first < end;) {
+    int last = first + 1;
+    const auto joins_all_before = [&](int rank) {
+      for (int member = first; member < rank; ++member) {
+        if (!nvlink_joins(nvlink, member, rank)) return false;
+      }
+      return true;
+    };
+    while (last < end && joins_all_before(last)) ++last;
+    for (int later = last; later < end; ++later) {
+      for (int member = first; member < last; ++member) {
+        if (!nvlink_joins(nvlink, member, later)) continue;
+        why = join_message("NVLink on host ", host_text(census[begin]), " joins rank ", member, " to rank ", later,
+                           ", outside rank ", member, "'s island (ranks ", rank_span(first, last),
+                           "): a node is a run of consecutive ranks that NVLink joins pairwise");
+        return 0;
+      }
+    }
+    if (size != 0 && last - first != size) {
+      why = join_message("NVLink on host ", host_text(census[begin]), " joins ranks ", rank_span(begin, begin + size),
+                         " and ranks ", rank_span(first, last), ": islands of unequal size");
+      return 0;
+    }
+    size = last - first;
+    first = last;
+  }
+  return size;
+}
+
+struct NvlinkSplit {
+  int ranks_per_node = 0;  // 0: NVLink does not split the hosts
+  std::string why_not;     // worth telling the user, where it did not
+};
+
+// Nodes as NVLink makes them: one per island of every host, where the islands of all hosts are
+// alike (consecutive, pairwise joined, of one size, more than one rank) and stages can run them.
+NvlinkSplit split_by_nvlink(const std::vector<RankCensus>& census, const NvlinkMatrix& nvlink, int ranks_per_host) {
+  const int num_ranks = static_cast<int>(census.size());
+  NvlinkSplit split;
+  int island = 0;
+  for (int begin = 0; begin < num_ranks; begin += ranks_per_host) {
+    const int size = island_size_of_host(census, nvlink, begin, begin + ranks_per_host, split.why_not);
+    if (size == 0) return split;
+    if (island != 0 && size != island) {
+      split.why_not = join_message("NVLink islands hold ", island, " ranks on host ", host_text(census[0]), " but ",
+                                   size, " on host ", host_text(census[begin]), ": every node must hold as many ranks");
+      return split;
+    }
+    island = size;
+  }
+  if (island == ranks_per_host) return split;  // the hosts are whole islands: nothing to split
+  if (island == 1) {
+    split.why_not = join_message("no NVLink joins the GPUs of host ", host_text(census[0]),
+                                 ": its ranks reach each other over PCIe, much slower than NVLink");
+    return split;
+  }
+  const int node = default_ranks_per_node(island);
+  if (num_ranks / node > kMaxNvlPeers) {
+    split.why_not = join_message("NVLink islands of ", island, " ranks would make ", num_ranks / node,
+                                 " nodes, more than a hierarchical stage holds (", kMaxNvlPeers,
+                                 "); the islands reach each other over PCIe");
+    return split;
+  }
+  split.ranks_per_node = node;
+  return split;
+}
+
 }  // namespace
+
+std::string nvlink_split_note(const std::vector<RankCensus>& census, const NvlinkMatrix& nvlink) {
+  return split_by_nvlink(census, nvlink, ranks_per_host(census)).why_not;
+}
 
 int default_ranks_per_node(int ranks_per_host) {
   for (int size = std::min(ranks_per_host, kMaxNvlPeers); size > 1; --size) {
@@ -45,7 +124,8 @@ int default_ranks_per_node(int ranks_per_host) {
   return ranks_per_host;
 }
 
-Topology find_topology(const std::vector<RankCensus>& census, int emulated_nodes, int ranks_per_node) {
+Topology find_topology(const std::vector<RankCensus>& census, int emulated_nodes, int ranks_per_node,
+                       const NvlinkMatrix& nvlink) {
   Topology topology;
   topology.num_ranks = static_cast<int>(census.size());
   const int num_ranks = topology.num_ranks;
@@ -64,6 +144,7 @@ Topology find_topology(const std::vector<RankCensus>& census, int emulated_nodes
   } else {
     topology.ranks_per_host = ranks_per_host(census);
   }
+  if (ranks_per_node == 0) ranks_per_node = split_by_nvlink(census, nvlink, topology.ranks_per_host).ranks_per_node;
   topology.ranks_per_node = ranks_per_node > 0 ? ranks_per_node : default_ranks_per_node(topology.ranks_per_host);
   // A node is ranks that reach each other's memory: never ranks of two hosts.
   for (int rank = 0; rank < num_ranks; ++rank) {

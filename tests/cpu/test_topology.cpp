@@ -2,11 +2,15 @@
 // clear errors when the ranks cannot be numbered as deep_ep numbers them.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <initializer_list>
 #include <string>
 #include <vector>
 
+#include "common/rank_threads.hpp"
+#include "common/temp_dir.hpp"
+#include "epcomm/bootstrap.hpp"
 #include "epcomm/error.hpp"
 #include "transport/topology.hpp"
 
@@ -25,7 +29,7 @@ std::vector<RankCensus> hosts(std::initializer_list<const char*> names) {
 
 std::string topology_error(const std::vector<RankCensus>& census, int emulated_nodes, int ranks_per_node) {
   try {
-    (void)find_topology(census, emulated_nodes, ranks_per_node);
+    (void)find_topology(census, emulated_nodes, ranks_per_node, {});
   } catch (const Error& error) {
     EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument);
     return error.what();
@@ -34,16 +38,16 @@ std::string topology_error(const std::vector<RankCensus>& census, int emulated_n
 }
 
 TEST(Topology, ConsecutiveRanksOfAHostFormANode) {
-  const Topology one = find_topology(hosts({"a", "a", "a", "a"}), 1, 0);
+  const Topology one = find_topology(hosts({"a", "a", "a", "a"}), 1, 0, {});
   EXPECT_EQ(one.num_nodes(), 1);
   EXPECT_EQ(one.ranks_per_node, 4);
-  const Topology two = find_topology(hosts({"a", "a", "b", "b"}), 1, 0);
+  const Topology two = find_topology(hosts({"a", "a", "b", "b"}), 1, 0, {});
   EXPECT_EQ(two.num_nodes(), 2);
   EXPECT_EQ(two.node_of(2), 1);
   EXPECT_EQ(two.local_rank(3), 1);
   EXPECT_TRUE(two.same_node(0, 1));
   EXPECT_FALSE(two.same_node(1, 2));
-  EXPECT_EQ(find_topology(hosts({"a"}), 1, 0).num_nodes(), 1);
+  EXPECT_EQ(find_topology(hosts({"a"}), 1, 0, {}).num_nodes(), 1);
 }
 
 // Entries of one host name on machines told apart by their boot ids ("" where unknown).
@@ -64,7 +68,7 @@ TEST(Topology, MachinesOfOneNameAreToldApartByTheirBootIds) {
   EXPECT_TRUE(same_host(clones[0], clones[1]));
   EXPECT_FALSE(same_host(clones[1], clones[2]));
   EXPECT_FALSE(one_host(clones, 0));
-  EXPECT_EQ(find_topology(clones, 1, 0).num_nodes(), 2);
+  EXPECT_EQ(find_topology(clones, 1, 0, {}).num_nodes(), 2);
   EXPECT_EQ(host_text(clones[2]), "'ubuntu' (boot id 2222bbbb)");
   // Where a side does not know its boot id, the name decides, as before.
   const std::vector<RankCensus> unknown = booted("ubuntu", {"1111aaaa-x", ""});
@@ -75,7 +79,7 @@ TEST(Topology, MachinesOfOneNameAreToldApartByTheirBootIds) {
   std::vector<RankCensus> partly = booted("ubuntu", {"1111aaaa-x", "", "2222bbbb-y"});
   forget_boot_ids_unless_all_known(partly);
   EXPECT_TRUE(same_host(partly[0], partly[2]));
-  EXPECT_EQ(find_topology(partly, 1, 0).num_nodes(), 1);
+  EXPECT_EQ(find_topology(partly, 1, 0, {}).num_nodes(), 1);
   std::vector<RankCensus> all_known = clones;
   forget_boot_ids_unless_all_known(all_known);
   EXPECT_FALSE(same_host(all_known[1], all_known[2]));
@@ -84,13 +88,13 @@ TEST(Topology, MachinesOfOneNameAreToldApartByTheirBootIds) {
 }
 
 TEST(Topology, EmulatedNodesAndRanksPerNodeSplitAHost) {
-  const Topology emulated = find_topology(hosts({"a", "a", "a", "a", "a", "a"}), 3, 0);
+  const Topology emulated = find_topology(hosts({"a", "a", "a", "a", "a", "a"}), 3, 0, {});
   EXPECT_EQ(emulated.ranks_per_node, 2);
   EXPECT_EQ(emulated.node_of(5), 2);
-  EXPECT_EQ(find_topology(hosts({"a", "a", "a", "a"}), 1, 2).num_nodes(), 2);
-  EXPECT_EQ(find_topology(hosts({"a", "a", "a", "a"}), 2, 2).num_nodes(), 2);  // both, agreeing
+  EXPECT_EQ(find_topology(hosts({"a", "a", "a", "a"}), 1, 2, {}).num_nodes(), 2);
+  EXPECT_EQ(find_topology(hosts({"a", "a", "a", "a"}), 2, 2, {}).num_nodes(), 2);  // both, agreeing
   // Emulated nodes inside real ones: two hosts of four, four nodes of two.
-  EXPECT_EQ(find_topology(hosts({"a", "a", "a", "a", "b", "b", "b", "b"}), 4, 0).num_nodes(), 4);
+  EXPECT_EQ(find_topology(hosts({"a", "a", "a", "a", "b", "b", "b", "b"}), 4, 0, {}).num_nodes(), 4);
 }
 
 std::vector<RankCensus> one_host(int ranks) {
@@ -107,17 +111,17 @@ TEST(Topology, AHostOfMoreRanksThanANodeHoldsIsSplitIntoEqualNodes) {
   EXPECT_EQ(default_ranks_per_node(12), 6);
   EXPECT_EQ(default_ranks_per_node(16), 8);
   EXPECT_EQ(default_ranks_per_node(24), 8);
-  const Topology sixteen = find_topology(one_host(16), 1, 0);
+  const Topology sixteen = find_topology(one_host(16), 1, 0, {});
   EXPECT_EQ(sixteen.ranks_per_node, 8);
   EXPECT_EQ(sixteen.ranks_per_host, 16);
   EXPECT_EQ(sixteen.num_nodes(), 2);
   EXPECT_FALSE(sixteen.same_node(7, 8));
   EXPECT_TRUE(sixteen.reach_directly(7, 8)) << "nodes of one host still reach each other by load and store";
-  EXPECT_EQ(find_topology(one_host(32), 1, 0).num_nodes(), 4);
+  EXPECT_EQ(find_topology(one_host(32), 1, 0, {}).num_nodes(), 4);
   // Two hosts of 16: four nodes, and no load or store between the hosts.
   std::vector<RankCensus> two = one_host(32);
   for (int rank = 16; rank < 32; ++rank) std::strncpy(two[rank].host_name, "b", RankCensus::kHostNameBytes - 1);
-  const Topology across = find_topology(two, 1, 0);
+  const Topology across = find_topology(two, 1, 0, {});
   EXPECT_EQ(across.num_nodes(), 4);
   EXPECT_TRUE(across.reach_directly(0, 15));
   EXPECT_FALSE(across.reach_directly(15, 16));
@@ -125,16 +129,16 @@ TEST(Topology, AHostOfMoreRanksThanANodeHoldsIsSplitIntoEqualNodes) {
 
 TEST(Topology, OnlyEmulatedNodesHideTheRestOfTheirHost) {
   // ranks_per_node splits a host into nodes (normal mode's stages) that still share its memory.
-  const Topology given = find_topology(one_host(8), 1, 4);
+  const Topology given = find_topology(one_host(8), 1, 4, {});
   EXPECT_EQ(given.num_nodes(), 2);
   EXPECT_TRUE(given.reach_directly(0, 7));
   // Emulated nodes reach each other only by put: each is a host of its own.
-  const Topology emulated = find_topology(one_host(8), 2, 0);
+  const Topology emulated = find_topology(one_host(8), 2, 0, {});
   EXPECT_EQ(emulated.ranks_per_host, 4);
   EXPECT_TRUE(emulated.reach_directly(4, 7));
   EXPECT_FALSE(emulated.reach_directly(3, 4));
   // Given both, they agree: the same split, and still emulated.
-  EXPECT_FALSE(find_topology(one_host(8), 2, 4).reach_directly(3, 4));
+  EXPECT_FALSE(find_topology(one_host(8), 2, 4, {}).reach_directly(3, 4));
 }
 
 TEST(Topology, RanksThatCannotBeNumberedAsDeepEpDoesAreRefusedByName) {
@@ -153,7 +157,135 @@ TEST(Topology, RanksThatCannotBeNumberedAsDeepEpDoesAreRefusedByName) {
             std::string::npos);
   EXPECT_EQ(topology_error(hosts({"a", "a", "b", "b"}), 1, 0), "");
   EXPECT_NE(topology_error(hosts({"a", "a", "a", "b", "b", "b"}), 3, 0).find("from emulated_nodes=3"), std::string::npos);
-  EXPECT_EQ(find_topology(hosts({"a"}), 1, 1).num_nodes(), 1);
+  EXPECT_EQ(find_topology(hosts({"a"}), 1, 1, {}).num_nodes(), 1);
+}
+
+// The NVLink matrix of ranks whose GPUs fall into the islands named: ranks of one island joined,
+// others apart, as every rank's NVML would say.
+NvlinkMatrix islands(std::initializer_list<int> island_of_rank) {
+  const std::vector<int> island(island_of_rank);
+  NvlinkMatrix matrix(island.size(), std::vector<NvlinkState>(island.size()));
+  for (size_t a = 0; a < island.size(); ++a) {
+    for (size_t b = 0; b < island.size(); ++b) {
+      matrix[a][b] = island[a] == island[b] ? NvlinkState::kJoined : NvlinkState::kApart;
+    }
+  }
+  return matrix;
+}
+
+TEST(NvlinkIslands, BridgedPairsOfAHostAreItsNodes) {
+  const NvlinkMatrix pairs = islands({0, 0, 1, 1, 2, 2, 3, 3});
+  const Topology topology = find_topology(one_host(8), 1, 0, pairs);
+  EXPECT_EQ(topology.ranks_per_node, 2);
+  EXPECT_EQ(topology.num_nodes(), 4);
+  EXPECT_TRUE(topology.reach_directly(1, 2)) << "islands of one host still reach each other, over PCIe";
+  EXPECT_EQ(nvlink_split_note(one_host(8), pairs), "");
+  // Two hosts of two pairs each: four nodes.
+  std::vector<RankCensus> two = one_host(8);
+  for (int rank = 4; rank < 8; ++rank) std::strncpy(two[rank].host_name, "b", RankCensus::kHostNameBytes - 1);
+  EXPECT_EQ(find_topology(two, 1, 0, pairs).num_nodes(), 4);
+  // Ranks sharing a GPU (MPS) on two GPUs with no NVLink between them: a node per GPU.
+  EXPECT_EQ(find_topology(one_host(8), 1, 0, islands({0, 0, 0, 0, 1, 1, 1, 1})).ranks_per_node, 4);
+}
+
+TEST(NvlinkIslands, AHostJoinedWholeOrNotProbedIsOneNode) {
+  EXPECT_EQ(find_topology(one_host(8), 1, 0, islands({0, 0, 0, 0, 0, 0, 0, 0})).num_nodes(), 1);
+  EXPECT_EQ(nvlink_split_note(one_host(8), islands({0, 0, 0, 0, 0, 0, 0, 0})), "");
+  EXPECT_EQ(find_topology(one_host(8), 1, 0, {}).num_nodes(), 1);
+  // One island of 16 GPUs (NVSwitch): split by size alone, as without the matrix.
+  NvlinkMatrix whole(16, std::vector<NvlinkState>(16, NvlinkState::kJoined));
+  EXPECT_EQ(find_topology(one_host(16), 1, 0, whole).ranks_per_node, 8);
+}
+
+TEST(NvlinkIslands, WhatNvmlCannotTellCountsAsJoinedAndApartFromEitherSideWins) {
+  NvlinkMatrix matrix(2, std::vector<NvlinkState>(2, NvlinkState::kUnknown));
+  EXPECT_TRUE(nvlink_joins(matrix, 0, 1));
+  matrix[0][1] = NvlinkState::kJoined;
+  EXPECT_TRUE(nvlink_joins(matrix, 0, 1));
+  matrix[1][0] = NvlinkState::kApart;
+  EXPECT_FALSE(nvlink_joins(matrix, 0, 1));
+  EXPECT_FALSE(nvlink_joins(matrix, 1, 0)) << "both ranks decide alike, whichever asks";
+}
+
+TEST(NvlinkIslands, IslandsThatCannotBeNodesLeaveTheHostWholeAndSayWhy) {
+  const auto whole_with_note = [](const std::vector<RankCensus>& census, const NvlinkMatrix& nvlink,
+                                  const std::string& why) {
+    EXPECT_EQ(find_topology(census, 1, 0, nvlink).ranks_per_node,
+              find_topology(census, 1, 0, {}).ranks_per_node);
+    EXPECT_NE(nvlink_split_note(census, nvlink).find(why), std::string::npos) << nvlink_split_note(census, nvlink);
+  };
+  whole_with_note(one_host(4), islands({0, 1, 2, 3}), "no NVLink joins the GPUs of host 'a': its ranks reach each other over PCIe");
+  whole_with_note(one_host(4), islands({0, 1, 0, 1}), "joins rank 0 to rank 2, outside rank 0's island (ranks 0-0)");
+  whole_with_note(one_host(4), islands({0, 0, 0, 1}), "joins ranks 0-2 and ranks 3-3: islands of unequal size");
+  // Rank 0 joined to 1 and 2, but 1 and 2 apart (a mesh, not a switch): no island holds all three.
+  NvlinkMatrix mesh = islands({0, 0, 0});
+  mesh[1][2] = mesh[2][1] = NvlinkState::kApart;
+  whole_with_note(one_host(3), mesh, "joins rank 0 to rank 2, outside rank 0's island (ranks 0-1)");
+  // Two hosts of 16 in pairs: 16 nodes, more than a stage holds; nodes of 8 by size instead.
+  std::vector<RankCensus> two = one_host(32);
+  for (int rank = 16; rank < 32; ++rank) std::strncpy(two[rank].host_name, "b", RankCensus::kHostNameBytes - 1);
+  NvlinkMatrix pairs(32, std::vector<NvlinkState>(32, NvlinkState::kApart));
+  for (int a = 0; a < 32; ++a) {
+    for (int b = 0; b < 32; ++b) pairs[a][b] = a / 2 == b / 2 ? NvlinkState::kJoined : NvlinkState::kApart;
+  }
+  whole_with_note(two, pairs, "NVLink islands of 2 ranks would make 16 nodes, more than a hierarchical stage holds (8)");
+  EXPECT_EQ(find_topology(two, 1, 0, pairs).ranks_per_node, 8);
+  // Hosts whose islands differ.
+  std::vector<RankCensus> mixed = one_host(8);
+  for (int rank = 4; rank < 8; ++rank) std::strncpy(mixed[rank].host_name, "b", RankCensus::kHostNameBytes - 1);
+  whole_with_note(mixed, islands({0, 0, 1, 1, 2, 2, 2, 2}), "NVLink islands hold 2 ranks on host 'a' but 4 on host 'b'");
+}
+
+TEST(NvlinkIslands, RanksPerNodeAndEmulatedNodesOverrideTheIslands) {
+  const NvlinkMatrix pairs = islands({0, 0, 1, 1, 2, 2, 3, 3});
+  EXPECT_EQ(find_topology(one_host(8), 1, 8, pairs).num_nodes(), 1) << "the user's word: one node across PCIe";
+  EXPECT_EQ(find_topology(one_host(8), 1, 4, pairs).ranks_per_node, 4);
+  const Topology emulated = find_topology(one_host(8), 2, 0, pairs);
+  EXPECT_EQ(emulated.ranks_per_node, 4);
+  EXPECT_FALSE(emulated.reach_directly(3, 4));
+}
+
+// Without NVML, or with bus ids it does not know, a rank can tell only its own GPU and other hosts.
+TEST(NvlinkIslands, ARankProbesItsOwnRowWithoutNeedingNvml) {
+  std::vector<RankCensus> census = one_host(4);
+  const char* bus_ids[] = {"0000:f1:00.0", "0000:f1:00.0", "0000:f2:00.0", "0000:f3:00.0"};
+  for (int rank = 0; rank < 4; ++rank) std::strncpy(census[rank].pci_bus_id, bus_ids[rank], RankCensus::kBusIdBytes - 1);
+  std::strncpy(census[3].host_name, "b", RankCensus::kHostNameBytes - 1);
+  const std::vector<NvlinkState> row = probe_nvlink_row(census, 0);
+  ASSERT_EQ(row.size(), 4u);
+  EXPECT_EQ(row[0], NvlinkState::kJoined);
+  EXPECT_EQ(row[1], NvlinkState::kJoined) << "one GPU";
+  EXPECT_EQ(row[2], NvlinkState::kUnknown) << "a made-up GPU NVML cannot find";
+  EXPECT_EQ(row[3], NvlinkState::kApart) << "another host";
+}
+
+// A bootstrap that must not be used.
+class NoExchanges : public Bootstrap {
+ public:
+  int rank() const override { return 0; }
+  int num_ranks() const override { return 3; }
+  void allgather(const void*, void*, size_t) override { ADD_FAILURE() << "a collective where none was needed"; }
+  void barrier() override { ADD_FAILURE() << "a barrier where none was needed"; }
+};
+
+// The rows go through the bootstrap: every rank ends with every rank's own answers, and a census
+// with no host of two GPUs (one GPU under MPS, or a GPU per host) asks nothing and exchanges nothing.
+TEST(NvlinkIslands, EveryRankGetsEveryRanksRowThroughTheBootstrap) {
+  std::vector<RankCensus> census = one_host(3);
+  const char* bus_ids[] = {"0000:f1:00.0", "0000:f1:00.0", "0000:f2:00.0"};
+  for (int rank = 0; rank < 3; ++rank) std::strncpy(census[rank].pci_bus_id, bus_ids[rank], RankCensus::kBusIdBytes - 1);
+  const test_support::TempDir dir;
+  test_support::expect_all_ok(test_support::run_threads(3, [&](int rank) {
+    auto bootstrap = make_socket_bootstrap("unix:" + dir.file("boot.sock"), rank, 3, std::chrono::seconds(30));
+    const NvlinkMatrix matrix = exchange_nvlink_rows(*bootstrap, census);
+    ASSERT_EQ(matrix.size(), 3u);
+    for (int row = 0; row < 3; ++row) EXPECT_EQ(matrix[row], probe_nvlink_row(census, row)) << "rank " << row << "'s row";
+    EXPECT_TRUE(nvlink_joins(matrix, 0, 1));
+  }));
+  std::vector<RankCensus> one_gpu = one_host(3);
+  for (RankCensus& entry : one_gpu) std::strncpy(entry.pci_bus_id, bus_ids[0], RankCensus::kBusIdBytes - 1);
+  NoExchanges alone;
+  EXPECT_TRUE(exchange_nvlink_rows(alone, one_gpu).empty());
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 
 #include "bootstrap/host_addresses.hpp"
 #include "common/gpu_presence.hpp"
+#include "common/nvml.hpp"
+#include "common/shared_library.hpp"
 #include "epcomm/bootstrap.hpp"
 #include "runtime/nvshmem_plugin.hpp"
 
@@ -31,7 +33,6 @@ constexpr const char* kDefaultMpsPipeDirectory = "/tmp/nvidia-mps";  // nvidia-c
 constexpr const char* kMpsControlPipe = "control";
 constexpr const char* kNvshmemSoname = "libnvshmem_host.so.3";  // NVSHMEM 3.x host library
 constexpr const char* kNvshmemPathVariable = "EPCOMM_NVSHMEM_LIB";
-constexpr const char* kNvmlSoname = "libnvidia-ml.so.1";  // installed with the driver
 constexpr int kPciBusIdLength = 32;                       // "0000:19:00.0" plus room, as CUDA suggests
 
 // Variables named exactly, and families named by prefix, that change how epcomm or the libraries
@@ -40,60 +41,7 @@ constexpr const char* kRelevantNames[] = {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_O
                                           "TORCH_SYMM_MEM_DISABLE_MULTICAST"};
 constexpr const char* kRelevantPrefixes[] = {"NVSHMEM_", "NCCL_", "EPCOMM_", "CUDA_MPS_"};
 
-// A library opened with dlopen, closed when this goes out of scope. Tools that probe optional
-// libraries must not fail when they are absent, so opening never throws: check `ok()`.
-class SharedLibrary {
- public:
-  explicit SharedLibrary(const std::string& name) : handle_(dlopen(name.c_str(), RTLD_LAZY | RTLD_LOCAL)) {
-    if (handle_ == nullptr) {
-      const char* message = dlerror();
-      error_ = message != nullptr ? message : name + ": cannot be loaded";
-    }
-  }
-  SharedLibrary(const SharedLibrary&) = delete;
-  SharedLibrary& operator=(const SharedLibrary&) = delete;
-  ~SharedLibrary() {
-    if (handle_ != nullptr) dlclose(handle_);
-  }
-
-  bool ok() const { return handle_ != nullptr; }
-  const std::string& error() const { return error_; }
-
-  // The function `name`, or nullptr if the library does not export it.
-  template <typename Function>
-  Function symbol(const char* name) const {
-    return reinterpret_cast<Function>(dlsym(handle_, name));
-  }
-
-  // The file the loader actually opened (the soname alone does not say where it was found).
-  std::string path() const {
-    link_map* map = nullptr;
-    if (dlinfo(handle_, RTLD_DI_LINKMAP, &map) != 0 || map == nullptr || map->l_name == nullptr) return "";
-    return map->l_name;
-  }
-
- private:
-  void* handle_ = nullptr;
-  std::string error_;
-};
-
-// NVML, loaded at run time so the tool builds and runs without it. The CUDA toolkit ships no
-// nvml.h, so the few entry points used are declared here; they and these values are NVML's
-// stable ABI.
-namespace nvml {
-using Return = int;  // nvmlReturn_t
-using Device = struct DeviceOpaque*;
-constexpr Return kSuccess = 0;
-constexpr int kP2PCapsIndexNvlink = 2;             // NVML_P2P_CAPS_INDEX_NVLINK
-constexpr int kP2PStatusOk = 0;                    // NVML_P2P_STATUS_OK
-constexpr unsigned kDriverVersionBufferSize = 80;  // NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE
-using InitFunction = Return (*)();
-using ShutdownFunction = Return (*)();
-using ErrorStringFunction = const char* (*)(Return);
-using DriverVersionFunction = Return (*)(char*, unsigned);
-using HandleByPciBusIdFunction = Return (*)(const char*, Device*);
-using P2PStatusFunction = Return (*)(Device, Device, int, int*);
-}  // namespace nvml
+using detail::SharedLibrary;
 
 std::string cuda_error_text(const char* call, cudaError_t status) {
   return std::string(call) + ": " + cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")";
@@ -179,45 +127,20 @@ void collect_gpus(EnvironmentReport& report) {
 // CUDA device ordinals map to NVML devices through their PCI bus ids, because NVML ignores
 // CUDA_VISIBLE_DEVICES.
 void collect_nvml_facts(EnvironmentReport& report) {
-  const SharedLibrary library(kNvmlSoname);
-  if (!library.ok()) {
-    report.nvlink_error = "NVML is not available: " + library.error();
+  const detail::Nvml nvml;
+  if (!nvml.ok()) {
+    report.nvlink_error = nvml.error();
     return;
   }
-  const auto init = library.symbol<nvml::InitFunction>("nvmlInit_v2");
-  const auto shutdown = library.symbol<nvml::ShutdownFunction>("nvmlShutdown");
-  const auto error_string = library.symbol<nvml::ErrorStringFunction>("nvmlErrorString");
-  const auto driver_version = library.symbol<nvml::DriverVersionFunction>("nvmlSystemGetDriverVersion");
-  const auto handle_by_bus_id = library.symbol<nvml::HandleByPciBusIdFunction>("nvmlDeviceGetHandleByPciBusId_v2");
-  const auto p2p_status = library.symbol<nvml::P2PStatusFunction>("nvmlDeviceGetP2PStatus");
-  if (!init || !shutdown || !error_string || !driver_version || !handle_by_bus_id || !p2p_status) {
-    report.nvlink_error = std::string("NVML (") + kNvmlSoname + ") lacks an entry point this tool uses";
-    return;
-  }
-  if (const nvml::Return status = init(); status != nvml::kSuccess) {
-    report.nvlink_error = std::string("nvmlInit_v2: ") + error_string(status);
-    return;
-  }
-  char release[nvml::kDriverVersionBufferSize] = {};
-  if (driver_version(release, sizeof(release)) == nvml::kSuccess) report.driver_release = release;
-
-  std::vector<std::optional<nvml::Device>> devices;
-  for (const GpuInfo& gpu : report.gpus) {
-    nvml::Device device = nullptr;
-    const bool known = !gpu.pci_bus_id.empty() && handle_by_bus_id(gpu.pci_bus_id.c_str(), &device) == nvml::kSuccess;
-    devices.push_back(known ? std::optional<nvml::Device>(device) : std::nullopt);
-  }
+  report.driver_release = nvml.driver_release();
   for (PeerLink& link : report.peers) {
-    const auto& from = devices.at(link.from);
-    const auto& to = devices.at(link.to);
-    int status = 0;
-    if (from && to && p2p_status(*from, *to, nvml::kP2PCapsIndexNvlink, &status) == nvml::kSuccess) {
-      link.nvlink = status == nvml::kP2PStatusOk;
-    } else if (report.nvlink_error.empty()) {
+    const std::string& from = report.gpus.at(link.from).pci_bus_id;
+    const std::string& to = report.gpus.at(link.to).pci_bus_id;
+    if (!from.empty() && !to.empty()) link.nvlink = nvml.nvlink_between(from.c_str(), to.c_str());
+    if (!link.nvlink && report.nvlink_error.empty()) {
       report.nvlink_error = "NVML could not tell the NVLink status of some GPU pairs";
     }
   }
-  shutdown();
 }
 
 std::string read_first_line(const fs::path& path) {
