@@ -80,9 +80,11 @@ struct BufferOptions {
   int emulated_nodes = 1;
   // Ranks per node (deep_ep's numbering: rank = node x ranks_per_node + local rank): the ranks
   // normal mode joins in one NVLink stage; across nodes it runs hierarchical. 0: the consecutive
-  // ranks of one host, or of one NVLink island where the host's GPUs form islands (bridged pairs:
-  // NVML says which GPUs NVLink joins, each rank for its own GPU), or past 8 (kMaxNvlPeers) the
-  // largest equal split of them into nodes of at most 8 (16 -> 2 x 8, 12 -> 2 x 6). Islands that
+  // ranks of one host, or past 8 (kMaxNvlPeers) the largest equal split of them into nodes of at
+  // most 8 (16 -> 2 x 8, 12 -> 2 x 6). Where normal mode has a rail region of its own
+  // (num_rdma_bytes without low_latency_mode, num_rail_bytes > 0 with it) and the host's GPUs form
+  // NVLink islands (bridged pairs; each rank asks NVML about its own GPU), a node is one island,
+  // so that the NVLink stage stays on NVLink and only the rail stage crosses PCIe. Islands that
   // cannot be nodes (GPUs with no NVLink at all, islands of unequal size or not of consecutive
   // ranks, more than 8 of them) leave the host whole, and rank 0 prints why. > 0: this many, which
   // must divide the ranks and share a host, islands or not. The nodes of one host still reach each

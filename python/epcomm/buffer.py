@@ -77,7 +77,8 @@ class Buffer:
       - ``emulated_nodes`` (epcomm's own) splits the ranks into nodes that reach each other only by
         put and signal, to test the path across nodes on one machine; ``ranks_per_node`` (epcomm's
         own) gives the node size outright (0: the consecutive ranks of one host, in nodes of at most
-        8); nodes of one host still reach each other by load and store. The environment
+        8, or of one NVLink island of it when normal mode has a rail region of its own; see
+        BufferOptions::ranks_per_node); nodes of one host still reach each other by load and store. The environment
         variable ``EPCOMM_EMULATED_NODES``, when set, stands for ``emulated_nodes`` left at 1, so
         that code that cannot pass it (deep_ep's own tests: test_internode.py on one host) runs
         across emulated nodes;

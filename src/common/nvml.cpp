@@ -7,6 +7,7 @@ constexpr const char* kNvmlSoname = "libnvidia-ml.so.1";  // installed with the 
 constexpr int kSuccess = 0;                                // NVML_SUCCESS
 constexpr int kP2PCapsIndexNvlink = 2;                     // NVML_P2P_CAPS_INDEX_NVLINK
 constexpr int kP2PStatusOk = 0;                            // NVML_P2P_STATUS_OK
+constexpr int kP2PStatusUnknown = 6;                       // NVML_P2P_STATUS_UNKNOWN
 constexpr unsigned kDriverVersionBufferSize = 80;          // NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE
 
 }  // namespace
@@ -52,6 +53,7 @@ std::optional<bool> Nvml::nvlink_between(const char* bus_id, const char* other_b
       p2p_status_(device, other, kP2PCapsIndexNvlink, &status) != kSuccess) {
     return std::nullopt;
   }
+  if (status == kP2PStatusUnknown) return std::nullopt;  // a successful call that could not tell
   return status == kP2PStatusOk;
 }
 

@@ -52,8 +52,8 @@ std::string why_nvshmem(const std::vector<RankCensus>& census, int rank, Transpo
   return "the ranks need the NVSHMEM transport";
 }
 
-// Where the hosts' NVLink could not make the nodes, once per process: the ranks still run, across
-// PCIe where NVLink is missing, and a user tuning speed wants to know.
+// Where the hosts' NVLink could not make the nodes, once per process: the ranks still run (across
+// PCIe where NVLink is missing), and a user who gave normal mode a rail region wants to know.
 void warn_once_of_nvlink(const std::vector<RankCensus>& census, const NvlinkMatrix& nvlink) {
   static std::once_flag once;
   const std::string note = nvlink_split_note(census, nvlink);
@@ -101,10 +101,13 @@ Backend connect(Bootstrap& bootstrap, const TransportOptions& requested, Transpo
   const int rank = bootstrap.rank();
   const RankCensus mine = describe_this_rank(requested.device, requested.layout.total_bytes(), requested.agreed.c_str());
   const std::vector<RankCensus> census = take_census(bootstrap, mine);
-  const NvlinkMatrix nvlink = exchange_nvlink_rows(bootstrap, census);
   TransportOptions options = requested;
+  // The options every rank agreed on and the census decide alike on every rank whether to ask.
+  const bool ask_nvml = options.nvlink_islands_make_nodes && options.emulated_nodes <= 1 &&
+                        options.ranks_per_node == 0 && nvlink_worth_probing(census);
+  const NvlinkMatrix nvlink = ask_nvml ? exchange_nvlink_rows(bootstrap, probe_nvlink_row(census, rank)) : NvlinkMatrix{};
   options.topology = find_topology(census, options.emulated_nodes, options.ranks_per_node, nvlink);
-  if (rank == 0 && options.emulated_nodes <= 1 && options.ranks_per_node == 0) warn_once_of_nvlink(census, nvlink);
+  if (ask_nvml && rank == 0) warn_once_of_nvlink(census, nvlink);
   if (options.topology.num_nodes() > 1) {
     options.layout.rail_ring_bytes = std::max(options.layout.rail_ring_bytes, options.rail_ring_bytes_across_nodes);
   }

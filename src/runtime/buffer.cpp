@@ -130,6 +130,10 @@ void Buffer::Impl::initialize(int caller_device, bool background) {
   transport_options.emulated_nodes = options.emulated_nodes;
   transport_options.ranks_per_node = options.ranks_per_node;
   transport_options.rail_ring_bytes_across_nodes = static_cast<size_t>(options.rail_bytes_across_nodes());
+  // Not low-latency mode's num_rdma_bytes reused by default (num_rail_bytes -1): islands of one host
+  // would then take a second region of that size for a stage the caller never asked for.
+  transport_options.nvlink_islands_make_nodes =
+      options.low_latency_mode ? options.num_nvl_bytes > 0 && options.num_rail_bytes > 0 : options.num_rdma_bytes > 0;
   transport_options.agreed = join_message(
       "num_nvl_bytes=", options.num_nvl_bytes, " num_rdma_bytes=", options.num_rdma_bytes, " num_rail_bytes=",
       options.num_rail_bytes, " low_latency_mode=",

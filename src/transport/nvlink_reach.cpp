@@ -3,22 +3,13 @@
 #include <cstring>
 
 #include "common/nvml.hpp"
+#include "epcomm/error.hpp"
 
 namespace epcomm::detail {
 namespace {
 
 bool same_gpu(const RankCensus& a, const RankCensus& b) {
   return same_host(a, b) && std::strncmp(a.pci_bus_id, b.pci_bus_id, RankCensus::kBusIdBytes) == 0;
-}
-
-// Whether some host runs ranks on two GPUs: only then is there a link to ask about.
-bool some_host_has_two_gpus(const std::vector<RankCensus>& census) {
-  for (size_t a = 0; a < census.size(); ++a) {
-    for (size_t b = a + 1; b < census.size(); ++b) {
-      if (same_host(census[a], census[b]) && !same_gpu(census[a], census[b])) return true;
-    }
-  }
-  return false;
 }
 
 // Loaded on first use and kept: nvmlInit can take a good part of a second on a large host, and a
@@ -29,6 +20,15 @@ const Nvml& process_nvml() {
 }
 
 }  // namespace
+
+bool nvlink_worth_probing(const std::vector<RankCensus>& census) {
+  for (size_t a = 0; a < census.size(); ++a) {
+    for (size_t b = a + 1; b < census.size(); ++b) {
+      if (same_host(census[a], census[b]) && !same_gpu(census[a], census[b])) return true;
+    }
+  }
+  return false;
+}
 
 std::vector<NvlinkState> probe_nvlink_row(const std::vector<RankCensus>& census, int rank) {
   const RankCensus& mine = census[rank];
@@ -45,10 +45,11 @@ std::vector<NvlinkState> probe_nvlink_row(const std::vector<RankCensus>& census,
   return row;
 }
 
-NvlinkMatrix exchange_nvlink_rows(Bootstrap& bootstrap, const std::vector<RankCensus>& census) {
-  if (!some_host_has_two_gpus(census)) return {};
-  const size_t num_ranks = census.size();
-  const std::vector<NvlinkState> mine = probe_nvlink_row(census, bootstrap.rank());
+NvlinkMatrix exchange_nvlink_rows(Bootstrap& bootstrap, const std::vector<NvlinkState>& mine) {
+  const size_t num_ranks = static_cast<size_t>(bootstrap.num_ranks());
+  if (mine.size() != num_ranks) {
+    fail(ErrorCode::kInternal, "exchange_nvlink_rows: a row of ", mine.size(), " states among ", num_ranks, " ranks");
+  }
   std::vector<NvlinkState> all(num_ranks * num_ranks);
   bootstrap.allgather(mine.data(), all.data(), num_ranks * sizeof(NvlinkState));
   NvlinkMatrix matrix(num_ranks);

@@ -23,12 +23,16 @@ enum class NvlinkState : uint8_t {
 // GPUs), which reads as every pair joined.
 using NvlinkMatrix = std::vector<std::vector<NvlinkState>>;
 
+// Whether some host runs ranks on two GPUs: only then is there a link to ask about. Every rank
+// answers alike from the census, so every rank probes and exchanges, or none.
+bool nvlink_worth_probing(const std::vector<RankCensus>& census);
+
 // This rank's row: one GPU is joined to itself, another host's GPUs are apart, NVML says the rest.
 std::vector<NvlinkState> probe_nvlink_row(const std::vector<RankCensus>& census, int rank);
 
-// Collective over every rank, or none where the census shows no host with two GPUs (all ranks
-// decide that alike from the census): every rank's row.
-NvlinkMatrix exchange_nvlink_rows(Bootstrap& bootstrap, const std::vector<RankCensus>& census);
+// Collective over every rank: every rank's row (`mine`, num_ranks states), bytes that are no state
+// read as unknown.
+NvlinkMatrix exchange_nvlink_rows(Bootstrap& bootstrap, const std::vector<NvlinkState>& mine);
 
 // Whether NVLink joins the GPUs of ranks a and b: unless either rank's NVML says they are apart.
 // A pair neither can tell counts as joined, as epcomm assumed before it asked.

@@ -54,7 +54,8 @@ int island_size_of_host(const std::vector<RankCensus>& census, const NvlinkMatri
     for (int later = last; later < end; ++later) {
       for (int member = first; member < last; ++member) {
         if (!nvlink_joins(nvlink, member, later)) continue;
-        why = join_message("NVLink on host ", host_text(census[begin]), " joins rank ", member, " to rank ", later,
+        why = join_message("NVLink (or a shared GPU) on host ", host_text(census[begin]), " joins rank ", member,
+                           " to rank ", later,
                            ", outside rank ", member, "'s island (ranks ", rank_span(first, last),
                            "): a node is a run of consecutive ranks that NVLink joins pairwise");
         return 0;
@@ -99,6 +100,11 @@ NvlinkSplit split_by_nvlink(const std::vector<RankCensus>& census, const NvlinkM
     return split;
   }
   const int node = default_ranks_per_node(island);
+  if (node > kMaxNvlPeers) {
+    split.why_not = join_message("NVLink islands of ", island, " ranks split into no nodes of at most ",
+                                 kMaxNvlPeers, " that a hierarchical stage could run");
+    return split;
+  }
   if (num_ranks / node > kMaxNvlPeers) {
     split.why_not = join_message("NVLink islands of ", island, " ranks would make ", num_ranks / node,
                                  " nodes, more than a hierarchical stage holds (", kMaxNvlPeers,

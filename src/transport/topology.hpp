@@ -55,7 +55,8 @@ struct Topology {
 // largest equal split of it that fits (default_ranks_per_node, which also splits a large island).
 // `emulated_nodes` > 1 splits the ranks into that many equal nodes and hosts instead (testing the
 // path across nodes on one machine); `ranks_per_node` > 0 gives the node size outright, islands or
-// not (a node of ranks that share no host's memory cannot be one). Fails naming the ranks and
+// not (a node of ranks that share no host's memory cannot be one). An empty `nvlink` (nobody asked:
+// transport/transport.hpp says when) counts every host as one island. Fails naming the ranks and
 // hosts at fault.
 Topology find_topology(const std::vector<RankCensus>& census, int emulated_nodes, int ranks_per_node,
                        const NvlinkMatrix& nvlink);

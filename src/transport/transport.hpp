@@ -34,6 +34,10 @@ struct TransportOptions {
   // When the ranks form several nodes, layout.rail_ring_bytes becomes this if it is larger (a rail
   // region only across nodes: low-latency mode's num_rdma_bytes); connect() returns the layout.
   size_t rail_ring_bytes_across_nodes = 0;
+  // Whether a host's NVLink islands may make its nodes (transport/topology.hpp): only when the
+  // caller gave normal mode a rail region of its own, which the hierarchical stages across the
+  // islands then use. Otherwise nodes follow the hosts, and nothing asks NVML.
+  bool nvlink_islands_make_nodes = false;
   // Which ranks form each node: found once by connect() (runtime/backend.hpp) from the census and
   // the two fields above; a transport reaches a rank of its own node directly.
   Topology topology;

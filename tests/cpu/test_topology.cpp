@@ -215,7 +215,7 @@ TEST(NvlinkIslands, IslandsThatCannotBeNodesLeaveTheHostWholeAndSayWhy) {
     EXPECT_NE(nvlink_split_note(census, nvlink).find(why), std::string::npos) << nvlink_split_note(census, nvlink);
   };
   whole_with_note(one_host(4), islands({0, 1, 2, 3}), "no NVLink joins the GPUs of host 'a': its ranks reach each other over PCIe");
-  whole_with_note(one_host(4), islands({0, 1, 0, 1}), "joins rank 0 to rank 2, outside rank 0's island (ranks 0-0)");
+  whole_with_note(one_host(4), islands({0, 1, 0, 1}), "(or a shared GPU) on host 'a' joins rank 0 to rank 2, outside rank 0's island (ranks 0-0)");
   whole_with_note(one_host(4), islands({0, 0, 0, 1}), "joins ranks 0-2 and ranks 3-3: islands of unequal size");
   // Rank 0 joined to 1 and 2, but 1 and 2 apart (a mesh, not a switch): no island holds all three.
   NvlinkMatrix mesh = islands({0, 0, 0});
@@ -248,7 +248,8 @@ TEST(NvlinkIslands, RanksPerNodeAndEmulatedNodesOverrideTheIslands) {
 // Without NVML, or with bus ids it does not know, a rank can tell only its own GPU and other hosts.
 TEST(NvlinkIslands, ARankProbesItsOwnRowWithoutNeedingNvml) {
   std::vector<RankCensus> census = one_host(4);
-  const char* bus_ids[] = {"0000:f1:00.0", "0000:f1:00.0", "0000:f2:00.0", "0000:f3:00.0"};
+  // Domain ffff: no GPU a test host has.
+  const char* bus_ids[] = {"ffff:fe:1f.5", "ffff:fe:1f.5", "ffff:fe:1f.6", "ffff:fe:1f.7"};
   for (int rank = 0; rank < 4; ++rank) std::strncpy(census[rank].pci_bus_id, bus_ids[rank], RankCensus::kBusIdBytes - 1);
   std::strncpy(census[3].host_name, "b", RankCensus::kHostNameBytes - 1);
   const std::vector<NvlinkState> row = probe_nvlink_row(census, 0);
@@ -259,33 +260,56 @@ TEST(NvlinkIslands, ARankProbesItsOwnRowWithoutNeedingNvml) {
   EXPECT_EQ(row[3], NvlinkState::kApart) << "another host";
 }
 
-// A bootstrap that must not be used.
-class NoExchanges : public Bootstrap {
- public:
-  int rank() const override { return 0; }
-  int num_ranks() const override { return 3; }
-  void allgather(const void*, void*, size_t) override { ADD_FAILURE() << "a collective where none was needed"; }
-  void barrier() override { ADD_FAILURE() << "a barrier where none was needed"; }
-};
-
-// The rows go through the bootstrap: every rank ends with every rank's own answers, and a census
-// with no host of two GPUs (one GPU under MPS, or a GPU per host) asks nothing and exchanges nothing.
+// Each rank's own row goes to every rank: each rank's differs (rank 1 alone says it is apart from
+// rank 2, rank 2 sends a byte that is no state for rank 0), and every rank must end with the rows
+// as their ranks sent them.
 TEST(NvlinkIslands, EveryRankGetsEveryRanksRowThroughTheBootstrap) {
-  std::vector<RankCensus> census = one_host(3);
-  const char* bus_ids[] = {"0000:f1:00.0", "0000:f1:00.0", "0000:f2:00.0"};
-  for (int rank = 0; rank < 3; ++rank) std::strncpy(census[rank].pci_bus_id, bus_ids[rank], RankCensus::kBusIdBytes - 1);
+  constexpr int kRanks = 3;
+  const auto row_of = [](int rank) {
+    std::vector<NvlinkState> row(kRanks, NvlinkState::kJoined);
+    if (rank == 1) row[2] = NvlinkState::kApart;
+    if (rank == 2) row[0] = static_cast<NvlinkState>(0x7f);
+    return row;
+  };
   const test_support::TempDir dir;
-  test_support::expect_all_ok(test_support::run_threads(3, [&](int rank) {
-    auto bootstrap = make_socket_bootstrap("unix:" + dir.file("boot.sock"), rank, 3, std::chrono::seconds(30));
-    const NvlinkMatrix matrix = exchange_nvlink_rows(*bootstrap, census);
-    ASSERT_EQ(matrix.size(), 3u);
-    for (int row = 0; row < 3; ++row) EXPECT_EQ(matrix[row], probe_nvlink_row(census, row)) << "rank " << row << "'s row";
-    EXPECT_TRUE(nvlink_joins(matrix, 0, 1));
+  test_support::expect_all_ok(test_support::run_threads(kRanks, [&](int rank) {
+    auto bootstrap = make_socket_bootstrap("unix:" + dir.file("boot.sock"), rank, kRanks, std::chrono::seconds(30));
+    const NvlinkMatrix matrix = exchange_nvlink_rows(*bootstrap, row_of(rank));
+    ASSERT_EQ(matrix.size(), static_cast<size_t>(kRanks));
+    EXPECT_EQ(matrix[0], row_of(0));
+    EXPECT_EQ(matrix[1], row_of(1));
+    EXPECT_EQ(matrix[2], (std::vector<NvlinkState>{NvlinkState::kUnknown, NvlinkState::kJoined, NvlinkState::kJoined}))
+        << "a byte that is no state reads as unknown";
+    EXPECT_FALSE(nvlink_joins(matrix, 1, 2)) << "rank 1 says apart; rank 2 says joined";
+    EXPECT_TRUE(nvlink_joins(matrix, 2, 0)) << "rank 0 says joined; rank 2 could not tell";
   }));
-  std::vector<RankCensus> one_gpu = one_host(3);
-  for (RankCensus& entry : one_gpu) std::strncpy(entry.pci_bus_id, bus_ids[0], RankCensus::kBusIdBytes - 1);
-  NoExchanges alone;
-  EXPECT_TRUE(exchange_nvlink_rows(alone, one_gpu).empty());
+}
+
+TEST(NvlinkIslands, OnlyAHostOfTwoGpusIsWorthAsking) {
+  std::vector<RankCensus> census = one_host(4);
+  for (RankCensus& entry : census) std::strncpy(entry.pci_bus_id, "0000:19:00.0", RankCensus::kBusIdBytes - 1);
+  EXPECT_FALSE(nvlink_worth_probing(census)) << "every rank on one GPU (MPS)";
+  std::strncpy(census[2].host_name, "b", RankCensus::kHostNameBytes - 1);
+  std::strncpy(census[3].host_name, "b", RankCensus::kHostNameBytes - 1);
+  EXPECT_FALSE(nvlink_worth_probing(census)) << "a GPU per host, however the bus ids repeat";
+  std::strncpy(census[3].pci_bus_id, "0000:1a:00.0", RankCensus::kBusIdBytes - 1);
+  EXPECT_TRUE(nvlink_worth_probing(census));
+}
+
+// One rank's NVML says apart, the other's cannot tell: apart, and the host's islands decide.
+TEST(NvlinkIslands, OneSidedAnswersDecideTheTopologyAlike) {
+  NvlinkMatrix matrix(4, std::vector<NvlinkState>(4, NvlinkState::kUnknown));
+  matrix[1][2] = NvlinkState::kApart;  // rank 1 alone knows: ranks 0-1 and 2-3 are apart
+  matrix[0][2] = matrix[0][3] = matrix[1][3] = NvlinkState::kApart;
+  EXPECT_EQ(find_topology(one_host(4), 1, 0, matrix).ranks_per_node, 2);
+  // Islands of 11 ranks (2 x 11 on one host) split into no nodes a stage runs: the host stays whole.
+  NvlinkMatrix elevens(22, std::vector<NvlinkState>(22));
+  for (int a = 0; a < 22; ++a) {
+    for (int b = 0; b < 22; ++b) elevens[a][b] = a / 11 == b / 11 ? NvlinkState::kJoined : NvlinkState::kApart;
+  }
+  EXPECT_EQ(find_topology(one_host(22), 1, 0, elevens).ranks_per_node, 22);
+  EXPECT_NE(nvlink_split_note(one_host(22), elevens).find("NVLink islands of 11 ranks split into no nodes of at most 8"),
+            std::string::npos);
 }
 
 }  // namespace

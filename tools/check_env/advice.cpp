@@ -108,9 +108,8 @@ void advise_peers(const EnvironmentReport& report, int used_gpus, std::vector<Ad
       } else if (known_without_nvlink(*forward) || known_without_nvlink(*backward)) {
         add(advice, Severity::kWarning,
             pair + " reach each other without NVLink (PCIe peer access): epcomm works, but at a fraction of "
-                   "NVLink's bandwidth. Where a host's GPUs form NVLink islands (bridged pairs), each island is "
-                   "a node and normal mode runs hierarchical across them when given a rail region "
-                   "(num_rdma_bytes; BufferOptions::ranks_per_node overrides).");
+                   "NVLink's bandwidth. Given a rail region, normal mode makes a node of each NVLink island of "
+                   "several GPUs (bridged pairs) and crosses PCIe in its rail stage only.");
       }
     }
   }
