@@ -146,12 +146,29 @@ struct BufferOptions {
 
 // Tuning of the normal-mode kernels, deep_ep.Config's fields. The defaults are those of
 // default_dispatch_config().
+// Where normal-mode combine puts a channel's senders and receivers (epcomm's own; deep_ep has one).
+// Measured both ways, neither wins everywhere (docs/PERF.md): over NVLink between two H200s split
+// was 13% faster at 24 SMs (2026-11-30); on one H200 shared by 2 ranks colocated is 10% faster
+// (2026-12-03), at 8 ranks they tie.
+enum class CombineLayout {
+  kSplit,      // even blocks hold two channels' senders, odd blocks their receivers: a receiver never
+               // waits behind a sender's stores to a peer in its SM's memory pipeline
+  kColocated,  // each block holds one channel's sender and receiver: every SM does both, so neither
+               // side idles while the other has more to do (at 2 ranks a receiver reads 1.5x the
+               // rows its sender copies)
+};
+// "split" or "colocated" (as tools and the Python binding spell them); anything else throws
+// InvalidArgument naming `what` and the value.
+CombineLayout parse_combine_layout(const std::string& name, const char* what = "combine_layout");
+const char* combine_layout_name(CombineLayout layout);
+
 struct Config {
   int num_sms = 24;                             // SMs the kernels use (one channel each)
   int num_max_nvl_chunked_send_tokens = 8;      // a sender publishes its progress every this many tokens
   int num_max_nvl_chunked_recv_tokens = 128;    // capacity of each NVLink ring, in tokens
   int num_max_rdma_chunked_send_tokens = 6;     // same over RDMA (internode)
   int num_max_rdma_chunked_recv_tokens = 256;
+  CombineLayout combine_layout = CombineLayout::kSplit;  // combine's SMs (above); dispatch ignores it
 
   void validate() const;  // throws InvalidArgument naming the field and value
   int num_channels() const { return num_sms; }

@@ -103,6 +103,15 @@ class Config:
     @num_max_rdma_chunked_recv_tokens.setter
     def num_max_rdma_chunked_recv_tokens(self, arg: int, /) -> None: ...
 
+    @property
+    def combine_layout(self) -> str:
+        """
+        where combine puts its channels' senders and receivers: 'split' (default) or 'colocated' (epcomm's own; docs/PERF.md says when each is faster)
+        """
+
+    @combine_layout.setter
+    def combine_layout(self, arg: str, /) -> None: ...
+
     def validate(self) -> None: ...
 
     def get_nvl_buffer_size_hint(self, hidden_bytes: int, num_ranks: int, num_nodes: int = 1) -> int: ...

@@ -149,6 +149,11 @@ void bind_types(nb::module_& m) {
       .def_rw("num_max_nvl_chunked_recv_tokens", &Config::num_max_nvl_chunked_recv_tokens)
       .def_rw("num_max_rdma_chunked_send_tokens", &Config::num_max_rdma_chunked_send_tokens)
       .def_rw("num_max_rdma_chunked_recv_tokens", &Config::num_max_rdma_chunked_recv_tokens)
+      .def_prop_rw(
+          "combine_layout", [](const Config& config) { return std::string(combine_layout_name(config.combine_layout)); },
+          [](Config& config, const std::string& name) { config.combine_layout = parse_combine_layout(name); },
+          "where combine puts its channels' senders and receivers: 'split' (default) or 'colocated' (epcomm's own; "
+          "docs/PERF.md says when each is faster)")
       .def("validate", &Config::validate)
       .def("get_nvl_buffer_size_hint", &Config::nvl_buffer_size_hint, nb::arg("hidden_bytes"), nb::arg("num_ranks"),
            nb::arg("num_nodes") = 1)

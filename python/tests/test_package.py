@@ -100,6 +100,17 @@ def test_dispatch_and_combine_configs_follow_deep_ep_names():
     assert custom.get_rdma_buffer_size_hint(7168 * 2, 8) == 0
 
 
+def test_the_combine_layout_is_named_and_checked():
+    config = epcomm.Config()
+    assert config.combine_layout == "split"
+    config.combine_layout = "colocated"
+    assert config.combine_layout == "colocated"
+    config.validate()
+    with pytest.raises(ValueError, match="combine_layout='fused' must be 'split' or 'colocated'"):
+        config.combine_layout = "fused"
+    assert config.combine_layout == "colocated"  # a refused value changes nothing
+
+
 def test_bad_values_raise_value_errors_naming_them():
     config = epcomm.Config(7, 6, 256)
     with pytest.raises(ValueError, match="num_sms=7"):

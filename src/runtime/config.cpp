@@ -118,6 +118,16 @@ TransportKind parse_transport_kind(const std::string& name, const char* what) {
   fail(ErrorCode::kInvalidArgument, what, "='", name, "' must be 'auto', 'ipc' or 'nvshmem'");
 }
 
+CombineLayout parse_combine_layout(const std::string& name, const char* what) {
+  if (name == "split") return CombineLayout::kSplit;
+  if (name == "colocated") return CombineLayout::kColocated;
+  fail(ErrorCode::kInvalidArgument, what, "='", name, "' must be 'split' or 'colocated'");
+}
+
+const char* combine_layout_name(CombineLayout layout) {
+  return layout == CombineLayout::kColocated ? "colocated" : "split";
+}
+
 namespace {
 
 // A row size and rank count a size hint can lay rings out for, or an error naming the bad one.
@@ -156,6 +166,10 @@ void Config::validate() const {
   if (num_max_rdma_chunked_recv_tokens <= num_max_rdma_chunked_send_tokens) {
     fail(ErrorCode::kInvalidArgument, "Config: num_max_rdma_chunked_recv_tokens=", num_max_rdma_chunked_recv_tokens,
          " must exceed num_max_rdma_chunked_send_tokens=", num_max_rdma_chunked_send_tokens);
+  }
+  if (combine_layout != CombineLayout::kSplit && combine_layout != CombineLayout::kColocated) {
+    fail(ErrorCode::kInvalidArgument, "Config: combine_layout=", static_cast<int>(combine_layout),
+         " must be CombineLayout::kSplit or kColocated");
   }
 }
 

@@ -523,6 +523,8 @@ const int32_t* combine_stage(const Buffer::Impl& impl, const detail::RingGroup& 
   kernel.combined_x = out.view.data;
   kernel.combined_topk_weights = out_weights.view.ptr<float>();
   kernel.ring = ring_args(group, config);
+  kernel.layout = config.combine_layout == CombineLayout::kColocated ? kernels::ChannelLayout::kColocated
+                                                                      : kernels::ChannelLayout::kSplit;
   impl.kernels->combine(group.window, kernel, group.context, comm);
   return call_verdict(group);
 }

@@ -7,6 +7,7 @@
 #include "epcomm/buffer.hpp"
 #include "epcomm/config.hpp"
 #include "epcomm/error.hpp"
+#include "expect_error.hpp"
 #include "runtime/buffer_impl.hpp"
 #include "runtime/device_error_log.hpp"
 
@@ -70,6 +71,22 @@ TEST(BufferOptions, EmulatedNodesMustDivideTheRanks) {
   options.emulated_nodes = 2;
   options.num_nvl_bytes = 1 << 20;  // normal mode across (emulated) nodes: staged rings
   EXPECT_EQ(validation_error(options, 4), "");
+}
+
+TEST(Config, CombineLayoutsAreNamedBothWaysAndAnUnknownOneIsRefused) {
+  EXPECT_EQ(Config{}.combine_layout, CombineLayout::kSplit) << "the layout measured faster over NVLink";
+  for (const CombineLayout layout : {CombineLayout::kSplit, CombineLayout::kColocated}) {
+    EXPECT_EQ(parse_combine_layout(combine_layout_name(layout)), layout);
+    Config config;
+    config.combine_layout = layout;
+    EXPECT_NO_THROW(config.validate());
+  }
+  EXPECT_TRUE(throws_invalid_argument([] { (void)parse_combine_layout("Split"); },
+                                      "combine_layout='Split' must be 'split' or 'colocated'"));
+  Config bad;
+  bad.combine_layout = static_cast<CombineLayout>(7);
+  EXPECT_TRUE(throws_invalid_argument([&] { bad.validate(); },
+                                      "Config: combine_layout=7 must be CombineLayout::kSplit or kColocated"));
 }
 
 TEST(Config, RdmaHintIsStagedRingsOfTheRdmaFieldsOnePeerPerNode) {

@@ -47,6 +47,7 @@ enum Flag : unsigned {
   kColumnScales = 1u << 8, // FP8 x_scales stored scale-major (strides 1, tokens), as deep_ep's tests pass them
   kWideConfig = 1u << 9,   // as many SMs (channels) as fit, up to kMaxChannels: more channels than a warp's lanes
   kNonFinite = 1u << 10,   // NaN, +-Inf and -0 among the rows and expert outputs: copied bit for bit, summed as IEEE
+  kColocated = 1u << 11,   // combine with CombineLayout::kColocated (the others: the default, split)
 };
 
 struct Scenario {
@@ -66,15 +67,17 @@ std::vector<Scenario> scenarios() {
       {"fp8 h7168 T1024 top8 sparse", true, 7168, 1024, 8, Routing::kSparse, kCached | kColumnScales},
       {"bf16 h2048 T0", false, 2048, 0, 8, Routing::kPlain, kWorst | kCached},
       {"fp8 h2048 T1 hot", true, 2048, 1, 8, Routing::kHot, kPoison | kWorst},
-      {"bf16 h8192 uneven top8 bias", false, 8192, -1, 8, Routing::kPlain, kPoison | kBias},
+      {"bf16 h8192 uneven top8 bias colocated", false, 8192, -1, 8, Routing::kPlain, kPoison | kBias | kColocated},
       {"bf16 h2048 T2048 no-topk", false, 2048, 2048, 8, Routing::kPlain, kNoTopk | kPoison},
       {"fp8 h2048 T2048 top8 sparse align128", true, 2048, 2048, 8, Routing::kSparse, kAlign128 | kPoison | kWorst},
       {"bf16 h2048 T2048 top1 hot", false, 2048, 2048, 1, Routing::kHot, kWorst},
       {"bf16 h7168 uneven top8 sparse async", false, 7168, -1, 8, Routing::kSparse, kAsync | kPoison | kCached},
       {"small-config bf16 h7168 T1024 top8", false, 7168, 1024, 8, Routing::kPlain, kSmallConfig | kPoison | kCached},
       {"small-config fp8 h2048 uneven hot bias", true, 2048, -1, 8, Routing::kHot, kSmallConfig | kWorst | kBias},
-      {"small-config bf16 h2048 T1 top1 sparse", false, 2048, 1, 1, Routing::kSparse, kSmallConfig | kPoison},
-      {"wide-config fp8 h7168 uneven top8 sparse", true, 7168, -1, 8, Routing::kSparse, kWideConfig | kPoison | kCached | kWorst},
+      {"small-config bf16 h2048 T1 top1 sparse colocated", false, 2048, 1, 1, Routing::kSparse,
+       kSmallConfig | kPoison | kColocated},
+      {"wide-config fp8 h7168 uneven top8 sparse colocated", true, 7168, -1, 8, Routing::kSparse,
+       kWideConfig | kPoison | kCached | kWorst | kColocated},
       {"bf16 h2048 T512 top8 non-finite", false, 2048, 512, 8, Routing::kPlain, kNonFinite | kPoison},
       {"fp8 h2048 uneven top4 sparse non-finite", true, 2048, -1, 4, Routing::kSparse, kNonFinite},
       // Scales past the registers' (kScalesPerLane * 32 = 64) take the kernels' plain loops.
@@ -94,8 +97,10 @@ struct Context {
   // and the expected results are reference::hierarchical_dispatch's and _combine's.
   int hierarchical_ranks_per_node = 0;
   Scenario hierarchical_scenario{"hierarchical errors bf16 h256 T8 top2", false, 256, 8, 2, Routing::kPlain, 0};
-  const Config& config(const Scenario& s) const {
-    return s.has(kSmallConfig) ? small_config : s.has(kWideConfig) ? wide_config : default_config;
+  Config config(const Scenario& s) const {
+    Config config = s.has(kSmallConfig) ? small_config : s.has(kWideConfig) ? wide_config : default_config;
+    if (s.has(kColocated)) config.combine_layout = CombineLayout::kColocated;
+    return config;
   }
 };
 
@@ -440,7 +445,7 @@ void run_scenario(Context& ctx, const Scenario& s, uint64_t seed) {
   const int ranks = harness.num_ranks();
   const int me = harness.rank();
   const int tokens = tokens_of(s, me);
-  const Config& config = ctx.config(s);
+  const Config config = ctx.config(s);
   const std::string name = s.name;
   if (me == 0) {
     std::printf("normal: %s (%d ranks, num_sms=%d)\n", s.name, ranks, config.num_sms);

@@ -57,6 +57,17 @@ void require_what_the_library_takes(const BenchOptions& options) {
   }
 }
 
+std::vector<CombineLayout> parse_combine_layouts(const std::string& value) {
+  std::vector<CombineLayout> layouts;
+  size_t begin = 0;
+  while (begin <= value.size()) {
+    const size_t comma = std::min(value.find(',', begin), value.size());
+    layouts.push_back(parse_combine_layout(value.substr(begin, comma - begin), "epcomm-bench: --combine-layouts"));
+    begin = comma + 1;
+  }
+  return layouts;
+}
+
 std::vector<int> parse_list(const char* option, const std::string& value, int64_t lo, int64_t hi) {
   std::vector<int> items;
   std::stringstream list(value);
@@ -108,6 +119,8 @@ const char* bench_usage() {
          "  --rings A,B,...   ... at each of these ring sizes (num_max_nvl_chunked_recv_tokens);\n"
          "                    with --sms, every (SMs, ring) pair\n"
          "  --token-sweep A,B,...  also time normal mode (default config) at these tokens per rank\n"
+         "  --combine-layouts L,...  time each config with each of these combine layouts (split,\n"
+         "                    colocated: Config::combine_layout), in one run\n"
          "  --skip-normal     skip normal-mode dispatch and combine\n"
          "  --transport T     auto (default: CUDA IPC on one host), ipc or nvshmem (the NVSHMEM plugin)\n"
          "  --nodes N         split the ranks into N emulated nodes reached by put and signal (normal\n"
@@ -178,6 +191,7 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       {"--sms", [&](const std::string& v) { options.sms_list = parse_list("--sms", v, 2, kMaxChannels); }},
       {"--rings", [&](const std::string& v) { options.ring_list = parse_list("--rings", v, kMinRingTokens, 1 << 16); }},
       {"--token-sweep", [&](const std::string& v) { options.token_sweep = parse_list("--token-sweep", v, 1, 1 << 20); }},
+      {"--combine-layouts", [&](const std::string& v) { options.combine_layouts = parse_combine_layouts(v); }},
   };
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--help" || args[i] == "-h") {
@@ -269,6 +283,13 @@ std::vector<std::string> to_arguments(const BenchOptions& options) {
   if (!options.sms_list.empty()) args.insert(args.end(), {"--sms", join_list(options.sms_list)});
   if (!options.ring_list.empty()) args.insert(args.end(), {"--rings", join_list(options.ring_list)});
   if (!options.token_sweep.empty()) args.insert(args.end(), {"--token-sweep", join_list(options.token_sweep)});
+  if (!options.combine_layouts.empty()) {
+    std::string layouts;
+    for (const CombineLayout layout : options.combine_layouts) {
+      layouts += (layouts.empty() ? "" : ",") + std::string(combine_layout_name(layout));
+    }
+    args.insert(args.end(), {"--combine-layouts", layouts});
+  }
   if (options.skip_normal) args.push_back("--skip-normal");
   if (options.hierarchical) args.push_back("--hierarchical");
   args.insert(args.end(), {"--transport", options.transport, options.nodes_emulated ? "--nodes" : "--host-nodes",

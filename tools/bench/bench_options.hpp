@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "epcomm/config.hpp"
+
 namespace epcomm::bench {
 
 struct BenchOptions {
@@ -26,6 +28,8 @@ struct BenchOptions {
   std::vector<int> sms_list;  // --sms: time the default config at each of these SM counts instead
   std::vector<int> ring_list;  // --rings: ... and at each of these ring sizes (tokens), a grid with --sms
   std::vector<int> token_sweep;  // --token-sweep: also time normal mode at these tokens per rank
+  // --combine-layouts: time every config with each of these (Config::combine_layout); empty: the default
+  std::vector<CombineLayout> combine_layouts;
   bool skip_normal = false;  // time only layout, copy and low-latency mode
   // How the ranks reach each other (BufferOptions::transport): "auto", "ipc" or "nvshmem"; and
   // emulated nodes (BufferOptions::emulated_nodes): > 1 times the low-latency ops alone, between

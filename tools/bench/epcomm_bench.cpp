@@ -140,9 +140,8 @@ int run_rank(const BenchOptions& options) {
   return EXIT_SUCCESS;
 }
 
-}  // namespace
-
-std::vector<Config> bench_configs(const BenchContext& context) {
+// The configs of --sms, --rings and --sweep, or the default one, each with the default combine layout.
+std::vector<Config> configs_of_the_grid(const BenchContext& context) {
   const BenchOptions& options = context.options;
   // Ranks sharing one GPU must all be resident at once, one block per SM.
   const bool shared_gpu = context.num_gpus < options.num_ranks;
@@ -186,6 +185,21 @@ std::vector<Config> bench_configs(const BenchContext& context) {
         }
         if (!seen) configs.push_back(config);
       }
+    }
+  }
+  return configs;
+}
+
+}  // namespace
+
+std::vector<Config> bench_configs(const BenchContext& context) {
+  const std::vector<Config> grid = configs_of_the_grid(context);
+  if (context.options.combine_layouts.empty()) return grid;
+  std::vector<Config> configs;
+  for (const Config& config : grid) {
+    for (const CombineLayout layout : context.options.combine_layouts) {
+      configs.push_back(config);
+      configs.back().combine_layout = layout;
     }
   }
   return configs;

@@ -6,8 +6,9 @@
 //                              stores to the link (dispatch: its sender is bound by round trips
 //                              per token, and spreading it over every SM pays; docs/PERF.md).
 //   ChannelLayout::kSplit      block 2p: the senders of channels 2p and 2p+1; block 2p+1: their
-//                              receivers (combine: a receiver beside a sender waits behind the
-//                              sender's stores to peers in the SM's memory pipeline).
+//                              receivers (combine by default: over NVLink a receiver beside a
+//                              sender waited behind the sender's stores to peers in the SM's
+//                              memory pipeline; Config::combine_layout says when colocated wins).
 //
 // Inside a half the warps are split evenly into teams, one per peer rank (or per peer but the rank
 // itself, where its own rows skip the ring). The halves never wait on each other inside the block
@@ -15,6 +16,7 @@
 #pragma once
 
 #include "common/channel_teams.hpp"
+#include "kernels/intranode/intranode_launchers.hpp"
 #include "common/constants.hpp"
 #include "device/warp_ops.cuh"
 #include "epcomm/error.hpp"
@@ -22,7 +24,6 @@
 namespace epcomm::kernels {
 
 enum class ChannelRole { kSender, kReceiver };
-enum class ChannelLayout { kColocated, kSplit };
 
 // Named barriers (0 is __syncthreads, unused here). Half h: one per team, when a team has several
 // warps (at most kMaxTeamsWithBarrier teams then), and one for the whole half.
@@ -32,9 +33,9 @@ inline constexpr int kHalfBarrierBase = kTeamBarrierBase + kHalvesPerBlock * kMa
 static_assert(kHalfBarrierBase + kHalvesPerBlock <= 16, "a block has 16 named barriers");
 static_assert(kNormalWarpsPerBlock == kHalvesPerBlock * kChannelRoleWarps, "a block is two halves");
 
-// The layouts the kernels use (chosen by measurement on 2 x H200 over NVLink, docs/PERF.md).
+// Dispatch's layout (chosen by measurement on 2 x H200 over NVLink, docs/PERF.md); combine's is
+// the caller's (Config::combine_layout, CombineKernelArgs::layout).
 inline constexpr ChannelLayout kDispatchChannelLayout = ChannelLayout::kColocated;
-inline constexpr ChannelLayout kCombineChannelLayout = ChannelLayout::kSplit;
 
 // Blocks of a launch with `num_channels` channels (Config::validate keeps num_sms even).
 inline int channel_blocks(ChannelLayout layout, int num_channels) {

@@ -1,5 +1,5 @@
 // Normal-mode combine: the reverse of dispatch. Each channel has a sender
-// half-block and a receiver half-block (channel_block.cuh, kCombineChannelLayout):
+// half-block and a receiver half-block (channel_block.cuh; where they sit: args.layout):
 //   sender warps:   a team per other rank g sends the rows this rank received from g on this
 //                   channel back into g's ring (channel, me), in row order.
 //   receiver warps: one warp per token of this channel: for each rank the token went to
@@ -261,7 +261,7 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
   ring.capacity = args.ring.ring_capacity;
   ring.staged = args.ring.staged;
 
-  const HalfPlan plan = plan_of_this_warp(kCombineChannelLayout);
+  const HalfPlan plan = plan_of_this_warp(args.layout);
   if (plan.role == ChannelRole::kSender) {
     // No team for this rank's own rows: the receiver reads them from x.
     const Team team = team_of_this_warp(plan, context.num_ranks, context.rank);
@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
 
 void launch_combine(const PeerWindow& window, const CombineKernelArgs& args, const KernelContext& context,
                     cudaStream_t stream) {
-  const int blocks = channel_blocks(kCombineChannelLayout, args.ring.num_channels);
+  const int blocks = channel_blocks(args.layout, args.ring.num_channels);
   with_rank_bound(context.num_ranks, [&](auto bound) {
     if (args.ring.staged) {
       intranode::combine<bound.value, true><<<blocks, kNormalThreadsPerBlock, 0, stream>>>(window, args, context);

@@ -49,6 +49,9 @@ void launch_notify_dispatch(const PeerWindow& window, const NotifyDispatchArgs& 
                             cudaStream_t stream);
 
 // Shapes every normal-mode kernel launch shares.
+// Where a launch puts its channels' sender and receiver halves (kernels/intranode/channel_block.cuh).
+enum class ChannelLayout { kColocated, kSplit };
+
 struct RingArgs {
   int num_channels = 0;
   int ring_capacity = 0;  // slots per ring
@@ -105,6 +108,7 @@ struct CombineKernelArgs {
   float* combined_topk_weights = nullptr;  // out: [num_tokens, num_topk], or null
   CallCheck call;                        // the kernel passes its checked barrier first
   RingArgs ring;
+  ChannelLayout layout = ChannelLayout::kSplit;  // Config::combine_layout
 };
 void launch_combine(const PeerWindow& window, const CombineKernelArgs& args, const KernelContext& context,
                     cudaStream_t stream);
