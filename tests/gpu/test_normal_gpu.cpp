@@ -1171,7 +1171,9 @@ void run_normal_hierarchical_case(RankHarness& harness) {
 
 // Past 8 ranks on one host, nothing emulated: the host splits into nodes of 8 itself (2 x 8 at 16,
 // 4 x 8 at 32) and normal mode runs hierarchical across them, its rail stage over stores into the
-// other nodes' rings (not staged: the ranks of one host reach each other's memory).
+// other nodes' rings (not staged: the ranks of one host reach each other's memory). Assumes the
+// host's GPUs are one NVLink island (one GPU under MPS, or all joined): on a host of islands the
+// nodes would be the islands (transport/topology.hpp) and the node count check would say so.
 void run_normal_host_nodes_case(RankHarness& harness) {
   const int ranks = harness.num_ranks();
   if (ranks <= kMaxNvlPeers) {
