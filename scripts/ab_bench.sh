@@ -113,7 +113,8 @@ def medians(path):
         key = (r["op"], r.get("timing", ""), r.get("dispatch_dtype") or r.get("dtype", ""),
                "cached" if r.get("cached") else (r.get("phase") or r.get("path") or ""),
                r.get("direction", "both" if r["op"] == "copy" and r.get("path") != "local" else ""),
-               r.get("sms"), r.get("ring_tokens"), r.get("tokens"))
+               r.get("sms"), r.get("ring_tokens"), r.get("tokens"), r.get("send_chunk"),
+               r.get("combine_layout") if r["op"] == "combine" else None)  # dispatch is the same in both
         runs[key].append((r["median_us"], r.get("correct"), r.get("host_median_us")))
     return runs
 
@@ -128,8 +129,8 @@ for key in new:
     n = statistics.median(v for v, _, _ in new[key])
     o = statistics.median(v for v, _, _ in old[key]) if key in old else None
     ok = "yes" if all(c for _, c, _ in new[key]) else ("-" if all(c is None for _, c, _ in new[key]) else "NO")
-    op, timing, dtype, variant, direction, sms, ring, tokens = key
-    variant = f"{variant} {direction}".strip()
+    op, timing, dtype, variant, direction, sms, ring, tokens, _, layout = key
+    variant = f"{variant} {direction} {layout or ''}".strip()
     print(f"{op:<12}{timing[:10]:<11}{dtype:<6}{variant[:12]:<13}{sms if sms is not None else '':>4}"
           f"{ring if ring is not None else '':>5}{tokens:>7}{(f'{o:.1f}' if o else '-'):>10}{n:>10.1f}"
           f"{(f'{n / o:.3f}' if o else '-'):>8}  {ok:<7}  {host(old, key)} / {host(new, key)}")

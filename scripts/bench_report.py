@@ -57,6 +57,8 @@ def variant(record: dict) -> str:
         parts.append(f"after {record['dispatch_dtype']} dispatch")
     if "send_chunk" in record:
         parts.append(f"chunk {record['send_chunk']}, ring {record['ring_tokens']}")
+    if record.get("op") == "combine" and record.get("combine_layout"):
+        parts.append(f"{record['combine_layout']} layout")
     return ", ".join(parts)
 
 

@@ -144,24 +144,26 @@ struct BufferOptions {
   void validate(int num_ranks) const;
 };
 
-// Tuning of the normal-mode kernels, deep_ep.Config's fields. The defaults are those of
-// default_dispatch_config().
 // Where normal-mode combine puts a channel's senders and receivers (epcomm's own; deep_ep has one).
 // Measured both ways, neither wins everywhere (docs/PERF.md): over NVLink between two H200s split
-// was 13% faster at 24 SMs (2026-11-30); on one H200 shared by 2 ranks colocated is 10% faster
-// (2026-12-03), at 8 ranks they tie.
+// was 13% faster at 24 SMs (2026-11-30, older kernels); on one H200 shared by 2 ranks colocated
+// takes 7-9% less kernel time, at 1 rank 23-25% less, at 8 ranks they trade places by 3-5%
+// (2026-12-03). Ranks may pass different layouts: the rings between them do not depend on it.
 enum class CombineLayout {
   kSplit,      // even blocks hold two channels' senders, odd blocks their receivers: a receiver never
                // waits behind a sender's stores to a peer in its SM's memory pipeline
   kColocated,  // each block holds one channel's sender and receiver: every SM does both, so neither
-               // side idles while the other has more to do (at 2 ranks a receiver reads 1.5x the
-               // rows its sender copies)
+               // side idles while the other has more to do (at 2 ranks a receiver passes 3 rows per
+               // token through its SM, reading its own and the peer's and writing the sum, its
+               // sender 2, copying one)
 };
 // "split" or "colocated" (as tools and the Python binding spell them); anything else throws
 // InvalidArgument naming `what` and the value.
 CombineLayout parse_combine_layout(const std::string& name, const char* what = "combine_layout");
 const char* combine_layout_name(CombineLayout layout);
 
+// Tuning of the normal-mode kernels, deep_ep.Config's fields. The defaults are those of
+// default_dispatch_config().
 struct Config {
   int num_sms = 24;                             // SMs the kernels use (one channel each)
   int num_max_nvl_chunked_send_tokens = 8;      // a sender publishes its progress every this many tokens

@@ -1,12 +1,15 @@
 // The split of a normal-mode half-block's warps into teams (common/channel_teams.hpp): every peer
 // rank but a skipped one served by exactly one team of equal size, no warp serving the skipped
 // rank or a rank past the last, and a team of several warps always within the named barriers.
+// And where the halves sit (kernels/intranode/intranode_launchers.hpp, channel_seat): in either
+// layout every channel's sender and receiver have one half each of the launch's blocks.
 #include <gtest/gtest.h>
 
 #include <map>
 #include <vector>
 
 #include "common/channel_teams.hpp"
+#include "kernels/intranode/intranode_launchers.hpp"
 
 namespace epcomm {
 namespace {
@@ -85,6 +88,31 @@ TEST(ChannelTeams, SkippingARankShiftsOnlyThePeersAfterIt) {
       EXPECT_FALSE(slot.active) << "warp " << warp;
     }
   }
+}
+
+TEST(ChannelSeats, EveryChannelHasOneSenderAndOneReceiverHalfInEitherLayout) {
+  using kernels::ChannelLayout;
+  using kernels::ChannelRole;
+  for (const ChannelLayout layout : {ChannelLayout::kColocated, ChannelLayout::kSplit}) {
+    for (int channels = 2; channels <= kMaxChannels; channels += 2) {
+      std::map<std::pair<int, ChannelRole>, int> halves;  // (channel, role) -> halves serving it
+      for (int block = 0; block < channels; ++block) {
+        for (int half = 0; half < 2; ++half) {
+          const kernels::ChannelSeat seat = kernels::channel_seat(layout, block, half);
+          ASSERT_GE(seat.channel, 0);
+          ASSERT_LT(seat.channel, channels) << "block " << block << " half " << half;
+          ++halves[{seat.channel, seat.role}];
+        }
+      }
+      EXPECT_EQ(halves.size(), static_cast<size_t>(2 * channels));
+      for (const auto& [seat, count] : halves) EXPECT_EQ(count, 1) << "channel " << seat.first;
+    }
+  }
+  // Colocated: a block serves one channel both ways; split: a block one role for two channels.
+  EXPECT_EQ(kernels::channel_seat(ChannelLayout::kColocated, 5, 1).channel, 5);
+  EXPECT_EQ(kernels::channel_seat(ChannelLayout::kSplit, 5, 1).channel, 5);
+  EXPECT_EQ(kernels::channel_seat(ChannelLayout::kSplit, 5, 0).role, ChannelRole::kReceiver);
+  EXPECT_EQ(kernels::channel_seat(ChannelLayout::kColocated, 5, 0).role, ChannelRole::kSender);
 }
 
 }  // namespace

@@ -48,6 +48,7 @@ enum Flag : unsigned {
   kWideConfig = 1u << 9,   // as many SMs (channels) as fit, up to kMaxChannels: more channels than a warp's lanes
   kNonFinite = 1u << 10,   // NaN, +-Inf and -0 among the rows and expert outputs: copied bit for bit, summed as IEEE
   kColocated = 1u << 11,   // combine with CombineLayout::kColocated (the others: the default, split)
+  kMixedLayouts = 1u << 12,  // combine colocated on odd ranks, split on even ones (ranks may differ)
 };
 
 struct Scenario {
@@ -76,8 +77,11 @@ std::vector<Scenario> scenarios() {
       {"small-config fp8 h2048 uneven hot bias", true, 2048, -1, 8, Routing::kHot, kSmallConfig | kWorst | kBias},
       {"small-config bf16 h2048 T1 top1 sparse colocated", false, 2048, 1, 1, Routing::kSparse,
        kSmallConfig | kPoison | kColocated},
-      {"wide-config fp8 h7168 uneven top8 sparse colocated", true, 7168, -1, 8, Routing::kSparse,
-       kWideConfig | kPoison | kCached | kWorst | kColocated},
+      {"wide-config fp8 h7168 uneven top8 sparse", true, 7168, -1, 8, Routing::kSparse,
+       kWideConfig | kPoison | kCached | kWorst},
+      {"wide-config bf16 h2048 uneven top8 sparse colocated", false, 2048, -1, 8, Routing::kSparse,
+       kWideConfig | kPoison | kColocated},
+      {"bf16 h2048 uneven top8 hot mixed layouts", false, 2048, -1, 8, Routing::kHot, kPoison | kMixedLayouts},
       {"bf16 h2048 T512 top8 non-finite", false, 2048, 512, 8, Routing::kPlain, kNonFinite | kPoison},
       {"fp8 h2048 uneven top4 sparse non-finite", true, 2048, -1, 4, Routing::kSparse, kNonFinite},
       // Scales past the registers' (kScalesPerLane * 32 = 64) take the kernels' plain loops.
@@ -99,7 +103,9 @@ struct Context {
   Scenario hierarchical_scenario{"hierarchical errors bf16 h256 T8 top2", false, 256, 8, 2, Routing::kPlain, 0};
   Config config(const Scenario& s) const {
     Config config = s.has(kSmallConfig) ? small_config : s.has(kWideConfig) ? wide_config : default_config;
-    if (s.has(kColocated)) config.combine_layout = CombineLayout::kColocated;
+    if (s.has(kColocated) || (s.has(kMixedLayouts) && harness.rank() % 2 == 1)) {
+      config.combine_layout = CombineLayout::kColocated;
+    }
     return config;
   }
 };

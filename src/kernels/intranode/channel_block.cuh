@@ -16,14 +16,13 @@
 #pragma once
 
 #include "common/channel_teams.hpp"
-#include "kernels/intranode/intranode_launchers.hpp"
 #include "common/constants.hpp"
 #include "device/warp_ops.cuh"
 #include "epcomm/error.hpp"
+#include "kernels/intranode/intranode_launchers.hpp"
 
 namespace epcomm::kernels {
 
-enum class ChannelRole { kSender, kReceiver };
 
 // Named barriers (0 is __syncthreads, unused here). Half h: one per team, when a team has several
 // warps (at most kMaxTeamsWithBarrier teams then), and one for the whole half.
@@ -60,14 +59,9 @@ __device__ __forceinline__ HalfPlan plan_of_this_warp(ChannelLayout layout) {
   plan.half = device::warp_id() / kChannelRoleWarps;
   plan.warp = device::warp_id() % kChannelRoleWarps;
   plan.thread = static_cast<int>(threadIdx.x) % (kChannelRoleWarps * kWarpSize);
-  const int block = static_cast<int>(blockIdx.x);
-  if (layout == ChannelLayout::kColocated) {
-    plan.role = plan.half == 0 ? ChannelRole::kSender : ChannelRole::kReceiver;
-    plan.channel = block;
-  } else {
-    plan.role = block % 2 == 0 ? ChannelRole::kSender : ChannelRole::kReceiver;
-    plan.channel = block / 2 * 2 + plan.half;
-  }
+  const ChannelSeat seat = channel_seat(layout, static_cast<int>(blockIdx.x), plan.half);
+  plan.role = seat.role;
+  plan.channel = seat.channel;
   return plan;
 }
 

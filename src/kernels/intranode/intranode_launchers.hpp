@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include "common/channel_split.hpp"
+#include "common/host_device.hpp"
 #include "common/kernel_context.hpp"
 #include "common/notify_results.hpp"
 #include "common/nvl_layout.hpp"
@@ -51,6 +52,19 @@ void launch_notify_dispatch(const PeerWindow& window, const NotifyDispatchArgs& 
 // Shapes every normal-mode kernel launch shares.
 // Where a launch puts its channels' sender and receiver halves (kernels/intranode/channel_block.cuh).
 enum class ChannelLayout { kColocated, kSplit };
+enum class ChannelRole { kSender, kReceiver };
+
+// What half `half` (0 or 1) of block `block` serves: colocated, block c is channel c's sender then
+// its receiver; split, block 2p holds the senders of channels 2p and 2p + 1, block 2p + 1 their
+// receivers. Either way every (channel, role) has one half of the launch's blocks.
+struct ChannelSeat {
+  ChannelRole role;
+  int channel;
+};
+EPCOMM_HOST_DEVICE constexpr ChannelSeat channel_seat(ChannelLayout layout, int block, int half) {
+  if (layout == ChannelLayout::kColocated) return {half == 0 ? ChannelRole::kSender : ChannelRole::kReceiver, block};
+  return {block % 2 == 0 ? ChannelRole::kSender : ChannelRole::kReceiver, block / 2 * 2 + half};
+}
 
 struct RingArgs {
   int num_channels = 0;
