@@ -354,6 +354,35 @@ TEST(CheckEnvAdvice, PciePeerAccessIsAWarning) {
   EXPECT_NE(find_advice(advice, Severity::kWarning, "without NVLink"), nullptr) << describe(advice);
 }
 
+// NVLink in islands: the advice says which nodes normal mode makes of them, by the library's rule.
+TEST(CheckEnvAdvice, NvlinkIslandsSayWhichNodesNormalModeMakes) {
+  const auto with_islands = [](int gpus, int gpus_per_island) {
+    EnvironmentReport report = hopper_node(gpus);
+    for (PeerLink& link : report.peers) link.nvlink = link.from / gpus_per_island == link.to / gpus_per_island;
+    return report;
+  };
+  const std::vector<Advice> pairs = advise(with_islands(8, 2), 8);
+  const Advice* nodes = find_advice(pairs, Severity::kInfo, "normal mode makes 4 nodes of 2 ranks, one per island");
+  EXPECT_NE(nodes, nullptr) << describe(pairs);
+  // Two ranks per GPU (MPS), rank r on GPU r % 8: an island's ranks are not consecutive (0, 1, 8, 9).
+  EXPECT_NE(find_advice(advise(with_islands(8, 2), 16), Severity::kInfo,
+                        "joins rank 0 to rank 8, outside rank 0's island (ranks 0-1)"),
+            nullptr)
+      << describe(advise(with_islands(8, 2), 16));
+  // Islands of unequal size cannot be nodes: said, with the library's reason.
+  EnvironmentReport uneven = hopper_node(3);
+  for (PeerLink& link : uneven.peers) link.nvlink = (link.from < 2) == (link.to < 2);
+  EXPECT_NE(find_advice(advise(uneven, 3), Severity::kInfo, "nodes stay the whole host: NVLink on host 'this host' "
+                                                             "joins ranks 0-1 and ranks 2-2: islands of unequal size"),
+            nullptr)
+      << describe(advise(uneven, 3));
+  // All joined, or none: nothing about nodes (the PCIe warning covers the second).
+  EXPECT_EQ(find_advice(advise(hopper_node(8), 8), Severity::kInfo, "nodes"), nullptr);
+  EXPECT_EQ(find_advice(advise(with_islands(4, 1), 4), Severity::kInfo, "nodes"), nullptr);
+  // One rank: no pair to speak of.
+  EXPECT_EQ(find_advice(advise(with_islands(8, 2), 1), Severity::kInfo, "nodes"), nullptr);
+}
+
 TEST(CheckEnvAdvice, SharedGpuWithoutMpsWarns) {
   EnvironmentReport report = hopper_node(1);
   const std::vector<Advice> advice = advise(report, 8);

@@ -1,8 +1,13 @@
 #include "check_env/advice.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 #include <utility>
+
+#include "epcomm/error.hpp"
+#include "transport/nvlink_reach.hpp"
+#include "transport/topology.hpp"
 
 namespace epcomm::tools {
 namespace {
@@ -112,6 +117,52 @@ void advise_peers(const EnvironmentReport& report, int used_gpus, std::vector<Ad
                    "several GPUs (bridged pairs) and crosses PCIe in its rail stage only.");
       }
     }
+  }
+}
+
+// The nodes normal mode makes of these ranks where NVLink joins some of the used GPUs but not all
+// (islands): the census and NVLink matrix the ranks would take, one host, rank r on GPU r % count,
+// through the library's own rule (transport/topology.hpp). Hosts joined whole, or not at all
+// (advise_peers warns of PCIe), have nothing to add.
+void advise_nodes(const EnvironmentReport& report, int intended_ranks, std::vector<Advice>& advice) {
+  const int gpus = static_cast<int>(report.gpus.size());
+  if (std::min(intended_ranks, gpus) < 2) return;
+  std::vector<detail::RankCensus> census(static_cast<size_t>(intended_ranks));
+  for (int rank = 0; rank < intended_ranks; ++rank) {
+    std::strncpy(census[rank].host_name, "this host", detail::RankCensus::kHostNameBytes - 1);
+    std::strncpy(census[rank].pci_bus_id, report.gpus[rank % gpus].pci_bus_id.c_str(),
+                 detail::RankCensus::kBusIdBytes - 1);
+  }
+  detail::NvlinkMatrix nvlink(census.size(), std::vector<detail::NvlinkState>(census.size()));
+  bool joined = false, apart = false;
+  for (int a = 0; a < intended_ranks; ++a) {
+    for (int b = 0; b < intended_ranks; ++b) {
+      const PeerLink* link = a % gpus == b % gpus ? nullptr : find_peer_link(report, a % gpus, b % gpus);
+      detail::NvlinkState& state = nvlink[a][b];
+      if (a % gpus == b % gpus) {
+        state = detail::NvlinkState::kJoined;
+      } else if (link != nullptr && link->nvlink.has_value()) {
+        state = *link->nvlink ? detail::NvlinkState::kJoined : detail::NvlinkState::kApart;
+        (*link->nvlink ? joined : apart) = true;
+      }
+    }
+  }
+  if (!joined || !apart) return;
+  try {
+    const std::string why_not = detail::nvlink_split_note(census, nvlink);
+    if (!why_not.empty()) {
+      add(advice, Severity::kInfo, "normal mode's nodes stay the whole host: " + why_not + ".");
+      return;
+    }
+    const detail::Topology topology = detail::find_topology(census, 1, 0, nvlink);
+    add(advice, Severity::kInfo,
+        "NVLink joins these GPUs in islands: given a rail region of its own (num_rdma_bytes; with "
+        "low_latency_mode, num_rail_bytes), normal mode makes " + std::to_string(topology.num_nodes()) +
+            " nodes of " + std::to_string(topology.ranks_per_node) +
+            " ranks, one per island, and crosses PCIe in its rail stage only; without one it runs flat, across "
+            "PCIe between islands (BufferOptions::ranks_per_node sets the nodes outright).");
+  } catch (const Error&) {
+    // The rule refuses these ranks (they cannot be numbered as deep_ep does): the Buffer will say why.
   }
 }
 
@@ -228,6 +279,7 @@ std::vector<Advice> advise(const EnvironmentReport& report, int intended_ranks) 
     advise_gpus(report, used_gpus, advice);
     advise_peers(report, used_gpus, advice);
     advise_sharing(report, intended_ranks, advice);
+    advise_nodes(report, intended_ranks, advice);
   }
   advise_multicast(report, advice);
   advise_internode(report, advice);
