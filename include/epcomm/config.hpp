@@ -162,7 +162,7 @@ enum class CombineLayout {
 CombineLayout parse_combine_layout(const std::string& name, const char* what = "combine_layout");
 const char* combine_layout_name(CombineLayout layout);
 
-// Tuning of the normal-mode kernels, deep_ep.Config's fields. The defaults are those of
+// Tuning of the normal-mode kernels: deep_ep.Config's fields, and combine_layout. The defaults are those of
 // default_dispatch_config().
 struct Config {
   int num_sms = 24;                             // SMs the kernels use (one channel each)
