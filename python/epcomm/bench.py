@@ -41,6 +41,8 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
                         help="untimed samples per op and size (a call, or N calls with --back-to-back)")
     parser.add_argument("--iters", type=int, default=20, help="timed samples per op and size")
     parser.add_argument("--num-sms", type=int, default=0, help="Config.num_sms (0: Buffer.get_dispatch_config's)")
+    parser.add_argument("--combine-layout", choices=("split", "colocated"), default="split",
+                        help="Config.combine_layout: where combine puts its senders and receivers (default split)")
     parser.add_argument("--back-to-back", type=int, default=0, metavar="N",
                         help="time N calls in a row per sample, per call (0: each call from an idle stream)")
     parser.add_argument("--out", default="", help="also append the records to this file")
@@ -117,6 +119,7 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int) -> None:
     config = epcomm.Buffer.get_dispatch_config(args.ranks)
     if args.num_sms:
         config.num_sms = args.num_sms
+    config.combine_layout = args.combine_layout
     buffer = epcomm.Buffer(group, num_nvl_bytes=config.get_nvl_buffer_size_hint(args.hidden * 2, args.ranks))
     records: List[Dict[str, Any]] = []
     for tokens in args.token_counts:
@@ -154,6 +157,7 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int) -> None:
             records.append({"op": op, "mode": "normal", "path": "python", **timing, "ranks": args.ranks,
                             "tokens": tokens, "hidden": args.hidden, "topk": args.topk, "experts": args.experts,
                             "dtype": dtype, "cached": cached, "sms": config.num_sms, "iters": args.iters,
+                            "combine_layout": config.combine_layout,
                             "median_us": round(max(m[0] for m in medians), 2),
                             "host_median_us": round(max(m[1] for m in medians), 2), "git": epcomm.version(),
                             "gpu": torch.cuda.get_device_name(), "correct": all(all_correct)})

@@ -14,10 +14,12 @@ def test_defaults_are_the_issue_sizes():
     assert args.token_counts == [512, 2048, 8192, 16384] and args.ranks == 2 and args.hidden == 7168
     assert args.back_to_back == 0  # each call from an idle stream
     assert bench.parse_args(["--back-to-back", "50"]).back_to_back == 50
+    assert args.combine_layout == "split"
+    assert bench.parse_args(["--combine-layout", "colocated"]).combine_layout == "colocated"
 
 
 @pytest.mark.parametrize("argv", [["--tokens", "512,x"], ["--tokens", "0"], ["--ranks", "9"], ["--experts", "255"],
-                                  ["--hidden", "100"], ["--back-to-back", "-1"]])
+                                  ["--hidden", "100"], ["--back-to-back", "-1"], ["--combine-layout", "fused"]])
 def test_bad_options_exit_2_naming_the_option(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench.parse_args(argv)
