@@ -23,7 +23,6 @@
 
 namespace epcomm::kernels {
 
-
 // Named barriers (0 is __syncthreads, unused here). Half h: one per team, when a team has several
 // warps (at most kMaxTeamsWithBarrier teams then), and one for the whole half.
 inline constexpr int kHalvesPerBlock = 2;

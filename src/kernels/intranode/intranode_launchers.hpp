@@ -49,7 +49,6 @@ struct NotifyDispatchArgs {
 void launch_notify_dispatch(const PeerWindow& window, const NotifyDispatchArgs& args, const KernelContext& context,
                             cudaStream_t stream);
 
-// Shapes every normal-mode kernel launch shares.
 // Where a launch puts its channels' sender and receiver halves (kernels/intranode/channel_block.cuh).
 enum class ChannelLayout { kColocated, kSplit };
 enum class ChannelRole { kSender, kReceiver };
@@ -66,6 +65,7 @@ EPCOMM_HOST_DEVICE constexpr ChannelSeat channel_seat(ChannelLayout layout, int 
   return {block % 2 == 0 ? ChannelRole::kSender : ChannelRole::kReceiver, block / 2 * 2 + half};
 }
 
+// Shapes every normal-mode kernel launch shares.
 struct RingArgs {
   int num_channels = 0;
   int ring_capacity = 0;  // slots per ring
