@@ -15,11 +15,12 @@
 # scripts/ncu_kernel_times.py prints each version's median.
 # EPCOMM_AB_PYTHON=1 compares the Python path instead: each version's package is pip-installed into
 # a folder of its own (built in its build folder), and `python -m epcomm.bench` runs with the
-# options after --, e.g. -- --ranks 1 --tokens 512,4096 [--back-to-back 50: OLD from 546ddd7 on].
+# options after --, e.g. -- --ranks 1 --tokens 512,4096 [--back-to-back 50: OLD from 546ddd7 on;
+# --combine-layout colocated: OLD from 199ded5 on].
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
-  sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 python_mode=${EPCOMM_AB_PYTHON:-0}
@@ -114,7 +115,8 @@ def medians(path):
                "cached" if r.get("cached") else (r.get("phase") or r.get("path") or ""),
                r.get("direction", "both" if r["op"] == "copy" and r.get("path") != "local" else ""),
                r.get("sms"), r.get("ring_tokens"), r.get("tokens"), r.get("send_chunk"),
-               r.get("combine_layout") if r["op"] == "combine" else None)  # dispatch is the same in both
+               # dispatch is the same in both layouts; records from before the choice are split's
+               r.get("combine_layout", "split") if r["op"] == "combine" else None)
         runs[key].append((r["median_us"], r.get("correct"), r.get("host_median_us")))
     return runs
 

@@ -362,25 +362,38 @@ TEST(CheckEnvAdvice, NvlinkIslandsSayWhichNodesNormalModeMakes) {
     return report;
   };
   const std::vector<Advice> pairs = advise(with_islands(8, 2), 8);
-  const Advice* nodes = find_advice(pairs, Severity::kInfo, "normal mode makes 4 nodes of 2 ranks, one per island");
+  const Advice* nodes = find_advice(pairs, Severity::kInfo, "normal mode makes 4 node(s) of 2 ranks, one per island");
   EXPECT_NE(nodes, nullptr) << describe(pairs);
-  // Two ranks per GPU (MPS), rank r on GPU r % 8: an island's ranks are not consecutive (0, 1, 8, 9).
-  EXPECT_NE(find_advice(advise(with_islands(8, 2), 16), Severity::kInfo,
-                        "joins rank 0 to rank 8, outside rank 0's island (ranks 0-1)"),
+  // Two ranks per GPU (MPS), rank r on GPU r % 8: an island's ranks are not consecutive (0, 1, 8, 9),
+  // so the islands cannot be nodes, and 16 ranks on the host split by count: 2 nodes of 8.
+  const std::vector<Advice> shared = advise(with_islands(8, 2), 16);
+  EXPECT_NE(find_advice(shared, Severity::kInfo, "joins rank 0 to rank 8, outside rank 0's island (ranks 0-1)"),
             nullptr)
-      << describe(advise(with_islands(8, 2), 16));
-  // Islands of unequal size cannot be nodes: said, with the library's reason.
+      << describe(shared);
+  EXPECT_NE(find_advice(shared, Severity::kInfo, "nodes follow the host, 2 node(s) of 8 ranks (ranks placed as rank "
+                                                 "r on GPU r % 8)"),
+            nullptr)
+      << describe(shared);
+  // Islands of unequal size cannot be nodes: said, with the library's reason; 3 ranks stay one node.
   EnvironmentReport uneven = hopper_node(3);
   for (PeerLink& link : uneven.peers) link.nvlink = (link.from < 2) == (link.to < 2);
-  EXPECT_NE(find_advice(advise(uneven, 3), Severity::kInfo, "nodes stay the whole host: NVLink on host 'this host' "
-                                                             "joins ranks 0-1 and ranks 2-2: islands of unequal size"),
+  EXPECT_NE(find_advice(advise(uneven, 3), Severity::kInfo, "joins ranks 0-1 and ranks 2-2: islands of unequal size): "
+                                                             "normal mode's nodes follow the host, 1 node(s) of 3 ranks"),
             nullptr)
       << describe(advise(uneven, 3));
+  // Some links unknown, the rest apart in pairs: unknown counts as joined, as the library counts it.
+  EnvironmentReport unknown = with_islands(4, 2);
+  for (PeerLink& link : unknown.peers) {
+    if (link.from / 2 == link.to / 2) link.nvlink.reset();
+  }
+  EXPECT_NE(find_advice(advise(unknown, 4), Severity::kInfo, "makes 2 node(s) of 2 ranks, one per island"), nullptr)
+      << describe(advise(unknown, 4));
   // All joined, or none: nothing about nodes (the PCIe warning covers the second).
   EXPECT_EQ(find_advice(advise(hopper_node(8), 8), Severity::kInfo, "nodes"), nullptr);
   EXPECT_EQ(find_advice(advise(with_islands(4, 1), 4), Severity::kInfo, "nodes"), nullptr);
-  // One rank: no pair to speak of.
+  // One rank: no pair to speak of; past the ranks a Buffer takes, nothing either.
   EXPECT_EQ(find_advice(advise(with_islands(8, 2), 1), Severity::kInfo, "nodes"), nullptr);
+  EXPECT_EQ(find_advice(advise(with_islands(8, 2), 64), Severity::kInfo, "nodes"), nullptr);
 }
 
 TEST(CheckEnvAdvice, SharedGpuWithoutMpsWarns) {

@@ -5,7 +5,7 @@
 #include <optional>
 #include <utility>
 
-#include "epcomm/error.hpp"
+#include "common/constants.hpp"
 #include "transport/nvlink_reach.hpp"
 #include "transport/topology.hpp"
 
@@ -113,57 +113,66 @@ void advise_peers(const EnvironmentReport& report, int used_gpus, std::vector<Ad
       } else if (known_without_nvlink(*forward) || known_without_nvlink(*backward)) {
         add(advice, Severity::kWarning,
             pair + " reach each other without NVLink (PCIe peer access): epcomm works, but at a fraction of "
-                   "NVLink's bandwidth. Given a rail region, normal mode makes a node of each NVLink island of "
-                   "several GPUs (bridged pairs) and crosses PCIe in its rail stage only.");
+                   "NVLink's bandwidth.");
       }
     }
   }
 }
 
-// The nodes normal mode makes of these ranks where NVLink joins some of the used GPUs but not all
-// (islands): the census and NVLink matrix the ranks would take, one host, rank r on GPU r % count,
-// through the library's own rule (transport/topology.hpp). Hosts joined whole, or not at all
-// (advise_peers warns of PCIe), have nothing to add.
-void advise_nodes(const EnvironmentReport& report, int intended_ranks, std::vector<Advice>& advice) {
+// The NVLink matrix `ranks` ranks on this host would exchange, rank r on GPU r % count: one GPU is
+// joined to itself, a pair the report has no NVLink answer for is unknown (counted as joined).
+detail::NvlinkMatrix nvlink_matrix_of(const EnvironmentReport& report, int ranks) {
   const int gpus = static_cast<int>(report.gpus.size());
-  if (std::min(intended_ranks, gpus) < 2) return;
-  std::vector<detail::RankCensus> census(static_cast<size_t>(intended_ranks));
-  for (int rank = 0; rank < intended_ranks; ++rank) {
-    std::strncpy(census[rank].host_name, "this host", detail::RankCensus::kHostNameBytes - 1);
-    std::strncpy(census[rank].pci_bus_id, report.gpus[rank % gpus].pci_bus_id.c_str(),
-                 detail::RankCensus::kBusIdBytes - 1);
-  }
-  detail::NvlinkMatrix nvlink(census.size(), std::vector<detail::NvlinkState>(census.size()));
-  bool joined = false, apart = false;
-  for (int a = 0; a < intended_ranks; ++a) {
-    for (int b = 0; b < intended_ranks; ++b) {
+  detail::NvlinkMatrix nvlink(static_cast<size_t>(ranks), std::vector<detail::NvlinkState>(static_cast<size_t>(ranks)));
+  for (int a = 0; a < ranks; ++a) {
+    for (int b = 0; b < ranks; ++b) {
       const PeerLink* link = a % gpus == b % gpus ? nullptr : find_peer_link(report, a % gpus, b % gpus);
-      detail::NvlinkState& state = nvlink[a][b];
       if (a % gpus == b % gpus) {
-        state = detail::NvlinkState::kJoined;
+        nvlink[a][b] = detail::NvlinkState::kJoined;
       } else if (link != nullptr && link->nvlink.has_value()) {
-        state = *link->nvlink ? detail::NvlinkState::kJoined : detail::NvlinkState::kApart;
-        (*link->nvlink ? joined : apart) = true;
+        nvlink[a][b] = *link->nvlink ? detail::NvlinkState::kJoined : detail::NvlinkState::kApart;
       }
     }
   }
-  if (!joined || !apart) return;
-  try {
-    const std::string why_not = detail::nvlink_split_note(census, nvlink);
-    if (!why_not.empty()) {
-      add(advice, Severity::kInfo, "normal mode's nodes stay the whole host: " + why_not + ".");
-      return;
+  return nvlink;
+}
+
+// The nodes normal mode makes of these ranks where NVLink joins some pairs of the used GPUs and not
+// others (islands), by the library's own rule (transport/topology.hpp). A host joined whole has
+// nothing to add; one with no NVLink at all gets advise_peers' PCIe warning. Past the ranks a
+// Buffer takes, the advice on those applies instead.
+void advise_nodes(const EnvironmentReport& report, int intended_ranks, std::vector<Advice>& advice) {
+  const int gpus = static_cast<int>(report.gpus.size());
+  if (std::min(intended_ranks, gpus) < 2 || intended_ranks > epcomm::kMaxRanks) return;
+  const detail::NvlinkMatrix nvlink = nvlink_matrix_of(report, intended_ranks);
+  bool joined = false, apart = false;  // between ranks of different GPUs
+  for (int a = 0; a < intended_ranks; ++a) {
+    for (int b = 0; b < intended_ranks; ++b) {
+      if (a % gpus == b % gpus) continue;
+      (detail::nvlink_joins(nvlink, a, b) ? joined : apart) = true;
     }
-    const detail::Topology topology = detail::find_topology(census, 1, 0, nvlink);
-    add(advice, Severity::kInfo,
-        "NVLink joins these GPUs in islands: given a rail region of its own (num_rdma_bytes; with "
-        "low_latency_mode, num_rail_bytes), normal mode makes " + std::to_string(topology.num_nodes()) +
-            " nodes of " + std::to_string(topology.ranks_per_node) +
-            " ranks, one per island, and crosses PCIe in its rail stage only; without one it runs flat, across "
-            "PCIe between islands (BufferOptions::ranks_per_node sets the nodes outright).");
-  } catch (const Error&) {
-    // The rule refuses these ranks (they cannot be numbered as deep_ep does): the Buffer will say why.
   }
+  if (!joined || !apart) return;
+  std::vector<detail::RankCensus> census(static_cast<size_t>(intended_ranks));
+  for (detail::RankCensus& entry : census) {
+    std::strncpy(entry.host_name, "this host", detail::RankCensus::kHostNameBytes - 1);
+  }
+  const detail::Topology topology = detail::find_topology(census, 1, 0, nvlink);
+  const std::string nodes = std::to_string(topology.num_nodes()) + " node(s) of " +
+                            std::to_string(topology.ranks_per_node) + " ranks";
+  const std::string placement = " (ranks placed as rank r on GPU r % " + std::to_string(gpus) + ")";
+  const std::string why_not = detail::nvlink_split_note(census, nvlink);
+  if (!why_not.empty()) {
+    add(advice, Severity::kInfo,
+        "NVLink joins these GPUs in islands that cannot be nodes (" + why_not + "): normal mode's nodes follow the "
+            "host, " + nodes + placement + ".");
+    return;
+  }
+  add(advice, Severity::kInfo,
+      "NVLink joins these GPUs in islands: given a rail region of its own (num_rdma_bytes; with low_latency_mode, "
+      "num_nvl_bytes and num_rail_bytes), normal mode makes " + nodes + ", one per island, and crosses PCIe in its "
+      "rail stage only; without one it runs as on one node of the whole host, across PCIe between islands" +
+          placement + ". BufferOptions::ranks_per_node sets the nodes outright.");
 }
 
 void advise_sharing(const EnvironmentReport& report, int intended_ranks, std::vector<Advice>& advice) {
