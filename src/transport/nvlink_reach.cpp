@@ -1,6 +1,12 @@
 #include "transport/nvlink_reach.hpp"
 
+#include <condition_variable>
+#include <cstdio>
 #include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
 
 #include "common/nvml.hpp"
 #include "epcomm/error.hpp"
@@ -31,18 +37,54 @@ bool nvlink_worth_probing(const std::vector<RankCensus>& census) {
 }
 
 std::vector<NvlinkState> probe_nvlink_row(const std::vector<RankCensus>& census, int rank) {
-  const RankCensus& mine = census[rank];
-  std::vector<NvlinkState> row(census.size(), NvlinkState::kApart);
+  const NvlinkQuestion nvml = [](const char* bus_id, const char* other_bus_id) {
+    return process_nvml().nvlink_between(bus_id, other_bus_id);
+  };
+  return probe_nvlink_row(census, rank, nvml, kNvmlPatience);
+}
+
+std::vector<NvlinkState> probe_nvlink_row(const std::vector<RankCensus>& census, int rank, const NvlinkQuestion& ask,
+                                          std::chrono::milliseconds patience) {
+  // What the rank knows without asking: its own GPU, and the hosts. The rest stays unknown unless
+  // the answers come in time.
+  std::vector<NvlinkState> known(census.size(), NvlinkState::kApart);
+  std::vector<size_t> to_ask;
   for (size_t peer = 0; peer < census.size(); ++peer) {
-    const RankCensus& theirs = census[peer];
-    if (same_gpu(mine, theirs)) {
-      row[peer] = NvlinkState::kJoined;
-    } else if (same_host(mine, theirs)) {
-      const std::optional<bool> joined = process_nvml().nvlink_between(mine.pci_bus_id, theirs.pci_bus_id);
-      row[peer] = !joined ? NvlinkState::kUnknown : *joined ? NvlinkState::kJoined : NvlinkState::kApart;
+    if (same_gpu(census[rank], census[peer])) {
+      known[peer] = NvlinkState::kJoined;
+    } else if (same_host(census[rank], census[peer])) {
+      known[peer] = NvlinkState::kUnknown;
+      to_ask.push_back(peer);
     }
   }
-  return row;
+  if (to_ask.empty()) return known;
+
+  // Shared with the asking thread, which may outlive this call.
+  struct Answers {
+    std::mutex mutex;
+    std::condition_variable done;
+    bool finished = false;
+    std::vector<NvlinkState> row;
+  };
+  const auto answers = std::make_shared<Answers>();
+  std::thread([answers, row = known, census, rank, ask, to_ask]() mutable {
+    for (const size_t peer : to_ask) {
+      const std::optional<bool> joined = ask(census[rank].pci_bus_id, census[peer].pci_bus_id);
+      row[peer] = !joined ? NvlinkState::kUnknown : *joined ? NvlinkState::kJoined : NvlinkState::kApart;
+    }
+    const std::lock_guard<std::mutex> lock(answers->mutex);
+    answers->row = std::move(row);
+    answers->finished = true;
+    answers->done.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(answers->mutex);
+  if (answers->done.wait_for(lock, patience, [&] { return answers->finished; })) return answers->row;
+  std::fprintf(stderr,
+               "epcomm: warning: rank %d: NVML did not say within %lld ms whether NVLink joins GPU %s to the "
+               "other GPUs of its host (a GPU in a bad state?); the other ranks' answers decide, and pairs none "
+               "could tell about count as joined\n",
+               rank, static_cast<long long>(patience.count()), census[rank].pci_bus_id);
+  return known;
 }
 
 NvlinkMatrix exchange_nvlink_rows(Bootstrap& bootstrap, const std::vector<NvlinkState>& mine) {

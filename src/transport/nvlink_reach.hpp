@@ -5,7 +5,10 @@
 // rank decides from the same matrix even where containers on one host see different GPUs.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <vector>
 
 #include "epcomm/bootstrap.hpp"
@@ -27,8 +30,20 @@ using NvlinkMatrix = std::vector<std::vector<NvlinkState>>;
 // answers alike from the census, so every rank probes and exchanges, or none.
 bool nvlink_worth_probing(const std::vector<RankCensus>& census);
 
-// This rank's row: one GPU is joined to itself, another host's GPUs are apart, NVML says the rest.
+// Whether NVLink joins the GPUs of two PCI bus ids, or nothing when it cannot be told.
+using NvlinkQuestion = std::function<std::optional<bool>(const char* bus_id, const char* other_bus_id)>;
+
+// How long a rank waits for NVML's answers: a GPU in a bad state can stall NVML's calls for minutes,
+// and a Buffer's creation must not wait without bound (nvmlInit itself takes well under a second).
+inline constexpr std::chrono::milliseconds kNvmlPatience{15000};
+
+// This rank's row: one GPU is joined to itself, another host's GPUs are apart, `ask` (by default
+// the process's NVML) answers the rest. The questions run on a thread of their own: if they take
+// longer than `patience`, the row says unknown for them (so nodes follow the hosts), the thread is
+// left to finish or hang, and a warning names the stall.
 std::vector<NvlinkState> probe_nvlink_row(const std::vector<RankCensus>& census, int rank);
+std::vector<NvlinkState> probe_nvlink_row(const std::vector<RankCensus>& census, int rank, const NvlinkQuestion& ask,
+                                          std::chrono::milliseconds patience);
 
 // Collective over every rank: every rank's row (`mine`, num_ranks states), bytes that are no state
 // read as unknown.

@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <optional>
+#include <thread>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -310,6 +312,35 @@ TEST(NvlinkIslands, OneSidedAnswersDecideTheTopologyAlike) {
   EXPECT_EQ(find_topology(one_host(22), 1, 0, elevens).ranks_per_node, 22);
   EXPECT_NE(nvlink_split_note(one_host(22), elevens).find("NVLink islands of 11 ranks split into no nodes of at most 8"),
             std::string::npos);
+}
+
+// The questions go to NVML on a thread of their own: answers in time make the row, a stall past the
+// rank's patience leaves them unknown and the call returns anyway.
+TEST(NvlinkIslands, ARankWaitsForItsAnswersNoLongerThanItsPatience) {
+  std::vector<RankCensus> census = one_host(4);
+  const char* bus_ids[] = {"ffff:fe:1f.5", "ffff:fe:1f.5", "ffff:fe:1f.6", "ffff:fe:1f.7"};
+  for (int rank = 0; rank < 4; ++rank) std::strncpy(census[rank].pci_bus_id, bus_ids[rank], RankCensus::kBusIdBytes - 1);
+  const NvlinkQuestion answers = [](const char*, const char* other) -> std::optional<bool> {
+    return std::string(other) == "ffff:fe:1f.6";
+  };
+  EXPECT_EQ(probe_nvlink_row(census, 0, answers, std::chrono::seconds(30)),
+            (std::vector<NvlinkState>{NvlinkState::kJoined, NvlinkState::kJoined, NvlinkState::kJoined,
+                                      NvlinkState::kApart}));
+  const NvlinkQuestion stalls = [](const char*, const char*) -> std::optional<bool> {
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    return true;
+  };
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(probe_nvlink_row(census, 1, stalls, std::chrono::milliseconds(50)),
+            (std::vector<NvlinkState>{NvlinkState::kJoined, NvlinkState::kJoined, NvlinkState::kUnknown,
+                                      NvlinkState::kUnknown}));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2)) << "waited past its patience";
+  // A rank with nothing to ask (its GPU and other hosts only) starts no thread and waits for nothing.
+  std::strncpy(census[2].host_name, "b", RankCensus::kHostNameBytes - 1);
+  std::strncpy(census[3].host_name, "b", RankCensus::kHostNameBytes - 1);
+  EXPECT_EQ(probe_nvlink_row(census, 0, stalls, std::chrono::hours(1)),
+            (std::vector<NvlinkState>{NvlinkState::kJoined, NvlinkState::kJoined, NvlinkState::kApart,
+                                      NvlinkState::kApart}));
 }
 
 }  // namespace
