@@ -5,6 +5,7 @@
 // rank decides from the same matrix even where containers on one host see different GPUs.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -34,16 +35,20 @@ bool nvlink_worth_probing(const std::vector<RankCensus>& census);
 using NvlinkQuestion = std::function<std::optional<bool>(const char* bus_id, const char* other_bus_id)>;
 
 // How long a rank waits for NVML's answers: a GPU in a bad state can stall NVML's calls for minutes,
-// and a Buffer's creation must not wait without bound (nvmlInit itself takes well under a second).
+// and a Buffer's creation must not wait without bound (nvmlInit itself takes up to about a second).
+// Well inside the bootstrap's timeout (120 s by default), so the ranks that did not wait are still
+// in the exchange when this one comes.
 inline constexpr std::chrono::milliseconds kNvmlPatience{15000};
 
 // This rank's row: one GPU is joined to itself, another host's GPUs are apart, `ask` (by default
 // the process's NVML) answers the rest. The questions run on a thread of their own: if they take
-// longer than `patience`, the row says unknown for them (so nodes follow the hosts), the thread is
-// left to finish or hang, and a warning names the stall.
+// longer than `patience`, or fail, the row says unknown for them (the other ranks' answers decide),
+// and a warning names the stall. The stalled thread is left to finish or hang; until it returns,
+// `stalled` (one flag per source of answers, alive as long as the process) is set and later probes
+// ask nothing, so a stuck NVML costs one thread and one wait, not one per Buffer.
 std::vector<NvlinkState> probe_nvlink_row(const std::vector<RankCensus>& census, int rank);
 std::vector<NvlinkState> probe_nvlink_row(const std::vector<RankCensus>& census, int rank, const NvlinkQuestion& ask,
-                                          std::chrono::milliseconds patience);
+                                          std::chrono::milliseconds patience, std::atomic<bool>& stalled);
 
 // Collective over every rank: every rank's row (`mine`, num_ranks states), bytes that are no state
 // read as unknown.

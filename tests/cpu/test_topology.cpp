@@ -4,7 +4,9 @@
 
 #include <chrono>
 #include <cstring>
+#include <atomic>
 #include <optional>
+#include <stdexcept>
 #include <thread>
 #include <initializer_list>
 #include <string>
@@ -314,31 +316,46 @@ TEST(NvlinkIslands, OneSidedAnswersDecideTheTopologyAlike) {
             std::string::npos);
 }
 
-// The questions go to NVML on a thread of their own: answers in time make the row, a stall past the
-// rank's patience leaves them unknown and the call returns anyway.
+// The questions go to NVML on a thread of their own: answers in time make the row; a stall past the
+// rank's patience, or a failing question, leaves them unknown and the call returns anyway; while a
+// stalled question has not returned, later probes ask nothing (one stuck thread, not one per Buffer).
 TEST(NvlinkIslands, ARankWaitsForItsAnswersNoLongerThanItsPatience) {
+  using std::chrono::milliseconds;
   std::vector<RankCensus> census = one_host(4);
   const char* bus_ids[] = {"ffff:fe:1f.5", "ffff:fe:1f.5", "ffff:fe:1f.6", "ffff:fe:1f.7"};
   for (int rank = 0; rank < 4; ++rank) std::strncpy(census[rank].pci_bus_id, bus_ids[rank], RankCensus::kBusIdBytes - 1);
+  const std::vector<NvlinkState> unanswered{NvlinkState::kJoined, NvlinkState::kJoined, NvlinkState::kUnknown,
+                                            NvlinkState::kUnknown};
+  static std::atomic<bool> stalled{false};  // outlives the threads, as the probe requires
   const NvlinkQuestion answers = [](const char*, const char* other) -> std::optional<bool> {
     return std::string(other) == "ffff:fe:1f.6";
   };
-  EXPECT_EQ(probe_nvlink_row(census, 0, answers, std::chrono::seconds(30)),
+  EXPECT_EQ(probe_nvlink_row(census, 0, answers, std::chrono::seconds(30), stalled),
             (std::vector<NvlinkState>{NvlinkState::kJoined, NvlinkState::kJoined, NvlinkState::kJoined,
                                       NvlinkState::kApart}));
+  const NvlinkQuestion fails = [](const char*, const char*) -> std::optional<bool> { throw std::runtime_error("no"); };
+  EXPECT_EQ(probe_nvlink_row(census, 0, fails, std::chrono::seconds(30), stalled), unanswered);
+
   const NvlinkQuestion stalls = [](const char*, const char*) -> std::optional<bool> {
-    std::this_thread::sleep_for(std::chrono::seconds(3));
+    std::this_thread::sleep_for(milliseconds(200));
     return true;
   };
   const auto start = std::chrono::steady_clock::now();
-  EXPECT_EQ(probe_nvlink_row(census, 1, stalls, std::chrono::milliseconds(50)),
-            (std::vector<NvlinkState>{NvlinkState::kJoined, NvlinkState::kJoined, NvlinkState::kUnknown,
-                                      NvlinkState::kUnknown}));
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2)) << "waited past its patience";
+  EXPECT_EQ(probe_nvlink_row(census, 1, stalls, milliseconds(20), stalled), unanswered);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(350)) << "waited past its patience";
+  EXPECT_TRUE(stalled.load());
+  // While the stalled questions run, a probe with all the patience in the world asks nothing.
+  EXPECT_EQ(probe_nvlink_row(census, 1, answers, std::chrono::hours(1), stalled), unanswered);
+  // Once they return (two questions of 200 ms), the next probe asks again.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (stalled.load() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(milliseconds(10));
+  EXPECT_FALSE(stalled.load());
+  EXPECT_EQ(probe_nvlink_row(census, 0, answers, std::chrono::seconds(30), stalled)[2], NvlinkState::kJoined);
+
   // A rank with nothing to ask (its GPU and other hosts only) starts no thread and waits for nothing.
   std::strncpy(census[2].host_name, "b", RankCensus::kHostNameBytes - 1);
   std::strncpy(census[3].host_name, "b", RankCensus::kHostNameBytes - 1);
-  EXPECT_EQ(probe_nvlink_row(census, 0, stalls, std::chrono::hours(1)),
+  EXPECT_EQ(probe_nvlink_row(census, 0, stalls, std::chrono::hours(1), stalled),
             (std::vector<NvlinkState>{NvlinkState::kJoined, NvlinkState::kJoined, NvlinkState::kApart,
                                       NvlinkState::kApart}));
 }
