@@ -2,7 +2,6 @@
 
 #include <condition_variable>
 #include <cstdio>
-#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -15,10 +14,6 @@
 
 namespace epcomm::detail {
 namespace {
-
-bool same_gpu(const RankCensus& a, const RankCensus& b) {
-  return same_host(a, b) && std::strncmp(a.pci_bus_id, b.pci_bus_id, RankCensus::kBusIdBytes) == 0;
-}
 
 // Loaded on first use and kept: nvmlInit can take up to about a second on a large host, and a
 // process creating several Buffers asks the same question each time. Never destroyed: a probe's

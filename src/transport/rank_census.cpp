@@ -75,6 +75,10 @@ bool same_host(const RankCensus& a, const RankCensus& b) {
   return !both_known || std::strncmp(a.boot_id, b.boot_id, RankCensus::kBootIdBytes) == 0;
 }
 
+bool same_gpu(const RankCensus& a, const RankCensus& b) {
+  return same_host(a, b) && std::strncmp(a.pci_bus_id, b.pci_bus_id, RankCensus::kBusIdBytes) == 0;
+}
+
 std::string host_text(const RankCensus& entry) {
   std::string text = std::string("'") + entry.host_name + "'";
   if (entry.boot_id[0] != '\0') text += " (boot id " + std::string(entry.boot_id).substr(0, kBootIdShownChars) + ")";
@@ -91,10 +95,7 @@ int first_rank_elsewhere(const std::vector<RankCensus>& census, int rank) {
 int ranks_on_device_of(const std::vector<RankCensus>& census, int rank) {
   int ranks = 0;
   for (const RankCensus& theirs : census) {
-    if (std::strncmp(theirs.pci_bus_id, census[rank].pci_bus_id, RankCensus::kBusIdBytes) == 0 &&
-        same_host(theirs, census[rank])) {
-      ++ranks;
-    }
+    if (same_gpu(theirs, census[rank])) ++ranks;
   }
   return ranks;
 }

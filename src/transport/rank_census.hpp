@@ -43,6 +43,8 @@ std::vector<RankCensus> take_census(Bootstrap& bootstrap, const RankCensus& mine
 void forget_boot_ids_unless_all_known(std::vector<RankCensus>& census);
 // Whether two entries name the same host: the same name and, where both know it, the same boot id.
 bool same_host(const RankCensus& a, const RankCensus& b);
+// Whether two entries name one GPU: the same PCI bus id on the same host.
+bool same_gpu(const RankCensus& a, const RankCensus& b);
 // A host as messages name it: 'name', and its boot id's first characters where known.
 std::string host_text(const RankCensus& entry);
 // The first rank on another host than `rank`'s, or -1 when every rank runs on it.

@@ -15,9 +15,8 @@
 //         equal nodes, whose rail stage then runs over NVLink too.
 #pragma once
 
-#include <vector>
-
 #include <string>
+#include <vector>
 
 #include "transport/nvlink_reach.hpp"
 #include "transport/rank_census.hpp"
