@@ -61,8 +61,9 @@ struct NvlLayout {
   static constexpr size_t kCallVerdictOffset = kNotifyParityOffset + sizeof(uint64_t);
   static constexpr size_t kLaunchCheckinsOffset = kCallVerdictOffset + sizeof(uint64_t);
   static constexpr size_t kLaunchGoOffset = kLaunchCheckinsOffset + sizeof(uint64_t);
+  static constexpr size_t kNotifyBlocksDoneOffset = kLaunchGoOffset + sizeof(uint64_t);
   static constexpr size_t kRingTailOffset =
-      (kLaunchGoOffset + sizeof(uint64_t) + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
+      (kNotifyBlocksDoneOffset + sizeof(uint64_t) + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
   static constexpr size_t kRingHeadOffset = kRingTailOffset + sizeof(Counters);
   static constexpr size_t kRingSentOffset = kRingHeadOffset + sizeof(Counters);
   static constexpr size_t kRingConsumedOffset = kRingSentOffset + sizeof(Counters);
@@ -76,7 +77,7 @@ struct NvlLayout {
   // The rings (normal-mode user data, num_nvl_bytes) start right after the control block.
   static constexpr size_t kDataOffset = kControlBytes;
 
-  static_assert(kLaunchGoOffset + sizeof(uint64_t) <= kRingTailOffset, "control header overflow");
+  static_assert(kNotifyBlocksDoneOffset + sizeof(uint64_t) <= kRingTailOffset, "control header overflow");
   static_assert(kNotifyStagingOffset % kRegionAlignment == 0, "staged notify slots are put whole: keep them aligned");
 
   // Every function returns an offset from the start of a rank's buffer (the same on every rank).
@@ -88,6 +89,8 @@ struct NvlLayout {
   EPCOMM_HOST_DEVICE static constexpr size_t call_verdict() { return kCallVerdictOffset; }
   EPCOMM_HOST_DEVICE static constexpr size_t launch_checkins() { return kLaunchCheckinsOffset; }
   EPCOMM_HOST_DEVICE static constexpr size_t launch_go() { return kLaunchGoOffset; }
+  // The notify kernel's last-block election (a u32 count, back to 0 after every launch).
+  EPCOMM_HOST_DEVICE static constexpr size_t notify_blocks_done() { return kNotifyBlocksDoneOffset; }
   EPCOMM_HOST_DEVICE static constexpr size_t call_slot(uint64_t parity, int source_rank) {
     return kCallSlotsOffset + (parity * kMaxNvlPeers + source_rank) * sizeof(CheckedCallSlot);
   }

@@ -2,7 +2,8 @@
 // rank but a skipped one served by exactly one team of equal size, no warp serving the skipped
 // rank or a rank past the last, and a team of several warps always within the named barriers.
 // And where the halves sit (kernels/intranode/intranode_launchers.hpp, channel_seat): in either
-// layout every channel's sender and receiver have one half each of the launch's blocks.
+// layout every channel's sender and receiver have one half each of the launch's blocks. And the
+// notify kernel's blocks (notify_blocks, notify_channels): each channel counted by exactly one.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -113,6 +114,39 @@ TEST(ChannelSeats, EveryChannelHasOneSenderAndOneReceiverHalfInEitherLayout) {
   EXPECT_EQ(kernels::channel_seat(ChannelLayout::kSplit, 5, 1).channel, 5);
   EXPECT_EQ(kernels::channel_seat(ChannelLayout::kSplit, 5, 0).role, ChannelRole::kReceiver);
   EXPECT_EQ(kernels::channel_seat(ChannelLayout::kColocated, 5, 0).role, ChannelRole::kSender);
+}
+
+TEST(NotifyBlocks, OneBlockPerTwoRoundsOfTokensAtMostOnePerChannel) {
+  using kernels::kNotifyTokensPerBlock;
+  using kernels::notify_blocks;
+  EXPECT_EQ(notify_blocks(0, 24), 1);  // nothing to count: one block, no election
+  EXPECT_EQ(notify_blocks(1, 24), 1);
+  EXPECT_EQ(notify_blocks(kNotifyTokensPerBlock, 24), 1);
+  EXPECT_EQ(notify_blocks(kNotifyTokensPerBlock + 1, 24), 2);
+  EXPECT_EQ(notify_blocks(4096, 24), 4096 / kNotifyTokensPerBlock);
+  EXPECT_EQ(notify_blocks(16384, 24), 16);
+  EXPECT_EQ(notify_blocks(1 << 20, 24), 24);   // capped by the channels
+  EXPECT_EQ(notify_blocks(1 << 20, 1), 1);
+  EXPECT_EQ(notify_blocks(1 << 20, kMaxChannels), kMaxChannels);
+}
+
+TEST(NotifyBlocks, EveryChannelIsCountedByExactlyOneBlockInOneRun) {
+  for (int channels = 1; channels <= kMaxChannels; ++channels) {
+    for (int blocks = 1; blocks <= channels; ++blocks) {
+      std::vector<int> counted(channels, 0);
+      int next = 0;  // runs are consecutive, in block order
+      for (int block = 0; block < blocks; ++block) {
+        const kernels::ChannelRun run = kernels::notify_channels(block, blocks, channels);
+        ASSERT_EQ(run.first, next) << channels << " channels, " << blocks << " blocks, block " << block;
+        ASSERT_GE(run.count, 1) << "blocks never outnumber channels";
+        ASSERT_LE(run.count, (channels + blocks - 1) / blocks);
+        for (int c = run.first; c < run.first + run.count; ++c) ++counted[c];
+        next = run.first + run.count;
+      }
+      EXPECT_EQ(next, channels);
+      for (int c = 0; c < channels; ++c) EXPECT_EQ(counted[c], 1) << "channel " << c;
+    }
+  }
 }
 
 }  // namespace

@@ -49,6 +49,29 @@ struct NotifyDispatchArgs {
 void launch_notify_dispatch(const PeerWindow& window, const NotifyDispatchArgs& args, const KernelContext& context,
                             cudaStream_t stream);
 
+// The notify kernel's blocks: one per kNotifyTokensPerBlock tokens, at most one per channel. Its
+// count pass is a chain of round trips (a lane per token) that lies on the host's wait of every
+// dispatch with a new routing; more blocks shorten it, and past one block the last to finish its
+// channels is elected to go on (about the cost of one round trip), which pays from a block's two
+// rounds of tokens on.
+inline constexpr int kNotifyTokensPerBlock = 2 * kNormalThreadsPerBlock;
+EPCOMM_HOST_DEVICE constexpr int notify_blocks(int num_tokens, int num_channels) {
+  const int wanted = (num_tokens + kNotifyTokensPerBlock - 1) / kNotifyTokensPerBlock;
+  return wanted < 1 ? 1 : (wanted < num_channels ? wanted : (num_channels < 1 ? 1 : num_channels));
+}
+
+// The channels block `block` of `blocks` counts in the notify kernel: [first, first + count), runs
+// of consecutive channels as even as the division allows.
+struct ChannelRun {
+  int first;
+  int count;
+};
+EPCOMM_HOST_DEVICE constexpr ChannelRun notify_channels(int block, int blocks, int num_channels) {
+  const int first = static_cast<int>(static_cast<int64_t>(block) * num_channels / blocks);
+  const int end = static_cast<int>(static_cast<int64_t>(block + 1) * num_channels / blocks);
+  return {first, end - first};
+}
+
 // Where a launch puts its channels' sender and receiver halves (kernels/intranode/channel_block.cuh).
 enum class ChannelLayout { kColocated, kSplit };
 enum class ChannelRole { kSender, kReceiver };

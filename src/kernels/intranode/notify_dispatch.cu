@@ -3,9 +3,11 @@
 // received into row offsets and counts.
 //
 // Counts go into a direct peer's slot by stores; a peer reached only by put (another node) gets
-// them written into this rank's staging copy of its slot, which is then put whole. One block.
-// Roles in order: (1) write my counts into every peer's notify slot (put the staged ones);
-// (2) cross-rank barrier, whose signals publish them; (3) read the slots addressed to me:
+// them written into this rank's staging copy of its slot, which is then put whole. Steps in order:
+// (1) every block counts its channels' tokens into every peer's notify slot, block 0 writes the
+// rest of the slot, and the last block to finish goes on alone (one block: no election); (2) it
+// puts the staged slots and passes the cross-rank barrier, whose signals publish them all; (3) it
+// reads the slots addressed to me:
 // per-(source, channel) row prefix for the receivers, the rank prefix matrix and per-expert counts
 // for the caller, whether every source made the same call (a verdict the dispatch kernel reads),
 // and (if the host waits) publish them.
@@ -13,6 +15,7 @@
 #include "common/notify_results.hpp"
 #include "kernels/common/block_barrier.cuh"
 #include "device/device_report.cuh"
+#include "device/last_block.cuh"
 #include "device/warp_ops.cuh"
 #include "kernels/intranode/intranode_launchers.hpp"
 
@@ -56,25 +59,37 @@ __device__ void put_staged_notify_slots(const device::Window& window, uint64_t p
   window.quiet();
 }
 
-// (1) Tokens of each channel bound for each rank: warp per channel, lanes over tokens. The rows
-// read are also copied into the handle (`kept`): this pass reads them anyway, and a separate copy
-// would cost the host one more driver call per dispatch. One token per lane and round trip: reading
+// (1) Tokens of each channel bound for each rank. Block b counts its run of the channels
+// (notify_channels); its warps share the run, several warps to a channel where the run is shorter
+// than the block's warps, a lane per token, their counts summed in shared memory. The rows read
+// are also copied into the handle (`kept`): this pass reads them anyway, and a separate copy would
+// cost the host one more driver call per dispatch. One token per lane and round trip: reading
 // eight tokens' rows before counting (whole rows as one integer, a variant per rank count) made
-// the kernel 1.6x slower at 512 tokens and no faster at 16384 (ncu, one H200, docs/PERF.md).
+// the kernel 1.6x slower at 512 tokens and no faster at 16384 (ncu, one H200, docs/PERF.md);
+// more lanes per channel, over more blocks, shorten the chain instead.
 __device__ void send_channel_counts(const device::Window& window, const NotifyDispatchArgs& args, uint64_t parity,
                                     const KernelContext& context) {
-  const int num_tokens = args.num_tokens, num_channels = args.num_channels;
+  __shared__ int run_counts[kMaxChannels][kMaxNvlPeers];
+  const ChannelRun run = notify_channels(blockIdx.x, gridDim.x, args.num_channels);
+  const int num_tokens = args.num_tokens, num_channels = args.num_channels, num_ranks = context.num_ranks;
+  for (int i = threadIdx.x; i < run.count * kMaxNvlPeers; i += blockDim.x) run_counts[i / kMaxNvlPeers][i % kMaxNvlPeers] = 0;
+  __syncthreads();
+  const int warps_per_channel = run.count >= kNormalWarpsPerBlock ? 1 : kNormalWarpsPerBlock / run.count;
+  const int lanes_per_channel = warps_per_channel * kWarpSize;
   const bool* is_token_in_rank = args.is_token_in_rank;
   bool* kept = args.kept_is_token_in_rank;
-  for (int channel = device::warp_id(); channel < num_channels; channel += kNormalWarpsPerBlock) {
+  for (int item = device::warp_id(); item < run.count * warps_per_channel; item += kNormalWarpsPerBlock) {
+    const int local = item / warps_per_channel;
+    const int channel = run.first + local;
     const int begin = channel_first_token(args.split, channel, num_tokens, num_channels);
     const int end = channel_first_token(args.split, channel + 1, num_tokens, num_channels);
     int counts[kMaxNvlPeers] = {};
-    for (int token = begin + device::lane_id(); token < end; token += kWarpSize) {
-      const int64_t row = static_cast<int64_t>(token) * context.num_ranks;
+    const int first = begin + (item % warps_per_channel) * kWarpSize + device::lane_id();
+    for (int token = first; token < end; token += lanes_per_channel) {
+      const int64_t row = static_cast<int64_t>(token) * num_ranks;
 #pragma unroll
       for (int rank = 0; rank < kMaxNvlPeers; ++rank) {
-        if (rank >= context.num_ranks) break;
+        if (rank >= num_ranks) break;
         const bool in_rank = is_token_in_rank[row + rank];
         kept[row + rank] = in_rank;
         counts[rank] += in_rank ? 1 : 0;
@@ -82,12 +97,15 @@ __device__ void send_channel_counts(const device::Window& window, const NotifyDi
     }
 #pragma unroll
     for (int rank = 0; rank < kMaxNvlPeers; ++rank) {
-      if (rank >= context.num_ranks) break;
+      if (rank >= num_ranks) break;
       const int total = device::warp_sum(counts[rank]);
-      if (device::lane_id() == 0) {
-        slot_for(window, rank, parity)->channel_counts[channel] = total;
-      }
+      if (device::lane_id() == 0 && total != 0) atomicAdd(&run_counts[local][rank], total);
     }
+  }
+  __syncthreads();  // every warp's counts are in
+  for (int i = threadIdx.x; i < run.count * num_ranks; i += blockDim.x) {
+    const int local = i / num_ranks, rank = i % num_ranks;
+    slot_for(window, rank, parity)->channel_counts[run.first + local] = run_counts[local][rank];
   }
 }
 
@@ -148,22 +166,27 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
     return field == kEarlierStage && earlier_failed ? 1 : args.signature.values[field];
   };
 
-  // (1) My counts, into every destination's slot for me.
+  // (1) My counts, into every destination's slot for me: each block its channels', block 0 the rest.
   send_channel_counts(window, args, parity, context);
-  for (int i = threadIdx.x; i < args.num_experts; i += blockDim.x) {
-    const int destination = i / experts_per_rank;
-    slot_for(window, destination, parity)->expert_counts[i % experts_per_rank] = args.num_tokens_per_expert[i];
-  }
-  // Every rank's count to every rank, so each rank can build the whole rank prefix matrix.
-  for (int i = threadIdx.x; i < num_ranks * num_ranks; i += blockDim.x) {
-    const int destination = i / num_ranks, rank = i % num_ranks;
-    slot_for(window, destination, parity)->tokens_per_rank[rank] = args.num_tokens_per_rank[rank];
-  }
-  // My call's signature, for every destination to compare with its own.
   constexpr int kFields = static_cast<int>(CallField::kCount);
-  for (int i = threadIdx.x; i < num_ranks * kFields; i += blockDim.x) {
-    slot_for(window, i / kFields, parity)->signature.values[i % kFields] = mine(i % kFields);
+  if (blockIdx.x == 0) {
+    for (int i = threadIdx.x; i < args.num_experts; i += blockDim.x) {
+      const int destination = i / experts_per_rank;
+      slot_for(window, destination, parity)->expert_counts[i % experts_per_rank] = args.num_tokens_per_expert[i];
+    }
+    // Every rank's count to every rank, so each rank can build the whole rank prefix matrix.
+    for (int i = threadIdx.x; i < num_ranks * num_ranks; i += blockDim.x) {
+      const int destination = i / num_ranks, rank = i % num_ranks;
+      slot_for(window, destination, parity)->tokens_per_rank[rank] = args.num_tokens_per_rank[rank];
+    }
+    // My call's signature, for every destination to compare with its own.
+    for (int i = threadIdx.x; i < num_ranks * kFields; i += blockDim.x) {
+      slot_for(window, i / kFields, parity)->signature.values[i % kFields] = mine(i % kFields);
+    }
   }
+  // The last block to finish goes on: the election orders every block's slot writes (direct and
+  // staged) before its puts and its barrier's fence and signal (the publish rule, window.cuh).
+  if (gridDim.x > 1 && !device::last_block_to_arrive(window.own<uint32_t>(NvlLayout::notify_blocks_done()))) return;
   put_staged_notify_slots(window, parity, context);
 
   // (2) After the barrier every source's counts for me are in my slots. If it timed out (the error
@@ -229,7 +252,8 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
 
 void launch_notify_dispatch(const PeerWindow& window, const NotifyDispatchArgs& args, const KernelContext& context,
                             cudaStream_t stream) {
-  intranode::notify_dispatch<<<1, kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
+  const int blocks = notify_blocks(args.num_tokens, args.num_channels);
+  intranode::notify_dispatch<<<blocks, kNormalThreadsPerBlock, 0, stream>>>(window, args, context);
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }
 
