@@ -116,16 +116,18 @@ TEST(ChannelSeats, EveryChannelHasOneSenderAndOneReceiverHalfInEitherLayout) {
   EXPECT_EQ(kernels::channel_seat(ChannelLayout::kColocated, 5, 0).role, ChannelRole::kSender);
 }
 
-TEST(NotifyBlocks, OneBlockUpToOneRoundOfItsLanesElseOnePerChannel) {
-  using kernels::kNotifyTokensForOneBlock;
+TEST(NotifyBlocks, OneBlockPerTwoRoundsOfTokensAtMostOnePerChannel) {
+  using kernels::kNotifyTokensPerBlock;
   using kernels::notify_blocks;
   EXPECT_EQ(notify_blocks(0, 24), 1);  // nothing to count: one block, no election
   EXPECT_EQ(notify_blocks(1, 24), 1);
-  EXPECT_EQ(notify_blocks(kNotifyTokensForOneBlock, 24), 1);
-  EXPECT_EQ(notify_blocks(kNotifyTokensForOneBlock + 1, 24), 24);
-  EXPECT_EQ(notify_blocks(16384, 24), 24);
-  EXPECT_EQ(notify_blocks(16384, 1), 1);
-  EXPECT_EQ(notify_blocks(16384, kMaxChannels), kMaxChannels);
+  EXPECT_EQ(notify_blocks(kNotifyTokensPerBlock, 24), 1);
+  EXPECT_EQ(notify_blocks(kNotifyTokensPerBlock + 1, 24), 2);
+  EXPECT_EQ(notify_blocks(4096, 24), 4096 / kNotifyTokensPerBlock);
+  EXPECT_EQ(notify_blocks(16384, 24), 16);
+  EXPECT_EQ(notify_blocks(1 << 20, 24), 24);   // capped by the channels
+  EXPECT_EQ(notify_blocks(1 << 20, 1), 1);
+  EXPECT_EQ(notify_blocks(1 << 20, kMaxChannels), kMaxChannels);
 }
 
 TEST(NotifyBlocks, EveryChannelIsCountedByExactlyOneBlockInOneRun) {

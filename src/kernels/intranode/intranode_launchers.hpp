@@ -49,14 +49,15 @@ struct NotifyDispatchArgs {
 void launch_notify_dispatch(const PeerWindow& window, const NotifyDispatchArgs& args, const KernelContext& context,
                             cudaStream_t stream);
 
-// The notify kernel's blocks: one up to kNotifyTokensForOneBlock tokens, else one per channel. Its
+// The notify kernel's blocks: one per kNotifyTokensPerBlock tokens, at most one per channel. Its
 // count pass is a chain of round trips (a lane per token) that lies on the host's wait of every
-// dispatch with a new routing. Past one block, the last to finish its channels is elected to go on,
-// which costs about one round trip; a block's lanes take 512 tokens in one round, where one block
-// with a warp per channel takes two (ncu, one H200, docs/PERF.md).
-inline constexpr int kNotifyTokensForOneBlock = kNormalThreadsPerBlock;
+// dispatch with a new routing; more blocks shorten it, and past one block the last to finish its
+// channels is elected to go on (about the cost of one round trip), which pays from a block's two
+// rounds of tokens on.
+inline constexpr int kNotifyTokensPerBlock = 2 * kNormalThreadsPerBlock;
 EPCOMM_HOST_DEVICE constexpr int notify_blocks(int num_tokens, int num_channels) {
-  return num_tokens > kNotifyTokensForOneBlock && num_channels > 1 ? num_channels : 1;
+  const int wanted = (num_tokens + kNotifyTokensPerBlock - 1) / kNotifyTokensPerBlock;
+  return wanted < 1 ? 1 : (wanted < num_channels ? wanted : (num_channels < 1 ? 1 : num_channels));
 }
 
 // The channels block `block` of `blocks` counts in the notify kernel: [first, first + count), runs

@@ -59,67 +59,47 @@ __device__ void put_staged_notify_slots(const device::Window& window, uint64_t p
   window.quiet();
 }
 
-// (1) Tokens of each channel bound for each rank, a lane per token. Block b counts its run of the
-// channels (notify_channels): a warp per channel where the run has at least as many channels as the
-// block has warps (one block), else several warps to a channel, their counts summed in shared
-// memory. The rows read are also copied into the handle (`kept`): this pass reads them anyway, and
-// a separate copy would cost the host one more driver call per dispatch. One token per lane and
-// round trip: reading eight tokens' rows before counting (whole rows as one integer, a variant per
-// rank count) made the kernel 1.6x slower at 512 tokens and no faster at 16384 (ncu, one H200,
-// docs/PERF.md); more lanes per channel, over more blocks, shorten the chain instead.
-__device__ __forceinline__ void count_tokens(const NotifyDispatchArgs& args, int num_ranks, int first, int end,
-                                             int stride, int (&counts)[kMaxNvlPeers]) {
-  const bool* is_token_in_rank = args.is_token_in_rank;
-  bool* kept = args.kept_is_token_in_rank;
-  for (int token = first; token < end; token += stride) {
-    const int64_t row = static_cast<int64_t>(token) * num_ranks;
-#pragma unroll
-    for (int rank = 0; rank < kMaxNvlPeers; ++rank) {
-      if (rank >= num_ranks) break;
-      const bool in_rank = is_token_in_rank[row + rank];
-      kept[row + rank] = in_rank;
-      counts[rank] += in_rank ? 1 : 0;
-    }
-  }
-}
-
+// (1) Tokens of each channel bound for each rank. Block b counts its run of the channels
+// (notify_channels); its warps share the run, several warps to a channel where the run is shorter
+// than the block's warps, a lane per token, their counts summed in shared memory. The rows read
+// are also copied into the handle (`kept`): this pass reads them anyway, and a separate copy would
+// cost the host one more driver call per dispatch. One token per lane and round trip: reading
+// eight tokens' rows before counting (whole rows as one integer, a variant per rank count) made
+// the kernel 1.6x slower at 512 tokens and no faster at 16384 (ncu, one H200, docs/PERF.md);
+// more lanes per channel, over more blocks, shorten the chain instead.
 __device__ void send_channel_counts(const device::Window& window, const NotifyDispatchArgs& args, uint64_t parity,
                                     const KernelContext& context) {
+  __shared__ int run_counts[kMaxChannels][kMaxNvlPeers];
   const ChannelRun run = notify_channels(blockIdx.x, gridDim.x, args.num_channels);
   const int num_tokens = args.num_tokens, num_channels = args.num_channels, num_ranks = context.num_ranks;
-  const int lane = device::lane_id();
-  if (run.count >= kNormalWarpsPerBlock) {  // a warp per channel; lane 0 stores its counts
-    for (int channel = run.first + device::warp_id(); channel < run.first + run.count; channel += kNormalWarpsPerBlock) {
-      int counts[kMaxNvlPeers] = {};
-      count_tokens(args, num_ranks, channel_first_token(args.split, channel, num_tokens, num_channels) + lane,
-                   channel_first_token(args.split, channel + 1, num_tokens, num_channels), kWarpSize, counts);
+  for (int i = threadIdx.x; i < run.count * kMaxNvlPeers; i += blockDim.x) run_counts[i / kMaxNvlPeers][i % kMaxNvlPeers] = 0;
+  __syncthreads();
+  const int warps_per_channel = run.count >= kNormalWarpsPerBlock ? 1 : kNormalWarpsPerBlock / run.count;
+  const int lanes_per_channel = warps_per_channel * kWarpSize;
+  const bool* is_token_in_rank = args.is_token_in_rank;
+  bool* kept = args.kept_is_token_in_rank;
+  for (int item = device::warp_id(); item < run.count * warps_per_channel; item += kNormalWarpsPerBlock) {
+    const int local = item / warps_per_channel;
+    const int channel = run.first + local;
+    const int begin = channel_first_token(args.split, channel, num_tokens, num_channels);
+    const int end = channel_first_token(args.split, channel + 1, num_tokens, num_channels);
+    int counts[kMaxNvlPeers] = {};
+    const int first = begin + (item % warps_per_channel) * kWarpSize + device::lane_id();
+    for (int token = first; token < end; token += lanes_per_channel) {
+      const int64_t row = static_cast<int64_t>(token) * num_ranks;
 #pragma unroll
       for (int rank = 0; rank < kMaxNvlPeers; ++rank) {
         if (rank >= num_ranks) break;
-        const int total = device::warp_sum(counts[rank]);
-        if (lane == 0) slot_for(window, rank, parity)->channel_counts[channel] = total;
+        const bool in_rank = is_token_in_rank[row + rank];
+        kept[row + rank] = in_rank;
+        counts[rank] += in_rank ? 1 : 0;
       }
     }
-    return;
-  }
-  __shared__ int run_counts[kNormalWarpsPerBlock][kMaxNvlPeers];  // run.count < kNormalWarpsPerBlock here
-  for (int i = threadIdx.x; i < run.count * kMaxNvlPeers; i += blockDim.x) run_counts[i / kMaxNvlPeers][i % kMaxNvlPeers] = 0;
-  __syncthreads();
-  const int warps_per_channel = kNormalWarpsPerBlock / run.count;
-  if (device::warp_id() < run.count * warps_per_channel) {
-    const int local = device::warp_id() / warps_per_channel;
-    const int channel = run.first + local;
-    int counts[kMaxNvlPeers] = {};
-    count_tokens(args, num_ranks,
-                 channel_first_token(args.split, channel, num_tokens, num_channels) +
-                     (device::warp_id() % warps_per_channel) * kWarpSize + lane,
-                 channel_first_token(args.split, channel + 1, num_tokens, num_channels), warps_per_channel * kWarpSize,
-                 counts);
 #pragma unroll
     for (int rank = 0; rank < kMaxNvlPeers; ++rank) {
       if (rank >= num_ranks) break;
       const int total = device::warp_sum(counts[rank]);
-      if (lane == 0 && total != 0) atomicAdd(&run_counts[local][rank], total);
+      if (device::lane_id() == 0 && total != 0) atomicAdd(&run_counts[local][rank], total);
     }
   }
   __syncthreads();  // every warp's counts are in
