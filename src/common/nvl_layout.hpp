@@ -8,6 +8,7 @@
 //     call_verdict                    owner only: a checked barrier's verdict on the call after it
 //     launch_checkins, launch_go      owner only: a kernel's blocks waiting for its block 0's
 //                                     checked barrier (kernels/common/checked_start.cuh)
+//     notify_blocks_done              owner only: the notify kernel's last-block election count
 //     ring_tail[channel][writer]      positions a writer has filled in my ring (channel, writer)
 //     ring_head[channel][reader]      positions a reader has emptied of my writes to it
 //     ring_sent[channel][reader]      owner-only copy of what I have written to each reader

@@ -131,6 +131,8 @@ TEST(NotifyBlocks, OneBlockPerTwoRoundsOfTokensAtMostOnePerChannel) {
 }
 
 TEST(NotifyBlocks, EveryChannelIsCountedByExactlyOneBlockInOneRun) {
+  // Every block count up to the channels, and in particular the one notify_blocks gives for each
+  // token count: never more blocks than channels, so no block is left without a channel.
   for (int channels = 1; channels <= kMaxChannels; ++channels) {
     for (int blocks = 1; blocks <= channels; ++blocks) {
       std::vector<int> counted(channels, 0);
@@ -145,6 +147,11 @@ TEST(NotifyBlocks, EveryChannelIsCountedByExactlyOneBlockInOneRun) {
       }
       EXPECT_EQ(next, channels);
       for (int c = 0; c < channels; ++c) EXPECT_EQ(counted[c], 1) << "channel " << c;
+    }
+    for (const int tokens : {0, 1, 1023, 1024, 1025, 4096, 16384, 1 << 20}) {
+      const int blocks = kernels::notify_blocks(tokens, channels);
+      EXPECT_GE(blocks, 1) << tokens << " tokens, " << channels << " channels";
+      EXPECT_LE(blocks, channels) << tokens << " tokens";
     }
   }
 }

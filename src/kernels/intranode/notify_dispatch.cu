@@ -74,6 +74,7 @@ __device__ void send_channel_counts(const device::Window& window, const NotifyDi
   const int num_tokens = args.num_tokens, num_channels = args.num_channels, num_ranks = context.num_ranks;
   for (int i = threadIdx.x; i < run.count * kMaxNvlPeers; i += blockDim.x) run_counts[i / kMaxNvlPeers][i % kMaxNvlPeers] = 0;
   __syncthreads();
+  // run.count >= 1: notify_blocks never gives more blocks than channels, and a Config has at least 2.
   const int warps_per_channel = run.count >= kNormalWarpsPerBlock ? 1 : kNormalWarpsPerBlock / run.count;
   const int lanes_per_channel = warps_per_channel * kWarpSize;
   const bool* is_token_in_rank = args.is_token_in_rank;
