@@ -12,7 +12,9 @@
 # EPCOMM_AB_KERNEL=REGEX times one kernel instead (e.g. notify_dispatch, a step too short for the
 # bench to time apart): each run goes under ncu (gpu__time_duration of every matching launch; ncu
 # serializes kernels at locked clocks; run it without MPS, e.g. at --ranks 1), and
-# scripts/ncu_kernel_times.py prints each version's median.
+# scripts/ncu_kernel_times.py prints each version's median. ncu flushes the caches before every
+# launch by default (code included: a kernel with more code can read slower, docs/PERF.md, twenty-
+# first session); EPCOMM_AB_NCU_ARGS adds options, e.g. "--cache-control none --clock-control none".
 # EPCOMM_AB_PYTHON=1 compares the Python path instead: each version's package is pip-installed into
 # a folder of its own (built in its build folder), and `python -m epcomm.bench` runs with the
 # options after --, e.g. -- --ranks 1 --tokens 512,4096 [--back-to-back 50: OLD from 546ddd7 on;
@@ -20,7 +22,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
-  sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 python_mode=${EPCOMM_AB_PYTHON:-0}
@@ -87,8 +89,9 @@ for round in $(seq 1 "$rounds"); do
       PYTHONPATH="$(cd "$work/$version-site" && pwd)${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" -m epcomm.bench \
         "$@" --out "$out/$version.jsonl" >"$out/$version-$round.log" 2>&1
     elif [ -n "$kernel" ]; then
+      # shellcheck disable=SC2086  # EPCOMM_AB_NCU_ARGS is a list of options
       ncu --target-processes all -k "regex:$kernel" --metrics gpu__time_duration.sum --csv --print-units base \
-        "$work/$version/tools/epcomm-bench" "$@" >"$out/$version-$round.kernel.csv" 2>"$out/$version-$round.log"
+        ${EPCOMM_AB_NCU_ARGS:-} "$work/$version/tools/epcomm-bench" "$@" >"$out/$version-$round.kernel.csv" 2>"$out/$version-$round.log"
     else
       "$work/$version/tools/epcomm-bench" "$@" --out "$out/$version.jsonl" >"$out/$version-$round.log" 2>&1
     fi
