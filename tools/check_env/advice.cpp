@@ -126,10 +126,12 @@ detail::NvlinkMatrix nvlink_matrix_of(const EnvironmentReport& report, int ranks
   detail::NvlinkMatrix nvlink(static_cast<size_t>(ranks), std::vector<detail::NvlinkState>(static_cast<size_t>(ranks)));
   for (int a = 0; a < ranks; ++a) {
     for (int b = 0; b < ranks; ++b) {
-      const PeerLink* link = a % gpus == b % gpus ? nullptr : find_peer_link(report, a % gpus, b % gpus);
       if (a % gpus == b % gpus) {
         nvlink[a][b] = detail::NvlinkState::kJoined;
-      } else if (link != nullptr && link->nvlink.has_value()) {
+        continue;
+      }
+      const PeerLink* link = find_peer_link(report, a % gpus, b % gpus);
+      if (link != nullptr && link->nvlink.has_value()) {
         nvlink[a][b] = *link->nvlink ? detail::NvlinkState::kJoined : detail::NvlinkState::kApart;
       }
     }

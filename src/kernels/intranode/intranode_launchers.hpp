@@ -57,7 +57,8 @@ void launch_notify_dispatch(const PeerWindow& window, const NotifyDispatchArgs& 
 inline constexpr int kNotifyTokensPerBlock = 2 * kNormalThreadsPerBlock;
 EPCOMM_HOST_DEVICE constexpr int notify_blocks(int num_tokens, int num_channels) {
   const int wanted = (num_tokens + kNotifyTokensPerBlock - 1) / kNotifyTokensPerBlock;
-  return wanted < 1 ? 1 : (wanted < num_channels ? wanted : (num_channels < 1 ? 1 : num_channels));
+  const int capped = wanted < num_channels ? wanted : num_channels;
+  return capped > 1 ? capped : 1;
 }
 
 // The channels block `block` of `blocks` counts in the notify kernel: [first, first + count), runs
