@@ -78,6 +78,7 @@ std::vector<int64_t> random_topk_idx(uint64_t seed, int num_tokens, int num_topk
   check_probability("prob_empty_slot", options.prob_empty_slot);
   check_probability("prob_empty_token", options.prob_empty_token);
   check_probability("prob_hot", options.prob_hot);
+  check_probability("prob_repeat", options.prob_repeat);
   if (options.hot_expert < -1 || options.hot_expert >= num_experts) {
     fail(ErrorCode::kInvalidArgument, kOp, ": hot_expert = ", options.hot_expert, " is outside [-1, ",
          num_experts, ")");
@@ -93,6 +94,10 @@ std::vector<int64_t> random_topk_idx(uint64_t seed, int num_tokens, int num_topk
     while (chosen < num_topk) {  // rejection keeps ids distinct; num_topk <= num_experts ends it
       const int64_t expert = rng.uniform_int(0, num_experts);
       if (std::find(token, token + chosen, expert) == token + chosen) token[chosen++] = expert;
+    }
+    // Drawn only when asked for, so that every other workload's ids stay as they were.
+    if (options.prob_repeat > 0.0 && num_topk >= 2 && rng.uniform() < options.prob_repeat) {
+      token[num_topk - 1] = token[0];
     }
     for (int k = 0; k < num_topk; ++k) {
       if (rng.uniform() < options.prob_empty_slot) token[k] = -1;

@@ -29,9 +29,13 @@ struct RoutingOptions {
   double prob_empty_token = 0.0;  // each token has all slots -1 with this probability
   int hot_expert = -1;            // if >= 0, every token picks this expert first with prob_hot
   double prob_hot = 0.0;
+  // Each token's last slot names its first slot's expert again with this probability (a token
+  // naming one expert twice: two pairs, two rows; needs num_topk >= 2 to happen).
+  double prob_repeat = 0.0;
 };
 
-// [num_tokens, num_topk] int64 expert ids; ids within one token are distinct (besides -1).
+// [num_tokens, num_topk] int64 expert ids; ids within one token are distinct (besides -1), but
+// for the repeats prob_repeat asks for.
 // Requires num_topk <= num_experts.
 std::vector<int64_t> random_topk_idx(uint64_t seed, int num_tokens, int num_topk, int num_experts,
                                      const RoutingOptions& options = {});

@@ -115,6 +115,30 @@ TEST(RandomTopkIdx, RespectsProbabilities) {
   EXPECT_NEAR(static_cast<double>(hot_first) / live_tokens, expected_hot, kFrequencyTolerance);
 }
 
+TEST(RandomTopkIdx, RepeatsTheFirstExpertInTheLastSlotWhenAsked) {
+  RoutingOptions options;
+  options.prob_repeat = 0.3;
+  const auto ids = random_topk_idx(kSeed, kTokens, kTopk, kExperts, options);
+  int repeats = 0;
+  for (int t = 0; t < kTokens; ++t) {
+    const auto first = ids.begin() + t * kTopk;
+    // Only the last slot may repeat, and only the first slot's expert.
+    std::vector<int64_t> distinct(first, first + kTopk - 1);
+    std::sort(distinct.begin(), distinct.end());
+    EXPECT_EQ(std::adjacent_find(distinct.begin(), distinct.end()), distinct.end()) << "token " << t;
+    const bool repeated = first[kTopk - 1] == first[0];
+    if (!repeated) EXPECT_EQ(std::find(first, first + kTopk - 1, first[kTopk - 1]), first + kTopk - 1);
+    repeats += repeated ? 1 : 0;
+  }
+  EXPECT_NEAR(static_cast<double>(repeats) / kTokens, 0.3, kFrequencyTolerance);
+  // Without repeats the ids are the ones every workload had before the option existed.
+  EXPECT_EQ(random_topk_idx(kSeed, kTokens, kTopk, kExperts, RoutingOptions{}),
+            random_topk_idx(kSeed, kTokens, kTopk, kExperts));
+  RoutingOptions bad;
+  bad.prob_repeat = -0.5;
+  EXPECT_TRUE(throws_invalid_argument([&] { random_topk_idx(kSeed, 1, 2, 8, bad); }, "prob_repeat = -0.5"));
+}
+
 TEST(RandomTopkIdx, RejectsBadArguments) {
   EXPECT_TRUE(throws_invalid_argument([] { random_topk_idx(kSeed, 1, 9, 8); }, "num_topk = 9"));
   EXPECT_TRUE(throws_invalid_argument([] { random_topk_idx(kSeed, -1, 2, 8); }, "num_tokens = -1"));

@@ -44,6 +44,7 @@ enum Flag : unsigned {
   kOut = 1u << 5,         // combine into a caller-given out
   kStats = 1u << 6,       // three dispatches add to cumulative_local_expert_recv_stats
   kLogfmt = 1u << 7,      // combine with use_logfmt; expert outputs scaled by 1/8 so most groups cast
+  kRepeat = 1u << 8,      // a token names its first expert again in its last slot with probability 0.25
 };
 
 struct Scenario {
@@ -71,9 +72,9 @@ std::vector<Scenario> scenarios() {
       {"bf16 h2048 T1 top1", Cast::kBf16, 2048, 1, 1, 8, 128, kHook | kBackToBack},
       {"fp8 h2048 T0 top8", Cast::kFp8, 2048, 0, 8, 8, 128, kHook | kOut | kStats},
       {"fp8-round h2048 uneven top1 sparse", Cast::kFp8Round, 2048, -1, 1, 8, 128, kSparse | kHook | kZeroCopy},
-      {"fp8-ue8m0 h2048 T128 top8 sparse 32-experts-per-rank", Cast::kFp8Ue8m0, 2048, 128, 8, 32, 128,
-       kSparse | kHook | kBackToBack | kStats},
-      {"bf16 h2048 T17 top8 sparse M64", Cast::kBf16, 2048, 17, 8, 8, 64, kSparse | kOut | kHook},
+      {"fp8-ue8m0 h2048 T128 top8 sparse repeats 32-experts-per-rank", Cast::kFp8Ue8m0, 2048, 128, 8, 32, 128,
+       kSparse | kRepeat | kHook | kBackToBack | kStats},
+      {"bf16 h2048 T17 top8 sparse repeats M64", Cast::kBf16, 2048, 17, 8, 8, 64, kSparse | kRepeat | kOut | kHook},
       // top-16, the widest: 16 pairs per token, a segment of the sender's routing of several steps.
       {"bf16 h2048 T40 top16 sparse 32-experts-per-rank", Cast::kBf16, 2048, 40, 16, 32, 128, kSparse | kHook},
   };
@@ -139,6 +140,7 @@ reference::LowLatencyRankInput make_input(const Scenario& s, uint64_t seed, int 
     routing.hot_expert = 0;
     routing.prob_hot = 1.0;
   }
+  if (s.has(kRepeat)) routing.prob_repeat = 0.25;
   reference::LowLatencyRankInput in;
   in.num_tokens = tokens_of(s, rank);
   in.topk_idx = reference::random_topk_idx(reference::derive_seed(seed, rank, kTopkStream), in.num_tokens, s.topk,
