@@ -83,9 +83,6 @@ inline constexpr int kMaxLowLatencyPairs = 8192;
 // (common/low_latency_layout.hpp).
 inline constexpr int kMaxLowLatencyBlocks = 512;
 inline constexpr int kUe8m0GroupsPerInt = 4;
-// The dispatch's send numbers the routing on at most this fraction of its grid (1/8), so that the
-// rows keep most of it (kernels/low_latency/low_latency_launchers.hpp).
-inline constexpr int kLowLatencyRoutingGridShare = 8;
 // A warp sends one chunk of a token's row at a time: this many 16-byte vectors (512 BF16
 // channels, four FP8 scale groups).
 inline constexpr int kLowLatencyChunkVectors = 64;

@@ -6,13 +6,11 @@
 // notify kernel's blocks (notify_blocks, notify_channels): each channel counted by exactly one.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <map>
 #include <vector>
 
 #include "common/channel_teams.hpp"
 #include "kernels/intranode/intranode_launchers.hpp"
-#include "kernels/low_latency/low_latency_launchers.hpp"
 
 namespace epcomm {
 namespace {
@@ -154,31 +152,6 @@ TEST(NotifyBlocks, EveryChannelIsCountedByExactlyOneBlockInOneRun) {
       const int blocks = kernels::notify_blocks(tokens, channels);
       EXPECT_GE(blocks, 1) << tokens << " tokens, " << channels << " channels";
       EXPECT_LE(blocks, channels) << tokens << " tokens";
-    }
-  }
-}
-
-TEST(LowLatencyRoutingBlocks, AWarpPerExpertOnAtMostAnEighthOfTheGrid) {
-  using kernels::low_latency_routing_blocks;
-  EXPECT_EQ(low_latency_routing_blocks(256, 1), 1);    // one block numbers and sends the rows
-  EXPECT_EQ(low_latency_routing_blocks(256, 8), 1);
-  EXPECT_EQ(low_latency_routing_blocks(256, 16), 2);   // 8 ranks sharing one H200
-  EXPECT_EQ(low_latency_routing_blocks(256, 66), 8);   // 2 ranks sharing one H200
-  EXPECT_EQ(low_latency_routing_blocks(256, 132), 16);  // a warp per expert
-  EXPECT_EQ(low_latency_routing_blocks(32, 132), 2);
-  EXPECT_EQ(low_latency_routing_blocks(1, 132), 1);
-  EXPECT_EQ(low_latency_routing_blocks(kMaxLowLatencyExperts, kMaxLowLatencyBlocks), kMaxLowLatencyBlocks / 8);
-}
-
-TEST(LowLatencyRoutingBlocks, RowsKeepABlockAndNoWarpIsWithoutAnExpert) {
-  for (int experts = 1; experts <= kMaxLowLatencyExperts; experts = experts * 2 + 1) {
-    for (int blocks = 1; blocks <= kMaxLowLatencyBlocks; ++blocks) {
-      const int routing = kernels::low_latency_routing_blocks(experts, blocks);
-      ASSERT_GE(routing, 1) << experts << " experts, " << blocks << " blocks";
-      ASSERT_LE(routing, blocks);
-      if (blocks > 1) ASSERT_LT(routing, blocks) << "the rows keep a block";
-      ASSERT_LE(routing, std::max(1, blocks / kLowLatencyRoutingGridShare));
-      ASSERT_LT((routing - 1) * kLowLatencyWarpsPerBlock, experts) << "a whole block of warps without an expert";
     }
   }
 }

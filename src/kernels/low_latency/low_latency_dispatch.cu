@@ -1,12 +1,11 @@
 // Low-latency dispatch: each token travels once to every rank that holds one of its experts, and
 // the receiver fans it out to its experts' rows, cast to FP8 on the way if asked.
 //
-// Send phase: the first blocks (low_latency_routing_blocks) send this rank's routing (each (token,
-// k) pair's expert and its index among this rank's pairs naming that expert), its pair count per
-// expert and its call signature to every rank; the other blocks' warps each take a chunk of a
-// token's row: read it once, cast it, and store it into the token's slot on every rank that owns
-// one of its experts (from registers where the peer is direct, else a put from this rank's staging
-// message). The last block to finish puts the routing to the ranks that are not direct and
+// Send phase: block 0 sends this rank's routing (each (token, k) pair's expert and its index among
+// this rank's pairs naming that expert), its pair count per expert and its call signature to every
+// rank; the other blocks' warps each take a chunk of a token's row: read it once, cast it, and
+// store it into the token's slot on every rank that owns one of its experts (from registers where
+// the peer is direct, else a put from this rank's staging message). The last block to finish
 // signals every rank (epoch, T). In shrink mode masked ranks are sent nothing.
 // Receive phase: every block waits for every source's flag; then the grid's warps share the work,
 // a chunk of a token at a time: read the chunk once, store it into the row of each local expert the
@@ -38,181 +37,190 @@ __device__ __forceinline__ float group_scale(float amax, bool round_scale) {
   return __uint_as_float((bits & ~kFloatMantissaMask) + (1u << kFloatMantissaBits));
 }
 
-// Expert ids as the routing blocks stage them in shared memory: the expert, or kUnrouted for a
-// pair that goes nowhere (-1, or an id out of range, which block 0 reports).
-constexpr int16_t kUnrouted = -1;
-static_assert(kMaxLowLatencyExperts <= INT16_MAX, "staged expert ids fit 16 bits");
-// Ids each thread loads before it stages them, so that the loads go out together.
-constexpr int kStagingLoads = 4;
-// Pairs a numbering warp's loop takes per turn of its unrolled walk.
-constexpr int kWalkUnroll = 4;
+// A warp numbers its segment of the pairs a group at a time: kSegmentSteps steps of 32 pairs,
+// whose loads go out together (a 128-token top-8 call's segments are one group of two steps).
+constexpr int kSegmentSteps = 4;
+constexpr int kSegmentGroupPairs = kSegmentSteps * kWarpSize;
 
-size_t routing_shared_bytes(int num_pairs) {
-  return (sizeof(int16_t) * num_pairs + kVectorBytes - 1) / kVectorBytes * kVectorBytes;
+// One step of 32 pairs, a pair per lane (expert -1: none): the lane's pair's index among the
+// step's pairs naming its expert, plus `counts[expert]` as it stood; `counts` (the warp's own row
+// of shared memory) is advanced past the step's pairs. Every lane of the warp calls it.
+__device__ __forceinline__ int number_in_step(uint16_t* counts, int expert) {
+  const int lane = device::lane_id();
+  const uint32_t same = __match_any_sync(0xffffffffu, expert);
+  const int before = __popc(same & ((1u << lane) - 1u));
+  const int index = expert >= 0 ? counts[expert] + before : 0;
+  __syncwarp();  // every lane has read its expert's count before the step's first lane advances it
+  if (expert >= 0 && before == 0) counts[expert] += static_cast<uint16_t>(__popc(same));
+  __syncwarp();
+  return index;
 }
 
-// Where a routing entry goes: every direct rank (through its pointer; masked ranks left out in
-// shrink mode) and, when some rank is not direct, the staging that the elected block puts from.
-struct RoutingTargets {
-  size_t routing = 0;         // this rank's routing area, at the same offset on every rank
-  uint32_t direct = 0;
-  int32_t* staging = nullptr; // null: every rank is direct
-};
-
-__device__ __forceinline__ void write_entry(const device::Window& window, const RoutingTargets& targets, int pair,
-                                            int32_t entry) {
-  for (uint32_t left = targets.direct; left != 0; left &= left - 1) {
-    *window.ptr<int32_t>(__ffs(left) - 1, targets.routing + pair * sizeof(int32_t)) = entry;
-  }
-  if (targets.staging != nullptr) targets.staging[pair] = entry;
+// Entries per row of the routing's segment counts: the call's experts, rounded up to even.
+__host__ __device__ constexpr int routing_row_entries(int num_experts) { return (num_experts + 1) / 2 * 2; }
+size_t routing_shared_bytes(int num_experts) {
+  return sizeof(uint16_t) * kLowLatencyWarpsPerBlock * routing_row_entries(num_experts);
 }
 
-// Whether some rank of the call is reached by puts rather than through a pointer (uniform across
-// the grid: it does not depend on the shrink mask).
-__device__ __forceinline__ bool has_remote_ranks(const device::Window& window, int num_ranks) {
-  for (int rank = 0; rank < num_ranks; ++rank) {
-    if (!window.is_direct(rank)) return true;
-  }
-  return false;
-}
-
-// Reports a pair whose id is out of range. Out of line, so that the rare report costs the staging
-// loop no registers; the context's fields come by value, so that no thread copies the kernel's
-// context to its stack.
-__device__ __noinline__ void report_invalid_pair(DeviceErrorRecord* errors, int32_t* error_claim, int rank,
-                                                 const LowLatencyCommon& common, int pair) {
+// Reports this lane's pairs of a group whose ids are out of range (bit s of `bad_steps`: step s).
+// Out of line, so that the rare report costs the numbering loop no registers; the context's
+// fields come by value, so that no thread copies the kernel's context to its stack.
+__device__ __noinline__ void report_invalid_ids(DeviceErrorRecord* errors, int32_t* error_claim, int rank,
+                                                const LowLatencyCommon& common, int group, unsigned bad_steps) {
   KernelContext context;
   context.errors = errors;
   context.error_claim = error_claim;
   context.rank = rank;
-  device::report_invalid_expert(context, DeviceOp::kLowLatencyDispatch, pair / common.num_topk, pair % common.num_topk,
-                                common.topk_idx[pair], common.num_experts);
-}
-
-// Every thread of a routing block: the call's expert ids into shared memory. Block 0 also gives
-// each pair that goes nowhere its entry (RoutedPair::kNone) and reports the ids out of range.
-__device__ void stage_expert_ids(const device::Window& window, const LowLatencyCommon& common,
-                                 const KernelContext& context, const RoutingTargets& targets, int16_t* staged) {
-  const int num_pairs = common.num_tokens * common.num_topk;
-  for (int first = threadIdx.x; first < num_pairs; first += kStagingLoads * blockDim.x) {
-    int64_t ids[kStagingLoads];
-#pragma unroll
-    for (int i = 0; i < kStagingLoads; ++i) {
-      const int pair = first + i * blockDim.x;
-      ids[i] = pair < num_pairs ? common.topk_idx[pair] : -1;
-    }
-#pragma unroll
-    for (int i = 0; i < kStagingLoads; ++i) {
-      const int pair = first + i * blockDim.x;
-      if (pair >= num_pairs) break;
-      const bool routed = ids[i] >= 0 && ids[i] < common.num_experts;
-      staged[pair] = routed ? static_cast<int16_t>(ids[i]) : kUnrouted;
-      if (routed || blockIdx.x != 0) continue;
-      write_entry(window, targets, pair, RoutedPair::kNone);
-      if (ids[i] != -1) report_invalid_pair(context.errors, context.error_claim, context.rank, common, pair);
-    }
+  for (; bad_steps != 0; bad_steps &= bad_steps - 1) {
+    const int pair = group + (__ffs(bad_steps) - 1) * kWarpSize + device::lane_id();
+    device::report_invalid_expert(context, DeviceOp::kLowLatencyDispatch, pair / common.num_topk, pair % common.num_topk,
+                                  common.topk_idx[pair], common.num_experts);
   }
 }
 
-// One warp numbers `expert`'s pairs: it walks the staged ids in (token, k) order, 32 pairs a
-// turn, and a ballot gives each pair naming the expert its index (the pairs before it this turn,
-// plus the count so far). A token naming the expert twice counts twice, as it must. Then the
-// count goes to the expert's rank (direct) or the staging, and a count past M is reported (only
-// such a token can make one; the receiver drops the pairs past M).
-__device__ void number_expert(const device::Window& window, const LowLatencyCommon& common,
-                              const KernelContext& context, const LowLatencyLayout& layout,
-                              const RoutingTargets& targets, const int16_t* staged, int expert) {
-  const int lane = device::lane_id();
-  const uint32_t lanes_before = (1u << lane) - 1u;
-  const int num_pairs = common.num_tokens * common.num_topk;
-  int count = 0;
-#pragma unroll kWalkUnroll
-  for (int first = 0; first < num_pairs; first += kWarpSize) {
-    const int pair = first + lane;
-    const bool names = pair < num_pairs && staged[pair] == expert;
-    const uint32_t naming = __ballot_sync(0xffffffffu, names);
-    if (names) {
-      const int index = count + __popc(naming & lanes_before);
-      write_entry(window, targets, pair, RoutedPair::pack(expert, min(index, common.max_tokens)));
-    }
-    count += __popc(naming);
-  }
-  if (lane != 0) return;
-  const int owner = expert / layout.experts_per_rank;
-  const int local_expert = expert % layout.experts_per_rank;
-  if (targets.staging != nullptr) window.own<int32_t>(layout.count_staging(common.set_index))[expert] = count;
-  if ((targets.direct >> owner) & 1u) {
-    *window.ptr<int32_t>(owner, layout.counts(common.set_index, context.rank) + local_expert * sizeof(int32_t)) = count;
-  }
-  if (count <= common.max_tokens) return;
-  device::ErrorDetails details;
-  details.kind = DeviceErrorKind::kTooManyRows;
-  details.op = DeviceOp::kLowLatencyDispatch;
-  details.observed = count;
-  details.limit = common.max_tokens;
-  device::report_error(context, details);
-}
-
-// The routing blocks (the grid's first low_latency_routing_blocks): this rank's routing, each
-// (token, k) pair's expert (an invalid id is reported and sent as -1) and its index among this
-// rank's pairs naming that expert, in (token, k) order, which is its row at the receiver once the
-// counts of the ranks before this one are added; and its pair count per expert. Spread over
-// several blocks, so that it runs beside the rows instead of ahead of the send's signal: each
-// block stages the ids once (one load per pair, all in flight together), then each warp numbers
-// its experts (number_expert), the grid's numbering warps sharing the experts out. Nothing is
-// scanned across warps or blocks. Direct ranks get each entry and count as it is found; the others
-// get puts from the staging, by the block elected to signal (put_routing). Block 0 also sends the
-// call's signature.
+// Block 0 of the send phase: this rank's routing, sent to every rank with its pair count per
+// expert and its call signature. A (token, k) pair travels as a RoutedPair: its expert (an invalid
+// id is reported and sent as -1) and its index among this rank's pairs naming that expert, in
+// (token, k) order, which is its row at the receiver once the counts of the ranks before this one
+// are added: the receiver places rows without counting them itself.
+// The indices come out deterministic without a walk over the pairs one by one: each warp takes a
+// contiguous segment of the pairs; pass 1 counts the segment's pairs per expert, a scan over the
+// segments turns the counts into each segment's first index per expert, and pass 2 hands out the
+// indices in order. The scan also finds an expert with more than M pairs (only a token naming one
+// expert twice can make them), whose pairs past M the receiver drops: this rank, which made the
+// call, reports it. Direct ranks get each count and entry stored as it is found (a segment of one
+// group keeps its ids in registers between the passes); the others a put from the staging once
+// the block is done.
 template <bool kShrink>
 __device__ void send_routing(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
-                             const KernelContext& context, const LowLatencyLayout& layout, int routing_blocks) {
+                             const KernelContext& context, const LowLatencyLayout& layout) {
   const LowLatencyCommon& common = args.common;
-  extern __shared__ __align__(16) unsigned char routing_shared[];  // routing_shared_bytes
-  int16_t* staged = reinterpret_cast<int16_t*>(routing_shared);
-  RoutingTargets targets;
-  targets.routing = layout.routing(common.set_index, context.rank);
-  // Shrink mode: a rank masked when a warp reads the mask gets nothing more from that warp.
-  const uint32_t masked = device::masked_ranks<kShrink>(common, context.num_ranks);
-  for (int rank = 0; rank < context.num_ranks; ++rank) {
-    if (window.is_direct(rank) && !((masked >> rank) & 1u)) targets.direct |= 1u << rank;
+  const int set = common.set_index;
+  // Row w: segment w's pair count per expert; after the scan, its first index per expert (capped
+  // at M), which pass 2 advances by at most the segment's pairs. A segment holds at most
+  // kMaxLowLatencyPairs / warps pairs, so 16 bits hold both.
+  // Dynamic shared memory sized by the call's experts (routing_shared_bytes), rows of an even
+  // number of entries so that they clear as 32-bit words.
+  extern __shared__ __align__(16) unsigned char routing_shared[];
+  uint16_t* segment_counts = reinterpret_cast<uint16_t*>(routing_shared);
+  static_assert(kMaxLowLatencyPairs < (1 << 16), "segment counts and capped indices fit 16 bits");
+  const int row = routing_row_entries(common.num_experts);
+  uint32_t* words = reinterpret_cast<uint32_t*>(routing_shared);
+  for (int i = threadIdx.x; i < kLowLatencyWarpsPerBlock * row / 2; i += blockDim.x) words[i] = 0;
+  // Shrink mode: masked ranks are sent nothing, by the mask as warp 0 reads it once (one view for
+  // the whole block: the barrier before the puts depends on it).
+  __shared__ uint32_t masked_at_start;
+  if (device::warp_id() == 0) {
+    const uint32_t masked = device::masked_ranks<kShrink>(common, context.num_ranks);
+    if (device::lane_id() == 0) masked_at_start = masked;
   }
-  if (has_remote_ranks(window, context.num_ranks)) targets.staging = window.own<int32_t>(layout.ids(common.set_index));
+  __syncthreads();
+  uint32_t direct = 0, remote = 0;
+  for (int rank = 0; rank < context.num_ranks; ++rank) {
+    if (masked_at_start & (1u << rank)) continue;
+    (window.is_direct(rank) ? direct : remote) |= 1u << rank;
+  }
 
-  stage_expert_ids(window, common, context, targets, staged);
-  __syncthreads();  // every staged id is in before any warp walks them
-  const int warps = routing_blocks * kLowLatencyWarpsPerBlock;
-  for (int expert = blockIdx.x * kLowLatencyWarpsPerBlock + device::warp_id(); expert < common.num_experts;
-       expert += warps) {
-    number_expert(window, common, context, layout, targets, staged, expert);
+  const int lane = device::lane_id();
+  const int num_pairs = common.num_tokens * common.num_topk;
+  const int per_segment = (num_pairs + kLowLatencyWarpsPerBlock - 1) / kLowLatencyWarpsPerBlock;
+  const int begin = min(device::warp_id() * per_segment, num_pairs);
+  const int end = min(begin + per_segment, num_pairs);
+  const bool one_group = end - begin <= kSegmentGroupPairs;
+  uint16_t* counts = segment_counts + device::warp_id() * row;
+  int32_t* ids = window.own<int32_t>(layout.ids(set));
+  int experts[kSegmentSteps];  // this lane's pairs of the current group (-1: none, or past the end)
+
+  // Pass 1: check each id and count the segment's pairs per expert.
+  for (int group = begin; group < end; group += kSegmentGroupPairs) {
+    int64_t loaded[kSegmentSteps];
+#pragma unroll
+    for (int step = 0; step < kSegmentSteps; ++step) {
+      const int pair = group + step * kWarpSize + lane;
+      loaded[step] = pair < end ? common.topk_idx[pair] : -1;
+    }
+    unsigned bad_steps = 0;  // bit s: step s's id is out of range
+#pragma unroll
+    for (int step = 0; step < kSegmentSteps; ++step) {
+      const int pair = group + step * kWarpSize + lane;
+      const bool bad = loaded[step] < -1 || loaded[step] >= common.num_experts;
+      bad_steps |= bad ? 1u << step : 0u;
+      experts[step] = bad ? -1 : static_cast<int>(loaded[step]);
+      if (!one_group && pair < end) ids[pair] = experts[step];  // read back by this same thread in pass 2
+      if (group + step * kWarpSize < end) (void)number_in_step(counts, experts[step]);  // uniform across the warp
+    }
+    if (bad_steps != 0) report_invalid_ids(context.errors, context.error_claim, context.rank, common, group, bad_steps);
+  }
+  __syncthreads();
+
+  // The scan, a thread per expert; each count goes to the expert's rank when it is direct (the
+  // others: a put from `totals` below).
+  int32_t* totals = window.own<int32_t>(layout.count_staging(set));
+  for (int expert = threadIdx.x; expert < common.num_experts; expert += blockDim.x) {
+    int running = 0;
+    for (int segment = 0; segment < kLowLatencyWarpsPerBlock; ++segment) {
+      const int count = segment_counts[segment * row + expert];
+      segment_counts[segment * row + expert] = static_cast<uint16_t>(min(running, common.max_tokens));
+      running += count;
+    }
+    totals[expert] = running;
+    const int owner = expert / layout.experts_per_rank;
+    if (direct & (1u << owner)) {
+      *window.ptr<int32_t>(owner, layout.counts(set, context.rank) + (expert % layout.experts_per_rank) * sizeof(int32_t)) =
+          running;
+    }
+    if (running <= common.max_tokens) continue;
+    device::ErrorDetails details;
+    details.kind = DeviceErrorKind::kTooManyRows;
+    details.op = DeviceOp::kLowLatencyDispatch;
+    details.observed = running;
+    details.limit = common.max_tokens;
+    device::report_error(context, details);
+  }
+  __syncthreads();
+
+  // Pass 2: number the pairs in order; every entry (-1 too) to every direct rank, and staged for
+  // the others.
+  const size_t routing = layout.routing(set, context.rank);
+  for (int group = begin; group < end; group += kSegmentGroupPairs) {
+    if (!one_group) {
+#pragma unroll
+      for (int step = 0; step < kSegmentSteps; ++step) {
+        const int pair = group + step * kWarpSize + lane;
+        experts[step] = pair < end ? ids[pair] : -1;
+      }
+    }
+#pragma unroll
+    for (int step = 0; step < kSegmentSteps; ++step) {
+      const int pair = group + step * kWarpSize + lane;
+      if (group + step * kWarpSize >= end) break;  // uniform across the warp
+      const int index = number_in_step(counts, experts[step]);
+      if (pair >= end) continue;
+      const int32_t entry =
+          experts[step] >= 0 ? RoutedPair::pack(experts[step], min(index, common.max_tokens)) : RoutedPair::kNone;
+      if (remote != 0) ids[pair] = entry;  // the staging, for the puts below
+      for (uint32_t left = direct; left != 0; left &= left - 1) {
+        *window.ptr<int32_t>(__ffs(left) - 1, routing + pair * sizeof(int32_t)) = entry;
+      }
+    }
+  }
+
+  // The other ranks: puts from the staging once every warp has written its entries.
+  if (remote != 0) __syncthreads();
+  const size_t routing_bytes = static_cast<size_t>(num_pairs) * sizeof(int32_t);
+  const size_t counts_bytes = static_cast<size_t>(layout.experts_per_rank) * sizeof(int32_t);
+  for (uint32_t left = remote; left != 0; left &= left - 1) {
+    const int rank = __ffs(left) - 1;
+    if (rank % kLowLatencyWarpsPerBlock != device::warp_id()) continue;
+    if (routing_bytes > 0) window.put(rank, routing, ids, routing_bytes);
+    window.put(rank, layout.counts(set, context.rank), totals + rank * layout.experts_per_rank, counts_bytes);
   }
   // This call's signature, for the receiver to check against its own (a lane per field).
   constexpr int kFields = static_cast<int>(CallField::kCount);
-  const int lane = device::lane_id();
-  if (blockIdx.x != 0 || lane >= kFields) return;
-  for (int rank = device::warp_id(); rank < context.num_ranks; rank += kLowLatencyWarpsPerBlock) {
-    if ((masked >> rank) & 1u) continue;
-    window.put_value(rank, layout.signature(common.set_index, context.rank) + lane * sizeof(int32_t),
-                     args.signature.values[lane]);
-  }
-}
-
-// The block elected to signal, before it does: the routing and counts every routing block staged,
-// put to each rank that is not direct (a warp per rank; masked ranks get nothing).
-template <bool kShrink>
-__device__ void put_routing(const device::Window& window, const LowLatencyCommon& common, const KernelContext& context,
-                            const LowLatencyLayout& layout) {
-  const uint32_t masked = device::masked_ranks<kShrink>(common, context.num_ranks);
-  const size_t routing_bytes = static_cast<size_t>(common.num_tokens) * common.num_topk * sizeof(int32_t);
-  const size_t counts_bytes = static_cast<size_t>(layout.experts_per_rank) * sizeof(int32_t);
-  for (int rank = device::warp_id(); rank < context.num_ranks; rank += kLowLatencyWarpsPerBlock) {
-    if (window.is_direct(rank) || ((masked >> rank) & 1u)) continue;
-    if (routing_bytes > 0) {
-      window.put(rank, layout.routing(common.set_index, context.rank), window.own(layout.ids(common.set_index)),
-                 routing_bytes);
-    }
-    window.put(rank, layout.counts(common.set_index, context.rank),
-               window.own<int32_t>(layout.count_staging(common.set_index)) + rank * layout.experts_per_rank,
-               counts_bytes);
+  for (uint32_t left = direct | remote; left != 0; left &= left - 1) {
+    const int rank = __ffs(left) - 1;
+    if (rank % kLowLatencyWarpsPerBlock != device::warp_id() || lane >= kFields) continue;
+    window.put_value(rank, layout.signature(set, context.rank) + lane * sizeof(int32_t), args.signature.values[lane]);
   }
 }
 
@@ -604,34 +612,26 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
   const uint64_t epoch = launch.epoch;
 
   if (phases & kSendPhase) {
-    // The first blocks number the routing; the rows go through the others (all blocks when the
-    // grid is one), so that no row waits behind the routing.
-    const int routing_blocks = low_latency_routing_blocks(common.num_experts, gridDim.x);
-    if (static_cast<int>(blockIdx.x) < routing_blocks) send_routing<kShrink>(window, args, context, layout, routing_blocks);
-    const int first_row_block = static_cast<int>(gridDim.x) > routing_blocks ? routing_blocks : 0;
-    const int row_block = static_cast<int>(blockIdx.x) - first_row_block;  // negative: a routing block
-    const int warps = (gridDim.x - first_row_block) * kLowLatencyWarpsPerBlock;
+    // Block 0 sends the routing; the rows go through the other blocks (all of them when alone),
+    // so that no row waits behind the routing.
+    if (blockIdx.x == 0) send_routing<kShrink>(window, args, context, layout);
+    const int row_blocks = gridDim.x > 1 ? gridDim.x - 1 : 1;
+    const int row_block = gridDim.x > 1 ? static_cast<int>(blockIdx.x) - 1 : 0;
+    const int warps = row_blocks * kLowLatencyWarpsPerBlock;
     const int chunks = (common.hidden / kBf16PerVector + kChunkVectors - 1) / kChunkVectors;
     for (int item = row_block * kLowLatencyWarpsPerBlock + device::warp_id();
          row_block >= 0 && item < common.num_tokens * chunks; item += warps) {
       send_chunk<kShrink>(window, args, context, layout, item / chunks, item % chunks);
     }
     window.quiet();  // the publish rule: puts complete, the election's barrier, then one signal
-    if (device::last_block_to_arrive(window.own<uint32_t>(layout.send_blocks_done(common.set_index)))) {
-      // The election ordered every block's staging before this block's puts of it.
-      if (has_remote_ranks(window, context.num_ranks)) {
-        put_routing<kShrink>(window, common, context, layout);
-        window.quiet();
-        __syncthreads();  // the publish rule's barrier: every warp's puts before the signal
-      }
-      if (threadIdx.x < context.num_ranks &&
-          (static_cast<int>(threadIdx.x) == context.rank || !device::is_masked<kShrink>(common, threadIdx.x))) {
-        // This rank's own flag goes out even when it is masked: its receive waits for it before it
-        // advances the epoch copies (and takes nothing from itself then).
-        // Pairs with each rank's wait on this flag before it reads the tokens and routing.
-        window.signal(threadIdx.x, layout.dispatch_flag(common.set_index, context.rank),
-                      pack_flag(epoch, static_cast<uint32_t>(common.num_tokens)));
-      }
+    if (device::last_block_to_arrive(window.own<uint32_t>(layout.send_blocks_done(common.set_index))) &&
+        threadIdx.x < context.num_ranks &&
+        (static_cast<int>(threadIdx.x) == context.rank || !device::is_masked<kShrink>(common, threadIdx.x))) {
+      // This rank's own flag goes out even when it is masked: its receive waits for it before it
+      // advances the epoch copies (and takes nothing from itself then).
+      // Pairs with each rank's wait on this flag before it reads the tokens and routing.
+      window.signal(threadIdx.x, layout.dispatch_flag(common.set_index, context.rank),
+                    pack_flag(epoch, static_cast<uint32_t>(common.num_tokens)));
     }
   }
   if (phases & kReceivePhase) {
@@ -649,7 +649,7 @@ void launch_low_latency_dispatch(const PeerWindow& window, const LowLatencyDispa
                                  const KernelContext& context, cudaStream_t stream) {
   require_epoch_slots(args.common.num_blocks);
   const auto kernel = args.common.mask != nullptr ? low_latency::dispatch<true> : low_latency::dispatch<false>;
-  kernel<<<args.common.num_blocks, kLowLatencyThreadsPerBlock, routing_shared_bytes(args.common.num_tokens * args.common.num_topk), stream>>>(
+  kernel<<<args.common.num_blocks, kLowLatencyThreadsPerBlock, routing_shared_bytes(args.common.num_experts), stream>>>(
       window, args, phases, context);
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }

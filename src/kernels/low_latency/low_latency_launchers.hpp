@@ -7,8 +7,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include "common/constants.hpp"
-#include "common/host_device.hpp"
 #include "common/kernel_context.hpp"
 #include "transport/window.hpp"
 
@@ -38,17 +36,6 @@ struct Routing {
   int32_t* topk = nullptr;         // [R, M, K]: each source's top-k ids (int32, -1 for none)
   int32_t* pair_row = nullptr;     // [R, M, K]: the pair's row among its expert's R*M, where the expert is here
 };
-
-// The dispatch's send phase: how many of its `num_blocks` blocks (the first ones) number the
-// routing while the others send the rows. A warp per expert where the grid allows, on at most
-// 1/kLowLatencyRoutingGridShare of it; a grid of fewer blocks gets one, and a grid of one block
-// does both.
-EPCOMM_HOST_DEVICE constexpr int low_latency_routing_blocks(int num_experts, int num_blocks) {
-  const int wanted = (num_experts + kLowLatencyWarpsPerBlock - 1) / kLowLatencyWarpsPerBlock;
-  const int share = num_blocks / kLowLatencyRoutingGridShare;
-  const int blocks = wanted < share ? wanted : share;
-  return blocks > 1 ? blocks : 1;
-}
 
 struct LowLatencyDispatchKernelArgs {
   LowLatencyCommon common;
