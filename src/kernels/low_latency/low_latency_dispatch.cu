@@ -45,20 +45,13 @@ constexpr int kSegmentGroupPairs = kSegmentSteps * kWarpSize;
 // One step of 32 pairs, a pair per lane (expert -1: none): the lane's pair's index among the
 // step's pairs naming its expert, plus `counts[expert]` as it stood; `counts` (the warp's own row
 // of shared memory) is advanced past the step's pairs. Every lane of the warp calls it.
-// Each lane compares its expert with every lane's by shuffles (32 of them, pipelined): about 0.1 us
-// a step, where __match_any_sync took 0.65 us (globaltimer probes, one H200, 2026-12-03).
 __device__ __forceinline__ int number_in_step(uint16_t* counts, int expert) {
   const int lane = device::lane_id();
-  int before = 0, same = 0;  // lanes naming this lane's expert: below it, and in all
-#pragma unroll
-  for (int other = 0; other < kWarpSize; ++other) {
-    const bool match = __shfl_sync(0xffffffffu, expert, other) == expert;
-    same += match ? 1 : 0;
-    before += match && other < lane ? 1 : 0;
-  }
+  const uint32_t same = __match_any_sync(0xffffffffu, expert);
+  const int before = __popc(same & ((1u << lane) - 1u));
   const int index = expert >= 0 ? counts[expert] + before : 0;
   __syncwarp();  // every lane has read its expert's count before the step's first lane advances it
-  if (expert >= 0 && before == 0) counts[expert] += static_cast<uint16_t>(same);
+  if (expert >= 0 && before == 0) counts[expert] += static_cast<uint16_t>(__popc(same));
   __syncwarp();
   return index;
 }
@@ -164,18 +157,11 @@ __device__ void send_routing(const device::Window& window, const LowLatencyDispa
   // others: a put from `totals` below).
   int32_t* totals = window.own<int32_t>(layout.count_staging(set));
   for (int expert = threadIdx.x; expert < common.num_experts; expert += blockDim.x) {
-    // Every segment's count first, so that the loads go out together rather than one behind each
-    // store (the compiler cannot tell that they never overlap).
-    int counts_of_segments[kLowLatencyWarpsPerBlock];
-#pragma unroll
-    for (int segment = 0; segment < kLowLatencyWarpsPerBlock; ++segment) {
-      counts_of_segments[segment] = segment_counts[segment * row + expert];
-    }
     int running = 0;
-#pragma unroll
     for (int segment = 0; segment < kLowLatencyWarpsPerBlock; ++segment) {
+      const int count = segment_counts[segment * row + expert];
       segment_counts[segment * row + expert] = static_cast<uint16_t>(min(running, common.max_tokens));
-      running += counts_of_segments[segment];
+      running += count;
     }
     totals[expert] = running;
     const int owner = expert / layout.experts_per_rank;
