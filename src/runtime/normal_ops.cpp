@@ -110,11 +110,15 @@ const char* dispatch_step_name(const detail::RingGroup& group, DispatchStep step
 // Waits (bounded) until the notify step of this call has published its counts to the host.
 void wait_for_notify(Buffer::Impl& impl, const detail::RingGroup& group, uint64_t sequence) {
   const auto* results = static_cast<const NotifyResults*>(impl.notify_results.host());
-  const auto deadline = std::chrono::steady_clock::now() + impl.options.wait_timeout;
+  const auto start = std::chrono::steady_clock::now();
+  const auto spin_until = start + std::chrono::microseconds(kHostSpinBeforeYieldUs);
+  const auto deadline = start + impl.options.wait_timeout;
   // Pairs with the notify kernel's release store of `sequence`.
   while (__atomic_load_n(&results->sequence, __ATOMIC_ACQUIRE) != sequence) {
     impl.errors.raise_if_out_of_step();  // e.g. an earlier kernel timed out on a missing peer
-    if (std::chrono::steady_clock::now() > deadline) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now < spin_until) continue;
+    if (now > deadline) {
       const std::string message =
           join_message("rank ", impl.bootstrap->rank(), ": dispatch waited ", impl.options.wait_timeout.count(),
                  " ms on the host for the received-token counts of its ", group.stage, "notify step; a peer may not "
