@@ -109,7 +109,8 @@ inline constexpr int kPollsPerErrorCheck = 64 * kPollsPerTimerRead;
 inline constexpr int64_t kDefaultWaitTimeoutMs = 100 * 1000;
 // The host's wait for a notify step's counts polls without yielding its core for this long first:
 // the counts usually come within 10-40 us, and a yield can take microseconds to come back from (a
-// system call, and more in a sandboxed kernel), which a new routing's dispatch would pay.
+// system call, and more in a sandboxed kernel), which a new routing's dispatch would pay. Where
+// ranks outnumber cores, a spinning rank can hold back a peer's launch by at most this much.
 inline constexpr int64_t kHostSpinBeforeYieldUs = 200;
 
 static_assert(kMaxNvlPeers <= kMaxRanks, "normal mode's ranks are some of a Buffer's");
