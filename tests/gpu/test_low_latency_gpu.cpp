@@ -1,6 +1,7 @@
 // Low-latency dispatch and combine on the GPU against the CPU reference, bit for bit: BF16 rows
 // and FP8 casts (plain, rounded scales, UE8M0-packed scales), hidden 2048 / 4096 / 7168, 0 / 1 / 17 /
-// M / uneven tokens, top-1 / 4 / 8 / 16 with random empty slots, 8 and 32 experts per rank. Also
+// M / uneven tokens, top-1 / 4 / 8 / 12 / 16 with random empty slots, 8, 24 and 32 experts per
+// rank, tokens naming an expert twice (one across two of the sender's routing tiles). Also
 // back-to-back calls on both buffer sets, hook mode, zero-copy combine, caller-given output,
 // cumulative receive statistics, a CUDA graph replayed on new data, and errors that leave the
 // Buffer usable. Every rank regenerates every rank's inputs and expert outputs from the same
@@ -75,8 +76,15 @@ std::vector<Scenario> scenarios() {
       {"fp8-ue8m0 h2048 T128 top8 sparse repeats 32-experts-per-rank", Cast::kFp8Ue8m0, 2048, 128, 8, 32, 128,
        kSparse | kRepeat | kHook | kBackToBack | kStats},
       {"bf16 h2048 T17 top8 sparse repeats M64", Cast::kBf16, 2048, 17, 8, 8, 64, kSparse | kRepeat | kOut | kHook},
-      // top-16, the widest: 16 pairs per token, a segment of the sender's routing of several steps.
+      // top-16, the widest: 16 pairs per token.
       {"bf16 h2048 T40 top16 sparse 32-experts-per-rank", Cast::kBf16, 2048, 40, 16, 32, 128, kSparse | kHook},
+      // The sender's routing numbers the pairs a tile at a time (1024 pairs, fewer where the experts
+      // are many): 2048 pairs fill two tiles or more; 1200 leave the last tile partial, with tokens
+      // (and repeats) across tiles (top-12 does not divide a tile).
+      {"fp8 h2048 T128 top16 sparse repeats 32-experts-per-rank", Cast::kFp8, 2048, 128, 16, 32, 128,
+       kSparse | kRepeat | kBackToBack},
+      {"bf16 h2048 T100 top12 sparse repeats 24-experts-per-rank", Cast::kBf16, 2048, 100, 12, 24, 128,
+       kSparse | kRepeat | kHook},
   };
 }
 
@@ -90,6 +98,22 @@ struct Context {
 int tokens_of(const Scenario& s, int rank) { return s.tokens >= 0 ? s.tokens : (13 + 29 * rank) % (s.max_tokens + 1); }
 int experts_of(const Scenario& s, int ranks) { return s.experts_per_rank * ranks; }
 int64_t slots_of(const Scenario& s, int ranks) { return int64_t{ranks} * s.max_tokens; }
+
+// The sender numbers its routing in tiles of up to 1024 pairs (low_latency_dispatch.cu), smaller
+// ones dividing it. Where a token spans pair 1024, it is made to name one expert in its first slot
+// (tile 0) and its last (tile 1), so that the repeats the random draw may miss are there.
+constexpr int kRoutingTilePairs = 1024;
+void repeat_across_tiles(std::vector<int64_t>& ids, int num_tokens, int topk, int num_experts) {
+  const int token = kRoutingTilePairs / topk;
+  if (topk < 2 || kRoutingTilePairs % topk == 0 || token >= num_tokens) return;  // no token spans it
+  int64_t* slots = &ids[static_cast<size_t>(token) * topk];
+  int64_t* const last = slots + topk - 1;
+  int64_t expert = slots[0];
+  for (int64_t e = 0; expert < 0 && e < num_experts; ++e) {
+    if (std::find(slots + 1, last, e) == last) expert = e;  // one the middle slots do not name
+  }
+  slots[0] = *last = expert;
+}
 
 reference::LowLatencyShape shape_of(const Scenario& s) {
   reference::LowLatencyShape shape;
@@ -145,6 +169,7 @@ reference::LowLatencyRankInput make_input(const Scenario& s, uint64_t seed, int 
   in.num_tokens = tokens_of(s, rank);
   in.topk_idx = reference::random_topk_idx(reference::derive_seed(seed, rank, kTopkStream), in.num_tokens, s.topk,
                                            experts_of(s, ranks), routing);
+  if (s.has(kRepeat)) repeat_across_tiles(in.topk_idx, in.num_tokens, s.topk, experts_of(s, ranks));
   in.topk_weights = reference::random_topk_weights(reference::derive_seed(seed, rank, kWeightsStream), in.num_tokens, s.topk);
   in.x = make_rows(reference::derive_seed(seed, rank, kXStream), in.num_tokens, s.hidden);
   return in;

@@ -37,44 +37,113 @@ __device__ __forceinline__ float group_scale(float amax, bool round_scale) {
   return __uint_as_float((bits & ~kFloatMantissaMask) + (1u << kFloatMantissaBits));
 }
 
-// A warp numbers its segment of the pairs a group at a time: kSegmentSteps steps of 32 pairs,
-// whose loads go out together (a 128-token top-8 call's segments are one group of two steps).
-constexpr int kSegmentSteps = 4;
-constexpr int kSegmentGroupPairs = kSegmentSteps * kWarpSize;
+// The routing is numbered a tile of pairs at a time, with a bitmask per expert over the tile (bit
+// o: the tile's pair o names the expert). A tile spans up to kWarpSize words per expert (1024
+// pairs: a 128-token top-8 call is one tile): as many as the call's pairs need, a power of two,
+// and fewer where the experts are many, so that the masks stay within kRoutingMaskWords.
+constexpr int kRoutingMaskWords = 8192;  // 32 KB of masks at most
+constexpr int kRoutingWarps = kLowLatencyThreadsPerBlock / kWarpSize;
+// Pairs of a tile one thread takes (their ids stay in its registers through the tile): in a tile of
+// 32 words, warp w takes words w and 31 - w, so that every warp sums as many words before its
+// pairs' (index_in_tile).
+constexpr int kTilePairsPerThread = 2;
+static_assert(kTilePairsPerThread * kRoutingWarps == kWarpSize, "the warps' words cover a tile of 32 words");
 
-// One step of 32 pairs, a pair per lane (expert -1: none): the lane's pair's index among the
-// step's pairs naming its expert, plus `counts[expert]` as it stood; `counts` (the warp's own row
-// of shared memory) is advanced past the step's pairs. Every lane of the warp calls it.
-__device__ __forceinline__ int number_in_step(uint16_t* counts, int expert) {
-  const int lane = device::lane_id();
-  const uint32_t same = __match_any_sync(0xffffffffu, expert);
-  const int before = __popc(same & ((1u << lane) - 1u));
-  const int index = expert >= 0 ? counts[expert] + before : 0;
-  __syncwarp();  // every lane has read its expert's count before the step's first lane advances it
-  if (expert >= 0 && before == 0) counts[expert] += static_cast<uint16_t>(__popc(same));
-  __syncwarp();
-  return index;
+struct RoutingTile {
+  int words;   // mask words per expert in a tile: the tile is words * 32 pairs
+  int stride;  // words from one expert's mask to the next: odd, so that the masks of experts that
+               // differ mod 32 start in different banks (count_tile's 32 consecutive experts never
+               // share one; index_in_tile's random experts rarely do)
+  __host__ __device__ static constexpr RoutingTile of(int num_experts, int num_pairs) {
+    const int needed = (num_pairs + kWarpSize - 1) / kWarpSize;
+    const int fit = kRoutingMaskWords / (num_experts > 0 ? num_experts : 1);
+    int words = 1;
+    while (words < kWarpSize && words < needed && 2 * words <= fit) words *= 2;
+    return RoutingTile{words, words | 1};
+  }
+  __host__ __device__ constexpr int pairs() const { return words * kWarpSize; }
+};
+// E * (stride + 1) words: at most kRoutingMaskWords plus two per expert (the padding, the count).
+constexpr size_t kDefaultDynamicSharedBytes = 48 << 10;
+static_assert(sizeof(uint32_t) * (kRoutingMaskWords + 2 * kMaxLowLatencyExperts) <= kDefaultDynamicSharedBytes,
+              "the routing's shared memory needs no opt-in");
+
+// Block 0's dynamic shared memory: the masks ([E][stride] words), then each expert's pairs in the
+// tiles before (E words).
+size_t routing_shared_bytes(int num_experts, int num_pairs) {
+  const RoutingTile tile = RoutingTile::of(num_experts, num_pairs);
+  return sizeof(uint32_t) * static_cast<size_t>(num_experts) * (tile.stride + 1);
 }
 
-// Entries per row of the routing's segment counts: the call's experts, rounded up to even.
-__host__ __device__ constexpr int routing_row_entries(int num_experts) { return (num_experts + 1) / 2 * 2; }
-size_t routing_shared_bytes(int num_experts) {
-  return sizeof(uint16_t) * kLowLatencyWarpsPerBlock * routing_row_entries(num_experts);
+// Where a thread's pair `slot` of a tile sits in it (warp w: words w and 31 - w, a lane per pair);
+// past the tile when the tile has fewer words.
+__device__ __forceinline__ int tile_offset(int slot) {
+  const int word = slot == 0 ? device::warp_id() : kWarpSize - 1 - device::warp_id();
+  return word * kWarpSize + device::lane_id();
 }
 
-// Reports this lane's pairs of a group whose ids are out of range (bit s of `bad_steps`: step s).
-// Out of line, so that the rare report costs the numbering loop no registers; the context's
-// fields come by value, so that no thread copies the kernel's context to its stack.
-__device__ __noinline__ void report_invalid_ids(DeviceErrorRecord* errors, int32_t* error_claim, int rank,
-                                                const LowLatencyCommon& common, int group, unsigned bad_steps) {
+// Reports a pair whose id is out of range. Out of line, so that the rare report costs the routing
+// no registers; the context's fields come by value, so that no thread copies the kernel's context
+// to its stack.
+__device__ __noinline__ void report_invalid_pair(DeviceErrorRecord* errors, int32_t* error_claim, int rank,
+                                                 const LowLatencyCommon& common, int pair) {
   KernelContext context;
   context.errors = errors;
   context.error_claim = error_claim;
   context.rank = rank;
-  for (; bad_steps != 0; bad_steps &= bad_steps - 1) {
-    const int pair = group + (__ffs(bad_steps) - 1) * kWarpSize + device::lane_id();
-    device::report_invalid_expert(context, DeviceOp::kLowLatencyDispatch, pair / common.num_topk, pair % common.num_topk,
-                                  common.topk_idx[pair], common.num_experts);
+  device::report_invalid_expert(context, DeviceOp::kLowLatencyDispatch, pair / common.num_topk, pair % common.num_topk,
+                                common.topk_idx[pair], common.num_experts);
+}
+
+// Where block 0 stores each routing entry: every direct rank (masked ranks left out in shrink
+// mode) and, when some rank is not direct, the staging the puts go from.
+struct RoutingTargets {
+  size_t routing = 0;  // this rank's routing, at the same offset in every rank's buffer
+  uint32_t direct = 0;
+  int32_t* staging = nullptr;  // null: no rank needs a put
+  __device__ void store(const device::Window& window, int pair, int32_t entry) const {
+    for (uint32_t left = direct; left != 0; left &= left - 1) {
+      *window.ptr<int32_t>(__ffs(left) - 1, routing + pair * sizeof(int32_t)) = entry;
+    }
+    if (staging != nullptr) staging[pair] = entry;
+  }
+};
+
+// This thread's pairs of the tile from `first`: their ids (-1 past the tile or the pairs), loaded
+// together.
+__device__ __forceinline__ void load_tile_ids(const LowLatencyCommon& common, RoutingTile tile, int first,
+                                              int64_t (&ids)[kTilePairsPerThread]) {
+  const int num_pairs = common.num_tokens * common.num_topk;
+#pragma unroll
+  for (int slot = 0; slot < kTilePairsPerThread; ++slot) {
+    const int offset = tile_offset(slot), pair = first + offset;
+    ids[slot] = offset < tile.pairs() && pair < num_pairs ? __ldg(common.topk_idx + pair) : -1;
+  }
+}
+
+// A tile's index of a pair among its expert's pairs: the expert's set bits below the pair's in the
+// tile's mask.
+__device__ __forceinline__ int index_in_tile(const uint32_t* mask, int offset) {
+  const int word = offset / kWarpSize;
+  int index = __popc(mask[word] & ((1u << (offset % kWarpSize)) - 1u));
+  for (int w = 0; w < word; ++w) index += __popc(mask[w]);
+  return index;
+}
+
+// After a tile's indices: each expert's pairs in it added to `pairs_before`, and its mask words
+// cleared for the next tile. A thread per expert walks its words (the odd stride keeps a warp's
+// 32 experts' word w in 32 banks): fewer instructions than a lane per word summed by shuffles,
+// though fewer threads work. Every thread of the block calls it.
+__device__ void count_tile(uint32_t* masks, uint32_t* pairs_before, RoutingTile tile, int num_experts) {
+  for (int expert = threadIdx.x; expert < num_experts; expert += kLowLatencyThreadsPerBlock) {
+    uint32_t* mask = masks + expert * tile.stride;
+    int count = 0;
+#pragma unroll 8
+    for (int word = 0; word < tile.words; ++word) {
+      count += __popc(mask[word]);
+      mask[word] = 0;
+    }
+    pairs_before[expert] += count;
   }
 }
 
@@ -83,30 +152,30 @@ __device__ __noinline__ void report_invalid_ids(DeviceErrorRecord* errors, int32
 // id is reported and sent as -1) and its index among this rank's pairs naming that expert, in
 // (token, k) order, which is its row at the receiver once the counts of the ranks before this one
 // are added: the receiver places rows without counting them itself.
-// The indices come out deterministic without a walk over the pairs one by one: each warp takes a
-// contiguous segment of the pairs; pass 1 counts the segment's pairs per expert, a scan over the
-// segments turns the counts into each segment's first index per expert, and pass 2 hands out the
-// indices in order. The scan also finds an expert with more than M pairs (only a token naming one
-// expert twice can make them), whose pairs past M the receiver drops: this rank, which made the
-// call, reports it. Direct ranks get each count and entry stored as it is found (a segment of one
-// group keeps its ids in registers between the passes); the others a put from the staging once
-// the block is done.
+// Per tile of pairs, each thread loads its pairs' ids and sets their bits in their experts' masks
+// (shared atomics); then a pair's index is its expert's pairs in earlier tiles plus the mask's bits
+// below its own (three block barriers a tile, at most about 200 instructions a thread where the two passes
+// of __match_any_sync steps before took 4.5 us of one SM's issue: docs/PERF.md). A token naming an
+// expert twice has two pairs, two bits, two indices. A count past
+// M (only such tokens can make one) is reported by this rank, which made the call; the receiver
+// drops the pairs past M. Direct ranks get each entry and count stored as it is found; the others
+// a put from the staging once the block is done.
 template <bool kShrink>
 __device__ void send_routing(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
                              const KernelContext& context, const LowLatencyLayout& layout) {
   const LowLatencyCommon& common = args.common;
   const int set = common.set_index;
-  // Row w: segment w's pair count per expert; after the scan, its first index per expert (capped
-  // at M), which pass 2 advances by at most the segment's pairs. A segment holds at most
-  // kMaxLowLatencyPairs / warps pairs, so 16 bits hold both.
-  // Dynamic shared memory sized by the call's experts (routing_shared_bytes), rows of an even
-  // number of entries so that they clear as 32-bit words.
-  extern __shared__ __align__(16) unsigned char routing_shared[];
-  uint16_t* segment_counts = reinterpret_cast<uint16_t*>(routing_shared);
-  static_assert(kMaxLowLatencyPairs < (1 << 16), "segment counts and capped indices fit 16 bits");
-  const int row = routing_row_entries(common.num_experts);
-  uint32_t* words = reinterpret_cast<uint32_t*>(routing_shared);
-  for (int i = threadIdx.x; i < kLowLatencyWarpsPerBlock * row / 2; i += blockDim.x) words[i] = 0;
+  const int num_experts = common.num_experts;
+  const int num_pairs = common.num_tokens * common.num_topk;
+  const RoutingTile tile = RoutingTile::of(num_experts, num_pairs);
+  extern __shared__ __align__(16) unsigned char routing_shared[];  // routing_shared_bytes
+  uint32_t* masks = reinterpret_cast<uint32_t*>(routing_shared);
+  uint32_t* pairs_before = masks + num_experts * tile.stride;
+  // The first tile's ids load while the masks and counts clear (here; then by count_tile after
+  // each tile).
+  int64_t ids_of_slots[kTilePairsPerThread];
+  load_tile_ids(common, tile, 0, ids_of_slots);
+  for (int i = threadIdx.x; i < num_experts * (tile.stride + 1); i += kLowLatencyThreadsPerBlock) masks[i] = 0;
   // Shrink mode: masked ranks are sent nothing, by the mask as warp 0 reads it once (one view for
   // the whole block: the barrier before the puts depends on it).
   __shared__ uint32_t masked_at_start;
@@ -115,109 +184,77 @@ __device__ void send_routing(const device::Window& window, const LowLatencyDispa
     if (device::lane_id() == 0) masked_at_start = masked;
   }
   __syncthreads();
-  uint32_t direct = 0, remote = 0;
+  RoutingTargets targets;
+  targets.routing = layout.routing(set, context.rank);
+  uint32_t remote = 0;
   for (int rank = 0; rank < context.num_ranks; ++rank) {
     if (masked_at_start & (1u << rank)) continue;
-    (window.is_direct(rank) ? direct : remote) |= 1u << rank;
+    (window.is_direct(rank) ? targets.direct : remote) |= 1u << rank;
   }
-
-  const int lane = device::lane_id();
-  const int num_pairs = common.num_tokens * common.num_topk;
-  const int per_segment = (num_pairs + kLowLatencyWarpsPerBlock - 1) / kLowLatencyWarpsPerBlock;
-  const int begin = min(device::warp_id() * per_segment, num_pairs);
-  const int end = min(begin + per_segment, num_pairs);
-  const bool one_group = end - begin <= kSegmentGroupPairs;
-  uint16_t* counts = segment_counts + device::warp_id() * row;
   int32_t* ids = window.own<int32_t>(layout.ids(set));
-  int experts[kSegmentSteps];  // this lane's pairs of the current group (-1: none, or past the end)
+  if (remote != 0) targets.staging = ids;
 
-  // Pass 1: check each id and count the segment's pairs per expert.
-  for (int group = begin; group < end; group += kSegmentGroupPairs) {
-    int64_t loaded[kSegmentSteps];
+  for (int first = 0; first < num_pairs; first += tile.pairs()) {
+    int experts[kTilePairsPerThread];
 #pragma unroll
-    for (int step = 0; step < kSegmentSteps; ++step) {
-      const int pair = group + step * kWarpSize + lane;
-      loaded[step] = pair < end ? common.topk_idx[pair] : -1;
+    for (int slot = 0; slot < kTilePairsPerThread; ++slot) {
+      const int offset = tile_offset(slot), pair = first + offset;
+      const int64_t id = ids_of_slots[slot];
+      experts[slot] = id >= 0 && id < num_experts ? static_cast<int>(id) : -1;
+      if (experts[slot] >= 0) {
+        atomicOr(&masks[experts[slot] * tile.stride + offset / kWarpSize], 1u << (offset % kWarpSize));
+      } else if (offset < tile.pairs() && pair < num_pairs) {
+        targets.store(window, pair, RoutedPair::kNone);
+        if (id != -1) report_invalid_pair(context.errors, context.error_claim, context.rank, common, pair);
+      }
     }
-    unsigned bad_steps = 0;  // bit s: step s's id is out of range
+    __syncthreads();  // every bit of the tile is set before any index is read from the masks
 #pragma unroll
-    for (int step = 0; step < kSegmentSteps; ++step) {
-      const int pair = group + step * kWarpSize + lane;
-      const bool bad = loaded[step] < -1 || loaded[step] >= common.num_experts;
-      bad_steps |= bad ? 1u << step : 0u;
-      experts[step] = bad ? -1 : static_cast<int>(loaded[step]);
-      if (!one_group && pair < end) ids[pair] = experts[step];  // read back by this same thread in pass 2
-      if (group + step * kWarpSize < end) (void)number_in_step(counts, experts[step]);  // uniform across the warp
+    for (int slot = 0; slot < kTilePairsPerThread; ++slot) {
+      if (experts[slot] < 0) continue;
+      const int offset = tile_offset(slot);
+      const int index = pairs_before[experts[slot]] + index_in_tile(masks + experts[slot] * tile.stride, offset);
+      targets.store(window, first + offset, RoutedPair::pack(experts[slot], min(index, common.max_tokens)));
     }
-    if (bad_steps != 0) report_invalid_ids(context.errors, context.error_claim, context.rank, common, group, bad_steps);
+    __syncthreads();  // every index of the tile is read before the counts advance and the masks clear
+    load_tile_ids(common, tile, first + tile.pairs(), ids_of_slots);  // the next tile's, under count_tile
+    count_tile(masks, pairs_before, tile, num_experts);
+    __syncthreads();  // the masks are clear and the counts in before the next tile, or the counts are read
   }
-  __syncthreads();
 
-  // The scan, a thread per expert; each count goes to the expert's rank when it is direct (the
-  // others: a put from `totals` below).
+  // Each expert's count: to its rank when it is direct, else staged for the put below.
   int32_t* totals = window.own<int32_t>(layout.count_staging(set));
-  for (int expert = threadIdx.x; expert < common.num_experts; expert += blockDim.x) {
-    int running = 0;
-    for (int segment = 0; segment < kLowLatencyWarpsPerBlock; ++segment) {
-      const int count = segment_counts[segment * row + expert];
-      segment_counts[segment * row + expert] = static_cast<uint16_t>(min(running, common.max_tokens));
-      running += count;
-    }
-    totals[expert] = running;
+  for (int expert = threadIdx.x; expert < num_experts; expert += blockDim.x) {
+    const int count = static_cast<int>(pairs_before[expert]);
+    totals[expert] = count;
     const int owner = expert / layout.experts_per_rank;
-    if (direct & (1u << owner)) {
+    if (targets.direct & (1u << owner)) {
       *window.ptr<int32_t>(owner, layout.counts(set, context.rank) + (expert % layout.experts_per_rank) * sizeof(int32_t)) =
-          running;
+          count;
     }
-    if (running <= common.max_tokens) continue;
+    if (count <= common.max_tokens) continue;
     device::ErrorDetails details;
     details.kind = DeviceErrorKind::kTooManyRows;
     details.op = DeviceOp::kLowLatencyDispatch;
-    details.observed = running;
+    details.observed = count;
     details.limit = common.max_tokens;
     device::report_error(context, details);
   }
-  __syncthreads();
 
-  // Pass 2: number the pairs in order; every entry (-1 too) to every direct rank, and staged for
-  // the others.
-  const size_t routing = layout.routing(set, context.rank);
-  for (int group = begin; group < end; group += kSegmentGroupPairs) {
-    if (!one_group) {
-#pragma unroll
-      for (int step = 0; step < kSegmentSteps; ++step) {
-        const int pair = group + step * kWarpSize + lane;
-        experts[step] = pair < end ? ids[pair] : -1;
-      }
-    }
-#pragma unroll
-    for (int step = 0; step < kSegmentSteps; ++step) {
-      const int pair = group + step * kWarpSize + lane;
-      if (group + step * kWarpSize >= end) break;  // uniform across the warp
-      const int index = number_in_step(counts, experts[step]);
-      if (pair >= end) continue;
-      const int32_t entry =
-          experts[step] >= 0 ? RoutedPair::pack(experts[step], min(index, common.max_tokens)) : RoutedPair::kNone;
-      if (remote != 0) ids[pair] = entry;  // the staging, for the puts below
-      for (uint32_t left = direct; left != 0; left &= left - 1) {
-        *window.ptr<int32_t>(__ffs(left) - 1, routing + pair * sizeof(int32_t)) = entry;
-      }
-    }
-  }
-
-  // The other ranks: puts from the staging once every warp has written its entries.
+  // The other ranks: puts from the staging once every thread has written its entries.
   if (remote != 0) __syncthreads();
+  const int lane = device::lane_id();
   const size_t routing_bytes = static_cast<size_t>(num_pairs) * sizeof(int32_t);
   const size_t counts_bytes = static_cast<size_t>(layout.experts_per_rank) * sizeof(int32_t);
   for (uint32_t left = remote; left != 0; left &= left - 1) {
     const int rank = __ffs(left) - 1;
     if (rank % kLowLatencyWarpsPerBlock != device::warp_id()) continue;
-    if (routing_bytes > 0) window.put(rank, routing, ids, routing_bytes);
+    if (routing_bytes > 0) window.put(rank, targets.routing, ids, routing_bytes);
     window.put(rank, layout.counts(set, context.rank), totals + rank * layout.experts_per_rank, counts_bytes);
   }
   // This call's signature, for the receiver to check against its own (a lane per field).
   constexpr int kFields = static_cast<int>(CallField::kCount);
-  for (uint32_t left = direct | remote; left != 0; left &= left - 1) {
+  for (uint32_t left = targets.direct | remote; left != 0; left &= left - 1) {
     const int rank = __ffs(left) - 1;
     if (rank % kLowLatencyWarpsPerBlock != device::warp_id() || lane >= kFields) continue;
     window.put_value(rank, layout.signature(set, context.rank) + lane * sizeof(int32_t), args.signature.values[lane]);
@@ -649,8 +686,11 @@ void launch_low_latency_dispatch(const PeerWindow& window, const LowLatencyDispa
                                  const KernelContext& context, cudaStream_t stream) {
   require_epoch_slots(args.common.num_blocks);
   const auto kernel = args.common.mask != nullptr ? low_latency::dispatch<true> : low_latency::dispatch<false>;
-  kernel<<<args.common.num_blocks, kLowLatencyThreadsPerBlock, routing_shared_bytes(args.common.num_experts), stream>>>(
-      window, args, phases, context);
+  // Block 0 of a send numbers the routing in shared memory; a receive alone needs none.
+  const size_t shared_bytes = (phases & kSendPhase) != 0
+                                  ? routing_shared_bytes(args.common.num_experts, args.common.num_tokens * args.common.num_topk)
+                                  : 0;
+  kernel<<<args.common.num_blocks, kLowLatencyThreadsPerBlock, shared_bytes, stream>>>(window, args, phases, context);
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }
 
