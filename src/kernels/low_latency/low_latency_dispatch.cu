@@ -644,9 +644,8 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
              unsigned phases, KernelContext context) {
   const device::Window window(peers);
   const LowLatencyCommon& common = args.common;
-  const device::LowLatencyLaunch launch = device::begin_low_latency_launch(window, common, context);
-  const LowLatencyLayout& layout = launch.layout;
-  const uint64_t epoch = launch.epoch;
+  const LowLatencyLayout layout = device::low_latency_layout(common, context);
+  uint64_t epoch = 0;  // read where first needed: the send's signal, or the receive
 
   if (phases & kSendPhase) {
     // Block 0 sends the routing; the rows go through the other blocks (all of them when alone),
@@ -661,6 +660,9 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
       send_chunk<kShrink>(window, args, context, layout, item / chunks, item % chunks);
     }
     window.quiet();  // the publish rule: puts complete, the election's barrier, then one signal
+    // Before the block arrives (finish_receive_phase's rule); the load completes under the
+    // election's barrier and fences.
+    epoch = device::launch_epoch(window, layout, common.set_index);
     if (device::last_block_to_arrive(window.own<uint32_t>(layout.send_blocks_done(common.set_index))) &&
         threadIdx.x < context.num_ranks &&
         (static_cast<int>(threadIdx.x) == context.rank || !device::is_masked<kShrink>(common, threadIdx.x))) {
@@ -675,6 +677,7 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
     // Every block waits for every source's flag, this rank's own included: so its own send is past
     // reading the epoch copies (a hook's send may still run on another stream) before it
     // advances them (finish_receive_phase's rule).
+    if (!(phases & kSendPhase)) epoch = device::launch_epoch(window, layout, common.set_index);
     receive<kShrink>(window, args, context, layout, epoch);
     device::finish_receive_phase(window, layout, common.set_index, epoch);
   }
