@@ -42,18 +42,17 @@ __device__ __forceinline__ float group_scale(float amax, bool round_scale) {
 // pairs: a 128-token top-8 call is one tile): as many as the call's pairs need, a power of two,
 // and fewer where the experts are many, so that the masks stay within kRoutingMaskWords.
 constexpr int kRoutingMaskWords = 8192;  // 32 KB of masks at most
-constexpr int kRoutingWarps = kLowLatencyThreadsPerBlock / kWarpSize;
-// Pairs of a tile one thread takes (their ids stay in its registers through the tile): in a tile of
-// 32 words, warp w takes words w and 31 - w, so that every warp sums as many words before its
-// pairs' (index_in_tile).
+// Pairs of a tile one thread takes (their ids and mask words stay in its registers through the
+// tile): pair threadIdx.x + slot * kLowLatencyThreadsPerBlock.
 constexpr int kTilePairsPerThread = 2;
-static_assert(kTilePairsPerThread * kRoutingWarps == kWarpSize, "the warps' words cover a tile of 32 words");
+static_assert(kTilePairsPerThread * kLowLatencyThreadsPerBlock == kWarpSize * kWarpSize,
+              "the threads' pairs cover a tile of 32 words");
 
 struct RoutingTile {
   int words;   // mask words per expert in a tile: the tile is words * 32 pairs
   int stride;  // words from one expert's mask to the next: odd, so that the masks of experts that
-               // differ mod 32 start in different banks (count_tile's 32 consecutive experts never
-               // share one; index_in_tile's random experts rarely do)
+               // differ mod 32 start in different banks (number_tile's 32 consecutive experts never
+               // share one; a pair's random expert rarely does)
   __host__ __device__ static constexpr RoutingTile of(int num_experts, int num_pairs) {
     const int needed = (num_pairs + kWarpSize - 1) / kWarpSize;
     const int fit = kRoutingMaskWords / (num_experts > 0 ? num_experts : 1);
@@ -75,11 +74,9 @@ size_t routing_shared_bytes(int num_experts, int num_pairs) {
   return sizeof(uint32_t) * static_cast<size_t>(num_experts) * (tile.stride + 1);
 }
 
-// Where a thread's pair `slot` of a tile sits in it (warp w: words w and 31 - w, a lane per pair);
-// past the tile when the tile has fewer words.
+// Where a thread's pair `slot` of a tile sits in it; past the tile when the tile has fewer words.
 __device__ __forceinline__ int tile_offset(int slot) {
-  const int word = slot == 0 ? device::warp_id() : kWarpSize - 1 - device::warp_id();
-  return word * kWarpSize + device::lane_id();
+  return slot * kLowLatencyThreadsPerBlock + static_cast<int>(threadIdx.x);
 }
 
 // Reports a pair whose id is out of range. Out of line, so that the rare report costs the routing
@@ -121,29 +118,22 @@ __device__ __forceinline__ void load_tile_ids(const LowLatencyCommon& common, Ro
   }
 }
 
-// A tile's index of a pair among its expert's pairs: the expert's set bits below the pair's in the
-// tile's mask.
-__device__ __forceinline__ int index_in_tile(const uint32_t* mask, int offset) {
-  const int word = offset / kWarpSize;
-  int index = __popc(mask[word] & ((1u << (offset % kWarpSize)) - 1u));
-  for (int w = 0; w < word; ++w) index += __popc(mask[w]);
-  return index;
-}
-
-// After a tile's indices: each expert's pairs in it added to `pairs_before`, and its mask words
-// cleared for the next tile. A thread per expert walks its words (the odd stride keeps a warp's
-// 32 experts' word w in 32 banks): fewer instructions than a lane per word summed by shuffles,
-// though fewer threads work. Every thread of the block calls it.
-__device__ void count_tile(uint32_t* masks, uint32_t* pairs_before, RoutingTile tile, int num_experts) {
+// After a tile's bits are set: each word of an expert's mask replaced by the expert's pairs before
+// it (in earlier tiles and earlier words: a pair's index is then that plus its word's set bits below
+// its own), and the expert's pairs in the tile added to `pairs_before`. A thread per expert walks
+// its words (the odd stride keeps a warp's 32 experts' word w in 32 banks), so that no pair sums
+// the words before its own. Every thread of the block calls it.
+__device__ void number_tile(uint32_t* masks, uint32_t* pairs_before, RoutingTile tile, int num_experts) {
   for (int expert = threadIdx.x; expert < num_experts; expert += kLowLatencyThreadsPerBlock) {
     uint32_t* mask = masks + expert * tile.stride;
-    int count = 0;
+    uint32_t before = pairs_before[expert];
 #pragma unroll 8
     for (int word = 0; word < tile.words; ++word) {
-      count += __popc(mask[word]);
-      mask[word] = 0;
+      const uint32_t bits = mask[word];
+      mask[word] = before;
+      before += __popc(bits);
     }
-    pairs_before[expert] += count;
+    pairs_before[expert] = before;
   }
 }
 
@@ -153,10 +143,10 @@ __device__ void count_tile(uint32_t* masks, uint32_t* pairs_before, RoutingTile 
 // (token, k) order, which is its row at the receiver once the counts of the ranks before this one
 // are added: the receiver places rows without counting them itself.
 // Per tile of pairs, each thread loads its pairs' ids and sets their bits in their experts' masks
-// (shared atomics); then a pair's index is its expert's pairs in earlier tiles plus the mask's bits
-// below its own (three block barriers a tile, at most about 200 instructions a thread where the two passes
-// of __match_any_sync steps before took 4.5 us of one SM's issue: docs/PERF.md). A token naming an
-// expert twice has two pairs, two bits, two indices. A count past
+// (shared atomics) and reads its pairs' words back; number_tile turns each word into the expert's
+// pairs before it; a pair's index is that plus its word's bits below its own (three block barriers
+// a one-tile call, five a tile where more follow; docs/PERF.md has what each pass costs). A token
+// naming an expert twice has two pairs, two bits, two indices. A count past
 // M (only such tokens can make one) is reported by this rank, which made the call; the receiver
 // drops the pairs past M. Direct ranks get each entry and count stored as it is found; the others
 // a put from the staging once the block is done.
@@ -171,8 +161,8 @@ __device__ void send_routing(const device::Window& window, const LowLatencyDispa
   extern __shared__ __align__(16) unsigned char routing_shared[];  // routing_shared_bytes
   uint32_t* masks = reinterpret_cast<uint32_t*>(routing_shared);
   uint32_t* pairs_before = masks + num_experts * tile.stride;
-  // The first tile's ids load while the masks and counts clear (here; then by count_tile after
-  // each tile).
+  // The first tile's ids load while the masks and counts clear (here; the masks again between
+  // tiles).
   int64_t ids_of_slots[kTilePairsPerThread];
   load_tile_ids(common, tile, 0, ids_of_slots);
   for (int i = threadIdx.x; i < num_experts * (tile.stride + 1); i += kLowLatencyThreadsPerBlock) masks[i] = 0;
@@ -208,18 +198,28 @@ __device__ void send_routing(const device::Window& window, const LowLatencyDispa
         if (id != -1) report_invalid_pair(context.errors, context.error_claim, context.rank, common, pair);
       }
     }
-    __syncthreads();  // every bit of the tile is set before any index is read from the masks
+    __syncthreads();  // every bit of the tile is set before any word is read
+    uint32_t words[kTilePairsPerThread];  // each pair's mask word, read before number_tile replaces it
+#pragma unroll
+    for (int slot = 0; slot < kTilePairsPerThread; ++slot) {
+      words[slot] = experts[slot] < 0 ? 0 : masks[experts[slot] * tile.stride + tile_offset(slot) / kWarpSize];
+    }
+    __syncthreads();  // every pair holds its word before the words become counts
+    number_tile(masks, pairs_before, tile, num_experts);
+    __syncthreads();  // every word holds the pairs before it, and the counts are in
 #pragma unroll
     for (int slot = 0; slot < kTilePairsPerThread; ++slot) {
       if (experts[slot] < 0) continue;
       const int offset = tile_offset(slot);
-      const int index = pairs_before[experts[slot]] + index_in_tile(masks + experts[slot] * tile.stride, offset);
+      const uint32_t bits_below = words[slot] & ((1u << (offset % kWarpSize)) - 1u);
+      const int index = static_cast<int>(masks[experts[slot] * tile.stride + offset / kWarpSize] + __popc(bits_below));
       targets.store(window, first + offset, RoutedPair::pack(experts[slot], min(index, common.max_tokens)));
     }
-    __syncthreads();  // every index of the tile is read before the counts advance and the masks clear
-    load_tile_ids(common, tile, first + tile.pairs(), ids_of_slots);  // the next tile's, under count_tile
-    count_tile(masks, pairs_before, tile, num_experts);
-    __syncthreads();  // the masks are clear and the counts in before the next tile, or the counts are read
+    if (first + tile.pairs() >= num_pairs) break;  // the last tile leaves its counts in the masks
+    load_tile_ids(common, tile, first + tile.pairs(), ids_of_slots);  // the next tile's, under the clearing
+    __syncthreads();  // every index of the tile is read before the masks clear
+    for (int i = threadIdx.x; i < num_experts * tile.stride; i += kLowLatencyThreadsPerBlock) masks[i] = 0;
+    __syncthreads();  // the masks are clear before the next tile's bits
   }
 
   // Each expert's count: to its rank when it is direct, else staged for the put below.
