@@ -63,13 +63,9 @@ struct RoutingTile {
   __host__ __device__ constexpr int pairs() const { return words * kWarpSize; }
 };
 // E * (stride + 1) words: at most kRoutingMaskWords plus two per expert (the padding, the count).
-constexpr size_t kDefaultSharedBytes = 48 << 10;
-// The receive's static shared memory (rows_before, Arrivals) and the few words of the election
-// and the shrink mask come on top.
-constexpr size_t kStaticSharedBytesAtMost = sizeof(int32_t) * (kMaxLowLatencyExperts + kMaxRanks + 32);
-static_assert(sizeof(uint32_t) * (kRoutingMaskWords + 2 * kMaxLowLatencyExperts) + kStaticSharedBytesAtMost <=
-                  kDefaultSharedBytes,
-              "the dispatch's shared memory needs no opt-in");
+constexpr size_t kDefaultDynamicSharedBytes = 48 << 10;
+static_assert(sizeof(uint32_t) * (kRoutingMaskWords + 2 * kMaxLowLatencyExperts) <= kDefaultDynamicSharedBytes,
+              "the routing's shared memory needs no opt-in");
 
 // Block 0's dynamic shared memory: the masks ([E][stride] words), then each expert's pairs in the
 // tiles before (E words).
@@ -496,13 +492,9 @@ __device__ __forceinline__ int rows_from(const device::Window& window, const Low
 constexpr int kReceiveChunkVectors = kLowLatencyReceiveChunkVectors;
 constexpr int kReceiveLoads = kLowLatencyReceiveLoadsInFlight;
 
-// A chunk task on its way: chunk `chunk_index` of token `token` of `source`, its token's pairs
-// (lane k: pair k, a RoutedPair) and, when loaded early, the chunk (lane l: vectors begin + i * 32 + l,
-// scale word begin / vectors_per_word + l).
-struct ChunkTask {
-  int source = 0, token = 0, chunk_index = 0;
-  int32_t entry = RoutedPair::kNone;
-  const char* message = nullptr;
+// A received chunk as a warp holds it: the row's vectors (lane l: vectors begin + i * 32 + l) and
+// its scale words (lane l: word begin / vectors_per_word + l).
+struct ReceivedChunk {
   int4 data[kReceiveLoads];
   uint32_t scale = 0;
   int begin = 0, row_vectors = 0;
@@ -510,79 +502,74 @@ struct ChunkTask {
   bool has_word = false;
 };
 
-__device__ __forceinline__ void load_chunk(const LowLatencyLayout& layout, ChunkTask& task) {
+__device__ __forceinline__ void load_received_chunk(const LowLatencyDispatchKernelArgs& args,
+                                                    const LowLatencyLayout& layout, const char* message,
+                                                    ReceivedChunk& chunk) {
   const int lane = device::lane_id();
 #pragma unroll
   for (int i = 0; i < kReceiveLoads; ++i) {
-    const int v = task.begin + i * kWarpSize + lane;
-    if (v < task.row_vectors) task.data[i] = __ldcg(reinterpret_cast<const int4*>(task.message) + v);
+    const int v = chunk.begin + i * kWarpSize + lane;
+    if (v < chunk.row_vectors) chunk.data[i] = __ldcg(reinterpret_cast<const int4*>(message) + v);
   }
-  if (task.has_word) task.scale = __ldcg(reinterpret_cast<const uint32_t*>(task.message + layout.message_scales()) + task.word);
+  if (chunk.has_word) chunk.scale = __ldcg(reinterpret_cast<const uint32_t*>(message + layout.message_scales()) + chunk.word);
 }
 
-// Task `task` of the receive's list (below `items`: a chunk; sources in order, then tokens, then
-// chunks): its pairs' load issued, its chunk's too when `load_early` (one round trip where there
-// were two; read in vain for a token with no pair here).
-__device__ void fetch_chunk(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
-                            const LowLatencyLayout& layout, const Arrivals& arrivals, int chunks, int task_index,
-                            bool load_early, ChunkTask& task) {
-  const LowLatencyCommon& common = args.common;
-  const int lane = device::lane_id();
-  int source = 0, item = task_index;
-  while (item >= arrivals.tokens[source] * chunks) item -= arrivals.tokens[source++] * chunks;
-  task.source = source;
-  task.token = item / chunks;
-  task.chunk_index = item % chunks;
-  task.message = window.own(layout.token(common.set_index, source, task.token));
-  const size_t row_bytes = static_cast<size_t>(common.hidden) * (args.use_fp8 ? 1 : 2);
-  task.row_vectors = static_cast<int>(row_bytes / kVectorBytes);
-  task.begin = task.chunk_index * kReceiveChunkVectors;
-  // The chunk's scale words, a lane each: a float per 128 channels (8 vectors), or a UE8M0 word
-  // per 512 (32 vectors); chunks start on a word.
-  const int vectors_per_word = args.use_ue8m0 ? kUe8m0GroupsPerInt * kFp8ChannelsPerScale / kVectorBytes
-                                              : kFp8ChannelsPerScale / kVectorBytes;
-  task.scale_words = !args.use_fp8 ? 0 : task.row_vectors / vectors_per_word;
-  task.word = task.begin / vectors_per_word + lane;
-  task.has_word = args.use_fp8 && lane < kReceiveChunkVectors / vectors_per_word && task.word < task.scale_words;
-  if (load_early) load_chunk(layout, task);
-  task.entry = RoutedPair::kNone;
-  if (lane < common.num_topk) {
-    task.entry = __ldcg(window.own<int32_t>(layout.routing(common.set_index, source)) + task.token * common.num_topk + lane);
-  }
-}
-
-// A fetched chunk into the rows of this rank's experts its pairs name: a pair's row is the earlier
-// sources' rows of the expert (`rows_before`, sum_rows_before) plus the pair's index. The chunk is
-// read once and stored once per row, its scales with it (scale-major per expert, deep_ep's layout).
-// Chunk 0's warp also leaves the token's routing for the combine.
-__device__ void place_chunk(const LowLatencyDispatchKernelArgs& args, const KernelContext& context,
-                            const LowLatencyLayout& layout, const int32_t* rows_before, bool load_early,
-                            ChunkTask& task) {
+// Chunk `chunk` of token `token` of `source` into the rows of this rank's experts its pairs name:
+// lane k reads pair k (RoutedPair), whose row is the earlier sources' rows of the expert plus the
+// pair's index. The chunk is read once and stored once per row, its scales with it (scale-major
+// per expert, deep_ep's layout). Chunk 0's warp also leaves the token's routing for the combine.
+// `load_early`: the chunk's loads go out with the pairs' (one round trip where there were two),
+// read in vain for a token with no pair here.
+__device__ void receive_chunk(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
+                              const KernelContext& context, const LowLatencyLayout& layout, const Arrivals& arrivals,
+                              int source, int token, int chunk_index, bool load_early) {
   const LowLatencyCommon& common = args.common;
   const int lane = device::lane_id();
   const int num_topk = common.num_topk;
   const int first_expert = context.rank * layout.experts_per_rank;
-  const int expert = RoutedPair::expert(task.entry);
-  const int index = RoutedPair::index(task.entry);
+  const char* message = window.own(layout.token(common.set_index, source, token));
+  const size_t row_bytes = static_cast<size_t>(common.hidden) * (args.use_fp8 ? 1 : 2);
+  ReceivedChunk chunk;
+  chunk.row_vectors = static_cast<int>(row_bytes / kVectorBytes);
+  chunk.begin = chunk_index * kReceiveChunkVectors;
+  // The chunk's scale words, a lane each: a float per 128 channels (8 vectors), or a UE8M0 word
+  // per 512 (32 vectors); chunks start on a word.
+  const int vectors_per_word = args.use_ue8m0 ? kUe8m0GroupsPerInt * kFp8ChannelsPerScale / kVectorBytes
+                                              : kFp8ChannelsPerScale / kVectorBytes;
+  chunk.scale_words = !args.use_fp8 ? 0 : chunk.row_vectors / vectors_per_word;
+  chunk.word = chunk.begin / vectors_per_word + lane;
+  chunk.has_word = args.use_fp8 && lane < kReceiveChunkVectors / vectors_per_word && chunk.word < chunk.scale_words;
+  if (load_early) load_received_chunk(args, layout, message, chunk);
+
+  int32_t entry = RoutedPair::kNone;
+  if (lane < num_topk) {
+    entry = __ldcg(window.own<int32_t>(layout.routing(common.set_index, source)) + token * num_topk + lane);
+  }
+  const int expert = RoutedPair::expert(entry);
+  const int index = RoutedPair::index(entry);
   const bool local = expert >= first_expert && expert < first_expert + layout.experts_per_rank;
   const int local_expert = local ? expert - first_expert : 0;
   const bool kept = local && index < common.max_tokens;  // past M: dropped (the source reported it)
   const uint32_t rows = __ballot_sync(0xffffffffu, kept);
   const size_t expert_rows = layout.combine_rows() / layout.experts_per_rank;
-  const size_t pair = (static_cast<size_t>(task.source) * common.max_tokens + task.token) * num_topk + lane;
-  if (task.chunk_index == 0 && lane < num_topk) args.routing.topk[pair] = expert;
+  const size_t pair = (static_cast<size_t>(source) * common.max_tokens + token) * num_topk + lane;
+  if (chunk_index == 0 && lane < num_topk) args.routing.topk[pair] = expert;
   if (rows == 0) {
-    if (task.chunk_index == 0 && local) args.routing.pair_row[pair] = -1;
+    if (chunk_index == 0 && local) args.routing.pair_row[pair] = -1;
     return;
   }
-  if (!load_early) load_chunk(layout, task);
+  // Otherwise here, so that the earlier sources' counts load under them.
+  if (!load_early) load_received_chunk(args, layout, message, chunk);
 
-  const int row = kept ? index + rows_before[task.source * layout.experts_per_rank + local_expert] : -1;
-  if (task.chunk_index == 0 && local) {
-    args.routing.pair_row[pair] = row;
-    if (kept) args.recv_src_info[local_expert * expert_rows + row] = task.token;
+  int row = index;  // among the expert's rows: this source's follow the earlier sources'
+#pragma unroll 4
+  for (int earlier = 0; earlier < source; ++earlier) {
+    if (kept) row += rows_from(window, layout, common.set_index, arrivals, earlier, local_expert);
   }
-  const size_t row_bytes = static_cast<size_t>(task.row_vectors) * kVectorBytes;
+  if (chunk_index == 0 && local) {
+    args.routing.pair_row[pair] = kept ? row : -1;
+    if (kept) args.recv_src_info[local_expert * expert_rows + row] = token;
+  }
   for (uint32_t left = rows; left != 0; left &= left - 1) {
     const int k = __ffs(left) - 1;
     const size_t to_expert = __shfl_sync(0xffffffffu, local_expert, k);
@@ -590,35 +577,15 @@ __device__ void place_chunk(const LowLatencyDispatchKernelArgs& args, const Kern
     int4* out = reinterpret_cast<int4*>(static_cast<char*>(args.recv_x) + (to_expert * expert_rows + to_row) * row_bytes);
 #pragma unroll
     for (int i = 0; i < kReceiveLoads; ++i) {
-      const int v = task.begin + i * kWarpSize + lane;
-      if (v < task.row_vectors) out[v] = task.data[i];
+      const int v = chunk.begin + i * kWarpSize + lane;
+      if (v < chunk.row_vectors) out[v] = chunk.data[i];
     }
     // Word w of row r of expert e at [e][w][r].
-    if (task.has_word) {
-      static_cast<uint32_t*>(args.recv_x_scales)[(to_expert * task.scale_words + task.word) * expert_rows + to_row] =
-          task.scale;
+    if (chunk.has_word) {
+      static_cast<uint32_t*>(args.recv_x_scales)[(to_expert * chunk.scale_words + chunk.word) * expert_rows + to_row] =
+          chunk.scale;
     }
   }
-}
-
-// Each source's first row for each of this rank's experts, [source][local expert]: the earlier
-// sources' rows (capped counts) summed. Every thread of the block calls it.
-__device__ void sum_rows_before(const device::Window& window, const LowLatencyLayout& layout, int set_index,
-                                const Arrivals& arrivals, int num_ranks, int32_t* rows_before) {
-  const int experts = layout.experts_per_rank;
-  for (int i = threadIdx.x; i < num_ranks * experts; i += kLowLatencyThreadsPerBlock) {
-    rows_before[i] = rows_from(window, layout, set_index, arrivals, i / experts, i % experts);
-  }
-  __syncthreads();  // every count is in before the sums
-  for (int expert = threadIdx.x; expert < experts; expert += kLowLatencyThreadsPerBlock) {
-    int32_t sum = 0;
-    for (int source = 0; source < num_ranks; ++source) {
-      const int32_t rows = rows_before[source * experts + expert];
-      rows_before[source * experts + expert] = sum;
-      sum += rows;
-    }
-  }
-  __syncthreads();  // every sum is in before a row is placed
 }
 
 // One of this rank's experts: its count per source and in all, and no origin for its rows past
@@ -652,7 +619,6 @@ template <bool kShrink>
 __device__ void receive(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
                         const KernelContext& context, const LowLatencyLayout& layout, uint64_t epoch) {
   __shared__ Arrivals arrivals;
-  __shared__ int32_t rows_before[kMaxLowLatencyExperts];  // sum_rows_before
   wait_for_sources<kShrink>(window, args, context, layout, epoch, arrivals);
   const LowLatencyCommon& common = args.common;
   const int num_ranks = context.num_ranks;
@@ -666,19 +632,14 @@ __device__ void receive(const device::Window& window, const LowLatencyDispatchKe
   // that is kLowLatencyEarlyLoadPairsPerToken or more, few tokens reaching this loop have no pair here,
   // and a chunk is loaded with its pairs, not after them.
   const bool load_early = common.num_topk * layout.experts_per_rank >= kLowLatencyEarlyLoadPairsPerToken * common.num_experts;
-  // Each warp's first chunk is fetched before the block sums the sources' counts, so that the two
-  // round trips overlap; each later one once the chunk before it is placed.
-  int task = device::warp_id() * gridDim.x + blockIdx.x;
-  ChunkTask chunk;
-  if (task < items) fetch_chunk(window, args, layout, arrivals, chunks, task, load_early, chunk);
-  sum_rows_before(window, layout, common.set_index, arrivals, num_ranks, rows_before);
-  for (; task < tasks; task += stride) {
+  for (int task = device::warp_id() * gridDim.x + blockIdx.x; task < tasks; task += stride) {
     if (task >= items) {
       receive_expert_counts(window, args, context, layout, arrivals, task - items);
       continue;
     }
-    place_chunk(args, context, layout, rows_before, load_early, chunk);
-    if (task + stride < items) fetch_chunk(window, args, layout, arrivals, chunks, task + stride, load_early, chunk);
+    int source = 0, item = task;
+    while (item >= arrivals.tokens[source] * chunks) item -= arrivals.tokens[source++] * chunks;
+    receive_chunk(window, args, context, layout, arrivals, source, item / chunks, item % chunks, load_early);
   }
   // Each source's signature, checked once, off the copy's path (by block s % G's last warp): a
   // source whose call differs is reported, and that call's outputs are unspecified. Reads and
