@@ -90,11 +90,6 @@ inline constexpr int kLowLatencyChunkVectors = 64;
 // per lane: 4 KB, an FP8 row of 7168 channels in two).
 inline constexpr int kLowLatencyReceiveLoadsInFlight = 8;
 inline constexpr int kLowLatencyReceiveChunkVectors = kLowLatencyReceiveLoadsInFlight * kWarpSize;
-// The receive loads a chunk together with its token's pairs (one round trip where there were two)
-// where a token names at least this many of the rank's experts on average: with uniform top-8
-// routing, 2 ranks (4 each; 99.6% of tokens have a pair on the rank) and 4 (2; 90%), not 8 (1;
-// 66%) or more, where the loads for tokens with no pair there would cost more than they save.
-inline constexpr int kLowLatencyEarlyLoadPairsPerToken = 2;
 
 // Peer copy (the bandwidth roofline): threads per block; SMs it uses when warming buffers up.
 inline constexpr int kCopyWarmupSms = 16;

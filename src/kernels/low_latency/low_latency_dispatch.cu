@@ -492,55 +492,17 @@ __device__ __forceinline__ int rows_from(const device::Window& window, const Low
 constexpr int kReceiveChunkVectors = kLowLatencyReceiveChunkVectors;
 constexpr int kReceiveLoads = kLowLatencyReceiveLoadsInFlight;
 
-// A received chunk as a warp holds it: the row's vectors (lane l: vectors begin + i * 32 + l) and
-// its scale words (lane l: word begin / vectors_per_word + l).
-struct ReceivedChunk {
-  int4 data[kReceiveLoads];
-  uint32_t scale = 0;
-  int begin = 0, row_vectors = 0;
-  int scale_words = 0, word = 0;  // the row's scale words; this lane's
-  bool has_word = false;
-};
-
-__device__ __forceinline__ void load_received_chunk(const LowLatencyDispatchKernelArgs& args,
-                                                    const LowLatencyLayout& layout, const char* message,
-                                                    ReceivedChunk& chunk) {
-  const int lane = device::lane_id();
-#pragma unroll
-  for (int i = 0; i < kReceiveLoads; ++i) {
-    const int v = chunk.begin + i * kWarpSize + lane;
-    if (v < chunk.row_vectors) chunk.data[i] = __ldcg(reinterpret_cast<const int4*>(message) + v);
-  }
-  if (chunk.has_word) chunk.scale = __ldcg(reinterpret_cast<const uint32_t*>(message + layout.message_scales()) + chunk.word);
-}
-
 // Chunk `chunk` of token `token` of `source` into the rows of this rank's experts its pairs name:
 // lane k reads pair k (RoutedPair), whose row is the earlier sources' rows of the expert plus the
 // pair's index. The chunk is read once and stored once per row, its scales with it (scale-major
 // per expert, deep_ep's layout). Chunk 0's warp also leaves the token's routing for the combine.
-// `load_early`: the chunk's loads go out with the pairs' (one round trip where there were two),
-// read in vain for a token with no pair here.
 __device__ void receive_chunk(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
                               const KernelContext& context, const LowLatencyLayout& layout, const Arrivals& arrivals,
-                              int source, int token, int chunk_index, bool load_early) {
+                              int source, int token, int chunk) {
   const LowLatencyCommon& common = args.common;
   const int lane = device::lane_id();
   const int num_topk = common.num_topk;
   const int first_expert = context.rank * layout.experts_per_rank;
-  const char* message = window.own(layout.token(common.set_index, source, token));
-  const size_t row_bytes = static_cast<size_t>(common.hidden) * (args.use_fp8 ? 1 : 2);
-  ReceivedChunk chunk;
-  chunk.row_vectors = static_cast<int>(row_bytes / kVectorBytes);
-  chunk.begin = chunk_index * kReceiveChunkVectors;
-  // The chunk's scale words, a lane each: a float per 128 channels (8 vectors), or a UE8M0 word
-  // per 512 (32 vectors); chunks start on a word.
-  const int vectors_per_word = args.use_ue8m0 ? kUe8m0GroupsPerInt * kFp8ChannelsPerScale / kVectorBytes
-                                              : kFp8ChannelsPerScale / kVectorBytes;
-  chunk.scale_words = !args.use_fp8 ? 0 : chunk.row_vectors / vectors_per_word;
-  chunk.word = chunk.begin / vectors_per_word + lane;
-  chunk.has_word = args.use_fp8 && lane < kReceiveChunkVectors / vectors_per_word && chunk.word < chunk.scale_words;
-  if (load_early) load_received_chunk(args, layout, message, chunk);
-
   int32_t entry = RoutedPair::kNone;
   if (lane < num_topk) {
     entry = __ldcg(window.own<int32_t>(layout.routing(common.set_index, source)) + token * num_topk + lane);
@@ -553,20 +515,39 @@ __device__ void receive_chunk(const device::Window& window, const LowLatencyDisp
   const uint32_t rows = __ballot_sync(0xffffffffu, kept);
   const size_t expert_rows = layout.combine_rows() / layout.experts_per_rank;
   const size_t pair = (static_cast<size_t>(source) * common.max_tokens + token) * num_topk + lane;
-  if (chunk_index == 0 && lane < num_topk) args.routing.topk[pair] = expert;
+  if (chunk == 0 && lane < num_topk) args.routing.topk[pair] = expert;
   if (rows == 0) {
-    if (chunk_index == 0 && local) args.routing.pair_row[pair] = -1;
+    if (chunk == 0 && local) args.routing.pair_row[pair] = -1;
     return;
   }
-  // Otherwise here, so that the earlier sources' counts load under them.
-  if (!load_early) load_received_chunk(args, layout, message, chunk);
+
+  // The chunk's loads go out first, so that the earlier sources' counts load under them.
+  const size_t row_bytes = static_cast<size_t>(common.hidden) * (args.use_fp8 ? 1 : 2);
+  const int row_vectors = static_cast<int>(row_bytes / kVectorBytes);
+  const int begin = chunk * kReceiveChunkVectors;
+  const char* message = window.own(layout.token(common.set_index, source, token));
+  int4 data[kReceiveLoads];
+#pragma unroll
+  for (int i = 0; i < kReceiveLoads; ++i) {
+    const int v = begin + i * kWarpSize + lane;
+    if (v < row_vectors) data[i] = __ldcg(reinterpret_cast<const int4*>(message) + v);
+  }
+  // The chunk's scale words, a lane each: a float per 128 channels (8 vectors), or a UE8M0 word
+  // per 512 (32 vectors); chunks start on a word.
+  const int vectors_per_word = args.use_ue8m0 ? kUe8m0GroupsPerInt * kFp8ChannelsPerScale / kVectorBytes
+                                              : kFp8ChannelsPerScale / kVectorBytes;
+  const int scale_words = !args.use_fp8 ? 0 : row_vectors / vectors_per_word;
+  const int word = begin / vectors_per_word + lane;
+  const bool has_word = args.use_fp8 && lane < kReceiveChunkVectors / vectors_per_word && word < scale_words;
+  uint32_t scale = 0;
+  if (has_word) scale = __ldcg(reinterpret_cast<const uint32_t*>(message + layout.message_scales()) + word);
 
   int row = index;  // among the expert's rows: this source's follow the earlier sources'
 #pragma unroll 4
   for (int earlier = 0; earlier < source; ++earlier) {
     if (kept) row += rows_from(window, layout, common.set_index, arrivals, earlier, local_expert);
   }
-  if (chunk_index == 0 && local) {
+  if (chunk == 0 && local) {
     args.routing.pair_row[pair] = kept ? row : -1;
     if (kept) args.recv_src_info[local_expert * expert_rows + row] = token;
   }
@@ -577,13 +558,12 @@ __device__ void receive_chunk(const device::Window& window, const LowLatencyDisp
     int4* out = reinterpret_cast<int4*>(static_cast<char*>(args.recv_x) + (to_expert * expert_rows + to_row) * row_bytes);
 #pragma unroll
     for (int i = 0; i < kReceiveLoads; ++i) {
-      const int v = chunk.begin + i * kWarpSize + lane;
-      if (v < chunk.row_vectors) out[v] = chunk.data[i];
+      const int v = begin + i * kWarpSize + lane;
+      if (v < row_vectors) out[v] = data[i];
     }
     // Word w of row r of expert e at [e][w][r].
-    if (chunk.has_word) {
-      static_cast<uint32_t*>(args.recv_x_scales)[(to_expert * chunk.scale_words + chunk.word) * expert_rows + to_row] =
-          chunk.scale;
+    if (has_word) {
+      static_cast<uint32_t*>(args.recv_x_scales)[(to_expert * scale_words + word) * expert_rows + to_row] = scale;
     }
   }
 }
@@ -628,10 +608,6 @@ __device__ void receive(const device::Window& window, const LowLatencyDispatchKe
   for (int source = 0; source < num_ranks; ++source) items += arrivals.tokens[source] * chunks;
   const int tasks = items + layout.experts_per_rank;
   const int stride = gridDim.x * kLowLatencyWarpsPerBlock;
-  // A token names num_topk * experts_per_rank / num_experts of this rank's experts on average; where
-  // that is kLowLatencyEarlyLoadPairsPerToken or more, few tokens reaching this loop have no pair here,
-  // and a chunk is loaded with its pairs, not after them.
-  const bool load_early = common.num_topk * layout.experts_per_rank >= kLowLatencyEarlyLoadPairsPerToken * common.num_experts;
   for (int task = device::warp_id() * gridDim.x + blockIdx.x; task < tasks; task += stride) {
     if (task >= items) {
       receive_expert_counts(window, args, context, layout, arrivals, task - items);
@@ -639,7 +615,7 @@ __device__ void receive(const device::Window& window, const LowLatencyDispatchKe
     }
     int source = 0, item = task;
     while (item >= arrivals.tokens[source] * chunks) item -= arrivals.tokens[source++] * chunks;
-    receive_chunk(window, args, context, layout, arrivals, source, item / chunks, item % chunks, load_early);
+    receive_chunk(window, args, context, layout, arrivals, source, item / chunks, item % chunks);
   }
   // Each source's signature, checked once, off the copy's path (by block s % G's last warp): a
   // source whose call differs is reported, and that call's outputs are unspecified. Reads and
