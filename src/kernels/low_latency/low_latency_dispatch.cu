@@ -144,11 +144,11 @@ __device__ void number_tile(uint32_t* masks, uint32_t* pairs_before, RoutingTile
 // are added: the receiver places rows without counting them itself.
 // Per tile of pairs, each thread loads its pairs' ids and sets their bits in their experts' masks
 // (shared atomics) and reads its pairs' words back; number_tile turns each word into the expert's
-// pairs before it; a pair's index is that plus its word's bits below its own (three block barriers
-// a one-tile call, five a tile where more follow; docs/PERF.md has what each pass costs). A token
-// naming an expert twice has two pairs, two bits, two indices. A count past
-// M (only such tokens can make one) is reported by this rank, which made the call; the receiver
-// drops the pairs past M. Direct ranks get each entry and count stored as it is found; the others
+// pairs before it; a pair's index is that plus its word's bits below its own (after the set-up's
+// barrier, three block barriers for the last tile, five for each before it; docs/PERF.md has what
+// each pass costs). A token naming an expert twice has two pairs, two bits, two indices. A count
+// past M (only such tokens can make one) is reported by this rank, which made the call; the
+// receiver drops the pairs past M. Direct ranks get each entry and count stored as it is found; the others
 // a put from the staging once the block is done.
 template <bool kShrink>
 __device__ void send_routing(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
