@@ -12,6 +12,9 @@ enum class ElectionScope { kGpu, kSystem };
 // peers too, at system scope) are ordered before what the last block does next: each block fences
 // before its increment, and the last block fences again after seeing the final count. The last
 // block resets the counter, so it needs zeroing only once and CUDA graph replays stay correct.
+// In the last block, thread 0's fence after the final count is its last ordering operation: a
+// strong store it makes next is a release of every block's earlier writes (at system scope, the
+// caller may flag peers with Window::signal_after_fence from thread 0, with no fence of its own).
 // Every thread of the block must call it.
 template <ElectionScope kScope = ElectionScope::kSystem>
 __device__ __forceinline__ bool last_block_to_arrive(uint32_t* counter) {

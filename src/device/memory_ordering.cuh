@@ -50,9 +50,15 @@ __device__ __forceinline__ void st_release_sys(int32_t* address, int32_t value) 
   asm volatile("st.release.sys.global.s32 [%0], %1;" ::"l"(address), "r"(value) : "memory");
 }
 
-// Relaxed store at system scope: for a field published later by a release store.
+// Relaxed store at system scope: for a field published later by a release store, or a flag
+// right after this thread's own fence_acq_rel_sys (a fence followed by a strong write is a release
+// pattern in the PTX memory model: Window::signal_after_fence).
 __device__ __forceinline__ void st_relaxed_sys(int64_t* address, int64_t value) {
   asm volatile("st.relaxed.sys.global.s64 [%0], %1;" ::"l"(address), "l"(value) : "memory");
+}
+
+__device__ __forceinline__ void st_relaxed_sys(uint64_t* address, uint64_t value) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(address), "l"(value) : "memory");
 }
 
 __device__ __forceinline__ void st_relaxed_sys(int32_t* address, int32_t value) {

@@ -118,6 +118,16 @@ class Window {
     st_release_sys(reinterpret_cast<uint64_t*>(peers_.bases[peer] + offset), value);
   }
 
+  // As signal(), from a thread whose last ordering operation was fence_acq_rel_sys (thread 0 of
+  // the block last_block_to_arrive elected): that fence and this relaxed store form a release
+  // pattern (PTX memory model: a fence followed by a strong write), so the reader's acquire of the
+  // flag sees everything the fence ordered, without the release store's own fence. Not for peers
+  // reached by NVSHMEM (signals_by_nvshmem): their signal() completes the puts first.
+  __device__ void signal_after_fence(int peer, size_t offset, uint64_t value) const {
+    st_relaxed_sys(reinterpret_cast<uint64_t*>(peers_.bases[peer] + offset), value);
+  }
+  __device__ bool signals_by_nvshmem(int peer) const { return by_nvshmem(peer); }
+
   // `acquired`: see wait_at_least.
   __device__ bool wait(size_t own_offset, uint64_t expected, const KernelContext& context, const WaitSite& site,
                        uint64_t* acquired = nullptr) const {

@@ -507,12 +507,14 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
     if (blockIdx.x == 0) send_weights<kShrink>(window, args, context, layout, epoch);
     send_partials<kLogfmt, kShrink>(window, args, context, layout, epoch);
     window.quiet();  // the publish rule: puts complete, the election's barrier, then one signal
-    if (device::last_block_to_arrive(window.own<uint32_t>(layout.send_blocks_done(common.set_index))) &&
-        threadIdx.x < context.num_ranks && !device::is_masked<kShrink>(common, threadIdx.x)) {
-      const int source = threadIdx.x;
-      // Pairs with the source's wait on this flag before it reads this rank's partial sums.
-      window.signal(source, layout.combine_flag(common.set_index, context.rank),
-                    pack_flag(epoch, static_cast<uint32_t>(args.routing.tokens_from[source])));
+    if (device::last_block_to_arrive(window.own<uint32_t>(layout.send_blocks_done(common.set_index)))) {
+      // Pairs with each source's wait on this flag before it reads this rank's partial sums.
+      const uint32_t all = context.num_ranks == kMaxRanks ? ~0u : (1u << context.num_ranks) - 1u;
+      device::signal_from_elected(
+          window, all & ~device::masked_ranks<kShrink>(common, context.num_ranks),
+          layout.combine_flag(common.set_index, context.rank), [&](int source) {
+            return pack_flag(epoch, static_cast<uint32_t>(args.routing.tokens_from[source]));
+          });
     }
   }
   if (phases & kReceivePhase) {

@@ -158,6 +158,26 @@ __device__ __forceinline__ uint32_t masked_ranks(const kernels::LowLatencyCommon
   return __ballot_sync(0xffffffffu, masked);
 }
 
+// The block last_block_to_arrive elected flags every rank of `ranks` (bit r), flag_of(r) at
+// `offset` in each: thread 0, right after its election fence, stores the flags of the peers it
+// reaches through the mapping (signal_after_fence: the receivers see them one system-scope fence
+// sooner than a release store each); a thread per peer reached by NVSHMEM signals that peer.
+// Pairs with each rank's wait on its flag. The elected block's threads call it.
+template <typename FlagOf>
+__device__ __forceinline__ void signal_from_elected(const Window& window, uint32_t ranks, size_t offset,
+                                                    FlagOf flag_of) {
+  if (threadIdx.x == 0) {
+    for (uint32_t left = ranks; left != 0; left &= left - 1) {
+      const int rank = __ffs(left) - 1;
+      if (!window.signals_by_nvshmem(rank)) window.signal_after_fence(rank, offset, flag_of(rank));
+    }
+  }
+  const int rank = static_cast<int>(threadIdx.x);
+  if (rank < kMaxRanks && ((ranks >> rank) & 1u) != 0 && window.signals_by_nvshmem(rank)) {
+    window.signal(rank, offset, flag_of(rank));
+  }
+}
+
 // Shrink mode: whether `rank` is masked, for one thread.
 template <bool kShrink>
 __device__ __forceinline__ bool is_masked(const kernels::LowLatencyCommon& common, int rank) {

@@ -663,14 +663,15 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
     // Before the block arrives (finish_receive_phase's rule); the load completes under the
     // election's barrier and fences.
     epoch = device::launch_epoch(window, layout, common.set_index);
-    if (device::last_block_to_arrive(window.own<uint32_t>(layout.send_blocks_done(common.set_index))) &&
-        threadIdx.x < context.num_ranks &&
-        (static_cast<int>(threadIdx.x) == context.rank || !device::is_masked<kShrink>(common, threadIdx.x))) {
+    if (device::last_block_to_arrive(window.own<uint32_t>(layout.send_blocks_done(common.set_index)))) {
       // This rank's own flag goes out even when it is masked: its receive waits for it before it
       // advances the epoch copies (and takes nothing from itself then).
       // Pairs with each rank's wait on this flag before it reads the tokens and routing.
-      window.signal(threadIdx.x, layout.dispatch_flag(common.set_index, context.rank),
-                    pack_flag(epoch, static_cast<uint32_t>(common.num_tokens)));
+      const uint32_t all = context.num_ranks == kMaxRanks ? ~0u : (1u << context.num_ranks) - 1u;
+      const uint32_t ranks = (all & ~device::masked_ranks<kShrink>(common, context.num_ranks)) | (1u << context.rank);
+      const uint64_t flag = pack_flag(epoch, static_cast<uint32_t>(common.num_tokens));
+      device::signal_from_elected(window, ranks, layout.dispatch_flag(common.set_index, context.rank),
+                                  [flag](int) { return flag; });
     }
   }
   if (phases & kReceivePhase) {
