@@ -16,6 +16,7 @@
 
 #include "common/cuda_check.hpp"
 #include "common/device_error.hpp"
+#include "common/routing_tile.hpp"
 #include "device/warp_ops.cuh"
 #include "kernels/low_latency/low_latency_common.cuh"
 
@@ -37,42 +38,11 @@ __device__ __forceinline__ float group_scale(float amax, bool round_scale) {
   return __uint_as_float((bits & ~kFloatMantissaMask) + (1u << kFloatMantissaBits));
 }
 
-// The routing is numbered a tile of pairs at a time, with a bitmask per expert over the tile (bit
-// o: the tile's pair o names the expert). A tile spans up to kWarpSize words per expert (1024
-// pairs: a 128-token top-8 call is one tile): as many as the call's pairs need, a power of two,
-// and fewer where the experts are many, so that the masks stay within kRoutingMaskWords.
-constexpr int kRoutingMaskWords = 8192;  // 32 KB of masks at most
 // Pairs of a tile one thread takes (their ids and mask words stay in its registers through the
-// tile): pair threadIdx.x + slot * kLowLatencyThreadsPerBlock.
+// tile): pair threadIdx.x + slot * kLowLatencyThreadsPerBlock. The tiles: common/routing_tile.hpp.
 constexpr int kTilePairsPerThread = 2;
 static_assert(kTilePairsPerThread * kLowLatencyThreadsPerBlock == kWarpSize * kWarpSize,
               "the threads' pairs cover a tile of 32 words");
-
-struct RoutingTile {
-  int words;   // mask words per expert in a tile: the tile is words * 32 pairs
-  int stride;  // words from one expert's mask to the next: odd, so that the masks of experts that
-               // differ mod 32 start in different banks (number_tile's 32 consecutive experts never
-               // share one; a pair's random expert rarely does)
-  __host__ __device__ static constexpr RoutingTile of(int num_experts, int num_pairs) {
-    const int needed = (num_pairs + kWarpSize - 1) / kWarpSize;
-    const int fit = kRoutingMaskWords / (num_experts > 0 ? num_experts : 1);
-    int words = 1;
-    while (words < kWarpSize && words < needed && 2 * words <= fit) words *= 2;
-    return RoutingTile{words, words | 1};
-  }
-  __host__ __device__ constexpr int pairs() const { return words * kWarpSize; }
-};
-// E * (stride + 1) words: at most kRoutingMaskWords plus two per expert (the padding, the count).
-constexpr size_t kDefaultDynamicSharedBytes = 48 << 10;
-static_assert(sizeof(uint32_t) * (kRoutingMaskWords + 2 * kMaxLowLatencyExperts) <= kDefaultDynamicSharedBytes,
-              "the routing's shared memory needs no opt-in");
-
-// Block 0's dynamic shared memory: the masks ([E][stride] words), then each expert's pairs in the
-// tiles before (E words).
-size_t routing_shared_bytes(int num_experts, int num_pairs) {
-  const RoutingTile tile = RoutingTile::of(num_experts, num_pairs);
-  return sizeof(uint32_t) * static_cast<size_t>(num_experts) * (tile.stride + 1);
-}
 
 // Where a thread's pair `slot` of a tile sits in it; past the tile when the tile has fewer words.
 __device__ __forceinline__ int tile_offset(int slot) {
