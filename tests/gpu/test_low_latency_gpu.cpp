@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "common/routing_tile.hpp"
 #include "epcomm/buffer.hpp"
 #include "gpu/gpu_cases.hpp"
 #include "gpu/low_latency_test_util.hpp"
@@ -99,10 +100,11 @@ int tokens_of(const Scenario& s, int rank) { return s.tokens >= 0 ? s.tokens : (
 int experts_of(const Scenario& s, int ranks) { return s.experts_per_rank * ranks; }
 int64_t slots_of(const Scenario& s, int ranks) { return int64_t{ranks} * s.max_tokens; }
 
-// The sender numbers its routing in tiles of up to 1024 pairs (low_latency_dispatch.cu), smaller
+// The sender numbers its routing in tiles of up to 1024 pairs (common/routing_tile.hpp), smaller
 // ones dividing it. Where a token spans pair 1024, it is made to name one expert in its first slot
 // (tile 0) and its last (tile 1), so that the repeats the random draw may miss are there.
-constexpr int kRoutingTilePairs = 1024;
+constexpr int kRoutingTilePairs = RoutingTile::of(1, kMaxLowLatencyPairs).pairs();
+static_assert(kRoutingTilePairs == 1024, "the largest tile");
 void repeat_across_tiles(std::vector<int64_t>& ids, int num_tokens, int topk, int num_experts) {
   const int token = kRoutingTilePairs / topk;
   if (topk < 2 || kRoutingTilePairs % topk == 0 || token >= num_tokens) return;  // no token spans it
