@@ -509,9 +509,8 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
     window.quiet();  // the publish rule: puts complete, the election's barrier, then one signal
     if (device::last_block_to_arrive(window.own<uint32_t>(layout.send_blocks_done(common.set_index)))) {
       // Pairs with each source's wait on this flag before it reads this rank's partial sums.
-      const uint32_t all = context.num_ranks == kMaxRanks ? ~0u : (1u << context.num_ranks) - 1u;
       device::signal_from_elected(
-          window, all & ~device::masked_ranks<kShrink>(common, context.num_ranks),
+          window, device::unmasked_ranks<kShrink>(common, context.num_ranks),
           layout.combine_flag(common.set_index, context.rank), [&](int source) {
             return pack_flag(epoch, static_cast<uint32_t>(args.routing.tokens_from[source]));
           });

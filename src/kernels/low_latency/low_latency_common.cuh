@@ -56,8 +56,8 @@ __device__ __forceinline__ LowLatencyLayout low_latency_layout(const kernels::Lo
 }
 
 // The epoch of this call, one more than the set's last completed call, from this block's slot
-// (stored by finish_receive_phase). A launch that needs it only late reads it there: a block whose
-// first instructions wait on the load stalls 0.35-0.45 us (probes, one H200, 2026-12-03).
+// (stored by finish_receive_phase). A launch that needs it only late reads it there, so that no
+// block's first instructions wait on the load.
 __device__ __forceinline__ uint64_t launch_epoch(const Window& window, const LowLatencyLayout& layout, int set_index) {
   return *window.own<uint64_t>(layout.epoch(set_index, blockIdx.x)) + 1;
 }
@@ -156,6 +156,13 @@ __device__ __forceinline__ uint32_t masked_ranks(const kernels::LowLatencyCommon
   const int lane = lane_id();
   const bool masked = lane < num_ranks && ld_relaxed_sys(common.mask + lane) != 0;
   return __ballot_sync(0xffffffffu, masked);
+}
+
+// Every rank but those masked (shrink mode), as bits. Every lane of the warp calls it.
+template <bool kShrink>
+__device__ __forceinline__ uint32_t unmasked_ranks(const kernels::LowLatencyCommon& common, int num_ranks) {
+  const uint32_t all = num_ranks == kMaxRanks ? ~0u : (1u << num_ranks) - 1u;
+  return all & ~masked_ranks<kShrink>(common, num_ranks);
 }
 
 // The block last_block_to_arrive elected flags every rank of `ranks` (bit r), flag_of(r) at

@@ -637,8 +637,7 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
       // This rank's own flag goes out even when it is masked: its receive waits for it before it
       // advances the epoch copies (and takes nothing from itself then).
       // Pairs with each rank's wait on this flag before it reads the tokens and routing.
-      const uint32_t all = context.num_ranks == kMaxRanks ? ~0u : (1u << context.num_ranks) - 1u;
-      const uint32_t ranks = (all & ~device::masked_ranks<kShrink>(common, context.num_ranks)) | (1u << context.rank);
+      const uint32_t ranks = device::unmasked_ranks<kShrink>(common, context.num_ranks) | (1u << context.rank);
       const uint64_t flag = pack_flag(epoch, static_cast<uint32_t>(common.num_tokens));
       device::signal_from_elected(window, ranks, layout.dispatch_flag(common.set_index, context.rank),
                                   [flag](int) { return flag; });
