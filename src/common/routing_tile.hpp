@@ -42,8 +42,10 @@ inline constexpr size_t routing_shared_bytes(int num_experts, int num_pairs) {
 inline constexpr size_t kRoutingSharedBytesAtMost = sizeof(uint32_t) * (kRoutingMaskWords + 2 * kMaxLowLatencyExperts);
 // A block's shared memory without an opt-in (cudaFuncAttributeMaxDynamicSharedMemorySize): the
 // routing's and the dispatch kernel's few static words (the receive's Arrivals, the election's
-// flag) fit under it.
+// flag, the shrink mask: under 200 bytes, allowed up to kDispatchStaticSharedBytesAtMost) fit under it.
 inline constexpr size_t kDefaultSharedBytesPerBlock = 48 << 10;
-static_assert(kRoutingSharedBytesAtMost + 1024 <= kDefaultSharedBytesPerBlock, "the routing's shared memory needs no opt-in");
+inline constexpr size_t kDispatchStaticSharedBytesAtMost = 1 << 10;
+static_assert(kRoutingSharedBytesAtMost + kDispatchStaticSharedBytesAtMost <= kDefaultSharedBytesPerBlock,
+              "the routing's shared memory needs no opt-in");
 
 }  // namespace epcomm
