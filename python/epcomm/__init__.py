@@ -50,5 +50,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'epcomm' has no attribute {name!r}")
 
 
-__all__ = ["Buffer", "Config", "DispatchHandle", "EventHandle", "EventOverlap", "InternodeDispatchHandle", "LowLatencyHandle", "TensorView", "WarmupShape", "install_as_deep_ep",
-           "low_latency_buffer_size_hint", "utils", "version"]
+__all__ = ["Buffer", "Config", "DispatchHandle", "EventHandle", "EventOverlap", "InternodeDispatchHandle",
+           "LowLatencyHandle", "TensorView", "WarmupShape", "install_as_deep_ep", "low_latency_buffer_size_hint",
+           "topk_idx_t", "utils", "version"]

@@ -6,7 +6,7 @@ from typing import Any, Callable, Optional, Tuple, Union
 
 from . import _C
 from . import _torch
-from .event import EventOverlap, runtime_event
+from .event import EventHandle, EventOverlap, runtime_event
 from .handles import DispatchHandle, InternodeDispatchHandle, LowLatencyHandle, runtime_handle
 
 Config = _C.Config
@@ -104,8 +104,8 @@ class Buffer:
     def __init__(self, group: Any, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0, low_latency_mode: bool = False,
                  num_qps_per_rank: int = _C.BUFFER_DEFAULTS["num_qps_per_rank"],
                  allow_nvlink_for_low_latency_mode: bool = _C.BUFFER_DEFAULTS["allow_nvlink_for_low_latency_mode"],
-                 allow_mnnvl: bool = False, use_fabric: bool = False, explicitly_destroy: bool = False,
-                 enable_shrink: bool = False, comm: Any = None,
+                 allow_mnnvl: bool = False, explicitly_destroy: bool = False, enable_shrink: bool = False,
+                 comm: Any = None, *, use_fabric: bool = False,
                  preinitialize: bool = _C.BUFFER_DEFAULTS["preinitialize"],
                  initialize_in_background: bool = _C.BUFFER_DEFAULTS["initialize_in_background"],
                  wait_timeout_ms: int = _C.BUFFER_DEFAULTS["wait_timeout_ms"],
@@ -126,6 +126,7 @@ class Buffer:
         self.num_rdma_bytes = num_rdma_bytes
         self.low_latency_mode = low_latency_mode
         self.explicitly_destroy = explicitly_destroy
+        self.enable_shrink = enable_shrink
         self.device = torch.cuda.current_device()
         # A background initialisation exchanges on its own thread: give it a private gloo group, so
         # its collectives never interleave with the caller's on `group`.
@@ -241,7 +242,7 @@ class Buffer:
     @staticmethod
     def capture() -> EventOverlap:
         """An EventOverlap of the work queued on the current stream so far."""
-        return EventOverlap(_C.Event.record(_torch.current_stream()))
+        return EventOverlap(EventHandle())
 
     def _config(self, config: Optional[Config], default: Callable[[int], Config]) -> Config:
         return config if config is not None else default(self.group_size)
@@ -314,7 +315,21 @@ class Buffer:
 
     # deep_ep's internode methods, which its dispatch and combine call across nodes: here dispatch
     # and combine themselves, which take the hierarchical path when the ranks span nodes.
-    internode_dispatch = dispatch
+    def internode_dispatch(self, x, handle: Optional[Any] = None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
+                           is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None, topk_weights=None,
+                           expert_alignment: int = 1, config: Optional[Config] = None,
+                           previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
+                           allocate_on_comm_stream: bool = False, *, num_worst_tokens: int = 0):
+        """``dispatch``, in the argument order of deep_ep 2's ``internode_dispatch`` (no
+        num_worst_tokens before config). deep_ep 1 had num_worst_tokens there: an int in config's
+        place is read as it, and the arguments after it as deep_ep 1 placed them."""
+        if isinstance(config, int) and not isinstance(config, bool):  # deep_ep 1's positional order
+            num_worst_tokens, config, previous_event, async_finish, allocate_on_comm_stream = (
+                config, previous_event, async_finish, allocate_on_comm_stream, False)
+        return self.dispatch(x, handle, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
+                             num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, num_worst_tokens, config,
+                             previous_event, async_finish, allocate_on_comm_stream)
+
     internode_combine = combine
 
     # ---- low-latency mode ----

@@ -1,6 +1,6 @@
 """EventOverlap and EventHandle: deep_ep's handles on an asynchronous call's completion."""
 
-from typing import Any, Optional, Tuple, Union
+from typing import Any, Callable, Optional, Tuple, Union
 
 from . import _C
 
@@ -39,23 +39,45 @@ def runtime_event(event: Optional[Union[_C.Event, EventHandle]]) -> _C.Event:
 class EventOverlap:
     """The event of an asynchronous call (``async_finish=True``) plus tensors to keep alive until it.
 
-    ``current_stream_wait()`` makes the current torch stream wait for the event. Used as a context
-    manager, the body overlaps with the communication and the current stream waits on exit.
+    ``current_stream_wait()`` makes the current torch stream wait for the event, then runs the hook
+    registered with ``register_hook_after_wait`` (once); with ``release_handle=True`` it also drops
+    the event. Used as a context manager (``with event:``, or ``with event(release_handle=True):``),
+    the body overlaps with the communication and the current stream waits on exit. As deep_ep 2's;
+    an EventOverlap without an event waits for nothing (deep_ep's asserts).
     """
 
     def __init__(self, event: Optional[Union[_C.Event, EventHandle]] = None,
                  extra_tensors: Optional[Tuple[Any, ...]] = None) -> None:
         self.event = event
         self.extra_tensors = extra_tensors
+        self.hook_after_wait: Optional[Callable[[], Any]] = None
+        self._release_handle_by_call = False
 
-    def current_stream_wait(self) -> None:
-        from . import _torch
-
+    def current_stream_wait(self, release_handle: bool = False) -> None:
         if self.event is not None and not self.event.empty:
-            self.event.wait(_torch.current_stream())
+            self.event.current_stream_wait()
+        if self.hook_after_wait is not None:
+            hook, self.hook_after_wait = self.hook_after_wait, None
+            hook()
+        if release_handle:
+            self.event = None
+
+    def register_hook_after_wait(self, hook_after_wait: Callable[[], Any]) -> None:
+        """Runs `hook_after_wait` (once) right after the next ``current_stream_wait()``, on the
+        current stream's side of the wait (deep_ep's deterministic dispatch sorts there)."""
+        if self.hook_after_wait is not None:
+            raise RuntimeError("epcomm: a hook is already registered on this EventOverlap")
+        self.hook_after_wait = hook_after_wait
+
+    def __call__(self, release_handle: bool = False) -> "EventOverlap":
+        """``with event(release_handle=True):`` drops the event once the current stream waited."""
+        self._release_handle_by_call = release_handle
+        return self
 
     def __enter__(self) -> "EventOverlap":
         return self
 
     def __exit__(self, exc_type, exc_value, traceback) -> None:
-        self.current_stream_wait()
+        if self.event is not None:
+            self.current_stream_wait(release_handle=self._release_handle_by_call)
+        self._release_handle_by_call = False

@@ -124,6 +124,8 @@ void bind_types(nb::module_& m) {
       .def(nb::init<>())
       .def_static("record", [](uintptr_t stream) { return Event::record(as_stream(stream)); })
       .def("wait", [](const Event& e, uintptr_t stream) { e.wait(as_stream(stream)); })
+      // deep_ep's EventHandle.current_stream_wait: torch's current stream waits for it.
+      .def("current_stream_wait", [](const Event& e) { e.wait(TorchBridge::get().current_stream()); })
       .def("synchronize", &Event::synchronize, nb::call_guard<nb::gil_scoped_release>())
       .def("query", &Event::query)
       .def_prop_ro("empty", &Event::empty);

@@ -35,8 +35,89 @@ def test_deep_ep_helpers_exist():
     for name in ("get_num_rdma_ranks", "get_rdma_rank", "get_root_rdma_rank", "get_local_device_id"):
         assert hasattr(_C.Buffer, name), name  # deep_ep's runtime queries, on Buffer.runtime
     # deep_ep's internode methods, for code that calls them directly: the same calls.
-    assert epcomm.Buffer.internode_dispatch is epcomm.Buffer.dispatch
     assert epcomm.Buffer.internode_combine is epcomm.Buffer.combine
+    assert "topk_idx_t" in epcomm.__all__
+
+
+class _RecordingBuffer:
+    """Stands in for a Buffer: what its dispatch was called with."""
+
+    def dispatch(self, *args):
+        self.args = args
+        return "dispatched"
+
+
+def test_internode_dispatch_takes_deep_eps_argument_orders():
+    names = ("x", "handle", "num_tokens_per_rank", "num_tokens_per_rdma_rank", "is_token_in_rank",
+             "num_tokens_per_expert", "topk_idx", "topk_weights", "expert_alignment", "num_worst_tokens", "config",
+             "previous_event", "async_finish", "allocate_on_comm_stream")
+    config = epcomm.Config()
+    # deep_ep 2: no num_worst_tokens before config.
+    buffer = _RecordingBuffer()
+    assert epcomm.Buffer.internode_dispatch(buffer, "x", None, 1, 2, 3, 4, 5, 6, 7, config, "event", True, True) == "dispatched"
+    got = dict(zip(names, buffer.args))
+    assert got["expert_alignment"] == 7 and got["num_worst_tokens"] == 0 and got["config"] is config
+    assert got["previous_event"] == "event" and got["async_finish"] is True and got["allocate_on_comm_stream"] is True
+    # deep_ep 1: num_worst_tokens (an int) where config now is, the rest one place later.
+    epcomm.Buffer.internode_dispatch(buffer, "x", None, 1, 2, 3, 4, 5, 6, 7, 64, config, "event", True)
+    got = dict(zip(names, buffer.args))
+    assert got["num_worst_tokens"] == 64 and got["config"] is config and got["previous_event"] == "event"
+    assert got["async_finish"] is True and got["allocate_on_comm_stream"] is False
+    # By keyword, either way.
+    epcomm.Buffer.internode_dispatch(buffer, "x", num_worst_tokens=32, config=config)
+    got = dict(zip(names, buffer.args))
+    assert got["num_worst_tokens"] == 32 and got["config"] is config
+
+
+def test_buffer_takes_deep_eps_positional_order():
+    import inspect
+
+    parameters = inspect.signature(epcomm.Buffer.__init__).parameters
+    positional = [name for name, p in parameters.items() if p.kind == p.POSITIONAL_OR_KEYWORD]
+    # deep_ep 2's Buffer (deep_ep/buffers/legacy.py); deep_ep 1's use_fabric is keyword-only here.
+    assert positional[:11] == ["self", "group", "num_nvl_bytes", "num_rdma_bytes", "low_latency_mode", "num_qps_per_rank",
+                               "allow_nvlink_for_low_latency_mode", "allow_mnnvl", "explicitly_destroy", "enable_shrink",
+                               "comm"]
+    assert parameters["use_fabric"].kind == inspect.Parameter.KEYWORD_ONLY
+
+
+class _FakeEvent:
+    empty = False
+
+    def __init__(self, log):
+        self.log = log
+
+    def current_stream_wait(self):
+        self.log.append("wait")
+
+
+def test_event_overlap_waits_then_runs_its_hook_once():
+    log = []
+    event = epcomm.EventOverlap(_FakeEvent(log))
+    event.register_hook_after_wait(lambda: log.append("hook"))
+    with pytest.raises(RuntimeError, match="already registered"):
+        event.register_hook_after_wait(lambda: None)
+    event.current_stream_wait()
+    event.current_stream_wait()
+    assert log == ["wait", "hook", "wait"]
+    event.current_stream_wait(release_handle=True)
+    assert event.event is None
+    event.current_stream_wait()  # no event: waits for nothing
+    epcomm.EventOverlap().current_stream_wait()
+
+
+def test_event_overlap_as_a_context_releases_its_event_when_asked():
+    log = []
+    event = epcomm.EventOverlap(_FakeEvent(log))
+    with event:
+        log.append("body")
+    assert log == ["body", "wait"] and event.event is not None
+    with event(release_handle=True) as same:
+        assert same is event
+    assert log == ["body", "wait", "wait"] and event.event is None
+    with event:  # released: nothing to wait for
+        pass
+    assert log == ["body", "wait", "wait"]
 
 
 def test_defaults_come_from_cpp():
