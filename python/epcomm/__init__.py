@@ -22,8 +22,9 @@ def version() -> str:
 
 
 def install_as_deep_ep() -> None:
-    """Makes ``import deep_ep`` (and ``deep_ep.utils``) give epcomm, for frameworks that import
-    deep_ep by name (Megatron-LM's ``from deep_ep import Buffer``). Call it before they import it.
+    """Makes ``import deep_ep`` (and ``deep_ep.utils`` with its ``envs``, ``math`` and ``testing``)
+    give epcomm, for frameworks that import deep_ep by name (Megatron-LM's ``from deep_ep import
+    Buffer``). Call it before they import it.
 
     Raises ImportError if a real deep_ep is imported already: mixing the two in one process would
     hand one library's handles to the other. Calling it twice is harmless. For processes you do not
@@ -36,8 +37,12 @@ def install_as_deep_ep() -> None:
     if current is not None and current is not sys.modules[__name__] and not shim:
         raise ImportError(f"epcomm.install_as_deep_ep(): a real deep_ep is imported already "
                           f"({getattr(current, '__file__', current)!r}); call it before anything imports deep_ep")
+    from .utils import envs, math, testing  # deep_ep's tests import these by their deep_ep names
+
     sys.modules["deep_ep"] = sys.modules[__name__]
     sys.modules["deep_ep.utils"] = utils
+    for module in (envs, math, testing):
+        sys.modules["deep_ep.utils." + module.__name__.rsplit(".", 1)[1]] = module
 
 
 def __getattr__(name: str):

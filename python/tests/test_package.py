@@ -287,16 +287,58 @@ def test_utils_has_deep_eps_names():
 def test_install_as_deep_ep_serves_imports_by_name(monkeypatch):
     import sys
 
-    monkeypatch.delitem(sys.modules, "deep_ep", raising=False)
-    monkeypatch.delitem(sys.modules, "deep_ep.utils", raising=False)
+    for name in ("deep_ep", "deep_ep.utils", "deep_ep.utils.envs", "deep_ep.utils.math", "deep_ep.utils.testing"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
     epcomm.install_as_deep_ep()
     epcomm.install_as_deep_ep()  # twice is harmless
     import deep_ep
     from deep_ep import Buffer
     from deep_ep.utils import EventHandle, EventOverlap
+    # What deep_ep's own tests import (tests/legacy/test_*.py), the same modules as epcomm's.
+    from deep_ep.utils.envs import init_dist
+    from deep_ep.utils.math import calc_diff, hash_tensor, inplace_unique, per_token_cast_back, per_token_cast_to_fp8
+    from deep_ep.utils.testing import bench, bench_kineto
 
     assert deep_ep is epcomm and Buffer is epcomm.Buffer
     assert EventOverlap is epcomm.EventOverlap and EventHandle is epcomm.EventHandle
+    from epcomm.utils import envs, math, testing
+
+    assert init_dist is envs.init_dist and calc_diff is math.calc_diff and hash_tensor is math.hash_tensor
+    assert inplace_unique is math.inplace_unique and per_token_cast_back is math.per_token_cast_back
+    assert per_token_cast_to_fp8 is math.per_token_cast_to_fp8
+    assert bench is testing.bench and bench_kineto is testing.bench_kineto
+
+
+def test_dist_backend_is_gloo_where_ranks_share_gpus(monkeypatch):
+    from epcomm.utils.envs import backend_for
+
+    monkeypatch.delenv("EPCOMM_DIST_BACKEND", raising=False)
+    assert backend_for(8, 8) == "nccl" and backend_for(2, 1) == "gloo"
+    monkeypatch.setenv("EPCOMM_DIST_BACKEND", "gloo")
+    assert backend_for(8, 8) == "gloo"
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="needs torch")
+def test_deep_eps_test_helpers_on_cpu_tensors():
+    import torch
+
+    from epcomm.utils.math import calc_diff, hash_tensors, inplace_unique, per_token_cast_back, per_token_cast_to_fp8
+
+    ranks = torch.tensor([[3, 1, 3, -1], [0, 0, 0, 0], [-1, -1, -1, -1]])
+    inplace_unique(ranks, 4)
+    assert ranks.tolist() == [[3, 1, -1, -1], [0, -1, -1, -1], [-1, -1, -1, -1]]
+    x = torch.randn(5, 300, dtype=torch.bfloat16)  # 300 channels: a partial last group of 128
+    x[1, :128] = 0  # an all-zero group: the 1e-4 floor
+    data, scales = per_token_cast_to_fp8(x)
+    assert data.dtype == torch.float8_e4m3fn and tuple(data.shape) == (5, 300) and tuple(scales.shape) == (5, 3)
+    assert calc_diff(per_token_cast_back(data, scales).float(), x.float()) < 1e-3
+    assert calc_diff(x, x) == 0.0
+    # UE8M0 scales: an int32 word of four exponent bytes stands for four groups' power-of-two scales.
+    words = torch.tensor([[127 | (128 << 8) | (126 << 16) | (127 << 24)]], dtype=torch.int32)
+    ones = torch.ones(1, 512).to(torch.float8_e4m3fn)
+    back = per_token_cast_back(ones, words).float()
+    assert back[0, ::128].tolist() == [1.0, 2.0, 0.5, 1.0]
+    assert hash_tensors(None, (x, [x, x])) == hash_tensors(x) != 0  # nested, None skipped, XOR'd
 
 
 def test_install_as_deep_ep_refuses_when_a_real_deep_ep_is_loaded(monkeypatch):

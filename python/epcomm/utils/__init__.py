@@ -1,12 +1,15 @@
-"""deep_ep.utils' names, for code that does ``from deep_ep.utils import EventHandle, EventOverlap``.
+"""deep_ep.utils' names, for code that does ``from deep_ep.utils import EventHandle, EventOverlap``,
+and the helpers deep_ep's own tests import from its submodules (``envs``, ``math``, ``testing``), so
+that those tests run on epcomm.
 
-After ``epcomm.install_as_deep_ep()``, ``import deep_ep.utils`` gives this module.
+After ``epcomm.install_as_deep_ep()``, ``import deep_ep.utils`` (and ``deep_ep.utils.envs`` ...)
+gives this package. Importing it needs no torch; the helpers use it when called.
 """
 
 from typing import Any
 
-from ._C import Config
-from .event import EventHandle, EventOverlap
+from epcomm._C import Config
+from epcomm.event import EventHandle, EventOverlap
 
 
 def check_nvlink_connections(group: Any) -> None:
