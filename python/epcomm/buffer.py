@@ -28,6 +28,16 @@ def emulated_nodes_from_env(emulated_nodes: int) -> int:
     return nodes
 
 
+def _compute_capability(arch: str) -> int:
+    """90 of a CMake CUDA architecture such as "90", "90a", "90-real" or "100f-virtual" (0: none)."""
+    digits = ""
+    for character in arch:
+        if not character.isdigit():
+            break
+        digits += character
+    return int(digits) if digits else 0
+
+
 def _private_group(dist, ranks):
     """A gloo group of `ranks` that only they create: with use_local_synchronization, torch names it
     by its ranks, so the disjoint groups of several Buffers (expert-parallel groups of one world)
@@ -171,8 +181,12 @@ class Buffer:
     # ---- configuration (deep_ep's static helpers) ----
     @staticmethod
     def is_sm90_compiled() -> bool:
-        """Whether the kernels were built for sm_90 (Hopper): CMAKE_CUDA_ARCHITECTURES names 90 or 90a."""
-        return any(arch.split("-")[0] in ("90", "90a") for arch in _C.cuda_architectures().split(";"))
+        """Whether the kernels were built for Hopper or later (CMAKE_CUDA_ARCHITECTURES names 90, 90a,
+        100, ...): what deep_ep's tests ask before they use FP8, which epcomm's kernels take there."""
+        # CMake's "native", "all" and "all-major" name no number: built for this machine's GPU or
+        # every one, Hopper included.
+        keywords = ("native", "all", "all-major")
+        return any(arch in keywords or _compute_capability(arch) >= 90 for arch in _C.cuda_architectures().split(";"))
 
     @staticmethod
     def set_num_sms(new_num_sms: int) -> None:

@@ -22,6 +22,9 @@ def test_import_needs_no_torch_and_reports_a_version():
 
 def test_deep_ep_helpers_exist():
     assert epcomm.Buffer.is_sm90_compiled()  # the default build: 90-real;90-virtual
+    from epcomm.buffer import _compute_capability
+
+    assert [_compute_capability(a) for a in ("90", "90a-real", "100f-virtual", "80", "native", "")] == [90, 90, 100, 80, 0, 0]
     assert "90" in _C.cuda_architectures()
     config = epcomm.Config(20)  # every argument optional, as deep_ep's
     assert config.num_sms == 20 and config.num_max_nvl_chunked_recv_tokens == epcomm.Config().num_max_nvl_chunked_recv_tokens
