@@ -5,7 +5,7 @@
 # Stages, in order (EPCOMM_STAGES picks some, e.g. "build tests" then "python bench sweep cold"
 # in a second call when one call may not outlast a 10-minute limit; the build folder is reused):
 #   build   configure and build with every core (always done when a later stage needs binaries)
-#   tests   the whole ctest suite: CPU tests and GPU tests at 1, 2, 4 and 8 ranks (some also 16 and 32)
+#   tests   the whole ctest suite: CPU tests and GPU tests at 1, 2, 4 and 8 ranks (some also 16, 32, 48)
 #   python  pip install + pytest python/tests, then examples/moe_layer.py --ranks 2
 #   bench   epcomm-bench at each of EPCOMM_BENCH_RANKS (default 1 2 4 8)
 #   sweep   epcomm-bench --ranks 8 --sweep (config grid)
@@ -75,10 +75,10 @@ gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 mps_started=0
 stop_mps() { [ "$mps_started" = 1 ] && echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; mps_started=0; }
 trap stop_mps EXIT
-if [ "${gpus:-0}" -lt 32 ]; then  # the suite runs up to 32 ranks
+if [ "${gpus:-0}" -lt 48 ]; then  # the suite runs up to 48 ranks
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/epcomm-mps CUDA_MPS_LOG_DIRECTORY=/tmp/epcomm-mps-log
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  if nvidia-cuda-mps-control -d; then mps_started=1; sleep 1; note "MPS: started ($gpus GPU(s) for up to 32 ranks)"; else note "MPS: could not start; ranks time-slice"; fi
+  if nvidia-cuda-mps-control -d; then mps_started=1; sleep 1; note "MPS: started ($gpus GPU(s) for up to 48 ranks)"; else note "MPS: could not start; ranks time-slice"; fi
 fi
 
 status=0

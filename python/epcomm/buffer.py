@@ -81,9 +81,9 @@ class Buffer:
         With ``low_latency_mode``, num_rdma_bytes is the low-latency region, and across nodes
         normal mode's rail rings get a region of their own, ``num_rail_bytes`` (epcomm's own;
         default -1: num_rdma_bytes again; 0: none, normal mode flat), so the modes never need
-        ``clean_low_latency_buffer`` between them. Normal mode runs at most 8 ranks flat, 32
+        ``clean_low_latency_buffer`` between them. Normal mode runs at most 8 ranks flat, 64
         hierarchical (nodes of at most 8; a host of more ranks forms such nodes itself, 16 as
-        2 x 8, its rail stage over NVLink); low-latency mode 32;
+        2 x 8, its rail stage over NVLink); low-latency mode 64;
       - ``emulated_nodes`` (epcomm's own) splits the ranks into nodes that reach each other only by
         put and signal, to test the path across nodes on one machine; ``ranks_per_node`` (epcomm's
         own) gives the node size outright (0: the consecutive ranks of one host, in nodes of at most

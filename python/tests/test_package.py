@@ -202,8 +202,9 @@ def test_bad_values_raise_value_errors_naming_them():
     with pytest.raises(ValueError, match="num_sms=7"):
         epcomm.Buffer.set_num_sms(7)
     epcomm.Buffer.get_dispatch_config(16)  # 16 ranks: hierarchical normal mode, two nodes of 8
-    with pytest.raises(RuntimeError, match="num_ranks=33"):
-        epcomm.Buffer.get_dispatch_config(33)  # beyond the ranks a Buffer takes: Unsupported
+    epcomm.Buffer.get_dispatch_config(64)  # EP64: eight nodes of 8
+    with pytest.raises(RuntimeError, match="num_ranks=65"):
+        epcomm.Buffer.get_dispatch_config(65)  # beyond the ranks a Buffer takes: Unsupported
 
 
 def test_warmup_shape_takes_keywords():

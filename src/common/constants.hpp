@@ -8,14 +8,18 @@ namespace epcomm {
 
 // Ranks of one Buffer, and so the size of every per-rank table both modes share (the transport
 // window, barrier signals, low-latency flags). Low-latency mode runs them all (its kernels give a
-// source a lane or a thread, never a warp of its own); normal mode runs them hierarchical, in
-// nodes of at most kMaxNvlPeers. 32 is the most a warp's lanes and a 32-bit rank mask cover.
-inline constexpr int kMaxRanks = 32;
+// source a lane or a thread, never a warp of its own: a warp's lanes take ranks l, l + 32, ...);
+// normal mode runs them hierarchical, in nodes of at most kMaxNvlPeers (EP64: 8 nodes of 8). 64 is
+// what one 64-bit rank mask covers (common/rank_mask.hpp).
+inline constexpr int kMaxRanks = 64;
 // Ranks normal mode runs (its kernels give each peer a team of a half-block's warps), and so the
 // size of its per-peer tables (rings, notify slots).
 inline constexpr int kMaxNvlPeers = 8;
 
 inline constexpr int kWarpSize = 32;
+
+// The stand-alone barrier kernel's block: a thread per rank (kernels/common/block_barrier.cuh).
+inline constexpr int kBarrierThreads = (kMaxRanks + kWarpSize - 1) / kWarpSize * kWarpSize;
 
 // Alignment of every buffer region: 16 bytes is the widest vector access; 128 keeps regions on
 // separate cache lines so one rank's flag writes never share a line with another's data.
@@ -115,6 +119,6 @@ inline constexpr int64_t kHostSpinBeforeYieldUs = 200;
 
 static_assert(kMaxNvlPeers <= kMaxRanks, "normal mode's ranks are some of a Buffer's");
 static_assert(kMaxRanks <= kLowLatencyThreadsPerBlock, "low-latency kernels: a thread per rank (waits, signals)");
-static_assert(kMaxRanks <= kWarpSize, "rank masks are 32 bits; a warp's lanes cover every rank");
+static_assert(kMaxNvlPeers <= kWarpSize, "normal mode's kernels: a lane per peer");
 
 }  // namespace epcomm

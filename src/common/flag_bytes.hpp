@@ -11,7 +11,7 @@ namespace epcomm {
 
 // The low kFlags bits of `bits` as bytes of 0 or 1, byte r for bit r (kFlags <= 8).
 template <int kFlags>
-EPCOMM_HOST_DEVICE inline uint64_t bits_as_flag_bytes(uint32_t bits) {
+EPCOMM_HOST_DEVICE inline uint64_t bits_as_flag_bytes(uint64_t bits) {
   static_assert(kFlags >= 1 && kFlags <= 8, "a 64-bit word holds 8 flags");
   uint64_t bytes = 0;
   for (int flag = 0; flag < kFlags; ++flag) bytes |= static_cast<uint64_t>((bits >> flag) & 1u) << (8 * flag);

@@ -55,11 +55,15 @@ struct LowLatencyLayout {
   static constexpr size_t kEpochOffset = 0;  // u64 [kNumSets][kMaxLowLatencyBlocks]
   static constexpr size_t kEpochsBytes = sizeof(uint64_t) * kNumSets * kMaxLowLatencyBlocks;
   static constexpr size_t kSendBlocksDoneOffset = kEpochOffset + kEpochsBytes;  // u32 [kNumSets]
-  static constexpr size_t kDispatchArrivalsOffset =  // u64 [kNumSets]
-      (kSendBlocksDoneOffset + kNumSets * sizeof(uint32_t) + sizeof(uint64_t) - 1) / sizeof(uint64_t) * sizeof(uint64_t);
+  // The agreed arrivals: (epoch, rank mask) as one 16-byte word, swapped atomically.
+  static constexpr size_t kDispatchArrivalsBytes = 2 * sizeof(uint64_t);
+  static constexpr size_t kDispatchArrivalsOffset =  // [kNumSets]
+      (kSendBlocksDoneOffset + kNumSets * sizeof(uint32_t) + kDispatchArrivalsBytes - 1) / kDispatchArrivalsBytes *
+      kDispatchArrivalsBytes;
   static constexpr size_t kFlagsBytes = sizeof(uint64_t) * kNumSets * kMaxRanks;  // one kind of flag
   static constexpr size_t kDispatchFlagsOffset =
-      (kDispatchArrivalsOffset + kNumSets * sizeof(uint64_t) + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
+      (kDispatchArrivalsOffset + kNumSets * kDispatchArrivalsBytes + kRegionAlignment - 1) / kRegionAlignment *
+      kRegionAlignment;
   static constexpr size_t kWeightsFlagsOffset = kDispatchFlagsOffset + kFlagsBytes;
   static constexpr size_t kCombineFlagsOffset = kWeightsFlagsOffset + kFlagsBytes;
   static constexpr size_t kSignaturesOffset = kCombineFlagsOffset + kFlagsBytes;
@@ -157,10 +161,10 @@ struct LowLatencyLayout {
   EPCOMM_HOST_DEVICE size_t send_blocks_done(int set_index) const {
     return base + kSendBlocksDoneOffset + set_index * sizeof(uint32_t);
   }
-  // Shrink mode: the dispatch receive's agreed arrival mask, (epoch << 32) | mask, one launch's
-  // blocks agreeing through it (owner only).
+  // Shrink mode: the dispatch receive's agreed arrival mask and the epoch it was agreed in, one
+  // launch's blocks agreeing through it (owner only).
   EPCOMM_HOST_DEVICE size_t dispatch_arrivals(int set_index) const {
-    return base + kDispatchArrivalsOffset + set_index * sizeof(uint64_t);
+    return base + kDispatchArrivalsOffset + set_index * kDispatchArrivalsBytes;
   }
   // Dispatch: token `token` of `source`, as received (on the receiver).
   EPCOMM_HOST_DEVICE size_t token(int set_index, int source, int token_index) const {

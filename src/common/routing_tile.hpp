@@ -42,7 +42,8 @@ inline constexpr size_t routing_shared_bytes(int num_experts, int num_pairs) {
 inline constexpr size_t kRoutingSharedBytesAtMost = sizeof(uint32_t) * (kRoutingMaskWords + 2 * kMaxLowLatencyExperts);
 // A block's shared memory without an opt-in (cudaFuncAttributeMaxDynamicSharedMemorySize): the
 // routing's and the dispatch kernel's few static words (the receive's Arrivals, the election's
-// flag, the shrink mask: under 200 bytes, allowed up to kDispatchStaticSharedBytesAtMost) fit under it.
+// flag, the shrink mask: about 300 bytes at 64 ranks, allowed up to kDispatchStaticSharedBytesAtMost) fit
+// under it.
 inline constexpr size_t kDefaultSharedBytesPerBlock = 48 << 10;
 inline constexpr size_t kDispatchStaticSharedBytesAtMost = 1 << 10;
 static_assert(kRoutingSharedBytesAtMost + kDispatchStaticSharedBytesAtMost <= kDefaultSharedBytesPerBlock,

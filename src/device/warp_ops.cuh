@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common/constants.hpp"
+#include "common/rank_mask.hpp"
 
 namespace epcomm::device {
 
@@ -20,6 +21,26 @@ __device__ __forceinline__ int warp_sum(int value) {
 #pragma unroll
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
   return value;
+}
+
+// The ranks r < num_ranks for which holds(r) is true: lane l asks for ranks l, l + 32, ... (one
+// ballot per 32 ranks). Every lane of the warp calls it.
+template <typename Holds>
+__device__ __forceinline__ RankMask ballot_ranks(int num_ranks, Holds holds) {
+  RankMask ranks = 0;
+  for (int first = 0; first < num_ranks; first += kWarpSize) {
+    const int rank = first + lane_id();
+    ranks |= RankMask{__ballot_sync(0xffffffffu, rank < num_ranks && holds(rank))} << first;
+  }
+  return ranks;
+}
+
+// The union of every lane's ranks. Every lane of the warp calls it.
+__device__ __forceinline__ RankMask warp_union(RankMask ranks) {
+  constexpr int kHalfBits = kRankMaskBits / 2;
+  const uint32_t low = __reduce_or_sync(0xffffffffu, static_cast<uint32_t>(ranks));
+  const uint32_t high = __reduce_or_sync(0xffffffffu, static_cast<uint32_t>(ranks >> kHalfBits));
+  return (RankMask{high} << kHalfBits) | low;
 }
 
 // Inclusive prefix sum across the lanes of a warp.

@@ -13,7 +13,7 @@
 
 namespace epcomm::detail {
 
-inline constexpr int kNvshmemPluginAbi = 10;  // bumped whenever this struct or what it points to changes
+inline constexpr int kNvshmemPluginAbi = 11;  // bumped whenever this struct or what it points to changes
 inline constexpr const char* kNvshmemPluginFile = "libepcomm_nvshmem.so";
 inline constexpr const char* kNvshmemPluginEntry = "epcomm_nvshmem_plugin";
 

@@ -22,8 +22,8 @@ PeerWindow subgroup_window(const PeerWindow& world, int first, int stride, int c
   for (int i = 0; i < count; ++i) {
     const int member = first + i * stride;
     group.bases[i] = world.bases[member] + region_offset;
-    if (world.is_direct(member)) group.direct_ranks |= 1u << i;
-    if (((world.nvshmem_ranks >> member) & 1u) != 0) group.nvshmem_ranks |= 1u << i;
+    if (world.is_direct(member)) group.direct_ranks |= rank_bit(i);
+    if (has_rank(world.nvshmem_ranks, member)) group.nvshmem_ranks |= rank_bit(i);
   }
   return group;
 }

@@ -154,7 +154,7 @@ class Window {
   }
 
  private:
-  __device__ bool by_nvshmem(int peer) const { return ((peers_.nvshmem_ranks >> peer) & 1u) != 0; }
+  __device__ bool by_nvshmem(int peer) const { return has_rank(peers_.nvshmem_ranks, peer); }
 
   template <typename To, typename From>
   __device__ static To bit_cast(From value) {

@@ -7,6 +7,7 @@
 
 #include "common/constants.hpp"
 #include "common/host_device.hpp"
+#include "common/rank_mask.hpp"
 
 namespace epcomm {
 
@@ -18,11 +19,11 @@ struct PeerWindow {
   // Bit r: rank r's buffer is load/store reachable (same GPU, or NVLink). A rank without it is
   // reached only by put and signal, as a rank of another node is (emulated nodes do this on
   // purpose; see BufferOptions::emulated_nodes).
-  uint32_t direct_ranks = 0;
+  RankMask direct_ranks = 0;
   // Bit r: rank r is reached through NVSHMEM's put and signal (PE r), not through stores; its
   // entry in `bases` is then this rank's own symmetric address, which names the same place on
   // every PE. Set only by the NVSHMEM transport, for ranks that are not direct.
-  uint32_t nvshmem_ranks = 0;
+  RankMask nvshmem_ranks = 0;
   int rank = 0;
   int num_ranks = 0;
   // A sub-group's peer i is the world's rank pe_first + i x pe_stride (its NVSHMEM PE); the world's
@@ -30,8 +31,8 @@ struct PeerWindow {
   int pe_first = 0;
   int pe_stride = 1;
 
-  EPCOMM_HOST_DEVICE bool is_direct(int peer) const { return ((direct_ranks >> peer) & 1u) != 0; }
-  EPCOMM_HOST_DEVICE bool all_direct() const { return direct_ranks == (num_ranks >= 32 ? ~0u : (1u << num_ranks) - 1u); }
+  EPCOMM_HOST_DEVICE bool is_direct(int peer) const { return has_rank(direct_ranks, peer); }
+  EPCOMM_HOST_DEVICE bool all_direct() const { return direct_ranks == first_ranks(num_ranks); }
   EPCOMM_HOST_DEVICE int pe(int peer) const { return pe_first + peer * pe_stride; }
 };
 

@@ -170,12 +170,14 @@ TEST_P(LowLatencyLayoutTest, SetsAreDisjointAlignedAndHoldTheZeroCopyInput) {
   EXPECT_LT(layout.dispatch_flag(1, kMaxRanks - 1), layout.weights_flag(0, 0));
   EXPECT_LT(layout.weights_flag(1, kMaxRanks - 1), layout.combine_flag(0, 0));
   EXPECT_LT(layout.combine_flag(1, kMaxRanks - 1), kBase + LowLatencyLayout::kControlBytes);
-  // The agreed arrivals (u64, atomically swapped): past the send counters, before the flags.
+  // The agreed arrivals (16 bytes, atomically swapped): aligned for it, past the send counters,
+  // before the flags, the two sets' apart.
   for (int set = 0; set < LowLatencyLayout::kNumSets; ++set) {
-    EXPECT_EQ(layout.dispatch_arrivals(set) % sizeof(uint64_t), 0u);
+    EXPECT_EQ(layout.dispatch_arrivals(set) % LowLatencyLayout::kDispatchArrivalsBytes, 0u);
     EXPECT_GE(layout.dispatch_arrivals(set), layout.send_blocks_done(LowLatencyLayout::kNumSets - 1) + sizeof(uint32_t));
-    EXPECT_LE(layout.dispatch_arrivals(set) + sizeof(uint64_t), layout.dispatch_flag(0, 0));
+    EXPECT_LE(layout.dispatch_arrivals(set) + LowLatencyLayout::kDispatchArrivalsBytes, layout.dispatch_flag(0, 0));
   }
+  EXPECT_EQ(layout.dispatch_arrivals(1), layout.dispatch_arrivals(0) + LowLatencyLayout::kDispatchArrivalsBytes);
 }
 
 // With the region's size, each set starts at a fixed half of it whatever the call's shapes: a call

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "check_env/advice.hpp"
+#include "common/constants.hpp"
 #include "check_env/environment_report.hpp"
 #include "check_env/report_format.hpp"
 #include "common/json_checker.hpp"
@@ -393,7 +394,7 @@ TEST(CheckEnvAdvice, NvlinkIslandsSayWhichNodesNormalModeMakes) {
   EXPECT_EQ(find_advice(advise(with_islands(4, 1), 4), Severity::kInfo, "nodes"), nullptr);
   // One rank: no pair to speak of; past the ranks a Buffer takes, nothing either.
   EXPECT_EQ(find_advice(advise(with_islands(8, 2), 1), Severity::kInfo, "nodes"), nullptr);
-  EXPECT_EQ(find_advice(advise(with_islands(8, 2), 64), Severity::kInfo, "nodes"), nullptr);
+  EXPECT_EQ(find_advice(advise(with_islands(8, 2), kMaxRanks + 1), Severity::kInfo, "nodes"), nullptr);
 }
 
 TEST(CheckEnvAdvice, SharedGpuWithoutMpsWarns) {

@@ -11,19 +11,20 @@
 namespace epcomm {
 namespace {
 
-char g_buffers[8][64];
+char g_buffers[kMaxRanks][64];
 
-// 8 ranks, 2 nodes of 4; rank `me` reaches its node's ranks directly and the others by NVSHMEM.
-PeerWindow world_of(int me) {
+// `num_ranks` ranks in nodes of `ranks_per_node`; rank `me` reaches its node's ranks directly and
+// the others by NVSHMEM.
+PeerWindow world_of(int me, int num_ranks = 8, int ranks_per_node = 4) {
   PeerWindow world;
   world.rank = me;
-  world.num_ranks = 8;
-  for (int r = 0; r < 8; ++r) {
+  world.num_ranks = num_ranks;
+  for (int r = 0; r < num_ranks; ++r) {
     world.bases[r] = g_buffers[r];
-    if (r / 4 == me / 4) {
-      world.direct_ranks |= 1u << r;
+    if (r / ranks_per_node == me / ranks_per_node) {
+      world.direct_ranks |= rank_bit(r);
     } else {
-      world.nvshmem_ranks |= 1u << r;
+      world.nvshmem_ranks |= rank_bit(r);
     }
   }
   return world;
@@ -65,6 +66,33 @@ TEST(SubgroupWindow, GroupsOfGroupsNameWorldPes) {
   EXPECT_EQ(pair.pe(1), 5);
   EXPECT_EQ(pair.bases[1], g_buffers[5] + 16);  // both regions' offsets
   EXPECT_EQ(pair.direct_ranks, 0b10u);
+}
+
+// EP64, 8 nodes of 8: the masks' upper half (ranks 32-63) reaches the sub-groups.
+TEST(SubgroupWindow, RanksPast32KeepTheirBits) {
+  const detail::Topology topology{/*num_ranks=*/64, /*ranks_per_node=*/8};
+  const PeerWindow world = world_of(45, 64, 8);
+  EXPECT_TRUE(world.is_direct(40));
+  EXPECT_TRUE(world.is_direct(47));
+  EXPECT_FALSE(world.is_direct(39));
+  EXPECT_FALSE(world.is_direct(5));
+  const detail::RankGroup rail = topology.rail_group(45);  // ranks 5, 13, ..., 61
+  const PeerWindow rail_window = subgroup_window(world, rail.first, rail.stride, rail.count, 16);
+  EXPECT_EQ(rail_window.num_ranks, 8);
+  EXPECT_EQ(rail_window.rank, 5);
+  EXPECT_EQ(rail_window.direct_ranks, rank_bit(5));
+  EXPECT_EQ(rail_window.nvshmem_ranks, first_ranks(8) & ~rank_bit(5));
+  EXPECT_EQ(rail_window.pe(7), 61);
+  EXPECT_EQ(rail_window.bases[7], g_buffers[61] + 16);
+  const detail::RankGroup node = topology.node_group(45);  // ranks 40-47
+  const PeerWindow node_window = subgroup_window(world, node.first, node.stride, node.count, 0);
+  EXPECT_TRUE(node_window.all_direct());
+  EXPECT_EQ(node_window.nvshmem_ranks, 0u);
+  EXPECT_EQ(node_window.pe(0), 40);
+  PeerWindow all_direct = world_of(63, 64, 64);
+  EXPECT_TRUE(all_direct.all_direct());
+  all_direct.direct_ranks &= ~rank_bit(63);
+  EXPECT_FALSE(all_direct.all_direct());
 }
 
 std::string subgroup_error(int me, int first, int stride, int count) {

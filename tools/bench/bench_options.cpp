@@ -140,7 +140,7 @@ const char* bench_usage() {
          "                    back-to-back (each op's calls in a row) or both (default)\n"
          "  --cold-pause-ms N host sleep before every cold round or call (default 0)\n"
          "  --out FILE        also append the JSON records to FILE\n"
-         "Ranks: 1 to 32; above 8, low-latency mode only (--skip-normal) or --hierarchical. Rank r runs on GPU\n"
+         "Ranks: 1 to 64; above 8, low-latency mode only (--skip-normal) or --hierarchical. Rank r runs on GPU\n"
          "r % (visible GPUs). Several ranks on one GPU\n"
          "run at once only under MPS (scripts/bench.sh starts it).\n"
          "Exit codes: 0 every op ran and matched the CPU reference; 1 a rank failed or a result was\n"

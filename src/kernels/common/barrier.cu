@@ -15,7 +15,7 @@ __global__ void nvl_barrier_kernel(const __grid_constant__ PeerWindow peers, Ker
 }  // namespace
 
 void launch_nvl_barrier(const PeerWindow& window, const KernelContext& context, cudaStream_t stream) {
-  nvl_barrier_kernel<<<1, kWarpSize, 0, stream>>>(window, context);
+  nvl_barrier_kernel<<<1, kBarrierThreads, 0, stream>>>(window, context);
   EPCOMM_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,5 +1,6 @@
 // The cross-rank barrier as a block-level device function, for kernels that need one inside
-// (notify) as well as the stand-alone barrier kernel. Every thread of the block must call it.
+// (notify) as well as the stand-alone barrier kernel. Every thread of the block must call it, and
+// the block has a thread per rank (kBarrierThreads for every rank a Buffer takes).
 //
 // Each rank keeps a growing epoch in its control block. At barrier k every rank signals k into its
 // slot of every peer's signal array, then waits until every peer's slot in its own array reaches

@@ -14,16 +14,17 @@
 #include "kernels/launchers.hpp"
 #include "common/cuda_check.hpp"
 #include "common/flag_bytes.hpp"
+#include "common/rank_mask.hpp"
 
 namespace epcomm::kernels {
 namespace {
 
 // Ranks r * ranks_per_node .. (r + 1) * ranks_per_node - 1 of `ranks` as bit r of the result.
-__device__ __forceinline__ uint32_t nodes_of(uint32_t ranks, int ranks_per_node, int num_nodes) {
-  uint32_t nodes = 0;
-  const uint32_t node_mask = ranks_per_node >= 32 ? ~0u : (1u << ranks_per_node) - 1u;
+__device__ __forceinline__ RankMask nodes_of(RankMask ranks, int ranks_per_node, int num_nodes) {
+  RankMask nodes = 0;
+  const RankMask node_ranks = first_ranks(ranks_per_node);
   for (int node = 0; node < num_nodes; ++node) {
-    if ((ranks >> (node * ranks_per_node)) & node_mask) nodes |= 1u << node;
+    if ((ranks >> (node * ranks_per_node)) & node_ranks) nodes |= rank_bit(node);
   }
   return nodes;
 }
@@ -31,9 +32,9 @@ __device__ __forceinline__ uint32_t nodes_of(uint32_t ranks, int ranks_per_node,
 // Counts one token's experts into `expert_counts` (shared) and returns the ranks it reaches as
 // bits. Its ids are loaded kLayoutIdsInFlight at a time, all before any is looked at.
 template <typename Index>
-__device__ __forceinline__ uint32_t count_token(const Index* ids, int token, int num_topk, int num_experts,
+__device__ __forceinline__ RankMask count_token(const Index* ids, int token, int num_topk, int num_experts,
                                                 int experts_per_rank, int32_t* expert_counts, const KernelContext& context) {
-  uint32_t ranks_reached = 0;
+  RankMask ranks_reached = 0;
   for (int base = 0; base < num_topk; base += kLayoutIdsInFlight) {
     int64_t experts[kLayoutIdsInFlight];
 #pragma unroll
@@ -47,7 +48,7 @@ __device__ __forceinline__ uint32_t count_token(const Index* ids, int token, int
         continue;
       }
       atomicAdd(&expert_counts[expert], 1);
-      ranks_reached |= 1u << (expert / experts_per_rank);
+      ranks_reached |= rank_bit(static_cast<int>(expert / experts_per_rank));
     }
   }
   return ranks_reached;
@@ -55,7 +56,7 @@ __device__ __forceinline__ uint32_t count_token(const Index* ids, int token, int
 
 // Adds to counts[i] the lanes of this warp whose `bits` have bit i, for i < n: one shared atomic
 // per warp and count, where one per lane would serialise up to 32 on each address.
-__device__ __forceinline__ void add_warp_bit_counts(uint32_t bits, int n, int32_t* counts) {
+__device__ __forceinline__ void add_warp_bit_counts(RankMask bits, int n, int32_t* counts) {
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   for (int i = 0; i < n; ++i) {
     const int lanes = __popc(__ballot_sync(0xffffffffu, (bits >> i) & 1u));
@@ -86,7 +87,7 @@ __global__ void __launch_bounds__(kLayoutThreadsPerBlock)
   const int stride = gridDim.x * blockDim.x;
   for (int first = warp_first; first < num_tokens; first += stride) {
     const int token = first + static_cast<int>(threadIdx.x) % kWarpSize;
-    uint32_t ranks_reached = 0;  // bit r: this token names an expert of rank r (num_ranks <= 32)
+    RankMask ranks_reached = 0;  // bit r: this token names an expert of rank r
     if (token < num_tokens) {
       ranks_reached = count_token(topk_idx + static_cast<int64_t>(token) * num_topk, token, num_topk, num_experts,
                                   experts_per_rank, block_counts, context);
@@ -97,7 +98,7 @@ __global__ void __launch_bounds__(kLayoutThreadsPerBlock)
           words[word] = static_cast<uint32_t>(bits_as_flag_bytes<4>(ranks_reached >> (4 * word)));
         }
       } else {
-        for (int rank = 0; rank < num_ranks; ++rank) in_rank[rank] = (ranks_reached >> rank) & 1u;
+        for (int rank = 0; rank < num_ranks; ++rank) in_rank[rank] = has_rank(ranks_reached, rank);
       }
     }
     add_warp_bit_counts(ranks_reached, num_ranks, rank_counts);
@@ -144,7 +145,6 @@ void launch_typed(const DispatchLayoutArgs& args, int max_blocks, const KernelCo
 
 void launch_dispatch_layout(const DispatchLayoutArgs& args, int max_blocks, const KernelContext& context,
                             cudaStream_t stream) {
-  static_assert(kMaxRanks <= 32, "ranks_reached is a 32-bit mask");
   if (args.index_type == IndexType::kInt64) {
     launch_typed<int64_t>(args, max_blocks, context, stream);
   } else {

@@ -27,21 +27,21 @@ constexpr int kPairsInFlight = 8;         // a sending lane's loads in flight: t
 constexpr int kLanesPerGroup = kLogfmtChannelsPerGroup / kBf16PerVector;  // 16: a LogFMT group
 constexpr size_t kGroupRowBytes = kLogfmtChannelsPerGroup * sizeof(__nv_bfloat16);  // 256: a group's place in a row
 // Owners whose partial sums a receiving lane loads at once: a top-8 token's owners cost one round
-// trip wherever they are among 32 ranks, and the registers for 8 rows are what the kernel can hold
+// trip wherever they are among the ranks, and the registers for 8 rows are what the kernel can hold
 // without spilling.
 constexpr int kOwnersPerBatch = 8;
 
 // The next kOwnersPerBatch owners of a token (its set bits, lowest rank first), taken out of
 // `left`; -1 pads a short batch. Batches of set bits, not of consecutive ranks: at 32 ranks a
-// top-8 token's owners span up to 4 groups of 8 ranks but are one batch. Owners all among ranks
+// top-8 token's owners span up to 4 groups of 8 ranks (at 64, 8) but are one batch. Owners all among ranks
 // 0-7 (always so at 8 ranks or fewer) take a shorter way: rank i in place i, no bit scans.
 struct OwnerBatch {
   int rank[kOwnersPerBatch];
 };
 
-__device__ __forceinline__ OwnerBatch take_owner_batch(uint32_t& left) {
+__device__ __forceinline__ OwnerBatch take_owner_batch(RankMask& left) {
   OwnerBatch batch;
-  if (left < (1u << kOwnersPerBatch)) {
+  if (left < rank_bit(kOwnersPerBatch)) {
 #pragma unroll
     for (int i = 0; i < kOwnersPerBatch; ++i) batch.rank[i] = (left >> i) & 1u ? i : -1;
     left = 0;
@@ -49,7 +49,7 @@ __device__ __forceinline__ OwnerBatch take_owner_batch(uint32_t& left) {
   }
 #pragma unroll
   for (int i = 0; i < kOwnersPerBatch; ++i) {
-    batch.rank[i] = left != 0 ? __ffs(static_cast<int>(left)) - 1 : -1;
+    batch.rank[i] = left != 0 ? lowest_rank(left) : -1;
     left &= left - 1;  // the lowest set bit out (none left: stays 0)
   }
   return batch;
@@ -150,9 +150,9 @@ __device__ void send_weights(const device::Window& window, const LowLatencyCombi
     __syncthreads();  // staged before any warp puts from it
     weights = staged;
   }
-  const uint32_t masked = device::masked_ranks<kShrink>(common, context.num_ranks);  // shrink mode: sent nothing
+  const RankMask masked = device::masked_ranks<kShrink>(common, context.num_ranks);  // shrink mode: sent nothing
   for (int rank = device::warp_id(); rank < context.num_ranks; rank += kLowLatencyWarpsPerBlock) {
-    if (masked & (1u << rank)) continue;
+    if (has_rank(masked, rank)) continue;
     if (bytes > 0) window.put(rank, layout.weights(common.set_index, context.rank), weights, bytes);
     window.quiet();  // the publish rule, within this warp: puts complete, __syncwarp, one signal
     __syncwarp();
@@ -272,7 +272,7 @@ __device__ __forceinline__ void send_few_pairs(const device::Window& window, con
 template <bool kLogfmt, bool kShrink>
 __device__ void send_partial(const device::Window& window, const LowLatencyCombineKernelArgs& args,
                              const KernelContext& context, const LowLatencyLayout& layout, uint64_t epoch, int source,
-                             int token, int first_chunk, uint32_t& weights_seen, uint32_t& left_out) {
+                             int token, int first_chunk, RankMask& weights_seen, RankMask& left_out) {
   const LowLatencyCommon& common = args.common;
   const int lane = device::lane_id();
   const int num_topk = common.num_topk;
@@ -290,7 +290,7 @@ __device__ void send_partial(const device::Window& window, const LowLatencyCombi
                     static_cast<size_t>(row) < expert_rows_bound;
   const uint32_t local_pairs = __ballot_sync(0xffffffffu, here);
   if (local_pairs == 0) return;
-  if (!(weights_seen & (1u << source))) {
+  if (!has_rank(weights_seen, source)) {
     int arrived = 1;
     if (lane == 0) {
       const size_t flag = layout.weights_flag(common.set_index, source);
@@ -300,10 +300,10 @@ __device__ void send_partial(const device::Window& window, const LowLatencyCombi
       arrived = device::wait_for_peer(window, flag, epoch << 32, context, site, nullptr, device::shrink_mask<kShrink>(common)) ? 1 : 0;
     }
     __syncwarp();
-    weights_seen |= 1u << source;
-    if (kShrink && !__shfl_sync(0xffffffffu, arrived, 0)) left_out |= 1u << source;
+    weights_seen |= rank_bit(source);
+    if (kShrink && !__shfl_sync(0xffffffffu, arrived, 0)) left_out |= rank_bit(source);
   }
-  if (left_out & (1u << source)) return;
+  if (has_rank(left_out, source)) return;
   const float my_weight =
       here ? __ldcg(window.own<const float>(layout.weights(common.set_index, source)) + token * num_topk + lane) : 0.0f;
   const size_t expert_rows = layout.combine_rows() / layout.experts_per_rank;
@@ -362,13 +362,13 @@ __device__ void send_partials(const device::Window& window, const LowLatencyComb
   const int groups = (chunks + kChunksPerItem - 1) / kChunksPerItem;
   const int items = common.max_tokens * context.num_ranks * groups;  // (token, source, group of chunks)
   const int warps = gridDim.x * kLowLatencyWarpsPerBlock;
-  uint32_t weights_seen = 0;
-  uint32_t left_out = device::masked_ranks<kShrink>(common, context.num_ranks);  // shrink mode: masked sources get nothing
+  RankMask weights_seen = 0;
+  RankMask left_out = device::masked_ranks<kShrink>(common, context.num_ranks);  // shrink mode: masked sources get nothing
   for (int item = blockIdx.x * kLowLatencyWarpsPerBlock + device::warp_id(); item < items; item += warps) {
     const int group = item % groups;
     const int source = (item / groups) % context.num_ranks;
     const int token = item / groups / context.num_ranks;
-    if (token >= tokens_from[source] || (left_out & (1u << source))) continue;
+    if (token >= tokens_from[source] || has_rank(left_out, source)) continue;
     send_partial<kLogfmt, kShrink>(window, args, context, layout, epoch, source, token, group * kChunksPerItem,
                                    weights_seen, left_out);
   }
@@ -378,18 +378,18 @@ __device__ void send_partials(const device::Window& window, const LowLatencyComb
 // rank order. Owners go in batches (take_owner_batch), each batch's loads issued before any of its
 // adds: one batch (one round trip) for up to 8 owners, as many registers as one batch holds.
 __device__ void reduce_chunk(const device::Window& window, const LowLatencyCombineKernelArgs& args,
-                             const LowLatencyLayout& layout, uint32_t counted, int token, int chunk) {
+                             const LowLatencyLayout& layout, RankMask counted, int token, int chunk) {
   const LowLatencyCommon& common = args.common;
   const int lane = device::lane_id();
   // `counted`: the owners whose sums arrived (shrink mode); a masked owner's experts add nothing
   // (deep_ep's rule; the weights are not renormalised).
-  const uint32_t owners = device::ranks_of_token(common, layout, token) & counted;
+  const RankMask owners = device::ranks_of_token(common, layout, token) & counted;
   const int vectors = common.hidden / kBf16PerVector;
   const int v = chunk * kChunkVectors + lane;
   if (v >= vectors) return;
   const TokenSums sums(window, layout, common.set_index, token);
   float sum[kBf16PerVector] = {};
-  for (uint32_t left = owners; left != 0;) {
+  for (RankMask left = owners; left != 0;) {
     const OwnerBatch batch = take_owner_batch(left);
     int4 raw[kOwnersPerBatch];
 #pragma unroll
@@ -412,17 +412,17 @@ __device__ void reduce_chunk(const device::Window& window, const LowLatencyCombi
 // both of the lane's possible encodings are loaded at once (one round trip per batch of owners),
 // then decoded.
 __device__ void reduce_logfmt_chunk(const device::Window& window, const LowLatencyCombineKernelArgs& args,
-                                    const LowLatencyLayout& layout, uint32_t counted, int token, int chunk) {
+                                    const LowLatencyLayout& layout, RankMask counted, int token, int chunk) {
   const LowLatencyCommon& common = args.common;
   const int lane = device::lane_id();
-  const uint32_t owners = device::ranks_of_token(common, layout, token) & counted;
+  const RankMask owners = device::ranks_of_token(common, layout, token) & counted;
   const int vectors = common.hidden / kBf16PerVector;
   const int v = chunk * kChunkVectors + lane;
   if (v >= vectors) return;
   const int group = v / kLanesPerGroup, lane_in_group = v % kLanesPerGroup;
   const TokenSums sums(window, layout, common.set_index, token);
   float sum[kBf16PerVector] = {};
-  for (uint32_t left = owners; left != 0;) {
+  for (RankMask left = owners; left != 0;) {
     const OwnerBatch batch = take_owner_batch(left);
     int4 raw[kOwnersPerBatch];
     float2 meta[kOwnersPerBatch];
@@ -466,8 +466,8 @@ __device__ void reduce_logfmt_chunk(const device::Window& window, const LowLaten
 // this call's outputs are unspecified.
 __device__ void check_owner_calls(const device::Window& window, const LowLatencyCombineKernelArgs& args,
                                   const KernelContext& context, const LowLatencyLayout& layout, uint64_t epoch,
-                                  uint32_t owners) {
-  for (uint32_t left = owners; left != 0;) {
+                                  RankMask owners) {
+  for (RankMask left = owners; left != 0;) {
     const OwnerBatch batch = take_owner_batch(left);
     int32_t theirs[kOwnersPerBatch];
 #pragma unroll
@@ -519,7 +519,8 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
   if (phases & kReceivePhase) {
     // The owners whose sums this block waited for: its reductions use these, so a rank masked
     // while the block waited (its process died) is left out of every token of the block alike.
-    __shared__ uint32_t arrived_owners;
+    __shared__ unsigned long long arrived_owners;  // a RankMask
+    static_assert(sizeof(arrived_owners) == sizeof(RankMask), "atomicOr on a RankMask");
     if (threadIdx.x == 0) arrived_owners = 0;
     __syncthreads();
     if (threadIdx.x < context.num_ranks) {
@@ -529,7 +530,7 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
       // Shrink mode: a masked owner is not waited for, and one silent past the bound is masked.
       if (device::wait_for_peer(window, layout.combine_flag(common.set_index, owner), epoch << 32, context, site,
                                 blockIdx.x == 0 ? args.wait_cost_stats : nullptr, device::shrink_mask<kShrink>(common))) {
-        atomicOr(&arrived_owners, 1u << owner);
+        atomicOr(&arrived_owners, static_cast<unsigned long long>(rank_bit(owner)));
       }
     }
     __syncthreads();  // the acquires above order every warp's reads of the partial sums
@@ -542,7 +543,7 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
     for (int item = blockIdx.x * kLowLatencyWarpsPerBlock + device::warp_id(); item < common.num_tokens * chunks;
          item += warps) {
       // Outside shrink mode every owner counts (a failed wait is an error recorded already).
-      const uint32_t counted = kShrink ? arrived_owners : ~0u;
+      const RankMask counted = kShrink ? arrived_owners : ~RankMask{0};
       if (kLogfmt) {
         reduce_logfmt_chunk(window, args, layout, counted, item / chunks, item % chunks);
       } else {

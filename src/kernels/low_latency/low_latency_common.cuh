@@ -93,12 +93,12 @@ __device__ __forceinline__ bool wait_for_peer(const Window& window, size_t own_o
 
 // Bit r: rank r owns one of `token`'s experts (ids out of range count for none; the dispatch's
 // block 0 reports them). Every lane of the warp calls it.
-__device__ __forceinline__ uint32_t ranks_of_token(const kernels::LowLatencyCommon& common,
+__device__ __forceinline__ RankMask ranks_of_token(const kernels::LowLatencyCommon& common,
                                                    const LowLatencyLayout& layout, int token) {
   int64_t expert = -1;
   if (lane_id() < common.num_topk) expert = common.topk_idx[static_cast<int64_t>(token) * common.num_topk + lane_id()];
   const bool valid = expert >= 0 && expert < common.num_experts;
-  return __reduce_or_sync(0xffffffffu, valid ? 1u << static_cast<int>(expert / layout.experts_per_rank) : 0u);
+  return warp_union(valid ? rank_bit(static_cast<int>(expert / layout.experts_per_rank)) : 0);
 }
 
 // Eight float sums rounded to BF16, as one 16-byte vector.
@@ -151,18 +151,15 @@ __device__ __forceinline__ int32_t* shrink_mask(const kernels::LowLatencyCommon&
 // Shrink mode: bit r set when rank r is masked (0 outside shrink mode). Every lane of the warp
 // calls it; it reads the mask anew (the host's watchdog or a wait may mask a rank meanwhile).
 template <bool kShrink>
-__device__ __forceinline__ uint32_t masked_ranks(const kernels::LowLatencyCommon& common, int num_ranks) {
+__device__ __forceinline__ RankMask masked_ranks(const kernels::LowLatencyCommon& common, int num_ranks) {
   if (!kShrink) return 0;
-  const int lane = lane_id();
-  const bool masked = lane < num_ranks && ld_relaxed_sys(common.mask + lane) != 0;
-  return __ballot_sync(0xffffffffu, masked);
+  return ballot_ranks(num_ranks, [&](int rank) { return ld_relaxed_sys(common.mask + rank) != 0; });
 }
 
 // Every rank but those masked (shrink mode), as bits. Every lane of the warp calls it.
 template <bool kShrink>
-__device__ __forceinline__ uint32_t unmasked_ranks(const kernels::LowLatencyCommon& common, int num_ranks) {
-  const uint32_t all = num_ranks == kMaxRanks ? ~0u : (1u << num_ranks) - 1u;
-  return all & ~masked_ranks<kShrink>(common, num_ranks);
+__device__ __forceinline__ RankMask unmasked_ranks(const kernels::LowLatencyCommon& common, int num_ranks) {
+  return first_ranks(num_ranks) & ~masked_ranks<kShrink>(common, num_ranks);
 }
 
 // The block last_block_to_arrive elected flags every rank of `ranks` (bit r), flag_of(r) at
@@ -171,16 +168,16 @@ __device__ __forceinline__ uint32_t unmasked_ranks(const kernels::LowLatencyComm
 // sooner than a release store each); a thread per peer reached by NVSHMEM signals that peer.
 // Pairs with each rank's wait on its flag. The elected block's threads call it.
 template <typename FlagOf>
-__device__ __forceinline__ void signal_from_elected(const Window& window, uint32_t ranks, size_t offset,
+__device__ __forceinline__ void signal_from_elected(const Window& window, RankMask ranks, size_t offset,
                                                     FlagOf flag_of) {
   if (threadIdx.x == 0) {
-    for (uint32_t left = ranks; left != 0; left &= left - 1) {
-      const int rank = __ffs(left) - 1;
+    for (RankMask left = ranks; left != 0; left &= left - 1) {
+      const int rank = lowest_rank(left);
       if (!window.signals_by_nvshmem(rank)) window.signal_after_fence(rank, offset, flag_of(rank));
     }
   }
   const int rank = static_cast<int>(threadIdx.x);
-  if (rank < kMaxRanks && ((ranks >> rank) & 1u) != 0 && window.signals_by_nvshmem(rank)) {
+  if (rank < kMaxRanks && has_rank(ranks, rank) && window.signals_by_nvshmem(rank)) {
     window.signal(rank, offset, flag_of(rank));
   }
 }

@@ -66,11 +66,11 @@ __device__ __noinline__ void report_invalid_pair(DeviceErrorRecord* errors, int3
 // mode) and, when some rank is not direct, the staging the puts go from.
 struct RoutingTargets {
   size_t routing = 0;  // this rank's routing, at the same offset in every rank's buffer
-  uint32_t direct = 0;
+  RankMask direct = 0;
   int32_t* staging = nullptr;  // null: no rank needs a put
   __device__ void store(const device::Window& window, int pair, int32_t entry) const {
-    for (uint32_t left = direct; left != 0; left &= left - 1) {
-      *window.ptr<int32_t>(__ffs(left) - 1, routing + pair * sizeof(int32_t)) = entry;
+    for (RankMask left = direct; left != 0; left &= left - 1) {
+      *window.ptr<int32_t>(lowest_rank(left), routing + pair * sizeof(int32_t)) = entry;
     }
     if (staging != nullptr) staging[pair] = entry;
   }
@@ -138,18 +138,18 @@ __device__ void send_routing(const device::Window& window, const LowLatencyDispa
   for (int i = threadIdx.x; i < num_experts * (tile.stride + 1); i += kLowLatencyThreadsPerBlock) masks[i] = 0;
   // Shrink mode: masked ranks are sent nothing, by the mask as warp 0 reads it once (one view for
   // the whole block: the barrier before the puts depends on it).
-  __shared__ uint32_t masked_at_start;
+  __shared__ RankMask masked_at_start;
   if (device::warp_id() == 0) {
-    const uint32_t masked = device::masked_ranks<kShrink>(common, context.num_ranks);
+    const RankMask masked = device::masked_ranks<kShrink>(common, context.num_ranks);
     if (device::lane_id() == 0) masked_at_start = masked;
   }
   __syncthreads();
   RoutingTargets targets;
   targets.routing = layout.routing(set, context.rank);
-  uint32_t remote = 0;
+  RankMask remote = 0;
   for (int rank = 0; rank < context.num_ranks; ++rank) {
-    if (masked_at_start & (1u << rank)) continue;
-    (window.is_direct(rank) ? targets.direct : remote) |= 1u << rank;
+    if (has_rank(masked_at_start, rank)) continue;
+    (window.is_direct(rank) ? targets.direct : remote) |= rank_bit(rank);
   }
   int32_t* ids = window.own<int32_t>(layout.ids(set));
   if (remote != 0) targets.staging = ids;
@@ -198,7 +198,7 @@ __device__ void send_routing(const device::Window& window, const LowLatencyDispa
     const int count = static_cast<int>(pairs_before[expert]);
     totals[expert] = count;
     const int owner = expert / layout.experts_per_rank;
-    if (targets.direct & (1u << owner)) {
+    if (has_rank(targets.direct, owner)) {
       *window.ptr<int32_t>(owner, layout.counts(set, context.rank) + (expert % layout.experts_per_rank) * sizeof(int32_t)) =
           count;
     }
@@ -216,16 +216,16 @@ __device__ void send_routing(const device::Window& window, const LowLatencyDispa
   const int lane = device::lane_id();
   const size_t routing_bytes = static_cast<size_t>(num_pairs) * sizeof(int32_t);
   const size_t counts_bytes = static_cast<size_t>(layout.experts_per_rank) * sizeof(int32_t);
-  for (uint32_t left = remote; left != 0; left &= left - 1) {
-    const int rank = __ffs(left) - 1;
+  for (RankMask left = remote; left != 0; left &= left - 1) {
+    const int rank = lowest_rank(left);
     if (rank % kLowLatencyWarpsPerBlock != device::warp_id()) continue;
     if (routing_bytes > 0) window.put(rank, targets.routing, ids, routing_bytes);
     window.put(rank, layout.counts(set, context.rank), totals + rank * layout.experts_per_rank, counts_bytes);
   }
   // This call's signature, for the receiver to check against its own (a lane per field).
   constexpr int kFields = static_cast<int>(CallField::kCount);
-  for (uint32_t left = targets.direct | remote; left != 0; left &= left - 1) {
-    const int rank = __ffs(left) - 1;
+  for (RankMask left = targets.direct | remote; left != 0; left &= left - 1) {
+    const int rank = lowest_rank(left);
     if (rank % kLowLatencyWarpsPerBlock != device::warp_id() || lane >= kFields) continue;
     window.put_value(rank, layout.signature(set, context.rank) + lane * sizeof(int32_t), args.signature.values[lane]);
   }
@@ -323,7 +323,7 @@ __device__ void send_chunk(const device::Window& window, const LowLatencyDispatc
     chunk.bf16[step] = v < chunk.end ? row[v] : make_int4(0, 0, 0, 0);
   }
   // Bit r: rank r owns one of the token's experts (and is not masked, in shrink mode).
-  const uint32_t ranks =
+  const RankMask ranks =
       device::ranks_of_token(common, layout, token) & ~device::masked_ranks<kShrink>(common, context.num_ranks);
   if (ranks == 0) return;
   if (args.use_fp8) cast_chunk(args, chunk);
@@ -332,7 +332,7 @@ __device__ void send_chunk(const device::Window& window, const LowLatencyDispatc
   // staging message of the token, written once.
   const size_t message = layout.token(common.set_index, context.rank, token);
   bool all_direct = true;
-  for (uint32_t left = ranks; left != 0; left &= left - 1) all_direct &= window.is_direct(__ffs(left) - 1);
+  for (RankMask left = ranks; left != 0; left &= left - 1) all_direct &= window.is_direct(lowest_rank(left));
   char* staged = window.own(layout.staging(common.set_index, token));
   if (!all_direct) {
     write_chunk(args, chunk, chunk_index, staged, layout.message_scales());
@@ -351,17 +351,17 @@ __device__ void send_chunk(const device::Window& window, const LowLatencyDispatc
   // The direct ranks first, while the chunk is in registers; then the puts, with the chunk no
   // longer live (a put may be a call into NVSHMEM's device library, around which live registers
   // would spill).
-  uint32_t remote = 0;
-  for (uint32_t left = ranks; left != 0; left &= left - 1) {
-    const int rank = __ffs(left) - 1;
+  RankMask remote = 0;
+  for (RankMask left = ranks; left != 0; left &= left - 1) {
+    const int rank = lowest_rank(left);
     if (char* direct = window.ptr(rank, message)) {
       write_chunk(args, chunk, chunk_index, direct, layout.message_scales());
     } else {
-      remote |= 1u << rank;
+      remote |= rank_bit(rank);
     }
   }
-  for (uint32_t left = remote; left != 0; left &= left - 1) {
-    const int rank = __ffs(left) - 1;
+  for (RankMask left = remote; left != 0; left &= left - 1) {
+    const int rank = lowest_rank(left);
     window.put(rank, message + row_begin, staged + row_begin, row_bytes);
     if (scales_bytes > 0) {
       window.put(rank, message + layout.message_scales() + scales_begin, staged + layout.message_scales() + scales_begin,
@@ -372,43 +372,64 @@ __device__ void send_chunk(const device::Window& window, const LowLatencyDispatc
 
 // What a block of the receive knows once the flags are in.
 struct Arrivals {
-  int tokens[kMaxRanks];  // T of each source (0: masked, or silent past the wait bound)
-  uint32_t arrived;       // bit s: source s's flag of this call arrived
+  static constexpr int kWords = (kMaxRanks + kWarpSize - 1) / kWarpSize;
+  int tokens[kMaxRanks];    // T of each source (0: masked, or silent past the wait bound)
+  uint32_t words[kWords];   // bit l of word w: source 32 w + l's flag of this call arrived
+  __device__ bool arrived(int source) const { return ((words[source / kWarpSize] >> (source % kWarpSize)) & 1u) != 0; }
+  __device__ RankMask arrived_ranks(int num_ranks) const {
+    RankMask ranks = 0;
+    for (int word = 0; word * kWarpSize < num_ranks; ++word) ranks |= RankMask{words[word]} << (word * kWarpSize);
+    return ranks;
+  }
 };
+
+// The agreed arrivals' slot (LowLatencyLayout::dispatch_arrivals): the mask and the epoch it was
+// published with, swapped as one 16-byte word.
+struct alignas(LowLatencyLayout::kDispatchArrivalsBytes) ArrivalsSlot {
+  uint64_t epoch;
+  RankMask arrived;
+};
+static_assert(sizeof(ArrivalsSlot) == LowLatencyLayout::kDispatchArrivalsBytes, "the layout's slot");
 
 // Shrink mode: one arrival mask for the whole launch. Blocks wait on their own, and a source masked
 // during the call (its process died, or a wait ran past the bound) may have arrived for some blocks
 // and not for others; the tasks and the rows of every later source would then differ from block to
-// block. The first block past its waits publishes its mask with this epoch; every block adopts it.
-// One thread calls it.
-__device__ uint32_t agreed_arrivals(const device::Window& window, const LowLatencyLayout& layout, int set_index,
-                                    uint64_t epoch, uint32_t mine) {
-  unsigned long long* slot = window.own<unsigned long long>(layout.dispatch_arrivals(set_index));
-  const unsigned long long this_epoch = epoch & 0xffffffffu;
-  const unsigned long long proposal = (this_epoch << 32) | mine;
-  unsigned long long current = *slot;  // a stale value only costs one more CAS
-  while ((current >> 32) != this_epoch) {
-    const unsigned long long previous = atomicCAS(slot, current, proposal);
-    if (previous == current) return mine;
+// block. The first block past its waits publishes its mask with this epoch (a 16-byte
+// compare-and-swap of both); every block adopts it. One thread calls it.
+__device__ RankMask agreed_arrivals(const device::Window& window, const LowLatencyLayout& layout, int set_index,
+                                    uint64_t epoch, RankMask mine) {
+  ArrivalsSlot* slot = window.own<ArrivalsSlot>(layout.dispatch_arrivals(set_index));
+  // A guess (a 16-byte load may tear): only a CAS's answer is trusted. The slot changes once per
+  // epoch, so a few rounds settle it.
+  ArrivalsSlot current = *slot;
+  for (;;) {
+    // This epoch's mask, once some block published it, is kept (swapped with itself); an older
+    // epoch's is replaced by this block's.
+    const ArrivalsSlot desired = current.epoch == epoch ? current : ArrivalsSlot{epoch, mine};
+    const ArrivalsSlot previous = atomicCAS(slot, current, desired);
+    if (previous.epoch == current.epoch && previous.arrived == current.arrived) return desired.arrived;
     current = previous;
   }
-  return static_cast<uint32_t>(current);
 }
 
-// Warp 0's part of wait_for_sources: a lane per source waits for its flag and fills `arrivals`.
-// This rank's own flag is waited for without the mask: its own send signals it even when this rank
-// is masked, and a block must see it before it advances its epoch copies (finish_receive_phase).
+// A source's T as its flag carries it, capped at M.
+__device__ __forceinline__ int flag_tokens(uint64_t flag, const LowLatencyCommon& common) {
+  return static_cast<int>(min(flag & 0xffffffffu, static_cast<uint64_t>(common.max_tokens)));
+}
+
+// Warp w's part of wait_for_sources: lane l waits for source 32 w + l's flag and leaves its T in
+// `arrivals` (0 unless it arrived), and the warp its word of arrivals. This rank's own flag is
+// waited for without the mask: its own send signals it even when this rank is masked, and a block
+// must see it before it advances its epoch copies (finish_receive_phase).
 template <bool kShrink>
 __device__ void read_arrivals(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
                               const KernelContext& context, const LowLatencyLayout& layout, uint64_t epoch,
                               Arrivals& arrivals) {
   const LowLatencyCommon& common = args.common;
-  const int source = device::lane_id();
-  const bool is_source = source < context.num_ranks;
-  const size_t address = layout.dispatch_flag(common.set_index, is_source ? source : 0);
+  const int source = static_cast<int>(threadIdx.x);
   bool arrived = false;
-  uint64_t flag = 0;  // as this lane's acquire read it (when its wait ended in time)
-  if (is_source) {
+  if (source < context.num_ranks) {
+    const size_t address = layout.dispatch_flag(common.set_index, source);
     const bool own = source == context.rank;
     const device::WaitSite site{DeviceOp::kLowLatencyDispatch, WaitTarget::kLowLatencyFlag, source, -1};
     // The cost counts once per source, in block 0. Shrink mode: a masked source is not waited for,
@@ -418,43 +439,58 @@ __device__ void read_arrivals(const device::Window& window, const LowLatencyDisp
                                               own ? nullptr : device::shrink_mask<kShrink>(common));
     // Pairs with the source's signal; wait_for_sources's __syncthreads orders the block's reads after it.
     // A timed-out wait leaves an old epoch: take no tokens (the error is recorded).
-    if (waited) flag = device::ld_acquire_sys(window.own<uint64_t>(address));
+    const uint64_t flag = waited ? device::ld_acquire_sys(window.own<uint64_t>(address)) : 0;
     arrived = waited && (flag >> 32) == epoch && !(own && device::is_masked<kShrink>(common, source));
+    arrivals.tokens[source] = arrived ? flag_tokens(flag, common) : 0;
   }
-  uint32_t arrived_mask = __ballot_sync(0xffffffffu, arrived);
-  if (kShrink) {
-    uint32_t agreed = 0;
-    if (source == 0) agreed = agreed_arrivals(window, layout, common.set_index, epoch, arrived_mask);
-    arrived_mask = __shfl_sync(0xffffffffu, agreed, 0);
-  }
-  if (is_source) {
-    // A source the launch agreed on has its flag here (the block that saw it acquired it; flags only
-    // change with the set's next call): its T, from this lane's own acquire, or (shrink mode, a
-    // source this block gave up on) one more.
-    const bool agreed = (arrived_mask >> source) & 1u;
-    if (agreed && !arrived) flag = device::ld_acquire_sys(window.own<uint64_t>(address));
-    if (!agreed) flag = 0;
-    arrivals.tokens[source] = static_cast<int>(min(flag & 0xffffffffu, static_cast<uint64_t>(common.max_tokens)));
-  }
-  if (source == 0) arrivals.arrived = arrived_mask;
+  const uint32_t word = __ballot_sync(0xffffffffu, arrived);
+  if (device::lane_id() == 0) arrivals.words[device::warp_id()] = word;
 }
 
-// Warp 0 waits for every source's flag; then the whole block knows `arrivals`. Every thread passes
-// the one __syncthreads (a barrier reached from two places is undefined, and synccheck says so).
+// Shrink mode, warp 0, once the block's arrivals are in: the launch's agreed arrivals replace the
+// block's own. A source the launch agreed on has its flag here (the block that saw it acquired it;
+// flags only change with the set's next call): a source this block gave up on takes its T from
+// one more acquire; one this block saw and the launch left out takes none.
+__device__ void adopt_agreed_arrivals(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
+                                      const KernelContext& context, const LowLatencyLayout& layout, uint64_t epoch,
+                                      Arrivals& arrivals) {
+  const int lane = device::lane_id();
+  const RankMask seen = arrivals.arrived_ranks(context.num_ranks);
+  RankMask agreed = 0;
+  if (lane == 0) agreed = agreed_arrivals(window, layout, args.common.set_index, epoch, seen);
+  agreed = __shfl_sync(0xffffffffu, agreed, 0);  // every lane has read `seen` before any word changes
+  for (int source = lane; source < context.num_ranks; source += kWarpSize) {
+    if (has_rank(agreed, source) == has_rank(seen, source)) continue;
+    const size_t address = layout.dispatch_flag(args.common.set_index, source);
+    arrivals.tokens[source] =
+        has_rank(agreed, source) ? flag_tokens(device::ld_acquire_sys(window.own<uint64_t>(address)), args.common) : 0;
+  }
+  if (lane < Arrivals::kWords) arrivals.words[lane] = static_cast<uint32_t>(agreed >> (lane * kWarpSize));
+}
+
+// The first warps wait for every source's flag, a thread per source, all at once; then the whole
+// block knows `arrivals`. Every thread passes the same __syncthreads (a barrier reached from two
+// places is undefined, and synccheck says so).
 template <bool kShrink>
 __device__ void wait_for_sources(const device::Window& window, const LowLatencyDispatchKernelArgs& args,
                                  const KernelContext& context, const LowLatencyLayout& layout, uint64_t epoch,
                                  Arrivals& arrivals) {
-  if (device::warp_id() == 0) read_arrivals<kShrink>(window, args, context, layout, epoch, arrivals);
-  // The lanes' acquires above order the block's reads after it.
+  if (device::warp_id() * kWarpSize < context.num_ranks) {
+    read_arrivals<kShrink>(window, args, context, layout, epoch, arrivals);
+  }
+  // The threads' acquires above order the block's reads after it.
   __syncthreads();
+  if (kShrink) {
+    if (device::warp_id() == 0) adopt_agreed_arrivals(window, args, context, layout, epoch, arrivals);
+    __syncthreads();
+  }
 }
 
 // Source's pair count for one of this rank's experts, as a number of rows: capped at M (the
 // source reported the excess), and 0 when it did not arrive.
 __device__ __forceinline__ int rows_from(const device::Window& window, const LowLatencyLayout& layout, int set_index,
                                          const Arrivals& arrivals, int source, int local_expert) {
-  if (!((arrivals.arrived >> source) & 1u)) return 0;
+  if (!arrivals.arrived(source)) return 0;
   const int count = __ldcg(window.own<int32_t>(layout.counts(set_index, source)) + local_expert);
   return max(0, min(count, layout.max_tokens));
 }
@@ -545,10 +581,11 @@ __device__ void receive_expert_counts(const device::Window& window, const LowLat
                                       const Arrivals& arrivals, int local_expert) {
   const int lane = device::lane_id();
   const int num_ranks = context.num_ranks;
-  int rows = 0;
-  if (lane < num_ranks) {
-    rows = rows_from(window, layout, args.common.set_index, arrivals, lane, local_expert);
-    args.recv_count_from[static_cast<size_t>(local_expert) * num_ranks + lane] = rows;
+  int rows = 0;  // this lane's sources': lane, lane + 32, ...
+  for (int source = lane; source < num_ranks; source += kWarpSize) {
+    const int from_source = rows_from(window, layout, args.common.set_index, arrivals, source, local_expert);
+    args.recv_count_from[static_cast<size_t>(local_expert) * num_ranks + source] = from_source;
+    rows += from_source;
   }
   const int total = __reduce_add_sync(0xffffffffu, rows);
   if (lane == 0) {
@@ -592,7 +629,7 @@ __device__ void receive(const device::Window& window, const LowLatencyDispatchKe
   // writes stay inside this rank's own layout of its own set either way.
   if (device::warp_id() == kLowLatencyWarpsPerBlock - 1) {
     for (int source = blockIdx.x; source < num_ranks; source += gridDim.x) {
-      if (!((arrivals.arrived >> source) & 1u)) continue;
+      if (!arrivals.arrived(source)) continue;
       device::same_call_as(device::signature_field(window, layout.signature(common.set_index, source)), args.signature,
                            DeviceOp::kLowLatencyDispatch, source, context);
     }
@@ -637,7 +674,7 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
       // This rank's own flag goes out even when it is masked: its receive waits for it before it
       // advances the epoch copies (and takes nothing from itself then).
       // Pairs with each rank's wait on this flag before it reads the tokens and routing.
-      const uint32_t ranks = device::unmasked_ranks<kShrink>(common, context.num_ranks) | (1u << context.rank);
+      const RankMask ranks = device::unmasked_ranks<kShrink>(common, context.num_ranks) | rank_bit(context.rank);
       const uint64_t flag = pack_flag(epoch, static_cast<uint32_t>(common.num_tokens));
       device::signal_from_elected(window, ranks, layout.dispatch_flag(common.set_index, context.rank),
                                   [flag](int) { return flag; });

@@ -42,7 +42,7 @@ IpcTransport::IpcTransport(Bootstrap& bootstrap, const TransportOptions& options
   mappings_.resize(num_ranks);
   for (int peer = 0; peer < num_ranks; ++peer) {
     if (topology.reach_directly(peer, rank)) {
-      window_.direct_ranks |= 1u << peer;
+      window_.direct_ranks |= rank_bit(peer);
     }
     if (peer == rank) {
       window_.bases[peer] = static_cast<char*>(local_.get());

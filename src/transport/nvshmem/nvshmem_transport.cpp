@@ -125,11 +125,11 @@ NvshmemTransport::NvshmemTransport(Bootstrap& bootstrap, const TransportOptions&
     const bool same_host = topology.reach_directly(peer, rank);
     void* mapped = peer == rank ? symmetric_ : nvshmem_ptr(symmetric_, peer);
     if (same_host && mapped != nullptr) {
-      window_.direct_ranks |= 1u << peer;
+      window_.direct_ranks |= rank_bit(peer);
       window_.bases[peer] = static_cast<char*>(mapped);
     } else {
       // Put and signal address the peer by PE and this rank's own symmetric address.
-      window_.nvshmem_ranks |= 1u << peer;
+      window_.nvshmem_ranks |= rank_bit(peer);
       window_.bases[peer] = own;
     }
   }
