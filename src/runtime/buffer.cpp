@@ -331,7 +331,7 @@ void Buffer::get_dispatch_layout(const TensorView& topk_idx, int num_experts, co
   const int64_t num_tokens = topk_idx.shape[0];
   const int64_t num_topk = topk_idx.shape[1];
   detail::require_in_range(kOp, "num_topk (topk_idx.shape[1])", num_topk, 1, kLayoutMaxTopk);
-  detail::require_in_range(kOp, "num_tokens (topk_idx.shape[0])", num_tokens, 0, INT32_MAX / kMaxRanks);
+  detail::require_in_range(kOp, "num_tokens (topk_idx.shape[0])", num_tokens, 0, INT32_MAX / ranks);  // tokens x ranks flags
   detail::require_in_range(kOp, "num_experts", num_experts, 1, kLayoutMaxExperts);
   if (num_experts % ranks != 0) {
     fail(ErrorCode::kInvalidArgument, kOp, ": num_experts=", num_experts, " must be a multiple of num_ranks=", ranks);

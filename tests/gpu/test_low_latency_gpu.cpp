@@ -62,10 +62,20 @@ struct Scenario {
   bool fp8() const { return cast != Cast::kBf16; }
 };
 
+// A scenario as it runs at `ranks`: past 32 ranks (48 on one GPU under MPS) at hidden 2048 and 4
+// experts per rank at most, so that 48 ranks fit one 80 GB GPU (at hidden 7168 and 8 experts per
+// rank the regions alone would take 94 GB); what the ranks past 32 add is routing across the rank
+// masks' upper half, which every scenario has.
+Scenario at_ranks(Scenario s, int ranks) {
+  constexpr int kWideRanks = 32, kWideHidden = 2048, kWideExpertsPerRank = 4;
+  if (ranks > kWideRanks) {
+    s.hidden = std::min(s.hidden, kWideHidden);
+    s.experts_per_rank = std::min(s.experts_per_rank, kWideExpertsPerRank);
+  }
+  return s;
+}
+
 // Consecutive scenarios of one shape (M, hidden, experts) share the buffer without cleaning it.
-// Past 32 ranks the scenarios of 24 and 32 experts per rank take what kMaxLowLatencyExperts leaves
-// (21 at 48 ranks, 16 at 64), and those of hidden 7168 are left out: their regions alone would be
-// about 2 GB per rank, 94 GB for 48 ranks on one GPU (the others: h4096 and h2048).
 std::vector<Scenario> scenarios(int ranks) {
   std::vector<Scenario> all = {
       {"fp8 h7168 T128 top8", Cast::kFp8, 7168, 128, 8, 8, 128, kStats | kZeroCopy},
@@ -90,12 +100,7 @@ std::vector<Scenario> scenarios(int ranks) {
       {"bf16 h2048 T100 top12 sparse repeats 24-experts-per-rank", Cast::kBf16, 2048, 100, 12, 24, 128,
        kSparse | kRepeat | kHook},
   };
-  constexpr int kWideRanks = 32, kWideHiddenAtMost = 4096;
-  if (ranks > kWideRanks) {
-    all.erase(std::remove_if(all.begin(), all.end(), [](const Scenario& s) { return s.hidden > kWideHiddenAtMost; }),
-              all.end());
-  }
-  for (Scenario& s : all) s.experts_per_rank = std::min(s.experts_per_rank, kMaxLowLatencyExperts / ranks);
+  for (Scenario& s : all) s = at_ranks(s, ranks);
   return all;
 }
 
@@ -420,7 +425,8 @@ void run_scenario(Context& ctx, const Scenario& s, uint64_t seed) {
   const int me = harness.rank();
   const std::string name = s.name;
   if (me == 0) {
-    std::printf("low_latency: %s (%d ranks)\n", s.name, ranks);
+    std::printf("low_latency: %s (%d ranks; run at hidden %d, %d experts per rank)\n", s.name, ranks, s.hidden,
+                s.experts_per_rank);
     std::fflush(stdout);
   }
   prepare(ctx, s);
@@ -796,8 +802,8 @@ void check_errors(Context& ctx) {
 // reference with its tokens removed and every id of its experts made -1). The mask reads back,
 // cleans, and a full round is exact again. Bad mask arguments are named.
 void check_shrink(RankHarness& harness, cudaStream_t stream, int emulated_nodes, TransportKind transport) {
-  constexpr Scenario s{"shrink bf16 h2048 T32 top4", Cast::kBf16, 2048, 32, 4, 8, 128, 0};
   const int ranks = harness.num_ranks(), me = harness.rank(), masked = ranks - 1;
+  const Scenario s = at_ranks({"shrink bf16 h2048 T32 top4", Cast::kBf16, 2048, 32, 4, 8, 128, 0}, ranks);
   if (me == 0) {
     std::printf("low_latency: shrink mode (%d ranks)\n", ranks);
     std::fflush(stdout);
@@ -906,8 +912,8 @@ void run_low_latency_suite(RankHarness& harness, int emulated_nodes,
     run_graph_case(ctx);
     check_errors(ctx);
     // Nothing was lost to the errors: a full round still matches the reference.
-    constexpr Scenario after{"after errors: fp8 h2048 uneven top4 sparse", Cast::kFp8, 2048, -1, 4, 8, 128,
-                             kSparse | kHook};
+    const Scenario after = at_ranks(
+        {"after errors: fp8 h2048 uneven top4 sparse", Cast::kFp8, 2048, -1, 4, 8, 128, kSparse | kHook}, ranks);
     run_scenario(ctx, after, kSeed + 104729u);
     EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
   }
