@@ -27,27 +27,10 @@ if [ -z "$records" ]; then
   args+=(--out "$records")
 fi
 
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-mps_started=0
-stop_mps() { if [ "$mps_started" = 1 ]; then echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || true; fi; }
-if [ "${gpus:-0}" -gt 0 ] && [ "$ranks" -gt "$gpus" ] && [ "${EPCOMM_NO_MPS:-0}" != 1 ]; then
-  if ! command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
-    echo "bench.sh: $ranks ranks share $gpus GPU(s) and MPS is not installed: they will time-slice (much slower)"
-  elif pgrep -x nvidia-cuda-mps >/dev/null 2>&1 || pgrep -f nvidia-cuda-mps-control >/dev/null 2>&1; then
-    echo "bench.sh: $ranks ranks share $gpus GPU(s); using the MPS daemon that is already running"
-  else
-    export CUDA_MPS_PIPE_DIRECTORY=${CUDA_MPS_PIPE_DIRECTORY:-/tmp/epcomm-mps} CUDA_MPS_LOG_DIRECTORY=${CUDA_MPS_LOG_DIRECTORY:-/tmp/epcomm-mps-log}
-    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-    if nvidia-cuda-mps-control -d; then
-      mps_started=1
-      sleep 1
-      echo "bench.sh: $ranks ranks share $gpus GPU(s): started MPS for this run (stopped at the end)"
-    else
-      echo "bench.sh: $ranks ranks share $gpus GPU(s) and MPS did not start: they will time-slice (much slower)"
-    fi
-  fi
-fi
-trap 'stop_mps; [ -z "$out" ] && rm -f "$records"' EXIT
+# shellcheck source=scripts/mps.sh
+source scripts/mps.sh
+mps_share "$ranks" bench.sh
+trap 'mps_stop; [ -z "$out" ] && rm -f "$records"' EXIT
 
 set +e
 "$bench" "${args[@]}"
