@@ -11,7 +11,7 @@
 # tests/utils.py always takes NCCL, which refuses two ranks on one GPU). Each test gets
 # EPCOMM_DEEP_EP_TEST_TIMEOUT seconds (default 600). Exits non-zero if a test failed.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 root=$PWD
 if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
   sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'

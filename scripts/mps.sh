@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the scripts that start rank processes: MPS for ranks that share GPUs.
 #   mps_share RANKS WHO   when RANKS processes share the visible GPUs, starts an MPS daemon for
 #                         this run (unless one runs already, or EPCOMM_NO_MPS=1) and says so
