@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <atomic>
 #include <optional>
@@ -129,6 +130,19 @@ TEST(Topology, AHostOfMoreRanksThanANodeHoldsIsSplitIntoEqualNodes) {
   EXPECT_EQ(across.num_nodes(), 4);
   EXPECT_TRUE(across.reach_directly(0, 15));
   EXPECT_FALSE(across.reach_directly(15, 16));
+  // EP64 (kMaxRanks): eight hosts of 8 are eight nodes; rank 45's rail holds ranks 5, 13, ..., 61.
+  std::vector<RankCensus> eight = one_host(64);
+  for (int rank = 0; rank < 64; ++rank) {
+    std::snprintf(eight[rank].host_name, RankCensus::kHostNameBytes, "host%d", rank / 8);
+  }
+  const Topology ep64 = find_topology(eight, 1, 0, {});
+  EXPECT_EQ(ep64.num_nodes(), 8);
+  EXPECT_TRUE(ep64.reach_directly(56, 63));
+  EXPECT_FALSE(ep64.reach_directly(39, 40));
+  const RankGroup rail = ep64.rail_group(45);
+  EXPECT_EQ(rail.first, 5);
+  EXPECT_EQ(rail.stride, 8);
+  EXPECT_EQ(rail.count, 8);
 }
 
 TEST(Topology, OnlyEmulatedNodesHideTheRestOfTheirHost) {
