@@ -29,8 +29,8 @@ fi
 
 # shellcheck source=scripts/mps.sh
 source scripts/mps.sh
-mps_share "$ranks" bench.sh
 trap 'mps_stop; [ -z "$out" ] && rm -f "$records"' EXIT
+mps_share "$ranks" bench.sh
 
 set +e
 "$bench" "${args[@]}"

@@ -9,16 +9,21 @@
 # no real deep_ep should be installed there. Ranks that share GPUs run under MPS (started here when
 # needed) with a gloo process group (epcomm.utils.envs.init_dist picks it; deep_ep 1's own
 # tests/utils.py always takes NCCL, which refuses two ranks on one GPU). Each test gets
-# EPCOMM_DEEP_EP_TEST_TIMEOUT seconds (default 600). Exits non-zero if a test failed.
+# EPCOMM_DEEP_EP_TEST_TIMEOUT seconds (default 600; its rank processes share its process group,
+# which timeout signals too). Exits non-zero if a test failed.
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 2
-root=$PWD
 if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
   sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
-source_dir=$1
+if [ ! -d "$1" ]; then
+  echo "deep_ep_tests.sh: no directory $1" >&2
+  exit 2
+fi
+source_dir=$(cd "$1" && pwd)  # before the cd below: a relative path is the caller's
 shift
+cd "$(dirname "$0")/.." || exit 2
+root=$PWD
 ranks=2
 if [ $# -ge 2 ] && [ "$1" = "--num-processes" ]; then
   ranks=$2
@@ -28,7 +33,7 @@ if [ $# -gt 0 ]; then
   echo "deep_ep_tests.sh: unknown arguments: $*" >&2
   exit 2
 fi
-case "$ranks" in '' | *[!0-9]* | 0) echo "deep_ep_tests.sh: --num-processes '$ranks' must be a positive integer" >&2; exit 2 ;; esac
+case "$ranks" in '' | *[!0-9]* | 0*) echo "deep_ep_tests.sh: --num-processes '$ranks' must be a positive integer" >&2; exit 2 ;; esac
 tests=""
 for candidate in "$source_dir/tests/legacy" "$source_dir/tests"; do
   if [ -f "$candidate/test_intranode.py" ]; then tests=$candidate; break; fi
@@ -50,15 +55,15 @@ fi
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 # shellcheck source=scripts/mps.sh
 source scripts/mps.sh
-mps_share "$ranks" deep_ep_tests.sh
 trap mps_stop EXIT
+mps_share "$ranks" deep_ep_tests.sh
 
 status=0
 run_test() {  # run_test SCRIPT [ARGS...]
   local started=$SECONDS code
   echo "deep_ep_tests.sh: $* --num-processes $ranks (in $tests)"
   (cd "$tests" && PYTHONPATH="$root/python/deep_ep_shim${PYTHONPATH:+:$PYTHONPATH}" \
-    timeout "${EPCOMM_DEEP_EP_TEST_TIMEOUT:-600}" "$python" "$@" --num-processes "$ranks")
+    timeout --kill-after=10 "${EPCOMM_DEEP_EP_TEST_TIMEOUT:-600}" "$python" "$@" --num-processes "$ranks")
   code=$?
   if [ "$code" -eq 0 ]; then
     echo "deep_ep_tests.sh: PASSED $* ($((SECONDS - started)) s)"

@@ -15,6 +15,7 @@ mps_stop() {
 
 mps_share() {
   local ranks=$1 who=$2 gpus
+  case "$ranks" in '' | *[!0-9]*) return 0 ;; esac  # not a count: the program itself will say so
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
   if [ "${gpus:-0}" -eq 0 ] || [ "$ranks" -le "$gpus" ] || [ "${EPCOMM_NO_MPS:-0}" = 1 ]; then return 0; fi
   if ! command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
