@@ -35,10 +35,12 @@ __device__ __forceinline__ RankMask ballot_ranks(int num_ranks, Holds holds) {
   return ranks;
 }
 
-// The union of every lane's ranks. Every lane of the warp calls it.
-__device__ __forceinline__ RankMask warp_union(RankMask ranks) {
+// The union of every lane's ranks, each below num_ranks: one reduction per 32 bits they can take.
+// Every lane of the warp calls it.
+__device__ __forceinline__ RankMask warp_union(RankMask ranks, int num_ranks) {
   constexpr int kHalfBits = kRankMaskBits / 2;
   const uint32_t low = __reduce_or_sync(0xffffffffu, static_cast<uint32_t>(ranks));
+  if (num_ranks <= kHalfBits) return low;
   const uint32_t high = __reduce_or_sync(0xffffffffu, static_cast<uint32_t>(ranks >> kHalfBits));
   return (RankMask{high} << kHalfBits) | low;
 }

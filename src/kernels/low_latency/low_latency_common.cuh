@@ -92,16 +92,14 @@ __device__ __forceinline__ bool wait_for_peer(const Window& window, size_t own_o
 }
 
 // Bit r: rank r owns one of `token`'s experts (ids out of range count for none; the dispatch's
-// block 0 reports them). Every lane of the warp calls it. Up to 32 ranks one reduction joins the
-// lanes' bits (the send and the combine's receive ask it per chunk).
+// block 0 reports them). Every lane of the warp calls it (the dispatch's send and the combine's
+// receive, per chunk).
 __device__ __forceinline__ RankMask ranks_of_token(const kernels::LowLatencyCommon& common,
                                                    const LowLatencyLayout& layout, int token) {
   int64_t expert = -1;
   if (lane_id() < common.num_topk) expert = common.topk_idx[static_cast<int64_t>(token) * common.num_topk + lane_id()];
   const bool valid = expert >= 0 && expert < common.num_experts;
-  const RankMask mine = valid ? rank_bit(static_cast<int>(expert / layout.experts_per_rank)) : 0;
-  if (layout.num_ranks <= kWarpSize) return __reduce_or_sync(0xffffffffu, static_cast<uint32_t>(mine));
-  return warp_union(mine);
+  return warp_union(valid ? rank_bit(static_cast<int>(expert / layout.experts_per_rank)) : 0, layout.num_ranks);
 }
 
 // Eight float sums rounded to BF16, as one 16-byte vector.
