@@ -33,12 +33,4 @@ EPCOMM_HOST_DEVICE inline int lowest_rank(RankMask ranks) {
 #endif
 }
 
-EPCOMM_HOST_DEVICE inline int count_ranks(RankMask ranks) {
-#if defined(__CUDA_ARCH__)
-  return __popcll(ranks);
-#else
-  return __builtin_popcountll(ranks);
-#endif
-}
-
 }  // namespace epcomm

@@ -11,7 +11,7 @@ namespace {
 TEST(RankMask, HoldsEveryRankOfABuffer) {
   for (int rank = 0; rank < kMaxRanks; ++rank) {
     const RankMask bit = rank_bit(rank);
-    EXPECT_EQ(count_ranks(bit), 1) << "rank " << rank;
+    EXPECT_EQ(__builtin_popcountll(bit), 1) << "rank " << rank;
     EXPECT_EQ(lowest_rank(bit), rank);
     EXPECT_TRUE(has_rank(bit, rank));
     EXPECT_FALSE(has_rank(bit, rank == 0 ? 1 : rank - 1));
@@ -22,7 +22,7 @@ TEST(RankMask, FirstRanksAreExactlyTheCountLowestRanks) {
   EXPECT_EQ(first_ranks(0), 0u);
   for (int count = 1; count <= kRankMaskBits; ++count) {
     const RankMask ranks = first_ranks(count);
-    EXPECT_EQ(count_ranks(ranks), count) << "count " << count;
+    EXPECT_EQ(__builtin_popcountll(ranks), count) << "count " << count;
     EXPECT_TRUE(has_rank(ranks, count - 1));
     if (count < kRankMaskBits) {
       EXPECT_FALSE(has_rank(ranks, count));
