@@ -1,4 +1,5 @@
-// Warp- and warp-group-level building blocks of the normal-mode kernels.
+// Warp- and warp-group-level building blocks of the kernels: lanes and warps, named barriers,
+// sums and scans, and a warp's sets of ranks (ballot_ranks, warp_union).
 #pragma once
 
 #include <cstddef>

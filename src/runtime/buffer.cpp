@@ -331,7 +331,11 @@ void Buffer::get_dispatch_layout(const TensorView& topk_idx, int num_experts, co
   const int64_t num_tokens = topk_idx.shape[0];
   const int64_t num_topk = topk_idx.shape[1];
   detail::require_in_range(kOp, "num_topk (topk_idx.shape[1])", num_topk, 1, kLayoutMaxTopk);
-  detail::require_in_range(kOp, "num_tokens (topk_idx.shape[0])", num_tokens, 0, INT32_MAX / ranks);  // tokens x ranks flags
+  // The flags are tokens x ranks, and the kernel's warps step over the tokens by its whole grid in
+  // an int: the last step must not wrap.
+  constexpr int64_t kLayoutGridThreads = int64_t{kLayoutMaxBlocks} * kLayoutThreadsPerBlock;
+  detail::require_in_range(kOp, "num_tokens (topk_idx.shape[0])", num_tokens, 0,
+                           (INT32_MAX - kLayoutGridThreads) / ranks);
   detail::require_in_range(kOp, "num_experts", num_experts, 1, kLayoutMaxExperts);
   if (num_experts % ranks != 0) {
     fail(ErrorCode::kInvalidArgument, kOp, ": num_experts=", num_experts, " must be a multiple of num_ranks=", ranks);

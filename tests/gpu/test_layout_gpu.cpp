@@ -140,6 +140,12 @@ void check_bad_ids(RankHarness& harness, Buffer& buffer) {
     buffer.get_dispatch_layout(TensorView::contiguous(topk_idx.get(), DType::kFloat32, {tokens, topk}), experts,
                                outputs, nullptr);
   }, "float ids");
+  // More tokens than the kernel's int arithmetic holds (the view is checked, never read).
+  const int64_t too_many = INT32_MAX - 100;
+  harness.expect_error(ErrorCode::kInvalidArgument, "num_tokens (topk_idx.shape[0])=" + std::to_string(too_many), [&] {
+    buffer.get_dispatch_layout(TensorView::contiguous(topk_idx.get(), DType::kInt64, {too_many, 1}), experts, outputs,
+                               nullptr);
+  }, "too many tokens");
   std::vector<int64_t> host_ids(ids.size(), 0);
   harness.expect_error(ErrorCode::kInvalidArgument, "is not device memory", [&] {
     buffer.get_dispatch_layout(TensorView::contiguous(host_ids.data(), DType::kInt64, {tokens, topk}), experts,

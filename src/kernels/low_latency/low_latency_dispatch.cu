@@ -399,6 +399,10 @@ static_assert(sizeof(ArrivalsSlot) == LowLatencyLayout::kDispatchArrivalsBytes, 
 __device__ RankMask agreed_arrivals(const device::Window& window, const LowLatencyLayout& layout, int set_index,
                                     uint64_t epoch, RankMask mine) {
   ArrivalsSlot* slot = window.own<ArrivalsSlot>(layout.dispatch_arrivals(set_index));
+  // The CAS is relaxed; a fence on each side of it makes it a release and an acquire. Pairs with the
+  // adopting block's fence below: the flags the publishing block acquired (its threads, before
+  // wait_for_sources' __syncthreads) are seen by every block that adopts its mask and re-reads them.
+  device::fence_acq_rel_gpu();
   // A guess (a 16-byte load may tear): only a CAS's answer is trusted. The slot changes once per
   // epoch, so a few rounds settle it.
   ArrivalsSlot current = *slot;
@@ -407,7 +411,10 @@ __device__ RankMask agreed_arrivals(const device::Window& window, const LowLaten
     // epoch's is replaced by this block's.
     const ArrivalsSlot desired = current.epoch == epoch ? current : ArrivalsSlot{epoch, mine};
     const ArrivalsSlot previous = atomicCAS(slot, current, desired);
-    if (previous.epoch == current.epoch && previous.arrived == current.arrived) return desired.arrived;
+    if (previous.epoch == current.epoch && previous.arrived == current.arrived) {
+      device::fence_acq_rel_gpu();  // pairs with the publishing block's fence above
+      return desired.arrived;
+    }
     current = previous;
   }
 }
@@ -458,7 +465,10 @@ __device__ void adopt_agreed_arrivals(const device::Window& window, const LowLat
   const RankMask seen = arrivals.arrived_ranks(context.num_ranks);
   RankMask agreed = 0;
   if (lane == 0) agreed = agreed_arrivals(window, layout, args.common.set_index, epoch, seen);
-  agreed = __shfl_sync(0xffffffffu, agreed, 0);  // every lane has read `seen` before any word changes
+  // A shuffle moves values, not memory order; __syncwarp orders the lanes' memory: every lane has
+  // read `seen` before any word changes, and re-reads flags after lane 0's CAS and fence.
+  __syncwarp();
+  agreed = __shfl_sync(0xffffffffu, agreed, 0);
   for (int source = lane; source < context.num_ranks; source += kWarpSize) {
     if (has_rank(agreed, source) == has_rank(seen, source)) continue;
     const size_t address = layout.dispatch_flag(args.common.set_index, source);
