@@ -10,10 +10,11 @@
 # needed) with a gloo process group (epcomm.utils.envs.init_dist picks it; deep_ep 1's own
 # tests/utils.py always takes NCCL, which refuses two ranks on one GPU). Each test gets
 # EPCOMM_DEEP_EP_TEST_TIMEOUT seconds (default 600; its rank processes share its process group,
-# which timeout signals too). Exits non-zero if a test failed.
+# which timeout signals too). Exits non-zero if a test failed. N: deep_ep's tests want it to divide
+# 256 and 288, and test_intranode gives each rank 24 SMs: on one 132-SM GPU, 1, 2 or 4.
 set -uo pipefail
 if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
-  sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 if [ ! -d "$1" ]; then
