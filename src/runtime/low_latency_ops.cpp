@@ -177,7 +177,10 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
 
   detail::ScopedDevice scoped(impl.device);
   if (!call.previous_event.empty()) call.previous_event.wait(call.stream);
-  const int set_index = static_cast<int>(impl.low_latency_calls++ % LowLatencyLayout::kNumSets);
+  // The call's set and number; the counters move only once nothing but the launch is left, so that
+  // a call refused on the way (an output allocation out of memory, which a caller may retry) takes
+  // the same set and number again, as its peers do.
+  const int set_index = static_cast<int>(impl.low_latency_calls % LowLatencyLayout::kNumSets);
   const int64_t rows = static_cast<int64_t>(ranks) * max_tokens;
   LowLatencyDispatchResult result;
   auto state = std::make_shared<detail::LowLatencyHandleState>();
@@ -187,7 +190,7 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
   state->max_tokens = max_tokens;
   state->hidden = hidden;
   state->num_experts = args.num_experts;
-  state->dispatch_number = ++impl.dispatches_made;
+  state->dispatch_number = impl.dispatches_made + 1;
   {
     const auto step = impl.profile_host_step("low_latency_dispatch.outputs");  // EPCOMM_PROFILE's steps
     detail::OutputBatch outputs;
@@ -247,6 +250,8 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
   const KernelContext context = impl.context();
   const unsigned phases = args.return_recv_hook ? kernels::kSendPhase : (kernels::kSendPhase | kernels::kReceivePhase);
   impl.keep_dead_ranks_masked(call.stream);  // shrink mode: a clean does not bring them back
+  ++impl.low_latency_calls;
+  impl.dispatches_made = state->dispatch_number;
   impl.kernels->low_latency_dispatch(window, kernel, phases, context, call.stream);
   if (args.return_recv_hook) {
     // The hook keeps the outputs alive until it has launched the receive.
@@ -309,7 +314,6 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
 
   detail::ScopedDevice scoped(impl.device);
   if (!call.previous_event.empty()) call.previous_event.wait(call.stream);
-  ++impl.low_latency_calls;
   LowLatencyCombineResult result;
   if (given(args.out)) {
     result.combined_x.view = args.out;
@@ -334,6 +338,7 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
   const KernelContext context = impl.context();
   const unsigned phases = args.return_recv_hook ? kernels::kSendPhase : (kernels::kSendPhase | kernels::kReceivePhase);
   impl.keep_dead_ranks_masked(call.stream);
+  ++impl.low_latency_calls;  // as the dispatch's: only once nothing but the launch is left
   impl.kernels->low_latency_combine(window, kernel, phases, context, call.stream);
   if (args.return_recv_hook) {
     auto keep = std::make_shared<LowLatencyCombineResult>(result);

@@ -12,6 +12,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <memory>
 
 #include "common/routing_tile.hpp"
 #include "epcomm/buffer.hpp"
@@ -797,6 +799,75 @@ void check_errors(Context& ctx) {
   }
 }
 
+// An allocator that refuses its next request once told to, as a caller's allocator out of memory
+// does; otherwise `inner`'s.
+class RefusingAllocator : public Allocator {
+ public:
+  explicit RefusingAllocator(std::shared_ptr<Allocator> inner) : inner_(std::move(inner)) {}
+  void refuse_next() { refuse_ = true; }
+  Tensor allocate(DType dtype, std::initializer_list<int64_t> shape, cudaStream_t stream) override {
+    if (refuse_) {
+      refuse_ = false;
+      throw Error(ErrorCode::kOutOfMemory, "test allocator: refused");
+    }
+    return inner_->allocate(dtype, shape, stream);
+  }
+
+ private:
+  std::shared_ptr<Allocator> inner_;
+  bool refuse_ = false;
+};
+
+// Rank 0's allocator runs out of memory once in a dispatch and once in a combine, and rank 0
+// retries each call, as a caller that catches the error may: the refused call launched nothing
+// and took neither a buffer set nor a dispatch number, so the retry is the call its peers made
+// (had it taken them, the peers would wait on a set rank 0 never fills). Then a round is exact.
+void check_refused_allocation(Context& ctx) {
+  constexpr Scenario s{"out of memory once: fp8 h2048 T4 top2 M8", Cast::kFp8, 2048, 4, 2, 8, 8, kSparse};
+  RankHarness& harness = ctx.harness;
+  Buffer& buffer = ctx.buffer;
+  const int ranks = harness.num_ranks();
+  if (harness.rank() == 0) {
+    std::printf("low_latency: %s\n", s.name);
+    std::fflush(stdout);
+  }
+  prepare(ctx, s);
+  const std::shared_ptr<Allocator> allocator = make_stream_ordered_allocator();
+  RefusingAllocator refusing(allocator);
+  CallOptions call;
+  call.stream = ctx.stream;
+  const auto retried = [&](const std::function<void(Allocator&)>& make_call, const std::string& what) {
+    if (harness.rank() == 0) {
+      refusing.refuse_next();
+      expect_error_with(harness, ErrorCode::kOutOfMemory, {"refused"}, [&] { make_call(refusing); }, what);
+    }
+    make_call(*allocator);
+  };
+  DeviceBytes x(static_cast<size_t>(s.tokens) * s.hidden * sizeof(uint16_t));
+  DeviceBytes ids(static_cast<size_t>(s.tokens) * s.topk * sizeof(int64_t));
+  x.poison(0);
+  ids.poison(0);  // expert 0 everywhere
+  const LowLatencyDispatchArgs args = dispatch_args_for(x.get(), ids.get(), s.tokens, s, ranks);
+  LowLatencyDispatchResult dispatched;
+  retried([&](Allocator& chosen) { dispatched = buffer.low_latency_dispatch(args, chosen, call); },
+          "a dispatch's outputs refused");
+  DeviceBytes outputs(static_cast<size_t>(s.experts_per_rank) * slots_of(s, ranks) * s.hidden * sizeof(uint16_t));
+  DeviceBytes weights(static_cast<size_t>(s.tokens) * s.topk * sizeof(float));
+  outputs.poison(0);
+  weights.poison(0);
+  LowLatencyCombineArgs combine;
+  combine.x = TensorView::contiguous(outputs.get(), DType::kBFloat16, {s.experts_per_rank, slots_of(s, ranks), s.hidden});
+  combine.topk_idx = args.topk_idx;
+  combine.topk_weights = TensorView::contiguous(weights.get(), DType::kFloat32, {s.tokens, s.topk});
+  combine.handle = &dispatched.handle;
+  retried([&](Allocator& chosen) { (void)buffer.low_latency_combine(combine, chosen, call); },
+          "a combine's output refused");
+  buffer.synchronize(ctx.stream);  // raises a timed-out wait, had the retries missed their peers
+  EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
+  constexpr Scenario after{"after an allocation refused: fp8 h2048 T4 top2 M8", Cast::kFp8, 2048, 4, 2, 8, 8, kSparse};
+  run_scenario(ctx, after, kSeed + 67867967u);
+}
+
 // Shrink mode: every rank but the last masks the last one, which masks every other rank. The
 // others' round leaves it out: its tokens are not received and its experts add nothing (the
 // reference with its tokens removed and every id of its experts made -1). The mask reads back,
@@ -911,6 +982,7 @@ void run_low_latency_suite(RankHarness& harness, int emulated_nodes,
     for (size_t i = 0; i < all.size(); ++i) run_scenario(ctx, all[i], kSeed + 7919u * (i + 1));
     run_graph_case(ctx);
     check_errors(ctx);
+    check_refused_allocation(ctx);
     // Nothing was lost to the errors: a full round still matches the reference.
     const Scenario after = at_ranks(
         {"after errors: fp8 h2048 uneven top4 sparse", Cast::kFp8, 2048, -1, 4, 8, 128, kSparse | kHook}, ranks);
