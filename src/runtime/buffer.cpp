@@ -72,6 +72,7 @@ Buffer::Buffer(std::shared_ptr<Bootstrap> bootstrap, const BufferOptions& option
       if (impl_->options.preinitialize) warm_up(impl_->options.warmup_stream.value_or(impl_->comm_stream));
     } catch (...) {
       detail::initializing_on_this_thread = false;
+      impl_->discard_failed_initialization();
       throw;
     }
     detail::initializing_on_this_thread = false;
@@ -207,6 +208,23 @@ void Buffer::Impl::start_watchdog() {
       });
 }
 
+void Buffer::Impl::discard_failed_initialization() noexcept {
+  if (!transport) return;
+  alive->store(false);
+  watchdog.reset();
+  {
+    const detail::ScopedDevice scoped(device, std::nothrow);
+    (void)cudaDeviceSynchronize();  // its kernels' waits are bounded
+    (void)cudaGetLastError();
+  }
+  try {
+    transport->abandon();
+  } catch (...) {
+    // The transport's destructor leaves memory peers may map, as abandon() would.
+  }
+  transport.reset();
+}
+
 Buffer::Impl::~Impl() {
   if (profiler) profiler->write_reports();
   if (comm_memory) comm_memory->close(comm_stream);
@@ -214,7 +232,7 @@ Buffer::Impl::~Impl() {
 
 Buffer::~Buffer() {
   if (!impl_) return;
-  if (impl_->initialization.valid()) impl_->initialization.wait();  // never leave the thread running
+  impl_->join_initialization();  // never leave the thread running
   if (!impl_->transport) return;
   try {
     if (impl_->options.explicitly_destroy) {
@@ -233,12 +251,12 @@ Buffer::~Buffer() {
 
 // A background initialisation runs with `this` of the Buffer that started it: let it finish first.
 Buffer::Buffer(Buffer&& other) noexcept {
-  if (other.impl_ && other.impl_->initialization.valid()) other.impl_->initialization.wait();
+  if (other.impl_) other.impl_->join_initialization();
   impl_ = std::move(other.impl_);
 }
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this == &other) return *this;
-  if (other.impl_ && other.impl_->initialization.valid()) other.impl_->initialization.wait();
+  if (other.impl_) other.impl_->join_initialization();
   {
     // The Buffer being replaced is torn down like a destroyed one (collectively), not dropped.
     Buffer replaced(std::move(*this));
@@ -275,9 +293,9 @@ std::shared_ptr<Allocator> Buffer::output_allocator() const {
   return impl_->outputs;
 }
 bool Buffer::is_available() const {
-  if (!impl_ || impl_->initialization_error) return false;
-  if (impl_->initialization.valid()) impl_->initialization.wait();
-  return impl_->transport != nullptr;
+  if (!impl_) return false;
+  impl_->join_initialization();
+  return !impl_->initialization_error && impl_->transport != nullptr;
 }
 
 void Buffer::warmup(cudaStream_t stream) {
@@ -292,7 +310,7 @@ std::vector<InitPhase> Buffer::initialization_phases() const {
 
 void Buffer::destroy() {
   if (!impl_) return;
-  if (impl_->initialization.valid()) impl_->initialization.wait();
+  impl_->join_initialization();
   if (!impl_->transport) return;
   // A dead rank can meet no barrier (a process-group barrier would wait out its own timeout).
   impl_->tear_down(/*collectively=*/!impl_->errors.peer_died());
@@ -301,19 +319,21 @@ void Buffer::destroy() {
 void Buffer::Impl::tear_down(bool collectively) {
   alive->store(false);
   watchdog.reset();  // peers may exit once they are past their own destroy()
+  // Destroyed from here on, whatever fails below: begin() refuses every call, and a transport
+  // dropped on the way leaves memory peers may map to the process's exit (~Transport).
+  const std::unique_ptr<detail::Transport> closing = std::move(transport);
   detail::ScopedDevice scoped(device);
   // No kernel of this rank may still touch a peer, and no peer one of ours, once memory is freed.
   // (Waits give up once a peer is known dead, or after wait_timeout, so this returns then too.)
   EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
   if (collectively) {
     bootstrap->barrier();
-    transport->release_collectively(*bootstrap);
+    closing->release_collectively(*bootstrap);
   } else {
     // Close this rank's mappings; its own memory (peers may still map it) is left to the
     // process's exit. Survivors of a dead rank each do the same.
-    transport->abandon();
+    closing->abandon();
   }
-  transport.reset();
   liveness.reset();  // after the barrier: a rank that closes it earlier would look dead
   layout_workspace = detail::DeviceAllocation();
   stage_layout_workspace = detail::DeviceAllocation();
@@ -400,7 +420,8 @@ void Buffer::copy_to_all_ranks(const void* source, size_t bytes_per_rank, int nu
   if (bytes_per_rank % kVectorBytes != 0) {
     fail(ErrorCode::kInvalidArgument, kOp, ": bytes_per_rank=", bytes_per_rank, " must be a multiple of ", kVectorBytes);
   }
-  if (bytes_per_rank * static_cast<size_t>(num_ranks()) > static_cast<size_t>(impl_->options.num_nvl_bytes)) {
+  // Divided, not multiplied: a huge bytes_per_rank must not wrap past the check.
+  if (bytes_per_rank > static_cast<size_t>(impl_->options.num_nvl_bytes) / static_cast<size_t>(num_ranks())) {
     fail(ErrorCode::kInvalidArgument, kOp, ": bytes_per_rank=", bytes_per_rank, " x num_ranks=", num_ranks(),
          " exceeds num_nvl_bytes=", impl_->options.num_nvl_bytes);
   }

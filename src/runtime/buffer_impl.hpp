@@ -104,6 +104,8 @@ struct Buffer::Impl {
   bool warming_up = false;                    // calls made by warm_up() are not profiled as calls
   std::future<void> initialization;           // initialize_in_background: the running initialize()
   std::exception_ptr initialization_error;    // what it threw, raised again at every call
+  std::mutex initialization_mutex;            // one thread at a time takes the future's result
+  std::atomic<bool> initialization_joined{false};  // its result is taken (or there was none)
   std::vector<InitPhase> init_phases;         // recorded always (cheap), profiled when asked
 
   // Everything after option validation: device, memory, peer mapping. `caller_device` is the
@@ -113,10 +115,11 @@ struct Buffer::Impl {
   // With NVLink rings, normal mode's stages among at most kMaxNvlPeers ranks each, as the topology
   // (known once the ranks have met) forms them; else Unsupported, naming the node sizes.
   void require_normal_groups_fit() const;
-  // Returns once initialize() has finished (at once unless it runs in the background); throws its
-  // error, at this call and every later one.
-  void wait_until_ready() {
-    if (detail::initializing_on_this_thread) return;
+  // Returns once a background initialize() has ended, keeping what it threw in
+  // initialization_error. Any thread may call it, and several at once.
+  void join_initialization() {
+    if (initialization_joined.load(std::memory_order_acquire)) return;
+    const std::lock_guard<std::mutex> lock(initialization_mutex);
     if (initialization.valid()) {
       try {
         initialization.get();
@@ -124,8 +127,20 @@ struct Buffer::Impl {
         initialization_error = std::current_exception();
       }
     }
+    initialization_joined.store(true, std::memory_order_release);
+  }
+  // Returns once initialize() has finished (at once unless it runs in the background); throws its
+  // error, at this call and every later one.
+  void wait_until_ready() {
+    if (detail::initializing_on_this_thread) return;
+    join_initialization();
     if (initialization_error) std::rethrow_exception(initialization_error);
   }
+  // An initialize() that failed once the ranks had connected: this rank's kernels are waited for,
+  // its mappings closed and its own memory left to the process's exit (peers may still map it),
+  // as when a peer dies; the Buffer is then unavailable. Never throws: the first error is the one
+  // the caller sees.
+  void discard_failed_initialization() noexcept;
   // A timed initialisation step: recorded in init_phases, and as a profile range / NVTX range.
   class InitPhaseTimer {
    public:

@@ -71,8 +71,12 @@ void BufferOptions::validate(int num_ranks) const {
     fail(ErrorCode::kInvalidArgument, "Buffer: emulated_nodes=", emulated_nodes, " must be at least 1 and divide num_ranks=",
          num_ranks);
   }
-  if (wait_timeout.count() <= 0) {
-    fail(ErrorCode::kInvalidArgument, "Buffer: wait_timeout=", wait_timeout.count(), " ms must be positive");
+  // Every wait is bounded, a deadline is a clock reading plus the bound in nanoseconds (int64 on the
+  // host, the GPU's timer on the device): a week keeps both far from overflowing.
+  constexpr int64_t kMaxWaitTimeoutMs = int64_t{7} * 24 * 3600 * 1000;
+  if (wait_timeout.count() <= 0 || wait_timeout.count() > kMaxWaitTimeoutMs) {
+    fail(ErrorCode::kInvalidArgument, "Buffer: wait_timeout=", wait_timeout.count(), " ms must be positive and at most ",
+         kMaxWaitTimeoutMs, " (a week)");
   }
   constexpr int kWarmupHiddenMultiple = 8;  // the dummy rounds move BF16 rows
   const WarmupShape& shape = warmup_shape;

@@ -57,7 +57,8 @@ class Transport {
   // as they published it: whose death to watch for.
   const std::vector<ProcessIdentity>& local_processes() const { return local_processes_; }
   // Collective teardown: no rank frees memory a peer still reaches. The destructor alone (e.g.
-  // while an exception unwinds) releases without waiting for peers.
+  // while an exception unwinds, or a teardown failed on the way) waits for no peer: it closes this
+  // rank's mappings and, as abandon() does, leaves memory a peer may map to the process's exit.
   virtual void release_collectively(Bootstrap& bootstrap) = 0;
   // Local teardown for when the ranks cannot meet (a peer died): closes this rank's mappings of
   // its peers. Its own memory, which surviving peers may still map, stays allocated until the

@@ -49,6 +49,13 @@ TEST(BufferOptions, BadFieldsAreNamedWithTheirValues) {
   options = BufferOptions{};
   options.wait_timeout = std::chrono::milliseconds(0);
   EXPECT_NE(validation_error(options, 2).find("wait_timeout=0 ms"), std::string::npos);
+  // "Forever" as the largest int64 would overflow the deadlines: refused, naming the bound.
+  options.wait_timeout = std::chrono::milliseconds(INT64_MAX);
+  EXPECT_NE(validation_error(options, 2).find("wait_timeout=9223372036854775807 ms must be positive and at most "
+                                              "604800000"),
+            std::string::npos);
+  options.wait_timeout = std::chrono::hours(7 * 24);
+  EXPECT_EQ(validation_error(options, 2), "");
 }
 
 TEST(BufferOptions, EmulatedNodesMustDivideTheRanks) {

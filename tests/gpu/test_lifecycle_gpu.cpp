@@ -4,6 +4,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/process_resources.hpp"
@@ -111,6 +112,38 @@ void check_explicitly_destroyed_buffer_waits_for_no_peer(RankHarness& harness) {
   buffer.reset();  // the others go the same way: rank 0 is gone, so nobody could meet them
 }
 
+// A start that fails once the ranks have connected (here a warmup_shape the rings cannot hold,
+// which every rank finds alike): the error names the field. Started in the background, the Buffer
+// is then unavailable and every call raises that error, from any thread. The failed ranks' mappings
+// are closed (their memory, which a peer may have mapped, left to the process's exit), so the next
+// Buffer starts and works.
+void check_start_failing_after_connect(RankHarness& harness) {
+  BufferOptions failing;
+  failing.num_nvl_bytes = kBufferBytes;
+  constexpr int kRowTooLarge = 1 << 20;  // BF16 channels: 2 MiB rows, more than 32 MiB of rings hold
+  failing.warmup_shape = {64, 0, kRowTooLarge, 1, harness.num_ranks()};
+  const std::string named = "warmup_shape.hidden=" + std::to_string(kRowTooLarge);
+  harness.expect_error(ErrorCode::kInvalidArgument, named, [&] { Buffer buffer(harness.bootstrap(), failing); },
+                       "a start failing after the ranks connected");
+  failing.initialize_in_background = true;
+  {
+    Buffer buffer(harness.bootstrap(), failing);
+    bool available_elsewhere = true;
+    std::thread other([&] { available_elsewhere = buffer.is_available(); });
+    const bool available = buffer.is_available();
+    other.join();
+    harness.check(!available && !available_elsewhere, "is_available() after a failed background start");
+    harness.expect_error(ErrorCode::kInvalidArgument, named, [&] { buffer.barrier(nullptr); },
+                         "a call after a failed background start");
+  }
+  BufferOptions good;
+  good.num_nvl_bytes = kBufferBytes;
+  Buffer buffer(harness.bootstrap(), good);
+  buffer.barrier(nullptr);
+  buffer.synchronize(nullptr);
+  harness.check(buffer.is_available(), "a Buffer after failed starts");
+}
+
 }  // namespace
 
 void run_lifecycle_case(RankHarness& harness) {
@@ -167,6 +200,7 @@ void run_lifecycle_case(RankHarness& harness) {
   check_released_events_keep_their_waits(harness);
   check_use_after_destroy(harness);
   check_explicitly_destroyed_buffer_waits_for_no_peer(harness);
+  check_start_failing_after_connect(harness);
 
   // Construction validates options before touching the GPU or the bootstrap.
   BufferOptions bad;

@@ -32,6 +32,7 @@ IpcTransport::IpcTransport(Bootstrap& bootstrap, const TransportOptions& options
   EPCOMM_CUDA_CHECK(cudaIpcGetMemHandle(&handle, local_.get()));
   std::vector<cudaIpcMemHandle_t> handles(num_ranks);
   bootstrap.allgather(&handle, handles.data(), sizeof(cudaIpcMemHandle_t));
+  exported_ = num_ranks > 1;  // a peer may map it from here on
 
   ranks_on_my_device_ = ranks_on_device_of(census, rank);
   // One host: every peer's process can be watched, from the same pid namespace.
@@ -40,6 +41,19 @@ IpcTransport::IpcTransport(Bootstrap& bootstrap, const TransportOptions& options
   window_.rank = rank;
   window_.num_ranks = num_ranks;
   mappings_.resize(num_ranks);
+  try {
+    map_peers(handles, census, topology);
+  } catch (...) {
+    if (exported_) local_.leak();  // the peers know its handle now and may have mapped it
+    throw;
+  }
+}
+
+void IpcTransport::map_peers(const std::vector<cudaIpcMemHandle_t>& handles, const std::vector<RankCensus>& census,
+                             const Topology& topology) {
+  const int rank = window_.rank;
+  const int num_ranks = window_.num_ranks;
+  const RankCensus& mine = census[rank];
   for (int peer = 0; peer < num_ranks; ++peer) {
     if (topology.reach_directly(peer, rank)) {
       window_.direct_ranks |= rank_bit(peer);
@@ -58,6 +72,13 @@ IpcTransport::IpcTransport(Bootstrap& bootstrap, const TransportOptions& options
     mappings_[peer] = IpcMapping(mapped);
     window_.bases[peer] = static_cast<char*>(mapped);
   }
+}
+
+IpcTransport::~IpcTransport() {
+  // Freed by release_collectively, once every peer has closed its mapping; otherwise (a Buffer
+  // unwinding from a failed start, a teardown that failed on the way) left to the process's exit,
+  // as abandon() does, unless no peer could map it.
+  if (exported_) local_.leak();
 }
 
 void IpcTransport::release_collectively(Bootstrap& bootstrap) {

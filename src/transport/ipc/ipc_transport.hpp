@@ -30,11 +30,16 @@ class IpcTransport final : public Transport {
   // Collective. The buffer is zeroed before any peer can see it, so signals start at 0. Every rank
   // must run on this host (census: take_census's).
   IpcTransport(Bootstrap& bootstrap, const TransportOptions& options, const std::vector<RankCensus>& census);
+  ~IpcTransport() override;
   void release_collectively(Bootstrap& bootstrap) override;
   void abandon() override;
 
  private:
+  void map_peers(const std::vector<cudaIpcMemHandle_t>& handles, const std::vector<RankCensus>& census,
+                 const Topology& topology);
+
   DeviceAllocation local_;
+  bool exported_ = false;  // peers learned its handle: freed only collectively (see ~IpcTransport)
   std::vector<IpcMapping> mappings_;  // one per peer rank (the own rank's entry stays empty)
 };
 
