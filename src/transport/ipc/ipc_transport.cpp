@@ -91,7 +91,11 @@ void IpcTransport::release_collectively(Bootstrap& bootstrap) {
 void IpcTransport::abandon() {
   mappings_.clear();
   window_ = PeerWindow{};
-  local_.leak();
+  if (exported_) {
+    local_.leak();
+  } else {
+    local_ = DeviceAllocation();  // no peer ever had its handle
+  }
 }
 
 }  // namespace epcomm::detail
