@@ -56,6 +56,13 @@ void require_ring_fits(const char* op, const detail::RingGroup& group, const Rin
                                    : "; Config::nvl_buffer_size_hint(hidden_bytes, num_ranks)",
          " gives a size that fits every call");
   }
+  // Combine addresses the receive rings by 16-byte vector in 32 bits (kernels/intranode/combine.cu).
+  constexpr size_t kMaxReceiveBytes = size_t{UINT32_MAX} * kVectorBytes;
+  if (rings.receive_bytes() > kMaxReceiveBytes) {
+    fail(ErrorCode::kInvalidArgument, op, ": the ", group.stage, "receive rings of num_sms=", config.num_sms, " and ",
+         capacity_field, "=", group.ring_capacity(config), " for rows of ", row_bytes, " bytes take ",
+         rings.receive_bytes(), " bytes, more than the ", kMaxReceiveBytes, " combine addresses: fewer SMs or ring tokens");
+  }
   const int capacity = group.ring_capacity(config);
   const int send_chunk = group.send_chunk(config);
   if (group.rail && capacity < min_ring_tokens(send_chunk)) {  // the NVLink fields are checked by Config::validate

@@ -62,6 +62,7 @@ class Window {
   __device__ int rank() const { return peers_.rank; }
   __device__ int num_ranks() const { return peers_.num_ranks; }
   __device__ bool is_direct(int peer) const { return peers_.is_direct(peer); }
+  __device__ bool all_direct() const { return peers_.all_direct(); }  // no put or signal goes out
 
   template <typename T = char>
   __device__ T* own(size_t offset) const {

@@ -51,6 +51,10 @@ __device__ __forceinline__ int sum_over_sources(const device::Window& window, ui
 // that follows publishes it (its signal completes the puts).
 __device__ void put_staged_notify_slots(const device::Window& window, uint64_t parity, const KernelContext& context) {
   __syncthreads();  // every field of every staged slot is written
+  // The puts read slots other threads wrote: the barrier made them visible to the putting warps,
+  // and this cumulative fence to whatever reads a put's source (a NIC over PCIe), as ring_send's
+  // publish_slots does. (Past one block, the election's fence already did.)
+  if (gridDim.x == 1 && !window.all_direct()) device::fence_acq_rel_sys();
   for (int destination = device::warp_id(); destination < context.num_ranks; destination += kNormalWarpsPerBlock) {
     if (window.is_direct(destination)) continue;
     window.put(destination, NvlLayout::notify_slot(parity, context.rank),
@@ -233,8 +237,10 @@ __global__ void __launch_bounds__(kNormalThreadsPerBlock, 1)
       device::report_error(context, details);
     }
   }
-  // A failed earlier stage (hierarchical mode) fails this one even where every peer's did too.
-  const int disagreed = __syncthreads_or(differs || mine(kEarlierStage) != 0);
+  // A failed earlier stage (hierarchical mode) fails this one even where every peer's did too; a
+  // barrier that timed out (its error recorded) too, so that the dispatch behind sends nothing to
+  // ranks that expect nothing, as the checked barrier's verdict does (checked_start.cuh).
+  const int disagreed = __syncthreads_or(differs || !arrived || mine(kEarlierStage) != 0);
   if (threadIdx.x == 0) {
     *args.verdict = disagreed;
     if (args.host_results != nullptr) device::st_relaxed_sys(&args.host_results->disagreed, disagreed);
