@@ -13,6 +13,7 @@
 
 #include "common/kernel_context.hpp"
 #include "epcomm/buffer.hpp"
+#include "epcomm/event.hpp"
 #include "common/cuda_check.hpp"
 #include "common/device_allocation.hpp"
 #include "runtime/comm_stream_memory.hpp"
@@ -84,6 +85,10 @@ struct Buffer::Impl {
   // stops first.
   std::unique_ptr<detail::PeerWatchdog> watchdog;
   detail::DeviceAllocation layout_workspace;  // LayoutWorkspace, zeroed once
+  // get_dispatch_layout's last stream (not capturing) and its kernel's end: a call on another
+  // stream waits for it, so that two calls never share the workspace at once.
+  cudaStream_t layout_stream = nullptr;
+  Event layout_done;
   // The hierarchical dispatch's own layouts (on comm_stream; the caller's get_dispatch_layout may
   // run on another stream at the same time): LayoutWorkspace, zeroed once.
   detail::DeviceAllocation stage_layout_workspace;

@@ -215,6 +215,56 @@ void check_graph_replays(RankHarness& harness, Buffer& buffer) {
   EPCOMM_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
+// Layouts on two streams at once, back to back, each of its own routing: the calls share the
+// Buffer's workspace, so one on another stream waits for the other's kernel, and both stay exact
+// (without that wait their counts would mix).
+void check_two_streams(RankHarness& harness, Buffer& buffer) {
+  constexpr int kRounds = 20;
+  constexpr int kTokens = 4096;
+  constexpr int kTopk = 8;
+  const int ranks = harness.num_ranks();
+  const int experts = 16 * ranks;
+  struct Lane {
+    cudaStream_t stream = nullptr;
+    DeviceBytes topk_idx{static_cast<size_t>(kTokens) * kTopk * sizeof(int64_t)};
+    DeviceBytes per_rank, per_expert, in_rank;
+    reference::Layout expected;
+    DispatchLayoutOutputs outputs;
+  };
+  Lane lanes[2];
+  for (int i = 0; i < 2; ++i) {
+    Lane& lane = lanes[i];
+    EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&lane.stream, cudaStreamNonBlocking));
+    lane.per_rank = DeviceBytes(ranks * sizeof(int32_t));
+    lane.per_expert = DeviceBytes(experts * sizeof(int32_t));
+    lane.in_rank = DeviceBytes(static_cast<size_t>(kTokens) * ranks);
+    const std::vector<int64_t> ids = reference::random_topk_idx(
+        reference::derive_seed(kSeed + 2 + i, harness.rank(), kTokens), kTokens, kTopk, experts, {});
+    lane.topk_idx.upload(ids);
+    lane.expected = reference::dispatch_layout(ids, kTokens, kTopk, reference::ExpertPartition(experts, ranks));
+    lane.outputs.num_tokens_per_rank = TensorView::contiguous(lane.per_rank.get(), DType::kInt32, {ranks});
+    lane.outputs.num_tokens_per_expert = TensorView::contiguous(lane.per_expert.get(), DType::kInt32, {experts});
+    lane.outputs.is_token_in_rank = TensorView::contiguous(lane.in_rank.get(), DType::kBool, {kTokens, ranks});
+  }
+  for (int round = 0; round < kRounds; ++round) {
+    for (Lane& lane : lanes) {
+      buffer.get_dispatch_layout(TensorView::contiguous(lane.topk_idx.get(), DType::kInt64, {kTokens, kTopk}), experts,
+                                 lane.outputs, lane.stream);
+    }
+  }
+  for (int i = 0; i < 2; ++i) {
+    Lane& lane = lanes[i];
+    buffer.synchronize(lane.stream);
+    const std::string what = "layouts on two streams, stream " + std::to_string(i);
+    harness.check(lane.per_rank.download<int32_t>(ranks) == lane.expected.num_tokens_per_rank, what + ": num_tokens_per_rank");
+    harness.check(lane.per_expert.download<int32_t>(experts) == lane.expected.num_tokens_per_expert,
+                  what + ": num_tokens_per_expert");
+    harness.check(lane.in_rank.download<uint8_t>(lane.in_rank.size()) == lane.expected.is_token_in_rank,
+                  what + ": is_token_in_rank");
+    EPCOMM_CUDA_CHECK(cudaStreamDestroy(lane.stream));
+  }
+}
+
 }  // namespace
 
 void run_layout_case(RankHarness& harness) {
@@ -226,6 +276,7 @@ void run_layout_case(RankHarness& harness) {
   }
   check_bad_ids(harness, buffer);
   check_graph_replays(harness, buffer);
+  check_two_streams(harness, buffer);
   // The node counts across two emulated nodes (no rings needed for a layout).
   if (harness.num_ranks() >= 2 && harness.num_ranks() % 2 == 0) {
     BufferOptions two_nodes;
