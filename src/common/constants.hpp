@@ -116,6 +116,9 @@ inline constexpr int64_t kDefaultWaitTimeoutMs = 100 * 1000;
 // system call, and more in a sandboxed kernel), which a new routing's dispatch would pay. Where
 // ranks outnumber cores, a spinning rank can hold back a peer's launch by at most this much.
 inline constexpr int64_t kHostSpinBeforeYieldUs = 200;
+// A host wait for a kernel that itself waits (bounded by wait_timeout) lasts this much, or a tenth
+// of wait_timeout, longer: the kernel's own timeout, which names the rank, is raised first.
+inline constexpr int64_t kHostWaitGraceMs = 1000;
 
 static_assert(kMaxNvlPeers <= kMaxRanks, "normal mode's ranks are some of a Buffer's");
 static_assert(kMaxRanks <= kLowLatencyThreadsPerBlock, "low-latency kernels: a thread per rank (waits, signals)");

@@ -1,5 +1,6 @@
 // Buffer::dispatch and Buffer::combine (normal mode, within a node or across nodes): argument checks,
 // stream ordering, the notify step with its bounded host wait, output allocation, kernel launches.
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -119,10 +120,14 @@ void wait_for_notify(Buffer::Impl& impl, const detail::RingGroup& group, uint64_
   const auto* results = static_cast<const NotifyResults*>(impl.notify_results.host());
   const auto start = std::chrono::steady_clock::now();
   const auto spin_until = start + std::chrono::microseconds(kHostSpinBeforeYieldUs);
-  const auto deadline = start + impl.options.wait_timeout;
+  // The notify kernel's own wait (bounded by wait_timeout too) starts after this one and names the
+  // rank it waited for: the host gives it a grace period to be raised first.
+  const auto grace = std::max<std::chrono::milliseconds>(std::chrono::milliseconds(kHostWaitGraceMs),
+                                                         impl.options.wait_timeout / 10);
+  const auto deadline = start + impl.options.wait_timeout + grace;
   // Pairs with the notify kernel's release store of `sequence`.
   while (__atomic_load_n(&results->sequence, __ATOMIC_ACQUIRE) != sequence) {
-    impl.errors.raise_if_out_of_step();  // e.g. an earlier kernel timed out on a missing peer
+    impl.errors.raise_if_out_of_step();  // e.g. this or an earlier kernel timed out on a missing peer
     const auto now = std::chrono::steady_clock::now();
     if (now < spin_until) continue;
     if (now > deadline) {

@@ -17,6 +17,10 @@
 
 namespace epcomm::testing {
 
+namespace {
+void check_dispatch_without_rank(RankHarness& harness, int absent);  // below, with the other calls' set-up
+}  // namespace
+
 void run_timeout_case(RankHarness& harness) {
   if (harness.num_ranks() < 2) {
     harness.check(true, "a single rank has no peer to wait for");
@@ -40,6 +44,7 @@ void run_timeout_case(RankHarness& harness) {
   }
   // Every rank reaches the host-side teardown; the device barrier state is abandoned with the Buffer.
   harness.bootstrap()->barrier();
+  check_dispatch_without_rank(harness, kAbsentRank);
 }
 
 }  // namespace epcomm::testing
@@ -147,9 +152,32 @@ struct SmallCall {
     return args;
   }
   int64_t low_latency_bytes(int ranks) const { return Buffer::low_latency_buffer_size_hint(kTokens, kHidden, ranks, experts); }
+  int64_t nvl_bytes(int ranks) const { return default_dispatch_config(ranks).nvl_buffer_size_hint(kHidden * 2, ranks); }
+  // A normal dispatch's arguments, its layout computed by `buffer` (into this object's tensors),
+  // with few enough SMs that every rank sharing this GPU fits.
+  DispatchArgs normal_args(Buffer& buffer, int ranks) {
+    per_rank = DeviceBytes(ranks * sizeof(int32_t));
+    per_expert = DeviceBytes(experts * sizeof(int32_t));
+    in_rank = DeviceBytes(kTokens * ranks);
+    DispatchArgs args;
+    args.x = x_view();
+    args.topk_idx = topk_view();
+    args.num_tokens_per_rank = TensorView::contiguous(per_rank.get(), DType::kInt32, {ranks});
+    args.num_tokens_per_expert = TensorView::contiguous(per_expert.get(), DType::kInt32, {experts});
+    args.is_token_in_rank = TensorView::contiguous(in_rank.get(), DType::kBool, {kTokens, ranks});
+    args.config = default_dispatch_config(ranks);
+    int device = 0, sms = 0;
+    EPCOMM_CUDA_CHECK(cudaGetDevice(&device));
+    EPCOMM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    args.config.num_sms = std::min(args.config.num_sms, std::max(2, sms / ranks / 2 * 2));
+    buffer.get_dispatch_layout(args.topk_idx, experts,
+                               {args.num_tokens_per_rank, args.num_tokens_per_expert, args.is_token_in_rank}, nullptr);
+    return args;
+  }
 
   int experts;
   DeviceBytes x, topk_idx;
+  DeviceBytes per_rank, per_expert, in_rank;
 };
 
 // A rank dies while the others are inside a normal dispatch (its notify step waits for the dead
@@ -160,12 +188,10 @@ void run_death_in_call(RankHarness& harness, bool in_low_latency) {
     harness.check(true, "a single rank has no peer to lose");
     return;
   }
-  const SmallCall small(harness);
-  constexpr int kTokens = SmallCall::kTokens, kHidden = SmallCall::kHidden;
-  const int experts = small.experts;
+  SmallCall small(harness);
   BufferOptions options;
   options.wait_timeout = std::chrono::seconds(60);
-  options.num_nvl_bytes = default_dispatch_config(ranks).nvl_buffer_size_hint(kHidden * 2, ranks);
+  options.num_nvl_bytes = small.nvl_bytes(ranks);
   options.low_latency_mode = true;
   options.num_rdma_bytes = small.low_latency_bytes(ranks);
   Buffer buffer(harness.bootstrap(), options);
@@ -177,25 +203,36 @@ void run_death_in_call(RankHarness& harness, bool in_low_latency) {
       buffer.synchronize(nullptr);
     });
   } else {
-    DeviceBytes per_rank(ranks * sizeof(int32_t)), per_expert(experts * sizeof(int32_t)), in_rank(kTokens * ranks);
-    DispatchArgs args;
-    args.x = small.x_view();
-    args.topk_idx = small.topk_view();
-    args.num_tokens_per_rank = TensorView::contiguous(per_rank.get(), DType::kInt32, {ranks});
-    args.num_tokens_per_expert = TensorView::contiguous(per_expert.get(), DType::kInt32, {experts});
-    args.is_token_in_rank = TensorView::contiguous(in_rank.get(), DType::kBool, {kTokens, ranks});
-    args.config = default_dispatch_config(ranks);
-    int device = 0, sms = 0;
-    EPCOMM_CUDA_CHECK(cudaGetDevice(&device));
-    EPCOMM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    args.config.num_sms = std::min(args.config.num_sms, std::max(2, sms / ranks / 2 * 2));
-    buffer.get_dispatch_layout(args.topk_idx, experts,
-                               {args.num_tokens_per_rank, args.num_tokens_per_expert, args.is_token_in_rank}, nullptr);
+    const DispatchArgs args = small.normal_args(buffer, ranks);
     expect_death_noticed(harness, buffer, "a dispatch waiting for a dead rank", [&] {
       (void)buffer.dispatch(args, *allocator);
       buffer.synchronize(nullptr);
     });
   }
+}
+
+// A dispatch (new routing) that one rank never makes: the others' notify step times out on the
+// device, and the error names the rank waited for; the host's own wait for the counts lasts a
+// grace period longer, so it does not raise its vaguer error first.
+void check_dispatch_without_rank(RankHarness& harness, int absent) {
+  const int ranks = harness.num_ranks();
+  SmallCall small(harness);
+  BufferOptions options;
+  options.wait_timeout = std::chrono::milliseconds(500);
+  options.num_nvl_bytes = small.nvl_bytes(ranks);
+  Buffer buffer(harness.bootstrap(), options);
+  const auto allocator = make_stream_ordered_allocator();
+  const DispatchArgs args = small.normal_args(buffer, ranks);
+  buffer.synchronize(nullptr);
+  if (harness.rank() != absent) {
+    harness.expect_error(ErrorCode::kTimeout, "for rank " + std::to_string(absent) + "'s barrier signal",
+                         [&] {
+                           (void)buffer.dispatch(args, *allocator);
+                           buffer.synchronize(nullptr);
+                         },
+                         "a dispatch without rank " + std::to_string(absent));
+  }
+  harness.bootstrap()->barrier();  // the device state is abandoned with the Buffer
 }
 
 }  // namespace
