@@ -490,7 +490,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, 
   require_resident(kDispatchOp, impl, args.config);
 
   detail::ScopedDevice scoped(impl.device);
-  const CallStreams streams(impl.comm_stream, call, *impl.comm_memory);
+  CallStreams streams(impl.comm_stream, call, *impl.comm_memory);
   std::shared_ptr<detail::DispatchHandleState> state;
   StageLink flat;  // one stage: no earlier one, no later one
   DispatchResult result =
@@ -587,7 +587,7 @@ CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, con
   if (given(args.bias1)) require_vector_aligned(kCombineOp, "bias1", args.bias1);
 
   detail::ScopedDevice scoped(impl.device);
-  const CallStreams streams(impl.comm_stream, call, *impl.comm_memory);
+  CallStreams streams(impl.comm_stream, call, *impl.comm_memory);
   CombineResult result;
   Tensor partial, partial_weights;  // hierarchical: the node stage's sums, per forwarded row
   {

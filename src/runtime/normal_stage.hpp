@@ -35,6 +35,20 @@ class CallStreams {
     capturing_ = is_capturing(comm_);
     if (!capturing_) memory_.free_released(comm_, call.stream, call.previous_event.empty());
   }
+  // A call that failed between its start and finish() while being captured: the communication
+  // stream, forked into the caller's capture above, joins it again, so that the caller can still
+  // end the capture (a fork left open fails it as "unjoined").
+  ~CallStreams() {
+    if (capturing_ && !finished_) {
+      cudaEvent_t joined = nullptr;
+      if (cudaEventCreateWithFlags(&joined, cudaEventDisableTiming) != cudaSuccess) return;
+      if (cudaEventRecord(joined, comm_) == cudaSuccess) (void)cudaStreamWaitEvent(call_.stream, joined, 0);
+      (void)cudaEventDestroy(joined);
+      (void)cudaGetLastError();
+    }
+  }
+  CallStreams(const CallStreams&) = delete;
+  CallStreams& operator=(const CallStreams&) = delete;
   cudaStream_t comm() const { return comm_; }
   cudaStream_t allocation() const { return call_.allocate_on_comm_stream ? comm_ : call_.stream; }
   // Where the call's own small tensors come from (a handle's routing, the stages' layouts): the
@@ -44,7 +58,8 @@ class CallStreams {
   void order_after_allocations() const {
     if (!call_.allocate_on_comm_stream) Event::record(call_.stream).wait(comm_);
   }
-  Event finish() const {
+  Event finish() {
+    finished_ = true;
     Event done = Event::record(comm_);
     if (call_.async_finish) return done;
     done.wait(call_.stream);
@@ -56,6 +71,7 @@ class CallStreams {
   const CallOptions& call_;
   CommStreamMemory& memory_;
   bool capturing_ = false;
+  bool finished_ = false;
 };
 
 // A dispatch's shapes, from its arguments (or its cached handle).

@@ -85,6 +85,25 @@ class BumpAllocator final : public Allocator {
   size_t used_ = 0;
 };
 
+// Refuses its next request once told to, as a caller's allocator out of memory does (a caller may
+// catch that and retry); otherwise allocates from `inner`.
+class RefusingAllocator final : public Allocator {
+ public:
+  explicit RefusingAllocator(std::shared_ptr<Allocator> inner) : inner_(std::move(inner)) {}
+  void refuse_next() { refuse_ = true; }
+  Tensor allocate(DType dtype, std::initializer_list<int64_t> shape, cudaStream_t stream) override {
+    if (refuse_) {
+      refuse_ = false;
+      throw Error(ErrorCode::kOutOfMemory, "test allocator: refused");
+    }
+    return inner_->allocate(dtype, shape, stream);
+  }
+
+ private:
+  std::shared_ptr<Allocator> inner_;
+  bool refuse_ = false;
+};
+
 // The whole tensor's bytes, whatever its dtype (rows compared bit for bit).
 inline std::vector<uint8_t> download_bytes(const TensorView& view) {
   if (view.data == nullptr || view.ndim == 0) return {};

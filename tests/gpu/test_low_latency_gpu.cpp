@@ -799,25 +799,6 @@ void check_errors(Context& ctx) {
   }
 }
 
-// An allocator that refuses its next request once told to, as a caller's allocator out of memory
-// does; otherwise `inner`'s.
-class RefusingAllocator : public Allocator {
- public:
-  explicit RefusingAllocator(std::shared_ptr<Allocator> inner) : inner_(std::move(inner)) {}
-  void refuse_next() { refuse_ = true; }
-  Tensor allocate(DType dtype, std::initializer_list<int64_t> shape, cudaStream_t stream) override {
-    if (refuse_) {
-      refuse_ = false;
-      throw Error(ErrorCode::kOutOfMemory, "test allocator: refused");
-    }
-    return inner_->allocate(dtype, shape, stream);
-  }
-
- private:
-  std::shared_ptr<Allocator> inner_;
-  bool refuse_ = false;
-};
-
 // Rank 0's allocator runs out of memory once in a dispatch and once in a combine, and rank 0
 // retries each call, as a caller that catches the error may: the refused call launched nothing
 // and took neither a buffer set nor a dispatch number, so the retry is the call its peers made

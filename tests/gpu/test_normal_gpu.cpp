@@ -649,6 +649,20 @@ void run_graph_case(Context& ctx) {
   // allocation outside a capture; never by a node of the graph (which CUDA refuses for memory the
   // graph did not allocate, and would free at each replay).
   inputs.launch_layout(buffer, s, stream);
+  // A captured call that fails on the way (its allocator out of memory) leaves the capture one the
+  // caller can end: the communication stream, forked into it, is joined again. Nothing ran.
+  {
+    RefusingAllocator refusing(buffer.output_allocator());
+    refusing.refuse_next();
+    EPCOMM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    harness.expect_error(ErrorCode::kOutOfMemory, "refused", [&] { (void)buffer.dispatch(args, refusing, call); },
+                         "a captured dispatch whose allocator refused");
+    cudaGraph_t failed = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream, &failed);
+    harness.check(ended == cudaSuccess, std::string("the capture of a failed call ends: ") + cudaGetErrorString(ended));
+    if (failed != nullptr) EPCOMM_CUDA_CHECK(cudaGraphDestroy(failed));
+    (void)cudaGetLastError();
+  }
   std::optional<DispatchResult> earlier = buffer.dispatch(args, *buffer.output_allocator(), call);
 
   cudaGraph_t graph = nullptr;
