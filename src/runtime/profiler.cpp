@@ -152,26 +152,41 @@ Profiler::Scope::~Scope() {
       const ScopedDevice on_stream_device(device_ >= 0 ? device_ : current);
       EPCOMM_CUDA_WARN(cudaEventRecord(profiler_->events_[index_].stop, stream_));
     }
+    profiler_->events_[index_].stopped = true;
   }
   record.host_us = profiler_->now_us() - record.host_start_us;
   nvtxRangePop();
+  // A long profiled run keeps only the events of calls still in flight (two per timed call).
+  if (profiler_->records_.size() - profiler_->first_pending_ >= kResolveEvery) profiler_->resolve_completed();
+}
+
+bool Profiler::resolve(size_t index, bool wait) {
+  PendingEvents& pending = events_[index];
+  if (pending.start == nullptr) return true;  // untimed, or resolved already
+  // A scope still open has not recorded `stop` (and an event never recorded reads as complete).
+  if (!wait && (!pending.stopped || cudaEventQuery(pending.stop) == cudaErrorNotReady)) return false;
+  float start_ms = 0, duration_ms = 0;
+  if (cudaEventSynchronize(pending.stop) == cudaSuccess &&
+      cudaEventElapsedTime(&start_ms, reference_, pending.start) == cudaSuccess &&
+      cudaEventElapsedTime(&duration_ms, pending.start, pending.stop) == cudaSuccess) {
+    // The reference event was recorded at reference_host_us_: put GPU work on the host's clock.
+    records_[index].device_start_us = std::max(0.0, reference_host_us_ + start_ms * kMicrosecondsPerMillisecond);
+    records_[index].device_us = duration_ms * kMicrosecondsPerMillisecond;
+  }
+  (void)cudaGetLastError();  // untimed on failure; the table shows "-"
+  EPCOMM_CUDA_WARN(cudaEventDestroy(pending.start));
+  EPCOMM_CUDA_WARN(cudaEventDestroy(pending.stop));
+  pending = PendingEvents{};
+  return true;
+}
+
+void Profiler::resolve_completed() {
+  while (first_pending_ < records_.size() && resolve(first_pending_, /*wait=*/false)) ++first_pending_;
 }
 
 std::vector<ProfileRecord> Profiler::records() {
-  for (size_t i = 0; i < records_.size(); ++i) {
-    PendingEvents& pending = events_[i];
-    if (pending.start == nullptr || records_[i].device_us >= 0) continue;
-    float start_ms = 0, duration_ms = 0;
-    if (cudaEventSynchronize(pending.stop) != cudaSuccess ||
-        cudaEventElapsedTime(&start_ms, reference_, pending.start) != cudaSuccess ||
-        cudaEventElapsedTime(&duration_ms, pending.start, pending.stop) != cudaSuccess) {
-      (void)cudaGetLastError();  // untimed; the table shows "-"
-      continue;
-    }
-    // The reference event was recorded at reference_host_us_: put GPU work on the host's clock.
-    records_[i].device_start_us = std::max(0.0, reference_host_us_ + start_ms * kMicrosecondsPerMillisecond);
-    records_[i].device_us = duration_ms * kMicrosecondsPerMillisecond;
-  }
+  for (size_t i = first_pending_; i < records_.size(); ++i) resolve(i, /*wait=*/true);
+  first_pending_ = records_.size();
   return records_;
 }
 

@@ -65,8 +65,14 @@ class Profiler {
   struct PendingEvents {
     cudaEvent_t start = nullptr;
     cudaEvent_t stop = nullptr;
+    bool stopped = false;  // its scope has ended and recorded `stop`
   };
   double now_us() const;
+  // Record `index`'s device times from its events, which it then frees; false (nothing done) if
+  // they have not completed and `wait` is false.
+  bool resolve(size_t index, bool wait);
+  void resolve_completed();  // the records in order, up to the first still in flight
+  static constexpr size_t kResolveEvery = 256;  // unresolved records that make a scope's end resolve
 
   int rank_;
   std::chrono::steady_clock::time_point origin_;
@@ -74,6 +80,7 @@ class Profiler {
   double reference_host_us_ = 0;  // host time when reference_ was recorded: aligns the GPU track
   std::vector<ProfileRecord> records_;
   std::vector<PendingEvents> events_;  // parallel to records_
+  size_t first_pending_ = 0;           // records before it are resolved, their events freed
 };
 
 // An NVTX range always (nearly free when no tool listens), and a profile record when profiling
