@@ -119,7 +119,9 @@ double Profiler::now_us() const {
 
 Profiler::Scope::Scope(Profiler* profiler, ProfileRecord::Kind kind, const char* name, cudaStream_t stream,
                        bool timed_stream, int device)
-    : profiler_(profiler), stream_(stream), timed_stream_(timed_stream), device_(device) {
+    // Work being captured into a graph runs later, if ever: its events could not be timed (and a
+    // reference event recorded into the capture would leave every later one untimed).
+    : profiler_(profiler), stream_(stream), timed_stream_(timed_stream && !is_capturing(stream)), device_(device) {
   nvtxRangePushA(name);
   ProfileRecord record;
   record.kind = kind;
