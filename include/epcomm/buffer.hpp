@@ -81,9 +81,9 @@ class Buffer {
   // For every token, which ranks and experts its top-k ids name. topk_idx: int64 or int32
   // [num_tokens, num_topk] on the device, -1 meaning "no expert". An id outside [-1, num_experts)
   // is reported as a DeviceError (by check_device_errors / synchronize / the next call). Runs on
-  // `stream`; a call on another stream than the previous call's waits for that call's kernel (they
-  // share a workspace), except while either stream is being captured: a captured layout must not
-  // replay while another layout of this Buffer runs on another stream.
+  // `stream`, after the previous call's kernel (they share a workspace), except where either call
+  // is being captured: a captured layout must not replay while another layout of this Buffer runs
+  // on another stream.
   void get_dispatch_layout(const TensorView& topk_idx, int num_experts, const DispatchLayoutOutputs& outputs,
                            cudaStream_t stream);
 

@@ -386,14 +386,12 @@ void Buffer::get_dispatch_layout(const TensorView& topk_idx, int num_experts, co
   args.num_tokens_per_node = per_node ? outputs.num_tokens_per_rdma_rank.ptr<int32_t>() : nullptr;
   args.ranks_per_node = impl_->topology.ranks_per_node;
   args.workspace = impl_->layout_workspace.get();
-  // One workspace for every call: a call on another stream waits for the last call's kernel.
+  // One workspace for every call: each waits for the last call's kernel, which costs nothing on the
+  // same stream (a stream's handle may be reused by another, so streams are not told apart).
   const bool capturing = detail::is_capturing(stream);
-  if (!capturing && stream != impl_->layout_stream) impl_->layout_done.wait(stream);
+  if (!capturing) impl_->layout_done.wait(stream);
   kernels::launch_dispatch_layout(args, impl_->num_device_sms, impl_->context(), stream);
-  if (!capturing) {
-    impl_->layout_done = Event::record(stream);
-    impl_->layout_stream = stream;
-  }
+  if (!capturing) impl_->layout_done = Event::record(stream);
 }
 
 // Barrier epochs and rings are touched only in the communication stream's order, whichever

@@ -85,9 +85,8 @@ struct Buffer::Impl {
   // stops first.
   std::unique_ptr<detail::PeerWatchdog> watchdog;
   detail::DeviceAllocation layout_workspace;  // LayoutWorkspace, zeroed once
-  // get_dispatch_layout's last stream (not capturing) and its kernel's end: a call on another
-  // stream waits for it, so that two calls never share the workspace at once.
-  cudaStream_t layout_stream = nullptr;
+  // The end of get_dispatch_layout's last kernel (not captured): the next call waits for it, so
+  // that two calls on different streams never share the workspace at once.
   Event layout_done;
   // The hierarchical dispatch's own layouts (on comm_stream; the caller's get_dispatch_layout may
   // run on another stream at the same time): LayoutWorkspace, zeroed once.

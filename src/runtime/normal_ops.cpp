@@ -132,7 +132,7 @@ void wait_for_notify(Buffer::Impl& impl, const detail::RingGroup& group, uint64_
     if (now < spin_until) continue;
     if (now > deadline) {
       const std::string message =
-          join_message("rank ", impl.bootstrap->rank(), ": dispatch waited ", impl.options.wait_timeout.count(),
+          join_message("rank ", impl.bootstrap->rank(), ": dispatch waited ", (impl.options.wait_timeout + grace).count(),
                  " ms on the host for the received-token counts of its ", group.stage, "notify step; a peer may not "
                  "have called dispatch, or this rank's GPU is stuck behind earlier work");
       impl.errors.mark_unusable(message);

@@ -127,23 +127,31 @@ Profiler::Scope::Scope(Profiler* profiler, ProfileRecord::Kind kind, const char*
   record.kind = kind;
   record.name = name;
   record.host_start_us = profiler_->now_us();
+  // The events first: a failure here leaves no record behind that would never be resolved.
+  PendingEvents pending;
+  if (timed_stream_) {
+    try {
+      int current = 0;
+      EPCOMM_CUDA_CHECK(cudaGetDevice(&current));
+      const ScopedDevice on_stream_device(device_ >= 0 ? device_ : current);
+      if (profiler_->reference_ == nullptr) {
+        EPCOMM_CUDA_CHECK(cudaEventCreate(&profiler_->reference_));
+        EPCOMM_CUDA_CHECK(cudaEventRecord(profiler_->reference_, stream_));
+        profiler_->reference_host_us_ = profiler_->now_us();
+      }
+      EPCOMM_CUDA_CHECK(cudaEventCreate(&pending.start));
+      EPCOMM_CUDA_CHECK(cudaEventCreate(&pending.stop));
+      EPCOMM_CUDA_CHECK(cudaEventRecord(pending.start, stream_));
+    } catch (...) {
+      if (pending.start) EPCOMM_CUDA_WARN(cudaEventDestroy(pending.start));
+      if (pending.stop) EPCOMM_CUDA_WARN(cudaEventDestroy(pending.stop));
+      nvtxRangePop();
+      throw;
+    }
+  }
   index_ = profiler_->records_.size();
   profiler_->records_.push_back(record);
-  profiler_->events_.emplace_back();
-  if (timed_stream_) {
-    int current = 0;
-    EPCOMM_CUDA_CHECK(cudaGetDevice(&current));
-    const ScopedDevice on_stream_device(device_ >= 0 ? device_ : current);
-    PendingEvents& pending = profiler_->events_.back();
-    if (profiler_->reference_ == nullptr) {
-      EPCOMM_CUDA_CHECK(cudaEventCreate(&profiler_->reference_));
-      EPCOMM_CUDA_CHECK(cudaEventRecord(profiler_->reference_, stream_));
-      profiler_->reference_host_us_ = profiler_->now_us();
-    }
-    EPCOMM_CUDA_CHECK(cudaEventCreate(&pending.start));
-    EPCOMM_CUDA_CHECK(cudaEventCreate(&pending.stop));
-    EPCOMM_CUDA_CHECK(cudaEventRecord(pending.start, stream_));
-  }
+  profiler_->events_.push_back(pending);
 }
 
 Profiler::Scope::~Scope() {
@@ -166,7 +174,11 @@ bool Profiler::resolve(size_t index, bool wait) {
   PendingEvents& pending = events_[index];
   if (pending.start == nullptr) return true;  // untimed, or resolved already
   // A scope still open has not recorded `stop` (and an event never recorded reads as complete).
-  if (!wait && (!pending.stopped || cudaEventQuery(pending.stop) == cudaErrorNotReady)) return false;
+  if (!wait && !pending.stopped) return false;
+  if (!wait && cudaEventQuery(pending.stop) == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // "not ready" is no error of the caller's next launch
+    return false;
+  }
   float start_ms = 0, duration_ms = 0;
   if (cudaEventSynchronize(pending.stop) == cudaSuccess &&
       cudaEventElapsedTime(&start_ms, reference_, pending.start) == cudaSuccess &&

@@ -31,20 +31,18 @@ IpcTransport::IpcTransport(Bootstrap& bootstrap, const TransportOptions& options
   cudaIpcMemHandle_t handle;
   EPCOMM_CUDA_CHECK(cudaIpcGetMemHandle(&handle, local_.get()));
   std::vector<cudaIpcMemHandle_t> handles(num_ranks);
-  bootstrap.allgather(&handle, handles.data(), sizeof(cudaIpcMemHandle_t));
-  exported_ = num_ranks > 1;  // a peer may map it from here on
-
-  ranks_on_my_device_ = ranks_on_device_of(census, rank);
-  // One host: every peer's process can be watched, from the same pid namespace.
-  local_processes_ = watchable_processes(census, rank);
-  const Topology& topology = options.topology;
-  window_.rank = rank;
-  window_.num_ranks = num_ranks;
-  mappings_.resize(num_ranks);
+  exported_ = num_ranks > 1;  // a peer may map it from the exchange on (even one that fails here)
   try {
-    map_peers(handles, census, topology);
+    bootstrap.allgather(&handle, handles.data(), sizeof(cudaIpcMemHandle_t));
+    ranks_on_my_device_ = ranks_on_device_of(census, rank);
+    // One host: every peer's process can be watched, from the same pid namespace.
+    local_processes_ = watchable_processes(census, rank);
+    window_.rank = rank;
+    window_.num_ranks = num_ranks;
+    mappings_.resize(num_ranks);
+    map_peers(handles, census, options.topology);
   } catch (...) {
-    if (exported_) local_.leak();  // the peers know its handle now and may have mapped it
+    if (exported_) local_.leak();  // the peers may know its handle now and have mapped it
     throw;
   }
 }
