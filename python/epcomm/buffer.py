@@ -169,14 +169,21 @@ class Buffer:
                                  num_rail_bytes=num_rail_bytes, explicitly_destroy=explicitly_destroy)
 
     def __del__(self) -> None:
-        # Wait (without the GIL) for a background initialisation before the runtime is torn down:
-        # it may be inside a Python callback that needs the GIL.
         runtime = getattr(self, "runtime", None)
-        if runtime is not None:
-            try:
-                runtime.is_available()
-            except Exception:  # the initialisation's error was raised at a call already, or will be
-                pass
+        if runtime is None:
+            return
+        try:
+            # Wait (without the GIL) for a background initialisation before the runtime is torn
+            # down: it may be inside a Python callback that needs the GIL.
+            available = runtime.is_available()
+            # deep_ep tears down when its Buffer goes, the same moment on every rank. The runtime
+            # object can outlive this one (tensors of its memory, such as the combine buffer, keep
+            # it), and a teardown when the last of those went would differ from rank to rank and
+            # meet another collective: tear down here instead (without the GIL), as deep_ep does.
+            if available and not self.explicitly_destroy:
+                runtime.destroy()
+        except Exception:  # the initialisation's error was raised at a call already, or will be
+            pass
 
     # ---- configuration (deep_ep's static helpers) ----
     @staticmethod
@@ -278,8 +285,8 @@ class Buffer:
                             async_finish: bool = False, allocate_on_comm_stream: bool = False):
         """-> (num_tokens_per_rank, num_tokens_per_rdma_rank (int32 [nodes], tokens with an expert on each
         node; None on one node, as deep_ep's), num_tokens_per_expert, is_token_in_rank, event)"""
-        if previous_event is not None:
-            previous_event.current_stream_wait()
+        if previous_event is not None:  # its event alone, as deep_ep passes it: a registered hook stays
+            runtime_event(previous_event.event).wait(_torch.current_stream())
         per_rank, per_node, per_expert, in_rank = self.runtime.get_dispatch_layout(topk_idx, num_experts)
         event = EventOverlap(_C.Event.record(_torch.current_stream()), (topk_idx,)) if async_finish else EventOverlap()
         return per_rank, per_node, per_expert, in_rank, event

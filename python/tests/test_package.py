@@ -486,9 +486,9 @@ from epcomm import buffer as buffer_module
 
 made = []
 class Runtime:  # the extension's Buffer, which would need a GPU
-    def __init__(self, *args, **kwargs): made.append(kwargs)
-    def destroy(self): calls.append(("runtime.destroy",))
-    def is_available(self): return True
+    def __init__(self, *args, **kwargs): made.append(kwargs); self.alive = True
+    def destroy(self): calls.append(("runtime.destroy",)); self.alive = False
+    def is_available(self): return self.alive
 
 real = buffer_module._C
 buffer_module._C = types.SimpleNamespace(Buffer=Runtime, Bootstrap=lambda *args: None,
@@ -508,13 +508,20 @@ buffer = epcomm.Buffer("ep group", initialize_in_background=True)
 assert calls == [("old new_group", [4, 5], "gloo")], calls
 # In the foreground the caller's group serves: no group is made.
 calls.clear()
-epcomm.Buffer("ep group")
+kept = epcomm.Buffer("ep group")
 assert calls == [], calls
 # deep_ep's explicitly_destroy reaches the runtime (whose destructor then waits for no peer).
 assert made[-1]["explicitly_destroy"] is False
-epcomm.Buffer("ep group", explicitly_destroy=True)
+explicit = epcomm.Buffer("ep group", explicitly_destroy=True)
 assert made[-1]["explicitly_destroy"] is True
 assert real.BUFFER_DEFAULTS["explicitly_destroy"] is False
+# A Buffer let go tears its runtime down then, as deep_ep's does (tensors of its memory may keep
+# the runtime object itself longer, differently on each rank); with explicitly_destroy it does not.
+del kept
+assert calls == [("runtime.destroy",)], calls
+calls.clear()
+del explicit
+assert calls == [], calls
 print("ok")
 '''
 
