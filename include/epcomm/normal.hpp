@@ -64,7 +64,8 @@ class DispatchHandle {
 
 struct DispatchArgs {
   TensorView x;             // in: bfloat16 or float8_e4m3fn [T, hidden]
-  TensorView x_scales;      // in: float32 [T, hidden / 128] with FP8 x, any strides (row- or column-major);
+  TensorView x_scales;      // in: with FP8 x, float32 or int32 (packed UE8M0) [T, n], usually n = hidden / 128,
+                            //     any strides (row- or column-major), carried as opaque 4-byte words;
                             //     empty (data null, ndim 0) otherwise
   TensorView topk_idx;      // in: int64 [T, K], optional; rewritten to local expert ids on arrival
   TensorView topk_weights;  // in: float32 [T, K], optional (requires topk_idx)
@@ -85,7 +86,7 @@ struct DispatchArgs {
 
 struct DispatchResult {
   Tensor recv_x;              // [rows, hidden], dtype of x
-  Tensor recv_x_scales;       // float32 [rows, hidden / 128] with FP8 x
+  Tensor recv_x_scales;       // with FP8 x: x_scales' dtype, [rows, x_scales.shape[1]]
   Tensor recv_topk_idx;       // int64 [rows, K] local expert ids, -1 for experts elsewhere
   Tensor recv_topk_weights;   // float32 [rows, K], 0 where recv_topk_idx is -1
   Tensor num_recv_tokens_per_expert_device;    // int32 [E / R], padded to expert_alignment

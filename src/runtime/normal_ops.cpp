@@ -156,15 +156,17 @@ DispatchShape validate_dispatch(const Buffer::Impl& impl, const DispatchArgs& ar
   }
   require_vector_aligned(kDispatchOp, "x", args.x);
   if (args.x.dtype == DType::kFloat8E4M3) {
-    if (shape.hidden % kFp8ChannelsPerScale != 0) {
-      fail(ErrorCode::kInvalidArgument, kDispatchOp, ": hidden=", shape.hidden, " must be a multiple of ",
-           kFp8ChannelsPerScale, " for FP8 dispatch (one scale per ", kFp8ChannelsPerScale, " channels)");
-    }
-    shape.num_scales = shape.hidden / kFp8ChannelsPerScale;
     if (!given(args.x_scales)) fail(ErrorCode::kInvalidArgument, kDispatchOp, ": FP8 x needs x_scales");
-    // Any layout, as deep_ep takes them: row-major [token][scale] or scale-major (column-major).
-    detail::require_device_tensor(impl.device, kDispatchOp, "x_scales", args.x_scales, {DType::kFloat32},
-                                  {shape.num_tokens, shape.num_scales}, detail::Strides::kAny);
+    // As deep_ep takes them: float32 (one per 128 channels, usually) or int32 (UE8M0 exponents
+    // packed four to a word), as many per token as the caller has, in any layout (row-major
+    // [token][scale] or scale-major); they travel as opaque 4-byte words.
+    detail::require_device_tensor(impl.device, kDispatchOp, "x_scales", args.x_scales, {DType::kFloat32, DType::kInt32},
+                                  {shape.num_tokens, detail::kAnyExtent}, detail::Strides::kAny);
+    shape.num_scales = static_cast<int>(args.x_scales.shape[1]);
+    if (shape.num_scales < 1) {
+      fail(ErrorCode::kInvalidArgument, kDispatchOp, ": x_scales (", args.x_scales.describe(),
+           ") must hold at least one scale per token");
+    }
   } else if (given(args.x_scales)) {
     fail(ErrorCode::kInvalidArgument, kDispatchOp, ": x_scales (", args.x_scales.describe(),
          ") was given but x is bfloat16; scales go with float8_e4m3fn x only");
@@ -371,7 +373,7 @@ DispatchResult allocate_outputs(const DispatchArgs& args, const DispatchShape& s
   DispatchResult result;
   detail::OutputBatch outputs;
   outputs.add(result.recv_x, args.x.dtype, {rows, shape.hidden});
-  if (shape.num_scales > 0) outputs.add(result.recv_x_scales, DType::kFloat32, {rows, shape.num_scales});
+  if (shape.num_scales > 0) outputs.add(result.recv_x_scales, args.x_scales.dtype, {rows, shape.num_scales});
   if (shape.num_topk > 0) outputs.add(result.recv_topk_idx, DType::kInt64, {rows, shape.num_topk});
   if (given(args.topk_weights)) outputs.add(result.recv_topk_weights, DType::kFloat32, {rows, shape.num_topk});
   outputs.allocate(allocator, stream);
@@ -386,6 +388,7 @@ void launch(const Buffer::Impl& impl, const detail::RingGroup& group, const Disp
   kernels::DispatchKernelArgs kernel;
   kernel.x = args.x.data;
   kernel.row_bytes = static_cast<size_t>(shape.row_bytes);
+  // float32 or int32 scales: the kernel copies 4-byte words and never reads them as numbers.
   kernel.x_scales = shape.num_scales > 0 ? args.x_scales.ptr<float>() : nullptr;
   kernel.scale_token_stride = shape.num_scales > 0 ? args.x_scales.strides[0] : 0;
   kernel.scale_stride = shape.num_scales > 0 ? args.x_scales.strides[1] : 0;

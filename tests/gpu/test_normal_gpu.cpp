@@ -49,7 +49,9 @@ enum Flag : unsigned {
   kNonFinite = 1u << 10,   // NaN, +-Inf and -0 among the rows and expert outputs: copied bit for bit, summed as IEEE
   kColocated = 1u << 11,   // combine with CombineLayout::kColocated (the others: the default, split)
   kMixedLayouts = 1u << 12,  // combine colocated on odd ranks, split on even ones (ranks may differ)
+  kPackedScales = 1u << 13,  // FP8 x_scales as int32 words, one per 512 channels (deep_ep's UE8M0 packing)
 };
+constexpr int kChannelsPerPackedScale = 4 * 128;  // four UE8M0 exponents of 128 channels each, per int32
 
 struct Scenario {
   const char* name;
@@ -87,6 +89,9 @@ std::vector<Scenario> scenarios() {
       // Scales past the registers' (kScalesPerLane * 32 = 64) take the kernels' plain loops.
       {"fp8 h8448 uneven top8 sparse many-scales", true, 8448, -1, 8, Routing::kSparse,
        kColumnScales | kPoison | kCached | kWorst},
+      // Scales as deep_ep also takes them: int32 words (packed UE8M0 exponents), carried verbatim.
+      {"fp8 h7168 T512 top8 sparse packed-int32-scales", true, 7168, 512, 8, Routing::kSparse,
+       kPackedScales | kColumnScales | kPoison | kCached},
   };
 }
 
@@ -125,7 +130,12 @@ DeviceBytes scale_major(const std::vector<float>& by_token, int tokens, int scal
   return device;
 }
 int num_experts(int ranks) { return kExpertsPerRank * ranks; }
-int num_scales(const Scenario& s) { return s.fp8 ? s.hidden / reference::kFp8ChannelsPerScale : 0; }
+int num_scales(const Scenario& s) {
+  if (!s.fp8) return 0;
+  return s.hidden / (s.has(kPackedScales) ? kChannelsPerPackedScale : reference::kFp8ChannelsPerScale);
+}
+// The scales' dtype; either way the test's values are random floats' bits, which must arrive intact.
+DType scales_dtype(const Scenario& s) { return s.has(kPackedScales) ? DType::kInt32 : DType::kFloat32; }
 int64_t row_bytes(const Scenario& s) { return static_cast<int64_t>(s.hidden) * (s.fp8 ? 1 : 2); }
 DType x_dtype(const Scenario& s) { return s.fp8 ? DType::kFloat8E4M3 : DType::kBFloat16; }
 
@@ -232,7 +242,7 @@ struct RankTensors {
   DispatchArgs args(const Scenario& s, const Config& config, int ranks) const {
     DispatchArgs args;
     args.x = TensorView::contiguous(x.get(), x_dtype(s), {tokens, s.hidden});
-    if (s.fp8) args.x_scales = TensorView::contiguous(x_scales.get(), DType::kFloat32, {tokens, num_scales(s)});
+    if (s.fp8) args.x_scales = TensorView::contiguous(x_scales.get(), scales_dtype(s), {tokens, num_scales(s)});
     if (!s.has(kNoTopk)) {
       args.topk_idx = TensorView::contiguous(topk_idx.get(), DType::kInt64, {tokens, s.topk});
       args.topk_weights = TensorView::contiguous(topk_weights.get(), DType::kFloat32, {tokens, s.topk});
@@ -334,7 +344,7 @@ void check_dispatch(RankHarness& harness, const std::string& what, const Scenari
   }
   if (!s.fp8) {
     harness.check(got.recv_x_scales.view.data == nullptr, what + ": recv_x_scales returned for bf16 x");
-  } else if (check_shape(harness, what + ": recv_x_scales", got.recv_x_scales.view, DType::kFloat32, {rows, num_scales(s)})) {
+  } else if (check_shape(harness, what + ": recv_x_scales", got.recv_x_scales.view, scales_dtype(s), {rows, num_scales(s)})) {
     expect_prefix_equal(harness, what + ": recv_x_scales", download<float>(got.recv_x_scales.view), want.recv_x_scales,
                         static_cast<size_t>(num_scales(s)));
   }
@@ -604,7 +614,7 @@ void run_scenario(Context& ctx, const Scenario& s, uint64_t seed) {
     EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
     DispatchArgs cached = args;
     cached.x = TensorView::contiguous(x.get(), x_dtype(s), {tokens, s.hidden});
-    if (s.fp8) cached.x_scales = TensorView::contiguous(scales.get(), DType::kFloat32, {tokens, num_scales(s)});
+    if (s.fp8) cached.x_scales = TensorView::contiguous(scales.get(), scales_dtype(s), {tokens, num_scales(s)});
     cached.num_tokens_per_rank = cached.num_tokens_per_expert = cached.is_token_in_rank = TensorView{};
     cached.handle = &first.handle;
     const DispatchResult again = buffer.dispatch(cached, allocator, call);
