@@ -2,6 +2,9 @@
 // tokens, a hot expert), 0 / 1 / many tokens, int64 and int32 ids, poisoned outputs; bad ids and
 // bad arguments give clear errors and leave the Buffer usable.
 #include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "support/device_bytes.hpp"
 #include "epcomm/buffer.hpp"
@@ -167,6 +170,34 @@ void check_bad_ids(RankHarness& harness, Buffer& buffer) {
   harness.check(per_expert.download<int32_t>(experts) == expected.num_tokens_per_expert, "layout after an error");
 }
 
+// A layout's int64 ids and outputs on the device, at fixed addresses, and the checks of a result.
+struct LayoutTensors {
+  LayoutTensors(int num_tokens, int num_topk, int num_ranks, int num_experts)
+      : tokens(num_tokens), topk(num_topk), ranks(num_ranks), experts(num_experts),
+        topk_idx(static_cast<size_t>(tokens) * topk * sizeof(int64_t)), per_rank(ranks * sizeof(int32_t)),
+        per_expert(experts * sizeof(int32_t)), in_rank(static_cast<size_t>(tokens) * ranks) {
+    outputs.num_tokens_per_rank = TensorView::contiguous(per_rank.get(), DType::kInt32, {ranks});
+    outputs.num_tokens_per_expert = TensorView::contiguous(per_expert.get(), DType::kInt32, {experts});
+    outputs.is_token_in_rank = TensorView::contiguous(in_rank.get(), DType::kBool, {tokens, ranks});
+  }
+  TensorView ids() const { return TensorView::contiguous(topk_idx.get(), DType::kInt64, {tokens, topk}); }
+  void poison() {
+    per_rank.poison(kPoisonByte);
+    per_expert.poison(kPoisonByte);
+    in_rank.poison(kPoisonByte);
+  }
+  void check(RankHarness& harness, const reference::Layout& expected, const std::string& what) const {
+    harness.check(per_rank.download<int32_t>(ranks) == expected.num_tokens_per_rank, what + ": num_tokens_per_rank");
+    harness.check(per_expert.download<int32_t>(experts) == expected.num_tokens_per_expert,
+                  what + ": num_tokens_per_expert");
+    harness.check(in_rank.download<uint8_t>(in_rank.size()) == expected.is_token_in_rank, what + ": is_token_in_rank");
+  }
+
+  int tokens, topk, ranks, experts;
+  DeviceBytes topk_idx, per_rank, per_expert, in_rank;
+  DispatchLayoutOutputs outputs;
+};
+
 // The layout launch is capturable: one graph, replayed on new ids each time, stays exact.
 void check_graph_replays(RankHarness& harness, Buffer& buffer) {
   constexpr int kReplays = 5;
@@ -174,21 +205,14 @@ void check_graph_replays(RankHarness& harness, Buffer& buffer) {
   constexpr int kTopk = 8;
   const int ranks = harness.num_ranks();
   const int experts = 16 * ranks;
-  DeviceBytes topk_idx(static_cast<size_t>(kTokens) * kTopk * sizeof(int64_t));
-  DeviceBytes per_rank(ranks * sizeof(int32_t)), per_expert(experts * sizeof(int32_t));
-  DeviceBytes in_rank(static_cast<size_t>(kTokens) * ranks);
-  DispatchLayoutOutputs outputs;
-  outputs.num_tokens_per_rank = TensorView::contiguous(per_rank.get(), DType::kInt32, {ranks});
-  outputs.num_tokens_per_expert = TensorView::contiguous(per_expert.get(), DType::kInt32, {experts});
-  outputs.is_token_in_rank = TensorView::contiguous(in_rank.get(), DType::kBool, {kTokens, ranks});
+  LayoutTensors tensors(kTokens, kTopk, ranks, experts);
 
   cudaStream_t stream = nullptr;
   EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t instance = nullptr;
   EPCOMM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  buffer.get_dispatch_layout(TensorView::contiguous(topk_idx.get(), DType::kInt64, {kTokens, kTopk}), experts, outputs,
-                             stream);
+  buffer.get_dispatch_layout(tensors.ids(), experts, tensors.outputs, stream);
   EPCOMM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   EPCOMM_CUDA_CHECK(cudaGraphInstantiate(&instance, graph, 0));
 
@@ -197,18 +221,12 @@ void check_graph_replays(RankHarness& harness, Buffer& buffer) {
   for (int replay = 0; replay < kReplays; ++replay) {
     const std::vector<int64_t> ids = reference::random_topk_idx(
         reference::derive_seed(kSeed + 1, harness.rank(), replay), kTokens, kTopk, experts, routing);
-    topk_idx.upload(ids);
-    per_rank.poison(kPoisonByte);
-    per_expert.poison(kPoisonByte);
-    in_rank.poison(kPoisonByte);
+    tensors.topk_idx.upload(ids);
+    tensors.poison();
     EPCOMM_CUDA_CHECK(cudaGraphLaunch(instance, stream));
     buffer.synchronize(stream);
-    const reference::Layout expected =
-        reference::dispatch_layout(ids, kTokens, kTopk, reference::ExpertPartition(experts, ranks));
-    const std::string what = "graph replay " + std::to_string(replay);
-    harness.check(per_rank.download<int32_t>(ranks) == expected.num_tokens_per_rank, what + ": num_tokens_per_rank");
-    harness.check(per_expert.download<int32_t>(experts) == expected.num_tokens_per_expert, what + ": num_tokens_per_expert");
-    harness.check(in_rank.download<uint8_t>(in_rank.size()) == expected.is_token_in_rank, what + ": is_token_in_rank");
+    tensors.check(harness, reference::dispatch_layout(ids, kTokens, kTopk, reference::ExpertPartition(experts, ranks)),
+                  "graph replay " + std::to_string(replay));
   }
   EPCOMM_CUDA_CHECK(cudaGraphExecDestroy(instance));
   EPCOMM_CUDA_CHECK(cudaGraphDestroy(graph));
@@ -224,44 +242,25 @@ void check_two_streams(RankHarness& harness, Buffer& buffer) {
   constexpr int kTopk = 8;
   const int ranks = harness.num_ranks();
   const int experts = 16 * ranks;
-  struct Lane {
-    cudaStream_t stream = nullptr;
-    DeviceBytes topk_idx{static_cast<size_t>(kTokens) * kTopk * sizeof(int64_t)};
-    DeviceBytes per_rank, per_expert, in_rank;
-    reference::Layout expected;
-    DispatchLayoutOutputs outputs;
-  };
-  Lane lanes[2];
+  std::vector<std::unique_ptr<LayoutTensors>> lanes;
+  std::vector<reference::Layout> expected;
+  cudaStream_t streams[2] = {nullptr, nullptr};
   for (int i = 0; i < 2; ++i) {
-    Lane& lane = lanes[i];
-    EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&lane.stream, cudaStreamNonBlocking));
-    lane.per_rank = DeviceBytes(ranks * sizeof(int32_t));
-    lane.per_expert = DeviceBytes(experts * sizeof(int32_t));
-    lane.in_rank = DeviceBytes(static_cast<size_t>(kTokens) * ranks);
+    EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&streams[i], cudaStreamNonBlocking));
+    lanes.push_back(std::make_unique<LayoutTensors>(kTokens, kTopk, ranks, experts));
     const std::vector<int64_t> ids = reference::random_topk_idx(
         reference::derive_seed(kSeed + 2 + i, harness.rank(), kTokens), kTokens, kTopk, experts, {});
-    lane.topk_idx.upload(ids);
-    lane.expected = reference::dispatch_layout(ids, kTokens, kTopk, reference::ExpertPartition(experts, ranks));
-    lane.outputs.num_tokens_per_rank = TensorView::contiguous(lane.per_rank.get(), DType::kInt32, {ranks});
-    lane.outputs.num_tokens_per_expert = TensorView::contiguous(lane.per_expert.get(), DType::kInt32, {experts});
-    lane.outputs.is_token_in_rank = TensorView::contiguous(lane.in_rank.get(), DType::kBool, {kTokens, ranks});
+    lanes[i]->topk_idx.upload(ids);
+    lanes[i]->poison();
+    expected.push_back(reference::dispatch_layout(ids, kTokens, kTopk, reference::ExpertPartition(experts, ranks)));
   }
   for (int round = 0; round < kRounds; ++round) {
-    for (Lane& lane : lanes) {
-      buffer.get_dispatch_layout(TensorView::contiguous(lane.topk_idx.get(), DType::kInt64, {kTokens, kTopk}), experts,
-                                 lane.outputs, lane.stream);
-    }
+    for (int i = 0; i < 2; ++i) buffer.get_dispatch_layout(lanes[i]->ids(), experts, lanes[i]->outputs, streams[i]);
   }
   for (int i = 0; i < 2; ++i) {
-    Lane& lane = lanes[i];
-    buffer.synchronize(lane.stream);
-    const std::string what = "layouts on two streams, stream " + std::to_string(i);
-    harness.check(lane.per_rank.download<int32_t>(ranks) == lane.expected.num_tokens_per_rank, what + ": num_tokens_per_rank");
-    harness.check(lane.per_expert.download<int32_t>(experts) == lane.expected.num_tokens_per_expert,
-                  what + ": num_tokens_per_expert");
-    harness.check(lane.in_rank.download<uint8_t>(lane.in_rank.size()) == lane.expected.is_token_in_rank,
-                  what + ": is_token_in_rank");
-    EPCOMM_CUDA_CHECK(cudaStreamDestroy(lane.stream));
+    buffer.synchronize(streams[i]);
+    lanes[i]->check(harness, expected[i], "layouts on two streams, stream " + std::to_string(i));
+    EPCOMM_CUDA_CHECK(cudaStreamDestroy(streams[i]));
   }
 }
 
