@@ -20,8 +20,14 @@ CommStreamMemory::CommStreamMemory(int device) : device_(device), pool_(device) 
 }
 
 CommStreamMemory::~CommStreamMemory() {
-  // The last tensor is gone, on whatever thread (close() ran before: nothing is listed).
+  // The last tensor is gone, on whatever thread. What was released after close() may have been
+  // read by a caller's kernels on any stream, which no later call orders: freed once the device
+  // has finished all work queued so far.
   const ScopedDevice scoped(device_, std::nothrow);
+  if (!released_.empty()) {
+    EPCOMM_CUDA_WARN(cudaDeviceSynchronize());
+    for (void* memory : released_) EPCOMM_CUDA_WARN(cudaFreeAsync(memory, own_stream_));
+  }
   EPCOMM_CUDA_WARN(cudaStreamSynchronize(own_stream_));
   EPCOMM_CUDA_WARN(cudaStreamDestroy(own_stream_));
 }
@@ -40,13 +46,10 @@ Tensor CommStreamMemory::allocate(DType dtype, std::initializer_list<int64_t> sh
 }
 
 void CommStreamMemory::release(void* memory) {
+  // No CUDA call: this may run inside a capture, on any thread. Freed by the next call, or after
+  // close() by the destructor.
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!closed_) {
-    released_.push_back(memory);  // no CUDA call: this may run inside a capture, on any thread
-    return;
-  }
-  const ScopedDevice scoped(device_, std::nothrow);
-  EPCOMM_CUDA_WARN(cudaFreeAsync(memory, own_stream_));
+  released_.push_back(memory);
 }
 
 void CommStreamMemory::free_released(cudaStream_t comm, cudaStream_t caller, bool comm_follows_caller) {
@@ -81,6 +84,7 @@ void CommStreamMemory::close(cudaStream_t comm) {
   // what is released from now on.
   EPCOMM_CUDA_WARN(cudaStreamSynchronize(comm));
   std::lock_guard<std::mutex> lock(mutex_);
+  if (closed_) return;  // what was released since waits for the destructor
   closed_ = true;
   for (void* memory : released_) EPCOMM_CUDA_WARN(cudaFreeAsync(memory, own_stream_));
   released_.clear();

@@ -15,7 +15,8 @@
 // frees nothing, and takes its own such tensors from the caller's allocator
 // (CallStreams::internal_allocator), which must suit graphs anyway. warm_up() frees its dummy
 // rounds' too. Once the Buffer is gone (close()) there is no next call: what is released then is
-// freed at once, on a stream of the pool's own.
+// freed when the last such tensor goes, once the device has finished all work queued by then (a
+// caller's kernels on any stream may have read it).
 #pragma once
 
 #include <atomic>
@@ -44,7 +45,7 @@ class CommStreamMemory final : public Allocator, public std::enable_shared_from_
   // wait for a later call).
   void free_released(cudaStream_t comm, cudaStream_t caller, bool comm_follows_caller);
   // The Buffer is going: waits for `comm`'s work, frees what was released, gives the pool's unused
-  // memory back, and from now on frees each release at once. Idempotent.
+  // memory back; what is released from now on waits for the destructor. Idempotent.
   void close(cudaStream_t comm);
   // Tests: from now on every allocation (of every Buffer) is first filled with `byte` in stream
   // order (-1: left as it comes), so a kernel that forgets an element of a handle's routing

@@ -149,6 +149,14 @@ void require_hierarchical_call(const Buffer::Impl& impl, const DispatchArgs& arg
          args.config.num_channels(), " channels, fewer than the ", nodes, " nodes: across nodes with a rail region "
          "each source node's rows need a channel of their own at the forwarding rank");
   }
+  // Without topk_idx the stages route by ids made from is_token_in_rank, one per rank, and rows
+  // carry at most kMaxTopk ids (a lane each in the kernels, and the rings' slots).
+  const int ranks = impl.bootstrap->num_ranks();
+  if (cached == nullptr && !given(args.topk_idx) && ranks > kMaxTopk) {
+    fail(ErrorCode::kInvalidArgument, kDispatchOp, ": without topk_idx, across nodes with a rail region, the stages "
+         "route by an id per rank, and a row carries at most ", kMaxTopk, " ids: num_ranks=", ranks,
+         " needs topk_idx");
+  }
   // The stages' own layouts count every expert in one block; the rail stage's notify, each node's.
   if (shape.num_experts > kLayoutMaxExperts || shape.num_experts / nodes > kMaxLocalExperts ||
       shape.num_topk > kLayoutMaxTopk) {
