@@ -268,6 +268,36 @@ TEST(Launcher, RankKilledBySignalIsReported) {
   EXPECT_NE(run.output.find("rank 0 was killed by signal 11"), std::string::npos) << run.output;
 }
 
+TEST(Launcher, AReaderThatWentDoesNotKillTheLauncher) {
+  // `epcomm-launch ... 2>&1 | tee log` where the reader is gone (a Ctrl-C took tee too): the
+  // launcher's reports fail, but it stops the job in order and returns the job's code, instead of
+  // dying of SIGPIPE midway and leaving ranks to the death signal.
+  int output[2];
+  ASSERT_EQ(pipe2(output, O_CLOEXEC), 0);
+  std::vector<std::string> strings = concat_args(
+      {kLaunchPath, "-n", "2", "--grace", "1"}, shell(R"(if [ "$EPCOMM_RANK" = 0 ]; then exit 3; fi; exec sleep 100)"));
+  std::vector<char*> argv;
+  for (std::string& text : strings) argv.push_back(text.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, output[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, output[1], STDERR_FILENO);
+  close(output[0]);  // no reader from the start
+  const auto started = Clock::now();
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, kLaunchPath, &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(output[1]);
+  ASSERT_EQ(rc, 0) << std::strerror(rc);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  EXPECT_TRUE(WIFEXITED(status)) << "killed by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  if (WIFEXITED(status)) EXPECT_EQ(WEXITSTATUS(status), 3);
+  EXPECT_LT(Clock::now() - started, kStopsPromptly);
+}
+
 TEST(Launcher, AllRanksSkippingMeansSkipped) {
   const TempDir dir;
   const LaunchResult run = run_launcher(dir, concat_args({"-n", "3"}, shell("exit 77")));

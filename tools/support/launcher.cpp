@@ -50,6 +50,8 @@ constexpr size_t kMaxTempBaseLength = 108 - 40;
 constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP};
 
 volatile std::sig_atomic_t g_received_signal = 0;
+// SIGPIPE as the caller had it, which the ranks get back (the launcher ignores it: ScopedSignals).
+struct sigaction g_caller_sigpipe {};
 
 extern "C" void record_signal(int signal_number) { g_received_signal = signal_number; }
 
@@ -110,12 +112,20 @@ class ScopedSignals {
     child_default.sa_handler = SIG_DFL;
     sigemptyset(&child_default.sa_mask);
     sigaction(SIGCHLD, &child_default, &saved_child_);
+    // A report to a reader that went (`2>&1 | tee log`, whose tee a Ctrl-C took too) must not kill
+    // the launcher while it stops the job: the write fails instead, and the ranks are stopped in
+    // order (SIGTERM, the grace period, what they left behind).
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    sigaction(SIGPIPE, &ignore, &g_caller_sigpipe);
   }
   ScopedSignals(const ScopedSignals&) = delete;
   ScopedSignals& operator=(const ScopedSignals&) = delete;
   ~ScopedSignals() {
     for (size_t i = 0; i < std::size(kHandledSignals); ++i) sigaction(kHandledSignals[i], &saved_[i], nullptr);
     sigaction(SIGCHLD, &saved_child_, nullptr);
+    sigaction(SIGPIPE, &g_caller_sigpipe, nullptr);
   }
 
  private:
@@ -332,6 +342,7 @@ class Job {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(kExitExecFailed);
 #endif
+      sigaction(SIGPIPE, &g_caller_sigpipe, nullptr);  // an ignored signal would outlive exec
       execve(program.c_str(), argv.data(), envp.data());
       const int error = errno;
       ssize_t ignored = write(exec_pipe[1], &error, sizeof(error));
