@@ -375,10 +375,25 @@ UniqueFd try_connect(const SocketAddress& address, const Deadline& deadline, std
         continue;
       }
     }
+    if (connected_to_itself(fd.get())) {
+      error = "connect: reached its own port (nobody listens there yet, and the port is one this host hands out "
+              "as a source)";
+      continue;
+    }
     tune_tcp(fd.get());
     return fd;
   }
   return UniqueFd();
+}
+
+bool connected_to_itself(int fd) {
+  sockaddr_storage local{}, peer{};
+  socklen_t local_length = sizeof(local), peer_length = sizeof(peer);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) != 0 ||
+      getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) != 0) {
+    return false;
+  }
+  return local_length == peer_length && std::memcmp(&local, &peer, local_length) == 0;
 }
 
 }  // namespace epcomm::bootstrap_detail

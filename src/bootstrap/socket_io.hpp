@@ -106,4 +106,9 @@ class Listener {
 // failure in `error` when nobody accepted (yet); the caller decides whether to retry.
 UniqueFd try_connect(const SocketAddress& address, const Deadline& deadline, std::string& error);
 
+// Whether a connected TCP socket reached itself: TCP's simultaneous open connects a socket to its
+// own port when the kernel picks that port as its source and nothing listens there yet (a port in
+// this host's ephemeral range, a peer retrying before rank 0 listens). try_connect refuses it.
+bool connected_to_itself(int fd);
+
 }  // namespace epcomm::bootstrap_detail

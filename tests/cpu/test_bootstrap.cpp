@@ -23,6 +23,7 @@
 #include "common/free_tcp_port.hpp"
 #include "common/rank_threads.hpp"
 #include "common/temp_dir.hpp"
+#include "bootstrap/socket_io.hpp"
 #include "epcomm/bootstrap.hpp"
 #include "epcomm/error.hpp"
 
@@ -508,6 +509,34 @@ TEST(BootstrapFromEnv, JoinsRanksStartedExplicitly) {
     EXPECT_EQ(bootstrap->rank(), rank);
     exchange_rounds(*bootstrap, {4});
   }));
+}
+
+// A socket bound to a port that connects to that same port, nothing listening there, reaches
+// itself (TCP's simultaneous open): what a peer retrying before rank 0 listens can meet when the
+// port is one the kernel hands out as a source. try_connect tells it apart from rank 0.
+TEST(SocketIo, ASocketThatReachedItsOwnPortIsToldApart) {
+  const int port = free_tcp_port();
+  ASSERT_GT(port, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  const bootstrap_detail::UniqueFd self(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  ASSERT_TRUE(self);
+  ASSERT_EQ(bind(self.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address)), 0) << std::strerror(errno);
+  ASSERT_EQ(connect(self.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address)), 0) << std::strerror(errno);
+  EXPECT_TRUE(bootstrap_detail::connected_to_itself(self.get()));
+
+  // A connection to a listener is not.
+  const bootstrap_detail::UniqueFd listener(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  address.sin_port = 0;
+  ASSERT_EQ(bind(listener.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(listen(listener.get(), 1), 0);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(getsockname(listener.get(), reinterpret_cast<sockaddr*>(&address), &length), 0);
+  const bootstrap_detail::UniqueFd client(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  ASSERT_EQ(connect(client.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address)), 0);
+  EXPECT_FALSE(bootstrap_detail::connected_to_itself(client.get()));
 }
 
 }  // namespace
