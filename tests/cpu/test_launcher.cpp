@@ -294,7 +294,9 @@ TEST(Launcher, AReaderThatWentDoesNotKillTheLauncher) {
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   EXPECT_TRUE(WIFEXITED(status)) << "killed by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-  if (WIFEXITED(status)) EXPECT_EQ(WEXITSTATUS(status), 3);
+  if (WIFEXITED(status)) {
+    EXPECT_EQ(WEXITSTATUS(status), 3);
+  }
   EXPECT_LT(Clock::now() - started, kStopsPromptly);
 }
 
@@ -501,9 +503,33 @@ TEST(LauncherLibrary, AShareOfTheRanksNeedsATcpAddressAndASharedSecret) {
   options.extra_env = {{kEnvJobSecret, ""}};  // an empty secret admits anyone: none
   if (std::getenv(kEnvJobSecret) == nullptr) {
     EXPECT_NE(error_of().find("EPCOMM_JOB_SECRET set to the same value on every host"), std::string::npos);
+    // Also over one in the environment: the ranks would get the empty one.
+    setenv(kEnvJobSecret, "a secret the ranks would not see", 1);
+    EXPECT_NE(error_of().find("EPCOMM_JOB_SECRET set to the same value on every host"), std::string::npos);
+    unsetenv(kEnvJobSecret);
   }
   options.local_ranks = 3;
   EXPECT_NE(error_of().find("must name ranks inside [0, num_ranks=4)"), std::string::npos);
+}
+
+TEST(LauncherLibrary, AnEmptySecretGivenIsReplacedByTheJobsOwn) {
+  // On one host an empty EPCOMM_JOB_SECRET given (it would admit anyone) makes the launcher make
+  // one, as if none were given: the ranks see that one alone.
+  const TempDir dir;
+  LaunchOptions options;
+  options.num_ranks = 2;
+  // Every EPCOMM_JOB_SECRET entry of the environment the rank was started with, as exec gave it
+  // (a shell's own variables keep one value of a name given twice; getenv would see the first).
+  options.argv = {"/bin/sh", "-c",
+                  R"(tr '\0' '\n' < /proc/$$/environ | grep '^EPCOMM_JOB_SECRET=' > "$1/secret.$EPCOMM_RANK")", "sh",
+                  dir.path()};
+  options.extra_env = {{kEnvJobSecret, ""}};
+  ASSERT_EQ(launch_ranks(options), 0);
+  const std::string entries = read_file(dir.file("secret.0"));
+  const std::string prefix = std::string(kEnvJobSecret) + "=";
+  EXPECT_EQ(entries.size(), prefix.size() + 64 + 1) << entries;  // one entry, with a secret of 64 hex digits
+  EXPECT_EQ(entries.rfind(prefix, 0), 0u) << entries;
+  EXPECT_EQ(read_file(dir.file("secret.1")), entries);
 }
 
 TEST(LauncherLibrary, SelfExecutablePathIsThisTest) {

@@ -155,13 +155,14 @@ class TempSocketDir {
   std::string dir_;
 };
 
-// Whether a job secret is in our environment or `overrides`; an empty one is none (the bootstrap
-// would admit anyone).
+// Whether the ranks get a job secret: `overrides`' last one for it, else ours. An empty one is
+// none (the bootstrap would admit anyone), even over a secret in our environment.
 bool job_secret_given(const std::vector<std::pair<std::string, std::string>>& overrides) {
+  const auto last = std::find_if(overrides.rbegin(), overrides.rend(),
+                                 [](const auto& entry) { return entry.first == kEnvJobSecret; });
+  if (last != overrides.rend()) return !last->second.empty();
   const char* inherited = std::getenv(kEnvJobSecret);
-  return (inherited != nullptr && inherited[0] != '\0') ||
-         std::any_of(overrides.begin(), overrides.end(),
-                     [](const auto& entry) { return entry.first == kEnvJobSecret && !entry.second.empty(); });
+  return inherited != nullptr && inherited[0] != '\0';
 }
 
 // A TCP address whose host resolves, here, only to loopback: ranks of other hosts cannot reach a
@@ -194,8 +195,13 @@ std::vector<std::string> shared_environment(const LaunchOptions& options, const 
   overrides.emplace_back(kEnvBootstrapAddress, address);
   // Every job gets its own secret, so no other process can join its rendezvous; one already in
   // the environment (or extra_env) is kept, so ranks started by several launchers can share it.
-  const bool has_secret = job_secret_given(overrides);
-  if (!has_secret) overrides.emplace_back(kEnvJobSecret, make_job_secret());
+  if (!job_secret_given(overrides)) {
+    // An empty one given is dropped: a rank's environment holds each name once.
+    overrides.erase(std::remove_if(overrides.begin(), overrides.end(),
+                                   [](const auto& entry) { return entry.first == kEnvJobSecret; }),
+                    overrides.end());
+    overrides.emplace_back(kEnvJobSecret, make_job_secret());
+  }
   std::vector<std::string> env;
   for (char** entry = environ; entry && *entry; ++entry) {
     const std::string text = *entry;
