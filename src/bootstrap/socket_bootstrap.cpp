@@ -555,8 +555,9 @@ class SocketBootstrap final : public Bootstrap {
 
   // A peer: reads the RankFailed frames waiting from rank 0; rank 0 itself has failed when its
   // connection closed or errs with no whole frame left to read. An Abort waiting means rank 0
-  // stopped the job on purpose and lives: the next exchange reports its reason, and rank 0 is not
-  // named here.
+  // stopped the job on purpose: while it lives the next exchange reports its reason, and rank 0 is
+  // not named here; once its connection has closed too, it is (a peer in a GPU wait would
+  // otherwise wait out its bound, with no exchange to read the reason).
   void look_at_root() {
     while (true) {
       pollfd root{fd_of(0), POLLIN | POLLRDHUP, 0};
@@ -567,7 +568,10 @@ class SocketBootstrap final : public Bootstrap {
         const ssize_t peeked = ::recv(fd_of(0), header.data(), header.size(), MSG_PEEK | MSG_DONTWAIT);
         const bool whole_header = peeked == static_cast<ssize_t>(header.size());
         const uint32_t kind = whole_header ? load_u32(header.data()) : 0;
-        if (whole_header && kind == static_cast<uint32_t>(FrameKind::kAbort)) return;
+        if (whole_header && kind == static_cast<uint32_t>(FrameKind::kAbort)) {
+          if (hung_up) note_failure(0);
+          return;
+        }
         const bool rank_failed = whole_header && kind == static_cast<uint32_t>(FrameKind::kRankFailed) &&
                                  load_u64(header.data() + 4) == kRankFailedBytes &&
                                  has_bytes_waiting(header.size() + kRankFailedBytes);

@@ -359,6 +359,28 @@ TEST_P(FailedRanks, AnExchangeSkipsTheNewsAndReportsRankZerosReason) {
   expect_bootstrap_error(outcomes[1], "was stopped by rank 0, which reported: rank 0 lost its connection to rank 2");
 }
 
+// Rank 0 stops the job on purpose (here: ranks 0 and 1 disagree about an exchange) and then goes
+// away, while rank 2 is not in any exchange (in a GPU wait, say) and never reads the Abort waiting
+// for it: once rank 0's connection has closed, rank 2 names it, rather than waiting for an
+// exchange that would read the reason.
+TEST_P(FailedRanks, RankZeroThatStoppedTheJobAndLeftIsNamed) {
+  const std::string where = address();
+  const auto outcomes = run_threads(3, [&](int rank) {
+    auto bootstrap = make_socket_bootstrap(where, rank, 3, kGenerousTimeout);
+    bootstrap->barrier();
+    if (rank == 2) {
+      EXPECT_TRUE(learns_of_failure(*bootstrap, 0)) << "rank 2 never learned that rank 0 left";
+      return;
+    }
+    const size_t bytes = rank == 1 ? 16 : 8;  // rank 0 finds the difference and stops the job
+    std::vector<unsigned char> in(bytes), out(3 * bytes);
+    bootstrap->allgather(in.data(), out.data(), bytes);
+  });
+  expect_bootstrap_error(outcomes[0], "allgather size mismatch");
+  expect_bootstrap_error(outcomes[1], "allgather size mismatch");
+  EXPECT_TRUE(outcomes[2].ok) << outcomes[2].message;
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, FailedRanks, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& param) { return param.param ? "tcp" : "unix"; });
 
