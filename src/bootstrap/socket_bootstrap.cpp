@@ -313,10 +313,42 @@ class SocketBootstrap final : public Bootstrap {
     return missing;
   }
 
+  // Rank 0, before reading `peer`'s request: waits until it can be read, meanwhile watching the
+  // connections of the peers read after it (`watched`) for one that closed with nothing left to
+  // read. Such a rank is gone, and the exchange fails at once naming it, rather than when its turn
+  // comes: a peer before it may never send (stuck in a GPU wait on the dead rank), and the
+  // exchange, which holds every connection, would wait out its bound with the death unreported.
+  void await_request(int peer, const Deadline& deadline, const char* name, std::vector<bool>& watched) const {
+    while (true) {
+      std::vector<pollfd> fds{{fd_of(peer), POLLIN | POLLRDHUP, 0}};
+      std::vector<int> later_ranks;
+      for (int later = peer + 1; later < num_ranks_; ++later) {
+        if (!watched[static_cast<size_t>(later)]) continue;
+        fds.push_back({fd_of(later), POLLRDHUP, 0});  // not POLLIN: an early request is read in turn
+        later_ranks.push_back(later);
+      }
+      const int ready = ::poll(fds.data(), fds.size(), deadline.remaining_ms());
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready <= 0 || fds[0].revents != 0) return;  // read_all reports the data, a timeout or a close
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (fds[i].revents == 0) continue;
+        const int later = later_ranks[i - 1];
+        unsigned char byte = 0;
+        if (::recv(fd_of(later), &byte, 1, MSG_PEEK | MSG_DONTWAIT) > 0) {
+          watched[static_cast<size_t>(later)] = false;  // it sent before closing: read in turn
+          continue;
+        }
+        fail_io(IoStatus{IoStatus::kPeerClosed, 0}, later, join_message("enter ", name));
+      }
+    }
+  }
+
   void exchange_as_root(Op op, const void* in, void* out, size_t bytes) {
     const Deadline deadline(timeout_);
     const char* name = op_name(static_cast<uint32_t>(op));
+    std::vector<bool> watched(static_cast<size_t>(num_ranks_), true);
     for (int peer = 1; peer < num_ranks_; ++peer) {
+      await_request(peer, deadline, name, watched);
       Header request{};
       const IoStatus status = read_all(fd_of(peer), request.data(), request.size(), deadline);
       if (!status.ok()) fail_io(status, peer, join_message("enter ", name));

@@ -359,6 +359,38 @@ TEST_P(FailedRanks, AnExchangeSkipsTheNewsAndReportsRankZerosReason) {
   expect_bootstrap_error(outcomes[1], "was stopped by rank 0, which reported: rank 0 lost its connection to rank 2");
 }
 
+// A rank dies while rank 0 waits inside an exchange for another peer that will not come soon (in a
+// GPU wait on the dead rank, say): the exchange fails at once naming the dead rank, and rank 0
+// tells the waiting peer, instead of both waiting out the bootstrap's bound.
+TEST_P(FailedRanks, ARankDyingWhileRankZeroWaitsInAnExchangeIsNamedAtOnce) {
+  const std::string where = address();
+  std::promise<void> left, finished;
+  std::shared_future<void> gone = left.get_future().share(), done = finished.get_future().share();
+  const auto outcomes = run_threads(3, [&](int rank) {
+    SetOnExit leaving(rank == 2 ? &left : nullptr), ending(rank == 0 ? &finished : nullptr);
+    auto bootstrap = make_socket_bootstrap(where, rank, 3, kGenerousTimeout);
+    bootstrap->barrier();
+    if (rank == 2) return;
+    ASSERT_EQ(gone.wait_for(kGenerousTimeout), std::future_status::ready);
+    if (rank == 1) {  // enters no exchange: it only asks, as a Buffer's watchdog does
+      EXPECT_TRUE(learns_of_failure(*bootstrap, 2)) << "rank 1 never learned that rank 2 left";
+      ASSERT_EQ(done.wait_for(kGenerousTimeout), std::future_status::ready);  // stays until rank 0 is done
+      return;
+    }
+    const auto start = Clock::now();
+    const unsigned char in = 0;
+    unsigned char out[3];
+    try {
+      bootstrap->allgather(&in, out, 1);
+    } catch (const Error&) {
+      EXPECT_LT(Clock::now() - start, kPromptly);
+      throw;
+    }
+  });
+  expect_bootstrap_error(outcomes[0], "lost its connection to rank 2");
+  EXPECT_TRUE(outcomes[1].ok) << outcomes[1].message;
+}
+
 // Rank 0 stops the job on purpose (here: ranks 0 and 1 disagree about an exchange) and then goes
 // away, while rank 2 is not in any exchange (in a GPU wait, say) and never reads the Abort waiting
 // for it: once rank 0's connection has closed, rank 2 names it, rather than waiting for an
