@@ -85,6 +85,19 @@ def _in_turns(ops: Dict[Any, Callable[[], Any]], warmup: int, iters: int,
     return samples
 
 
+# The records the run's check covers: combine(BF16 dispatch(x)) == x * (ranks each token went to).
+# The others say "correct": None, as epcomm-bench's records that check nothing do.
+_CHECKED = {("dispatch", "bf16", False), ("combine", "bf16", False)}
+
+
+def slowest_rank_medians(gathered: List[List[Tuple[float, float]]]) -> Tuple[float, float]:
+    """epcomm-bench's rule: in each round the slowest rank's (events, host) microseconds, then the
+    median over the rounds. `gathered` holds every rank's samples, round by round."""
+    slowest = [tuple(max(column) for column in zip(*round_samples)) for round_samples in zip(*gathered)]
+    events, host = zip(*slowest)
+    return statistics.median(events), statistics.median(host)
+
+
 def _measure_from_idle(group, calls: int = 1) -> Callable[[Callable[[], Any]], Tuple[float, float]]:
     """`calls` calls in a row timed from an idle stream, every rank starting together: (events us,
     host us), per call."""
@@ -150,17 +163,18 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int) -> None:
         dist.all_gather_object(all_correct, bool(correct), group=group)
         timed = _in_turns(ops, args.warmup, args.iters, _measure_from_idle(group, max(1, args.back_to_back)))
         for (op, dtype, cached), samples in timed.items():
-            medians = [None] * args.ranks  # (events, host) of each rank
-            dist.all_gather_object(medians, tuple(statistics.median(column) for column in zip(*samples)), group=group)
+            gathered = [None] * args.ranks  # every rank's (events, host) samples
+            dist.all_gather_object(gathered, [tuple(sample) for sample in samples], group=group)
+            median_us, host_median_us = slowest_rank_medians(gathered)
             timing = {"timing": "back_to_back", "calls_per_sample": args.back_to_back} if args.back_to_back else {
                 "timing": "end_to_end"}
             records.append({"op": op, "mode": "normal", "path": "python", **timing, "ranks": args.ranks,
                             "tokens": tokens, "hidden": args.hidden, "topk": args.topk, "experts": args.experts,
                             "dtype": dtype, "cached": cached, "sms": config.num_sms, "iters": args.iters,
                             "combine_layout": config.combine_layout,
-                            "median_us": round(max(m[0] for m in medians), 2),
-                            "host_median_us": round(max(m[1] for m in medians), 2), "git": epcomm.version(),
-                            "gpu": torch.cuda.get_device_name(), "correct": all(all_correct)})
+                            "median_us": round(median_us, 2), "host_median_us": round(host_median_us, 2),
+                            "git": epcomm.version(), "gpu": torch.cuda.get_device_name(),
+                            "correct": all(all_correct) if (op, dtype, cached) in _CHECKED else None})
     buffer.destroy()
     dist.destroy_process_group()
     if rank == 0:

@@ -45,3 +45,18 @@ def test_ops_take_turns_and_warmup_rounds_are_dropped():
     samples = bench._in_turns(ops, warmup=1, iters=2, measure=measure)
     assert calls == ["a", "b", "a", "b", "a", "b"]  # one call of each op per round
     assert samples == {"a": [(2.0, 1.0), (4.0, 2.0)], "b": [(3.0, 1.5), (5.0, 2.5)]}
+
+
+def test_medians_are_of_each_rounds_slowest_rank_as_epcomm_bench_takes_them():
+    # Rank 0 slow in round 0, rank 1 in round 1: the slowest rank of each round is (9, 1), (9, 4),
+    # (5, 3) -> medians 9 and 3. Each rank's own median, then the larger, gave 5 and 1: lower, by
+    # the ranks' skew.
+    gathered = [
+        [(9.0, 1.0), (1.0, 1.0), (5.0, 3.0)],  # rank 0
+        [(1.0, 1.0), (9.0, 4.0), (5.0, 1.0)],  # rank 1
+    ]
+    assert bench.slowest_rank_medians(gathered) == (9.0, 3.0)
+
+
+def test_only_what_the_run_checks_says_correct():
+    assert bench._CHECKED == {("dispatch", "bf16", False), ("combine", "bf16", False)}

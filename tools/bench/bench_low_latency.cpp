@@ -136,6 +136,9 @@ void bench_low_latency(BenchContext& context, double copy_gbps) {
     for (cudaEvent_t& mark : marks) EPCOMM_CUDA_CHECK(cudaEventCreate(&mark));
     std::array<double, kPhases> launch_us{};
     auto timed = [&](int phase, const std::function<void()>& launch) {
+      // End to end: from the host's call, with the stream idle (the previous phase done), so that
+      // its enqueue is inside the marks and not hidden behind the previous phase's GPU work.
+      if (!kernel_time) EPCOMM_CUDA_CHECK(cudaStreamSynchronize(context.stream));
       if (kernel_time) keep_stream_busy(context.stream, kKernelTimingLead);
       EPCOMM_CUDA_CHECK(cudaEventRecord(marks[2 * phase], context.stream));
       const auto host_start = std::chrono::steady_clock::now();
