@@ -28,7 +28,7 @@
 // the epoch (owner only; one copy per block of a launch, so that advancing it needs no election),
 // the counter that elects the last block of a send phase, the dispatch receive's agreed arrivals
 // (shrink mode), and the flags, each
-// (epoch << 32) | count, signalled by the rank named:
+// pack_flag(epoch, count) (the epoch above 16 bits of count), signalled by the rank named:
 //   dispatch_flags [set][source] u64   source's tokens, routing and T are here
 //   weights_flags  [set][source] u64   source's combine weights and T are here
 //   combine_flags  [set][owner] u64    owner's weighted sums for this rank's tokens are here
@@ -245,7 +245,14 @@ struct RoutedPair {
   }
 };
 
-// A flag value: the call's epoch in the high half, a row count in the low half.
-EPCOMM_HOST_DEVICE inline uint64_t pack_flag(uint64_t epoch, uint32_t rows) { return (epoch << 32) | rows; }
+// A flag value: the call's epoch above a row count of kFlagRowBits. A set's epoch grows by one a
+// call and is never wrapped: 48 bits of it last 2^48 calls (centuries at 10^5 calls a second),
+// where a 32-bit one wrapped after 2^32 (days, for a busy server) and then matched stale flags.
+inline constexpr int kFlagRowBits = 16;
+inline constexpr uint64_t kFlagRowMask = (uint64_t{1} << kFlagRowBits) - 1;
+static_assert(kMaxLowLatencyPairs <= kFlagRowMask, "a flag's row count: at most M rows, M <= kMaxLowLatencyPairs");
+EPCOMM_HOST_DEVICE inline uint64_t pack_flag(uint64_t epoch, uint32_t rows) { return (epoch << kFlagRowBits) | rows; }
+EPCOMM_HOST_DEVICE inline uint64_t flag_epoch(uint64_t flag) { return flag >> kFlagRowBits; }
+EPCOMM_HOST_DEVICE inline uint32_t flag_rows(uint64_t flag) { return static_cast<uint32_t>(flag & kFlagRowMask); }
 
 }  // namespace epcomm

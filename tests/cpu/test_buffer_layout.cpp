@@ -101,6 +101,21 @@ TEST(LowLatencyLayout, CombineSignaturesHaveSlotsOfTheirOwnByEpochParity) {
 }
 
 // A routed pair carries its expert and its capped index; "no expert" stays -1 and unpacks as none.
+// A flag carries the set's call count (its epoch) above the row count. The count never wraps in
+// practice: a 32-bit one did after 2^32 calls of a set, and then a wait for a new call
+// (pack_flag(epoch, 0)) passed on any stale flag.
+TEST(LowLatencyFlag, CarriesEpochsPast32BitsAndOrdersByEpochFirst) {
+  const uint64_t epoch = (uint64_t{1} << 32) + 5;
+  const uint64_t flag = pack_flag(epoch, kMaxLowLatencyPairs);
+  EXPECT_EQ(flag_epoch(flag), epoch);
+  EXPECT_EQ(flag_rows(flag), static_cast<uint32_t>(kMaxLowLatencyPairs));
+  EXPECT_EQ(flag_rows(pack_flag(epoch, 0)), 0u);
+  // A waiter for epoch e takes a flag of e (any rows) or later, never one of e - 1.
+  EXPECT_GE(flag, pack_flag(epoch, 0));
+  EXPECT_LT(pack_flag(epoch - 1, kMaxLowLatencyPairs), pack_flag(epoch, 0));
+  EXPECT_GT(pack_flag(epoch, 0), uint64_t{0});
+}
+
 TEST(RoutedPair, PacksTheExpertAndTheIndexAndStaysNonNegative) {
   for (const int expert : {0, 1, 255, kMaxLowLatencyExperts - 1}) {
     for (const int index : {0, 1, 127, kMaxLowLatencyPairs}) {

@@ -297,7 +297,7 @@ __device__ void send_partial(const device::Window& window, const LowLatencyCombi
       const device::WaitSite site{DeviceOp::kLowLatencyCombine, WaitTarget::kLowLatencyFlag, source, -1};
       // An acquire: pairs with the source's signal after its weights; __syncwarp orders the other
       // lanes' reads after it.
-      arrived = device::wait_for_peer(window, flag, epoch << 32, context, site, nullptr, device::shrink_mask<kShrink>(common)) ? 1 : 0;
+      arrived = device::wait_for_peer(window, flag, pack_flag(epoch, 0), context, site, nullptr, device::shrink_mask<kShrink>(common)) ? 1 : 0;
     }
     __syncwarp();
     weights_seen |= rank_bit(source);
@@ -528,7 +528,7 @@ __global__ void __launch_bounds__(kLowLatencyThreadsPerBlock, 1)
       const device::WaitSite site{DeviceOp::kLowLatencyCombine, WaitTarget::kLowLatencyFlag, owner, -1};
       // Every block waits; the first counts the cost, once per rank.
       // Shrink mode: a masked owner is not waited for, and one silent past the bound is masked.
-      if (device::wait_for_peer(window, layout.combine_flag(common.set_index, owner), epoch << 32, context, site,
+      if (device::wait_for_peer(window, layout.combine_flag(common.set_index, owner), pack_flag(epoch, 0), context, site,
                                 blockIdx.x == 0 ? args.wait_cost_stats : nullptr, device::shrink_mask<kShrink>(common))) {
         atomicOr(&arrived_owners, static_cast<unsigned long long>(rank_bit(owner)));
       }

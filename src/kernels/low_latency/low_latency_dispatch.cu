@@ -421,7 +421,7 @@ __device__ RankMask agreed_arrivals(const device::Window& window, const LowLaten
 
 // A source's T as its flag carries it, capped at M.
 __device__ __forceinline__ int flag_tokens(uint64_t flag, const LowLatencyCommon& common) {
-  return static_cast<int>(min(flag & 0xffffffffu, static_cast<uint64_t>(common.max_tokens)));
+  return static_cast<int>(min(flag_rows(flag), static_cast<uint32_t>(common.max_tokens)));
 }
 
 // Warp w's part of wait_for_sources: lane l waits for source 32 w + l's flag and leaves its T in
@@ -441,13 +441,13 @@ __device__ void read_arrivals(const device::Window& window, const LowLatencyDisp
     const device::WaitSite site{DeviceOp::kLowLatencyDispatch, WaitTarget::kLowLatencyFlag, source, -1};
     // The cost counts once per source, in block 0. Shrink mode: a masked source is not waited for,
     // and one silent past the bound is masked.
-    const bool waited = device::wait_for_peer(window, address, epoch << 32, context, site,
+    const bool waited = device::wait_for_peer(window, address, pack_flag(epoch, 0), context, site,
                                               blockIdx.x == 0 ? args.wait_cost_stats : nullptr,
                                               own ? nullptr : device::shrink_mask<kShrink>(common));
     // Pairs with the source's signal; wait_for_sources's __syncthreads orders the block's reads after it.
     // A timed-out wait leaves an old epoch: take no tokens (the error is recorded).
     const uint64_t flag = waited ? device::ld_acquire_sys(window.own<uint64_t>(address)) : 0;
-    arrived = waited && (flag >> 32) == epoch && !(own && device::is_masked<kShrink>(common, source));
+    arrived = waited && flag_epoch(flag) == epoch && !(own && device::is_masked<kShrink>(common, source));
     arrivals.tokens[source] = arrived ? flag_tokens(flag, common) : 0;
   }
   const uint32_t word = __ballot_sync(0xffffffffu, arrived);
