@@ -1,6 +1,7 @@
 // The state behind epcomm::Buffer, shared by the files that implement its operations.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -23,6 +24,7 @@
 #include "runtime/ring_group.hpp"
 #include "runtime/scoped_device.hpp"
 #include "common/buffer_layout.hpp"
+#include "common/low_latency_layout.hpp"
 #include "kernels/kernel_table.hpp"
 #include "transport/topology.hpp"
 #include "transport/transport.hpp"
@@ -104,6 +106,9 @@ struct Buffer::Impl {
   // tensors, which may outlive the Buffer (comm_stream_memory.hpp).
   std::shared_ptr<detail::CommStreamMemory> comm_memory;
   uint64_t low_latency_calls = 0;             // picks the buffer set of each low-latency call
+  // Per buffer set, hook mode: whether its last call's receive is still to be launched by its hook
+  // (null: that call had no hook). The set's next call would overwrite what that receive reads.
+  std::array<std::shared_ptr<std::atomic<bool>>, LowLatencyLayout::kNumSets> receive_pending{};
   std::unique_ptr<detail::Profiler> profiler;  // EPCOMM_PROFILE=1, else null
   bool warming_up = false;                    // calls made by warm_up() are not profiled as calls
   std::future<void> initialization;           // initialize_in_background: the running initialize()

@@ -2,6 +2,9 @@
 // send each source one weighted sum per token (kernels::Routing).
 #pragma once
 
+#include <atomic>
+#include <memory>
+
 #include "epcomm/low_latency.hpp"
 
 namespace epcomm::detail {
@@ -19,6 +22,9 @@ struct LowLatencyHandleState {
   Tensor tokens_from;      // int32 [R]: T of each source
   Tensor topk_from;        // int32 [R, M, K]: each source's top-k ids
   Tensor pair_row;         // int32 [R, M, K]: where each source pair naming an expert here landed
+  // Hook mode: true until the dispatch's receive hook has launched the receive (which fills the
+  // tensors above); null without a hook.
+  std::shared_ptr<std::atomic<bool>> receive_pending;
 };
 
 }  // namespace epcomm::detail

@@ -40,6 +40,33 @@ void require_low_latency_region(const char* op, const Buffer::Impl& impl, const 
   }
 }
 
+// Hook mode: a set's next call would overwrite what its last call's receive, not yet launched by
+// its hook, reads (and that receive would then take the new call's flags). Checked before anything
+// moves, so the refused call loses nothing and the pending hook still runs.
+void require_received(const Buffer::Impl& impl, const char* op, int set_index) {
+  const std::shared_ptr<std::atomic<bool>>& pending = impl.receive_pending[static_cast<size_t>(set_index)];
+  if (pending && pending->load()) {
+    fail(ErrorCode::kInvalidArgument, op, ": the receive hook of the low-latency call before the last one was not "
+         "called; this call would take its buffer set (two sets alternate): call each hook, once, before the call "
+         "after next");
+  }
+}
+
+// A hook's turn: true once, the first time it runs before its set is cleaned.
+void take_hook_turn(std::atomic<bool>& pending, const char* op) {
+  if (!pending.exchange(false)) {
+    fail(ErrorCode::kInvalidArgument, op, "'s receive hook cannot run: it ran already, or clean_low_latency_buffer "
+         "came after its call; each hook runs once");
+  }
+}
+
+// A hook that launches its call's receive once, while that call's set holds its data.
+std::shared_ptr<std::atomic<bool>> pending_receive(Buffer::Impl& impl, int set_index, bool hook) {
+  auto pending = hook ? std::make_shared<std::atomic<bool>>(true) : nullptr;
+  impl.receive_pending[static_cast<size_t>(set_index)] = pending;
+  return pending;
+}
+
 void validate_shapes(const char* op, int num_ranks, int max_tokens, int hidden, int num_experts, int num_topk) {
   detail::require_in_range(op, "num_ranks", num_ranks, 1, kMaxRanks);  // first: num_experts is divided by it
   detail::require_in_range(op, "num_max_dispatch_tokens_per_rank", max_tokens, 1, kMaxLowLatencyPairs);
@@ -181,6 +208,7 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
   // a call refused on the way (an output allocation out of memory, which a caller may retry) takes
   // the same set and number again, as its peers do.
   const int set_index = static_cast<int>(impl.low_latency_calls % LowLatencyLayout::kNumSets);
+  require_received(impl, kDispatchOp, set_index);
   const int64_t rows = static_cast<int64_t>(ranks) * max_tokens;
   LowLatencyDispatchResult result;
   auto state = std::make_shared<detail::LowLatencyHandleState>();
@@ -252,6 +280,7 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
   impl.keep_dead_ranks_masked(call.stream);  // shrink mode: a clean does not bring them back
   ++impl.low_latency_calls;
   impl.dispatches_made = state->dispatch_number;
+  state->receive_pending = pending_receive(impl, set_index, args.return_recv_hook);
   impl.kernels->low_latency_dispatch(window, kernel, phases, context, call.stream);
   if (args.return_recv_hook) {
     // The hook keeps the outputs alive until it has launched the receive.
@@ -261,8 +290,9 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
     const int device = impl.device;
     const auto launch = impl.kernels->low_latency_dispatch;  // the plugin, if any, stays loaded
     result.hook = RecvHook([window, kernel, context, keep, handle_state, default_stream, device, launch,
-                            alive = impl.alive](cudaStream_t stream) {
+                            alive = impl.alive, pending = state->receive_pending](cudaStream_t stream) {
       require_alive(*alive);
+      take_hook_turn(*pending, kDispatchOp);
       detail::ScopedDevice hook_device(device);
       launch(window, kernel, kernels::kReceivePhase, context, stream ? stream : default_stream);
     });
@@ -308,6 +338,11 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
   const LowLatencyLayout layout = make_layout(ranks, state.num_experts, state.max_tokens, state.hidden);
   require_low_latency_region(kCombineOp, impl, layout);
   const int set_index = static_cast<int>(impl.low_latency_calls % LowLatencyLayout::kNumSets);
+  require_received(impl, kCombineOp, set_index);
+  if (state.receive_pending && state.receive_pending->load()) {
+    fail(ErrorCode::kInvalidArgument, kCombineOp, ": the dispatch's receive hook has not been called (its receive "
+         "fills the routing this combine sends by)");
+  }
   // deep_ep's zero_copy: the expert outputs are already in the buffer that
   // get_next_low_latency_combine_buffer() returned (written in place); x gives only the shape.
   const void* expert_rows = args.zero_copy ? get_next_low_latency_combine_buffer(*args.handle).data : args.x.data;
@@ -339,6 +374,7 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
   const unsigned phases = args.return_recv_hook ? kernels::kSendPhase : (kernels::kSendPhase | kernels::kReceivePhase);
   impl.keep_dead_ranks_masked(call.stream);
   ++impl.low_latency_calls;  // as the dispatch's: only once nothing but the launch is left
+  const std::shared_ptr<std::atomic<bool>> pending = pending_receive(impl, set_index, args.return_recv_hook);
   impl.kernels->low_latency_combine(window, kernel, phases, context, call.stream);
   if (args.return_recv_hook) {
     auto keep = std::make_shared<LowLatencyCombineResult>(result);
@@ -347,8 +383,9 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
     const int device = impl.device;
     const auto launch = impl.kernels->low_latency_combine;  // the plugin, if any, stays loaded
     result.hook = RecvHook([window, kernel, context, keep, handle_state, default_stream, device, launch,
-                            alive = impl.alive](cudaStream_t stream) {
+                            alive = impl.alive, pending](cudaStream_t stream) {
       require_alive(*alive);
+      take_hook_turn(*pending, kCombineOp);
       detail::ScopedDevice hook_device(device);
       launch(window, kernel, kernels::kReceivePhase, context, stream ? stream : default_stream);
     });
@@ -388,6 +425,11 @@ void Buffer::clean_low_latency_buffer(int num_max_dispatch_tokens_per_rank, int 
   EPCOMM_CUDA_CHECK(cudaMemset(impl_->local_base() + impl_->layout.low_latency_offset(), 0, impl_->layout.low_latency_bytes));
   EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
   impl_->low_latency_calls = 0;
+  // The calls before the clean are gone: a hook of theirs can no longer run, nor hold a set.
+  for (std::shared_ptr<std::atomic<bool>>& pending : impl_->receive_pending) {
+    if (pending) pending->store(false);
+    pending.reset();
+  }
   impl_->bootstrap->barrier();
 }
 

@@ -775,6 +775,41 @@ void check_errors(Context& ctx) {
     run_scenario(ctx, after_disagreement, kSeed + 49979687u);
   }
 
+  // Hook mode's receive runs once, before its buffer set is taken again: a combine of a dispatch not
+  // yet received, a call that would take the set of a call whose hook has not run, and a hook run
+  // twice are refused by name before anything moves; the pending hooks still run, and a round
+  // after them is exact.
+  {
+    LowLatencyDispatchArgs hooked = good;
+    hooked.return_recv_hook = true;
+    const LowLatencyDispatchResult first = buffer.low_latency_dispatch(hooked, *allocator, call);
+    DeviceBytes outputs(static_cast<size_t>(s.experts_per_rank) * slots_of(s, ranks) * s.hidden * sizeof(uint16_t));
+    DeviceBytes weights(static_cast<size_t>(tokens) * s.topk * sizeof(float));
+    outputs.poison(0);
+    weights.poison(0);
+    LowLatencyCombineArgs combine;
+    combine.x = TensorView::contiguous(outputs.get(), DType::kBFloat16, {s.experts_per_rank, slots_of(s, ranks), s.hidden});
+    combine.topk_idx = good.topk_idx;
+    combine.topk_weights = TensorView::contiguous(weights.get(), DType::kFloat32, {tokens, s.topk});
+    combine.handle = &first.handle;
+    expect_error_with(harness, ErrorCode::kInvalidArgument, {"low_latency_combine", "receive hook has not been called"},
+                      [&] { (void)buffer.low_latency_combine(combine, *allocator, call); },
+                      "a combine of a dispatch whose hook has not run");
+    const LowLatencyDispatchResult second = buffer.low_latency_dispatch(hooked, *allocator, call);  // the other set
+    expect_error_with(harness, ErrorCode::kInvalidArgument, {"receive hook of the low-latency call before the last"},
+                      [&] { (void)buffer.low_latency_dispatch(good, *allocator, call); },
+                      "a call on the set of a call whose hook has not run");
+    first.hook();
+    expect_error_with(harness, ErrorCode::kInvalidArgument, {"receive hook cannot run", "ran already"},
+                      [&] { first.hook(); }, "a hook run twice");
+    second.hook();
+    buffer.synchronize(ctx.stream);
+    EPCOMM_CUDA_CHECK(cudaDeviceSynchronize());
+    constexpr Scenario after_hooks{"after refused hook misuse: fp8 h2048 T4 top2 M8", Cast::kFp8, 2048, 4, 2, 8, 8,
+                                   kSparse};
+    run_scenario(ctx, after_hooks, kSeed + 86028121u);
+  }
+
   // Buffers without a (large enough) low-latency region: construction and destruction are collective.
   {
     BufferOptions options;
