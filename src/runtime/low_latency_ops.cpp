@@ -67,6 +67,14 @@ std::shared_ptr<std::atomic<bool>> pending_receive(Buffer::Impl& impl, int set_i
   return pending;
 }
 
+// deep_ep refuses the two together too: the call's event would mark the send alone.
+void require_hook_or_event(const char* op, bool return_recv_hook, const CallOptions& call) {
+  if (return_recv_hook && call.async_finish) {
+    fail(ErrorCode::kInvalidArgument, op, ": async_finish and return_recv_hook together: the returned event would mark "
+         "the send alone, before the hook's receive; use one or the other");
+  }
+}
+
 void validate_shapes(const char* op, int num_ranks, int max_tokens, int hidden, int num_experts, int num_topk) {
   detail::require_in_range(op, "num_ranks", num_ranks, 1, kMaxRanks);  // first: num_experts is divided by it
   detail::require_in_range(op, "num_max_dispatch_tokens_per_rank", max_tokens, 1, kMaxLowLatencyPairs);
@@ -172,6 +180,7 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
   const int num_topk = static_cast<int>(args.topk_idx.shape[1]);
   const int max_tokens = args.num_max_dispatch_tokens_per_rank;
   validate_shapes(kDispatchOp, ranks, max_tokens, hidden, args.num_experts, num_topk);
+  require_hook_or_event(kDispatchOp, args.return_recv_hook, call);
   if (num_tokens > max_tokens) {
     fail(ErrorCode::kInvalidArgument, kDispatchOp, ": x has ", num_tokens, " tokens, more than num_max_dispatch_tokens_per_rank=",
          max_tokens);
@@ -331,6 +340,7 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
            " must be ", kVectorBytes, "-byte aligned");
     }
   }
+  require_hook_or_event(kCombineOp, args.return_recv_hook, call);
   if (args.use_logfmt && state.hidden % kLogfmtChannelsPerGroup != 0) {
     fail(ErrorCode::kInvalidArgument, kCombineOp, ": use_logfmt needs hidden to be a multiple of ", kLogfmtChannelsPerGroup,
          " (its groups), not ", state.hidden);

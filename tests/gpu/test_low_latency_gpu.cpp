@@ -775,6 +775,17 @@ void check_errors(Context& ctx) {
     run_scenario(ctx, after_disagreement, kSeed + 49979687u);
   }
 
+  // A hook and an async event together (deep_ep refuses them too): the event would mark the send alone.
+  {
+    CallOptions async_call = call;
+    async_call.async_finish = true;
+    LowLatencyDispatchArgs hooked = good;
+    hooked.return_recv_hook = true;
+    expect_error_with(harness, ErrorCode::kInvalidArgument, {"async_finish and return_recv_hook together"},
+                      [&] { (void)buffer.low_latency_dispatch(hooked, *allocator, async_call); },
+                      "async_finish with return_recv_hook");
+  }
+
   // Hook mode's receive runs once, before its buffer set is taken again: a combine of a dispatch not
   // yet received, a call that would take the set of a call whose hook has not run, and a hook run
   // twice are refused by name before anything moves; the pending hooks still run, and a round
