@@ -637,6 +637,22 @@ void run_graph_case(Context& ctx) {
   EPCOMM_CUDA_CHECK(cudaGraphDestroy(graph));
 }
 
+// A combine of `s`'s shapes with zero expert outputs and weights, for calls whose result is not
+// read (the error cases): its own tensors, and the args that point at them.
+struct ZeroCombine {
+  ZeroCombine(const Scenario& s, int ranks, int tokens, const TensorView& topk_idx)
+      : outputs(static_cast<size_t>(s.experts_per_rank) * slots_of(s, ranks) * s.hidden * sizeof(uint16_t)),
+        weights(static_cast<size_t>(tokens) * s.topk * sizeof(float)) {
+    outputs.poison(0);
+    weights.poison(0);
+    args.x = TensorView::contiguous(outputs.get(), DType::kBFloat16, {s.experts_per_rank, slots_of(s, ranks), s.hidden});
+    args.topk_idx = topk_idx;
+    args.topk_weights = TensorView::contiguous(weights.get(), DType::kFloat32, {tokens, s.topk});
+  }
+  DeviceBytes outputs, weights;
+  LowLatencyCombineArgs args;
+};
+
 // Bad arguments are refused by name before anything is launched; a bad expert id is a device
 // error; a Buffer without the low-latency region refuses the calls. The Buffer stays usable.
 void check_errors(Context& ctx) {
@@ -742,14 +758,8 @@ void check_errors(Context& ctx) {
     // call, so every rank is told (rank 0's sums would be decoded as BF16 by the others).
     {
       const LowLatencyDispatchResult dispatched = buffer.low_latency_dispatch(good, *allocator, call);
-      DeviceBytes outputs(static_cast<size_t>(s.experts_per_rank) * slots_of(s, ranks) * s.hidden * sizeof(uint16_t));
-      DeviceBytes weights(static_cast<size_t>(tokens) * s.topk * sizeof(float));
-      outputs.poison(0);
-      weights.poison(0);
-      LowLatencyCombineArgs combine;
-      combine.x = TensorView::contiguous(outputs.get(), DType::kBFloat16, {s.experts_per_rank, slots_of(s, ranks), s.hidden});
-      combine.topk_idx = TensorView::contiguous(ids.get(), DType::kInt64, {tokens, s.topk});
-      combine.topk_weights = TensorView::contiguous(weights.get(), DType::kFloat32, {tokens, s.topk});
+      ZeroCombine zero(s, ranks, tokens, good.topk_idx);
+      LowLatencyCombineArgs& combine = zero.args;
       const auto expect_combine_disagreement = [&](const std::string& field, const std::string& what) {
         expect_error_with(harness, ErrorCode::kInvalidArgument,
                           {"low_latency_combine", field, "every rank must make the same call"},
@@ -794,14 +804,8 @@ void check_errors(Context& ctx) {
     LowLatencyDispatchArgs hooked = good;
     hooked.return_recv_hook = true;
     const LowLatencyDispatchResult first = buffer.low_latency_dispatch(hooked, *allocator, call);
-    DeviceBytes outputs(static_cast<size_t>(s.experts_per_rank) * slots_of(s, ranks) * s.hidden * sizeof(uint16_t));
-    DeviceBytes weights(static_cast<size_t>(tokens) * s.topk * sizeof(float));
-    outputs.poison(0);
-    weights.poison(0);
-    LowLatencyCombineArgs combine;
-    combine.x = TensorView::contiguous(outputs.get(), DType::kBFloat16, {s.experts_per_rank, slots_of(s, ranks), s.hidden});
-    combine.topk_idx = good.topk_idx;
-    combine.topk_weights = TensorView::contiguous(weights.get(), DType::kFloat32, {tokens, s.topk});
+    ZeroCombine zero(s, ranks, tokens, good.topk_idx);
+    LowLatencyCombineArgs& combine = zero.args;
     combine.handle = &first.handle;
     expect_error_with(harness, ErrorCode::kInvalidArgument, {"low_latency_combine", "receive hook has not been called"},
                       [&] { (void)buffer.low_latency_combine(combine, *allocator, call); },
@@ -878,14 +882,8 @@ void check_refused_allocation(Context& ctx) {
   LowLatencyDispatchResult dispatched;
   retried([&](Allocator& chosen) { dispatched = buffer.low_latency_dispatch(args, chosen, call); },
           "a dispatch's outputs refused");
-  DeviceBytes outputs(static_cast<size_t>(s.experts_per_rank) * slots_of(s, ranks) * s.hidden * sizeof(uint16_t));
-  DeviceBytes weights(static_cast<size_t>(s.tokens) * s.topk * sizeof(float));
-  outputs.poison(0);
-  weights.poison(0);
-  LowLatencyCombineArgs combine;
-  combine.x = TensorView::contiguous(outputs.get(), DType::kBFloat16, {s.experts_per_rank, slots_of(s, ranks), s.hidden});
-  combine.topk_idx = args.topk_idx;
-  combine.topk_weights = TensorView::contiguous(weights.get(), DType::kFloat32, {s.tokens, s.topk});
+  ZeroCombine zero(s, ranks, s.tokens, args.topk_idx);
+  LowLatencyCombineArgs& combine = zero.args;
   combine.handle = &dispatched.handle;
   retried([&](Allocator& chosen) { (void)buffer.low_latency_combine(combine, chosen, call); },
           "a combine's output refused");
