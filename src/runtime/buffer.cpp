@@ -210,19 +210,13 @@ void Buffer::Impl::start_watchdog() {
 
 void Buffer::Impl::discard_failed_initialization() noexcept {
   if (!transport) return;
-  alive->store(false);
-  watchdog.reset();
-  {
-    const detail::ScopedDevice scoped(device, std::nothrow);
-    (void)cudaDeviceSynchronize();  // its kernels' waits are bounded
-    (void)cudaGetLastError();
-  }
   try {
-    transport->abandon();
+    tear_down(/*collectively=*/false);
   } catch (...) {
-    // The transport's destructor leaves memory peers may map, as abandon() would.
+    // Destroyed all the same: tear_down takes the transport out first, and its destructor leaves
+    // memory peers may map, as abandon() would.
   }
-  transport.reset();
+  (void)cudaGetLastError();
 }
 
 Buffer::Impl::~Impl() {
