@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "epcomm/error.hpp"
+#include "python_errors.hpp"
 
 namespace nb = nanobind;
 
@@ -40,6 +41,7 @@ void PythonBootstrap::allgather(const void* in, void* out, size_t bytes) {
     }
     if (expected > 0) std::memcpy(out, gathered.c_str(), expected);
   } catch (const nb::python_error& error) {
+    if (is_interruption(error)) throw;
     fail(ErrorCode::kBootstrapError, "Bootstrap: rank ", rank_, ": the Python allgather failed: ", error.what());
   }
 }
@@ -49,6 +51,7 @@ void PythonBootstrap::barrier() {
   try {
     barrier_();
   } catch (const nb::python_error& error) {
+    if (is_interruption(error)) throw;
     fail(ErrorCode::kBootstrapError, "Bootstrap: rank ", rank_, ": the Python barrier failed: ", error.what());
   }
 }
