@@ -163,7 +163,7 @@ class Buffer:
                                  # A background warmup must not interleave with the caller's work on
                                  # its stream: it then uses the Buffer's own.
                                  output_allocator=self.allocator,
-                                 warmup_stream=None if initialize_in_background else _torch.current_stream(),
+                                 warmup_stream=None if initialize_in_background else _torch.current_stream(self.device),
                                  comm_stream=self.comm_stream.cuda_stream, enable_shrink=enable_shrink,
                                  transport=transport, emulated_nodes=emulated_nodes, ranks_per_node=ranks_per_node,
                                  num_rail_bytes=num_rail_bytes, explicitly_destroy=explicitly_destroy)
@@ -235,7 +235,7 @@ class Buffer:
 
     def warmup(self) -> None:
         """Pay every one-time cost now (collective); see the C++ Buffer::warmup."""
-        self.runtime.warmup(_torch.current_stream())
+        self.runtime.warmup(_torch.current_stream(self.device))
 
     def get_local_buffer_tensor(self, dtype, size=None, offset: int = 0, use_rdma_buffer: bool = False):
         """This rank's raw NVLink buffer (or, with use_rdma_buffer, deep_ep's RDMA buffer: the
@@ -275,7 +275,7 @@ class Buffer:
         import torch
 
         if allocate_on_comm_stream:  # made on the comm stream, used on the caller's
-            _torch.record_streams(outputs, torch.cuda.current_stream())
+            _torch.record_streams(outputs, torch.cuda.current_stream(self.device))
         if async_finish:  # read (and written) on the comm stream after this call returns
             comm = self.get_comm_stream()
             _torch.record_streams(tuple(inputs) + tuple(outputs), comm)
@@ -285,10 +285,11 @@ class Buffer:
                             async_finish: bool = False, allocate_on_comm_stream: bool = False):
         """-> (num_tokens_per_rank, num_tokens_per_rdma_rank (int32 [nodes], tokens with an expert on each
         node; None on one node, as deep_ep's), num_tokens_per_expert, is_token_in_rank, event)"""
+        stream = _torch.current_stream(self.device)  # the runtime's: this Buffer's device's current one
         if previous_event is not None:  # its event alone, as deep_ep passes it: a registered hook stays
-            runtime_event(previous_event.event).wait(_torch.current_stream())
+            runtime_event(previous_event.event).wait(stream)
         per_rank, per_node, per_expert, in_rank = self.runtime.get_dispatch_layout(topk_idx, num_experts)
-        event = EventOverlap(_C.Event.record(_torch.current_stream()), (topk_idx,)) if async_finish else EventOverlap()
+        event = EventOverlap(_C.Event.record(stream), (topk_idx,)) if async_finish else EventOverlap()
         return per_rank, per_node, per_expert, in_rank, event
 
     def dispatch(self, x: Union[Any, Tuple[Any, Any]], handle: Optional[Any] = None, num_tokens_per_rank=None,
@@ -402,17 +403,17 @@ class Buffer:
         """Shrink mode (``enable_shrink=True``): mask (or unmask) a rank in this rank's low-latency
         calls: nothing is sent to it or awaited from it, and its experts add nothing to combines.
         Local to this rank, ordered on the current stream."""
-        self.runtime.low_latency_update_mask_buffer(rank_to_mask, mask, _torch.current_stream())
+        self.runtime.low_latency_update_mask_buffer(rank_to_mask, mask, _torch.current_stream(self.device))
 
     def low_latency_query_mask_buffer(self, mask_status) -> None:
         """Shrink mode: writes int32 [num_ranks] (a CUDA tensor): 1 for a masked rank, 0 otherwise,
         on the current stream. Ranks that died or stayed silent past the wait bound are masked too."""
-        self.runtime.low_latency_query_mask_buffer(_torch.view(mask_status, "mask_status"), _torch.current_stream())
+        self.runtime.low_latency_query_mask_buffer(_torch.view(mask_status, "mask_status"), _torch.current_stream(self.device))
 
     def low_latency_clean_mask_buffer(self) -> None:
         """Shrink mode: unmasks every rank (on the current stream)."""
-        self.runtime.low_latency_clean_mask_buffer(_torch.current_stream())
+        self.runtime.low_latency_clean_mask_buffer(_torch.current_stream(self.device))
 
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
         self.runtime.clean_low_latency_buffer(num_max_dispatch_tokens_per_rank, hidden, num_experts,
-                                              _torch.current_stream())
+                                              _torch.current_stream(self.device))

@@ -87,11 +87,13 @@ auto without_gil(Call&& call) {
   return call();
 }
 
-// The options of a call made on torch's current stream (deep_ep's calls all are).
-CallOptions on_current_stream(const TorchBridge& torch, const Event& previous_event, bool async_finish,
+// The options of a call made on torch's current stream of the Buffer's device (deep_ep's calls all
+// are), which is not always the device current in torch. b.device() may wait for a background
+// initialisation, whose Python bootstrap needs the GIL.
+CallOptions on_current_stream(const TorchBridge& torch, const Buffer& b, const Event& previous_event, bool async_finish,
                               bool allocate_on_comm_stream) {
   CallOptions call;
-  call.stream = torch.current_stream();
+  call.stream = torch.current_stream(without_gil([&] { return b.device(); }));
   call.previous_event = previous_event;
   call.async_finish = async_finish;
   call.allocate_on_comm_stream = allocate_on_comm_stream;
@@ -389,7 +391,7 @@ void bind_buffer(nb::module_& m) {
              nb::object per_expert = torch.empty(outputs.num_tokens_per_expert, device);
              nb::object in_rank = torch.empty(outputs.is_token_in_rank, device);
              nb::object per_node = nodes > 1 ? torch.empty(outputs.num_tokens_per_rdma_rank, device) : nb::none();
-             const cudaStream_t stream = torch.current_stream();
+             const cudaStream_t stream = torch.current_stream(device);
              {
                nb::gil_scoped_release release;
                b.get_dispatch_layout(ids, num_experts, outputs, stream);
@@ -416,7 +418,7 @@ void bind_buffer(nb::module_& m) {
              args.expert_alignment = expert_alignment;
              args.num_worst_tokens = num_worst_tokens;
              args.config = config;
-             const CallOptions call = on_current_stream(torch, previous_event, async_finish, allocate_on_comm_stream);
+             const CallOptions call = on_current_stream(torch, b, previous_event, async_finish, allocate_on_comm_stream);
              const DispatchResult result = without_gil([&] { return b.dispatch(args, allocator, call); });
              return nb::make_tuple(owner_of(result.recv_x), owner_of(result.recv_x_scales), owner_of(result.recv_topk_idx),
                                    owner_of(result.recv_topk_weights), result.num_recv_tokens_per_expert, result.handle,
@@ -438,7 +440,7 @@ void bind_buffer(nb::module_& m) {
              args.bias1 = torch.view(bias1, "bias[1]");
              args.handle = handle;
              args.config = config;
-             const CallOptions call = on_current_stream(torch, previous_event, async_finish, allocate_on_comm_stream);
+             const CallOptions call = on_current_stream(torch, b, previous_event, async_finish, allocate_on_comm_stream);
              const CombineResult result = without_gil([&] { return b.combine(args, allocator, call); });
              return nb::make_tuple(owner_of(result.combined_x), owner_of(result.combined_topk_weights), result.event);
            },
@@ -462,7 +464,7 @@ void bind_buffer(nb::module_& m) {
              args.round_scale = round_scale;
              args.use_ue8m0 = use_ue8m0;
              args.return_recv_hook = return_recv_hook;
-             const CallOptions call = on_current_stream(torch, Event{}, async_finish, false);
+             const CallOptions call = on_current_stream(torch, b, Event{}, async_finish, false);
              const LowLatencyDispatchResult result =
                  without_gil([&] { return b.low_latency_dispatch(args, allocator, call); });
              return nb::make_tuple(owner_of(result.recv_x), owner_of(result.recv_x_scales), owner_of(result.recv_count),
@@ -487,7 +489,7 @@ void bind_buffer(nb::module_& m) {
              args.out = torch.view(out, "out");
              args.return_recv_hook = return_recv_hook;
              args.wait_recv_cost_stats = torch.view(wait_recv_cost_stats, "combine_wait_recv_cost_stats");
-             const CallOptions call = on_current_stream(torch, Event{}, async_finish, false);
+             const CallOptions call = on_current_stream(torch, b, Event{}, async_finish, false);
              const LowLatencyCombineResult result =
                  without_gil([&] { return b.low_latency_combine(args, allocator, call); });
              return nb::make_tuple(owner_of(result.combined_x), result.event, result.hook);

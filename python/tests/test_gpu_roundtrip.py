@@ -357,3 +357,40 @@ def _hierarchical_low_latency_main(rank: int, num_ranks: int, port: int) -> None
 @pytest.mark.parametrize("low_latency", [False, True])
 def test_hierarchical_round_trip_across_emulated_nodes(num_ranks: int, low_latency: bool) -> None:
     _spawn(_hierarchical_low_latency_main if low_latency else _hierarchical_main, num_ranks)
+
+
+def _other_device_current_main(rank: int, num_ranks: int, port: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import epcomm
+
+    torch.cuda.set_device(1)  # the Buffer's device
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=num_ranks)
+    tokens, hidden, topk, experts = 32, 1024, 2, 4
+    buffer = epcomm.Buffer(dist.new_group([0]), num_nvl_bytes=1 << 26)
+    x = torch.randn(tokens, hidden, device="cuda:1").to(torch.bfloat16)
+    topk_idx = torch.randint(0, experts, (tokens, topk), device="cuda:1")
+    weights = torch.rand(tokens, topk, device="cuda:1")
+    torch.cuda.set_device(0)  # another device current in torch: the calls still run on cuda:1's stream
+    per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(topk_idx, experts)
+    recv_x, _, recv_weights, _, handle, _ = buffer.dispatch(
+        x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+        topk_idx=topk_idx, topk_weights=weights)
+    assert recv_x.device == torch.device("cuda:1")
+    combined, _, _ = buffer.combine(recv_x, handle)
+    torch.cuda.synchronize(1)
+    # One rank: each token comes back once per distinct expert rank, here the one rank: x itself.
+    assert torch.equal(combined, x)
+    buffer.destroy()
+    dist.destroy_process_group()
+
+
+def test_calls_run_on_the_buffers_device_whatever_device_is_current() -> None:
+    if not _gpu_available():
+        pytest.skip("no CUDA GPU")
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two visible GPUs (the Buffer on one, the other current)")
+    _spawn(_other_device_current_main, 1)

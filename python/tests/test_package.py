@@ -247,6 +247,26 @@ def test_single_rank_exchange_round_trips_through_python():
         _C.Buffer(bootstrap, num_nvl_bytes=1 << 20)
 
 
+def test_an_interrupt_in_a_bootstrap_callback_stays_an_interrupt():
+    if not gpu_usable():
+        pytest.skip("the ranks exchange only after the device opens: needs a GPU")
+
+    def interrupted(data: bytes) -> bytes:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _C.Buffer(_C.Bootstrap(0, 1, interrupted, lambda: None), num_nvl_bytes=1 << 20)
+
+    def failing(data: bytes) -> bytes:
+        raise OSError("the store is gone")
+
+    with pytest.raises(RuntimeError, match="the Python allgather failed: .*the store is gone"):
+        _C.Buffer(_C.Bootstrap(0, 1, failing, lambda: None), num_nvl_bytes=1 << 20)
+    buffer = _C.Buffer(_C.Bootstrap(0, 1, lambda data: data, lambda: None), num_nvl_bytes=1 << 20)
+    assert buffer.is_available()  # nothing was left behind
+    buffer.destroy()
+
+
 def test_transport_names_are_checked():
     bootstrap = _C.Bootstrap(0, 1, lambda data: data, lambda: None)
     with pytest.raises(ValueError, match="transport='rdma' must be 'auto', 'ipc' or 'nvshmem'"):
@@ -493,7 +513,7 @@ class Runtime:  # the extension's Buffer, which would need a GPU
 real = buffer_module._C
 buffer_module._C = types.SimpleNamespace(Buffer=Runtime, Bootstrap=lambda *args: None,
                                          BUFFER_DEFAULTS=real.BUFFER_DEFAULTS)
-buffer_module._torch = types.SimpleNamespace(make_allocator=lambda device: None, current_stream=lambda: 0,
+buffer_module._torch = types.SimpleNamespace(make_allocator=lambda device: None, current_stream=lambda device: 0,
                                              gathered_bytes=lambda *args: None)
 # An expert-parallel group's Buffer initialised in the background: its private group is made by its
 # own ranks alone (named by them).

@@ -293,7 +293,7 @@ bool Buffer::is_available() const {
 }
 
 void Buffer::warmup(cudaStream_t stream) {
-  impl_->begin("warmup");
+  impl_->begin("warmup", stream);
   warm_up(stream);
 }
 
@@ -337,7 +337,7 @@ void Buffer::Impl::tear_down(bool collectively) {
 void Buffer::get_dispatch_layout(const TensorView& topk_idx, int num_experts, const DispatchLayoutOutputs& outputs,
                                  cudaStream_t stream) {
   constexpr const char* kOp = "get_dispatch_layout";
-  impl_->begin(kOp);
+  impl_->begin(kOp, stream);
   const auto profiled = impl_->profile_call(kOp, stream);
   const int ranks = num_ranks();
   detail::require_device_tensor(impl_->device, kOp, "topk_idx", topk_idx, {DType::kInt64, DType::kInt32},
@@ -391,7 +391,7 @@ void Buffer::get_dispatch_layout(const TensorView& topk_idx, int num_experts, co
 // Barrier epochs and rings are touched only in the communication stream's order, whichever
 // stream the caller uses: the caller's stream hands over to it and waits for it.
 void Buffer::barrier(cudaStream_t stream) {
-  impl_->begin("barrier");
+  impl_->begin("barrier", stream);
   detail::ScopedDevice scoped(impl_->device);
   Event::record(stream).wait(impl_->comm_stream);
   impl_->kernels->nvl_barrier(impl_->window(), impl_->context(), impl_->comm_stream);
@@ -415,7 +415,7 @@ void Buffer::synchronize(cudaStream_t stream) {
 void Buffer::copy_to_all_ranks(const void* source, size_t bytes_per_rank, int num_sms, cudaStream_t stream,
                                CopyPath path) {
   constexpr const char* kOp = "copy_to_all_ranks";
-  impl_->begin(kOp);
+  impl_->begin(kOp, stream);
   if (bytes_per_rank % kVectorBytes != 0) {
     fail(ErrorCode::kInvalidArgument, kOp, ": bytes_per_rank=", bytes_per_rank, " must be a multiple of ", kVectorBytes);
   }

@@ -23,6 +23,7 @@
 #include "runtime/profiler.hpp"
 #include "runtime/ring_group.hpp"
 #include "runtime/scoped_device.hpp"
+#include "runtime/validate.hpp"
 #include "common/buffer_layout.hpp"
 #include "common/low_latency_layout.hpp"
 #include "kernels/kernel_table.hpp"
@@ -209,12 +210,13 @@ struct Buffer::Impl {
   }
 
   // Every operation starts here: a Buffer that was destroyed, or whose earlier kernel recorded a
-  // failure, refuses to go on. In shrink mode a dead rank does not stop low-latency calls (it is
-  // masked); `low_latency` says whether the operation is one.
-  void begin(const char* op, bool low_latency = false) {
+  // failure, refuses to go on, and so does a call on another device's stream. In shrink mode a dead
+  // rank does not stop low-latency calls (it is masked); `low_latency` says whether the operation is one.
+  void begin(const char* op, cudaStream_t stream, bool low_latency = false) {
     wait_until_ready();
     if (!transport) fail(ErrorCode::kInvalidArgument, op, ": the Buffer was destroyed");
     errors.raise_if_recorded(/*dead_peers_fatal=*/!(low_latency && options.enable_shrink));
+    detail::require_stream_of_device(device, op, stream);
   }
   int32_t* shrink_mask() const { return options.enable_shrink ? static_cast<int32_t*>(low_latency_mask.get()) : nullptr; }
   // The watchdog of the peers' processes (and, across hosts, of the liveness channel if needed).

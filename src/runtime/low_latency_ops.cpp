@@ -166,7 +166,7 @@ int64_t Buffer::low_latency_buffer_size_hint(int num_max_dispatch_tokens_per_ran
 
 LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchArgs& args, Allocator& allocator,
                                                       const CallOptions& call) {
-  impl_->begin(kDispatchOp, /*low_latency=*/true);
+  impl_->begin(kDispatchOp, call.stream, /*low_latency=*/true);
   Impl& impl = *impl_;
   const auto profiled = impl.profile_call(kDispatchOp, call.stream);
   const int ranks = num_ranks();
@@ -313,7 +313,7 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
 
 LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs& args, Allocator& allocator,
                                                     const CallOptions& call) {
-  impl_->begin(kCombineOp, /*low_latency=*/true);
+  impl_->begin(kCombineOp, call.stream, /*low_latency=*/true);
   Impl& impl = *impl_;
   const auto profiled = impl.profile_call(kCombineOp, call.stream);
   if (args.handle == nullptr || args.handle->empty() || args.handle->state_->owner != impl.id) {
@@ -423,7 +423,7 @@ TensorView Buffer::get_next_low_latency_combine_buffer(const LowLatencyHandle& h
 void Buffer::clean_low_latency_buffer(int num_max_dispatch_tokens_per_rank, int hidden, int num_experts,
                                       cudaStream_t stream) {
   constexpr const char* kOp = "clean_low_latency_buffer";
-  impl_->begin(kOp);
+  impl_->begin(kOp, stream);
   validate_shapes(kOp, num_ranks(), num_max_dispatch_tokens_per_rank, hidden, num_experts, 1);
   require_low_latency_region(kOp, *impl_, make_layout(num_ranks(), num_experts, num_max_dispatch_tokens_per_rank, hidden));
   detail::ScopedDevice scoped(impl_->device);
@@ -482,7 +482,7 @@ void require_shrink(const char* op, const Buffer::Impl& impl) {
 
 void Buffer::low_latency_update_mask_buffer(int rank_to_mask, bool mask, cudaStream_t stream) {
   constexpr const char* kOp = "low_latency_update_mask_buffer";
-  impl_->begin(kOp, /*low_latency=*/true);
+  impl_->begin(kOp, stream, /*low_latency=*/true);
   require_shrink(kOp, *impl_);
   detail::require_in_range(kOp, "rank_to_mask", rank_to_mask, 0, num_ranks() - 1);
   detail::ScopedDevice scoped(impl_->device);
@@ -493,7 +493,7 @@ void Buffer::low_latency_update_mask_buffer(int rank_to_mask, bool mask, cudaStr
 
 void Buffer::low_latency_query_mask_buffer(const TensorView& mask_status, cudaStream_t stream) {
   constexpr const char* kOp = "low_latency_query_mask_buffer";
-  impl_->begin(kOp, /*low_latency=*/true);
+  impl_->begin(kOp, stream, /*low_latency=*/true);
   require_shrink(kOp, *impl_);
   detail::require_device_tensor(impl_->device, kOp, "mask_status", mask_status, {DType::kInt32}, {num_ranks()});
   detail::ScopedDevice scoped(impl_->device);
@@ -503,7 +503,7 @@ void Buffer::low_latency_query_mask_buffer(const TensorView& mask_status, cudaSt
 
 void Buffer::low_latency_clean_mask_buffer(cudaStream_t stream) {
   constexpr const char* kOp = "low_latency_clean_mask_buffer";
-  impl_->begin(kOp, /*low_latency=*/true);
+  impl_->begin(kOp, stream, /*low_latency=*/true);
   require_shrink(kOp, *impl_);
   detail::ScopedDevice scoped(impl_->device);
   EPCOMM_CUDA_CHECK(cudaMemsetAsync(impl_->low_latency_mask.get(), 0, sizeof(int32_t) * num_ranks(), stream));

@@ -470,7 +470,7 @@ DispatchResult dispatch_stage(Buffer::Impl& impl, const detail::RingGroup& group
 }  // namespace detail
 
 DispatchResult Buffer::dispatch(const DispatchArgs& args, Allocator& allocator, const CallOptions& call) {
-  impl_->begin(kDispatchOp);
+  impl_->begin(kDispatchOp, call.stream);
   Impl& impl = *impl_;
   const auto profiled = impl.profile_call(kDispatchOp, call.stream);
   const int ranks = num_ranks();
@@ -551,7 +551,7 @@ const int32_t* combine_stage(const Buffer::Impl& impl, const detail::RingGroup& 
 }  // namespace
 
 CombineResult Buffer::combine(const CombineArgs& args, Allocator& allocator, const CallOptions& call) {
-  impl_->begin(kCombineOp);
+  impl_->begin(kCombineOp, call.stream);
   Impl& impl = *impl_;
   const auto profiled = impl.profile_call(kCombineOp, call.stream);
   if (args.handle == nullptr || args.handle->empty() || args.handle->state_->owner != impl.id) {

@@ -35,6 +35,19 @@ int device_of(const void* pointer) {
 
 }  // namespace
 
+void require_stream_of_device(int device, const char* op, cudaStream_t stream) {
+  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return;
+  int stream_device = -1;
+  if (cudaStreamGetDevice(stream, &stream_device) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: the launch on it reports a bad stream with CUDA's words
+    return;
+  }
+  if (stream_device != device) {
+    fail(ErrorCode::kInvalidArgument, op, ": the stream runs on cuda:", stream_device, ", but this Buffer's device is cuda:",
+         device, " (pass a stream of cuda:", device, "; with torch, torch.cuda.current_stream(", device, "))");
+  }
+}
+
 void require_device_tensor(int device, const char* op, const char* name, const TensorView& tensor,
                            std::initializer_list<DType> dtypes, std::initializer_list<int64_t> shape, Strides strides) {
   // Extents the calls hold in an int (rows, hidden): a negative one, or one past INT32_MAX that a

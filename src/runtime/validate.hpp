@@ -5,6 +5,8 @@
 
 #include <initializer_list>
 
+#include <cuda_runtime_api.h>
+
 #include "epcomm/types.hpp"
 
 namespace epcomm::detail {
@@ -20,6 +22,12 @@ enum class Strides { kContiguous, kAny };
 void require_device_tensor(int device, const char* op, const char* name, const TensorView& tensor,
                            std::initializer_list<DType> dtypes, std::initializer_list<int64_t> shape,
                            Strides strides = Strides::kContiguous);
+
+// Throws InvalidArgument unless `stream` runs work on `device` (the Buffer's): a stream of another
+// device would fail its first launch with an unexplained CUDA error. The legacy and per-thread
+// default streams (0, cudaStreamLegacy, cudaStreamPerThread) belong to whichever device is current,
+// which the operation makes the Buffer's: they always pass.
+void require_stream_of_device(int device, const char* op, cudaStream_t stream);
 
 // Throws InvalidArgument "op: name=value must be ..." unless lo <= value <= hi.
 void require_in_range(const char* op, const char* name, int64_t value, int64_t lo, int64_t hi);

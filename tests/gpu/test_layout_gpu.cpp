@@ -264,6 +264,29 @@ void check_two_streams(RankHarness& harness, Buffer& buffer) {
   }
 }
 
+// A stream of another device is refused by name before anything runs (else the launch fails with
+// CUDA's "invalid resource handle"). Needs two visible devices; with one, only rank 0 says so.
+void check_stream_of_another_device(RankHarness& harness, Buffer& buffer) {
+  int count = 0;
+  EPCOMM_CUDA_CHECK(cudaGetDeviceCount(&count));
+  if (count < 2) {
+    if (harness.rank() == 0) std::printf("[rank 0] layout: one visible device, the other-device stream check skipped\n");
+    return;
+  }
+  const int other = (buffer.device() + 1) % count;
+  int previous = 0;
+  EPCOMM_CUDA_CHECK(cudaGetDevice(&previous));
+  EPCOMM_CUDA_CHECK(cudaSetDevice(other));
+  cudaStream_t stream = nullptr;
+  EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  EPCOMM_CUDA_CHECK(cudaSetDevice(previous));
+  LayoutTensors lane(16, 2, harness.num_ranks(), 4 * harness.num_ranks());
+  harness.expect_error(ErrorCode::kInvalidArgument, "the stream runs on cuda:" + std::to_string(other), [&] {
+    buffer.get_dispatch_layout(lane.ids(), 4 * harness.num_ranks(), lane.outputs, stream);
+  }, "a stream of another device");
+  EPCOMM_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
 }  // namespace
 
 void run_layout_case(RankHarness& harness) {
@@ -276,6 +299,7 @@ void run_layout_case(RankHarness& harness) {
   check_bad_ids(harness, buffer);
   check_graph_replays(harness, buffer);
   check_two_streams(harness, buffer);
+  check_stream_of_another_device(harness, buffer);
   // The node counts across two emulated nodes (no rings needed for a layout).
   if (harness.num_ranks() >= 2 && harness.num_ranks() % 2 == 0) {
     BufferOptions two_nodes;
