@@ -19,16 +19,19 @@ void Admission::refuse(Candidate& candidate, const std::string& why) {
 }
 
 IoStatus Admission::accept_new() {
+  accept_short_of_memory_ = false;
   while (candidates_.size() < max_candidates_) {
     IoStatus status;
     UniqueFd fd = listener_.accept(Deadline(std::chrono::milliseconds(0)), status);
     // Nobody else is waiting (a timeout at once), or accepting failed. Out of file descriptors
     // (or a broken listener) lasts: the connection stays queued and the listener readable, so it
     // is an error now, not a wait that spins until the deadline. Short of memory may pass: the
-    // next wake-up tries again.
-    if (!fd) return status.kind == IoStatus::kSystemError && status.error != ENOBUFS && status.error != ENOMEM
-                        ? status
-                        : IoStatus{};
+    // listener rests for kAcceptRetry, then accepting is tried again.
+    if (!fd) {
+      const bool short_of_memory = status.kind == IoStatus::kSystemError && (status.error == ENOBUFS || status.error == ENOMEM);
+      accept_short_of_memory_ = short_of_memory;
+      return status.kind == IoStatus::kSystemError && !short_of_memory ? status : IoStatus{};
+    }
     candidates_.emplace_back(std::move(fd), handshake_budget_);
   }
   return {};
@@ -112,8 +115,12 @@ std::optional<Admitted> Admission::next(const Deadline& deadline, IoStatus& stat
     }
     // Wait for a newcomer, a candidate's bytes, or the nearest deadline.
     std::vector<pollfd> watched;
-    if (candidates_.size() < max_candidates_) watched.push_back({listener_.fd(), POLLIN, 0});
     int wait_ms = deadline.remaining_ms();
+    if (accept_short_of_memory_) {
+      wait_ms = std::min(wait_ms, static_cast<int>(kAcceptRetry.count()));  // the listener is readable, but rests
+    } else if (candidates_.size() < max_candidates_) {
+      watched.push_back({listener_.fd(), POLLIN, 0});
+    }
     for (const Candidate& candidate : candidates_) {
       watched.push_back({candidate.fd.get(), POLLIN, 0});
       wait_ms = std::min(wait_ms, candidate.deadline.remaining_ms());

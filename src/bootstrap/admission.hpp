@@ -42,6 +42,9 @@ class Admission {
   // A rank sends its greeting as soon as it connects: a connection silent this long after we took
   // it is no rank, and gives its handshake slot to the connections queued behind it.
   static constexpr std::chrono::milliseconds kGreetingBudget{1000};
+  // After an accept that failed short of memory (the connection stays queued, the listener
+  // readable), the listener rests this long instead of waking the loop again at once.
+  static constexpr std::chrono::milliseconds kAcceptRetry{10};
 
   struct Candidate {
     Candidate(UniqueFd connection, std::chrono::milliseconds budget)
@@ -68,6 +71,7 @@ class Admission {
   std::chrono::milliseconds handshake_budget_;
   size_t max_candidates_;
   std::vector<Candidate> candidates_;
+  bool accept_short_of_memory_ = false;  // the last accept failed with ENOBUFS or ENOMEM
   int refused_ = 0;
   std::string last_refusal_;
 };

@@ -25,6 +25,32 @@
 #include "epcomm/bootstrap.hpp"
 #include "epcomm/error.hpp"
 
+#if !defined(__SANITIZE_ADDRESS__)
+#include <dlfcn.h>
+
+#include <atomic>
+
+// accept4 as this test binary sees it (the library's calls bind to the executable's definition):
+// while `accept_short_of_memory_until` is in the future, every accept fails with ENOBUFS, as a
+// kernel short of socket buffers answers, and is counted; otherwise libc's runs.
+namespace {
+std::atomic<int64_t> accept_short_of_memory_until{0};  // steady_clock nanoseconds since its epoch
+std::atomic<int> accepts_refused{0};
+}  // namespace
+
+extern "C" int accept4(int fd, sockaddr* address, socklen_t* length, int flags) {
+  using Accept4 = int (*)(int, sockaddr*, socklen_t*, int);
+  static const auto real = reinterpret_cast<Accept4>(dlsym(RTLD_NEXT, "accept4"));
+  const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+  if (now < accept_short_of_memory_until.load()) {
+    accepts_refused.fetch_add(1);
+    errno = ENOBUFS;
+    return -1;
+  }
+  return real(fd, address, length, flags);
+}
+#endif
+
 namespace epcomm {
 namespace {
 
@@ -380,6 +406,30 @@ TEST(BootstrapErrors, RankZeroOutOfFileDescriptorsSaysSoAtOnce) {
   EXPECT_NE(message.find("Too many open files"), std::string::npos) << message;
   EXPECT_NE(message.find("RLIMIT_NOFILE) is 256"), std::string::npos) << message;
   EXPECT_LT(std::stod(text.substr(bar + 3)), std::chrono::duration<double>(kPromptly).count()) << "not at once: " << text;
+}
+
+// An accept that fails short of memory leaves the connection queued and the listener readable:
+// rank 0 rests between tries instead of spinning on it, and admits the rank once memory is back.
+TEST(BootstrapErrors, RankZeroShortOfMemoryToAcceptRestsThenAdmits) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "not under the sanitizers: their runtime intercepts accept4 itself";
+#else
+  constexpr auto kShortOfMemory = 300ms;
+  const TempDir dir;
+  const std::string address = "unix:" + dir.file("job.sock");
+  accepts_refused = 0;
+  accept_short_of_memory_until = (Clock::now() + kShortOfMemory).time_since_epoch().count();
+  Result root, peer;
+  std::thread rank0([&] { root = attempt([&] { run_rank(address, 0, 2, with_secret("s")); }); });
+  std::thread rank1([&] { peer = attempt([&] { run_rank(address, 1, 2, with_secret("s")); }); });
+  rank0.join();
+  rank1.join();
+  accept_short_of_memory_until = 0;
+  EXPECT_TRUE(root.ok) << root.message;
+  EXPECT_TRUE(peer.ok) << peer.message;
+  // One try per 10 ms rest (with slack for a slow machine), not one per turn of a busy loop.
+  EXPECT_LE(accepts_refused.load(), 2 * (kShortOfMemory / 10ms) + 10);
+#endif
 }
 
 }  // namespace
