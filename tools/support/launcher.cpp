@@ -1,6 +1,7 @@
 #include "support/launcher.hpp"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -41,6 +42,10 @@ using std::chrono::milliseconds;
 constexpr milliseconds kPollInterval{10};
 // How often, while ranks run, what they left behind and has exited is reaped (a /proc scan).
 constexpr milliseconds kOrphanReapInterval{1000};
+// How long a start waits for the child's word on its exec. An exec that takes longer (a program on
+// a hung file system, a child stopped before it) is left to the job's supervision, where its exit
+// code (kExitExecFailed) or the job's timeout tells; the launcher does not hang on it here.
+constexpr milliseconds kExecReportWait{10 * 1000};
 constexpr milliseconds kMaxStopDelay{3600 * 1000};
 constexpr const char* kDefaultPath = "/usr/bin:/bin";
 constexpr const char* kSocketName = "bootstrap.sock";
@@ -359,10 +364,17 @@ class Job {
     ranks_[static_cast<size_t>(rank)].pid = pid;
     ranks_[static_cast<size_t>(rank)].running = true;
     int error = 0;
-    ssize_t got;
-    do {
+    ssize_t got = -1;
+    const auto give_up = Clock::now() + kExecReportWait;
+    pollfd exec_report{exec_pipe[0], POLLIN, 0};
+    while (true) {
+      const auto left = std::chrono::duration_cast<milliseconds>(give_up - Clock::now());
+      const int ready = poll(&exec_report, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready <= 0) break;  // no word in time (or poll failed): the rank counts as started
       got = read(exec_pipe[0], &error, sizeof(error));
-    } while (got < 0 && errno == EINTR);
+      if (!(got < 0 && errno == EINTR)) break;
+    }
     close(exec_pipe[0]);
     if (got != static_cast<ssize_t>(sizeof(error))) return true;
     report("rank " + std::to_string(global_rank(rank)) + ": cannot execute '" + program + "': " + std::strerror(error));
