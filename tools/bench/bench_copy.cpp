@@ -4,8 +4,10 @@
 // after another). The faster of the two is the roofline the ops are compared with. A local
 // device-to-device copy of the same bytes shows what the GPU's memory alone allows (under MPS all
 // ranks share one GPU's HBM, so these are close there; over NVLink they are not).
-// "per_direction_gbps" is what each GPU sends to the others, (ranks - 1) x bytes_per_rank, over the
-// time: one direction of a link at 2 ranks.
+// "per_direction_gbps" is what each GPU sends to the others, (ranks - 1) x bytes_per_peer, over the
+// time: one direction of a link at 2 ranks. Records: "bytes_per_peer" is what a sender writes to
+// each rank, "bytes_per_rank" what it writes in all (its own slot included when every rank sends,
+// direction "both"; to the ranks - 1 others when rank 0 alone sends, direction "one").
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -121,6 +123,7 @@ double bench_copy(BenchContext& context, size_t bytes_per_rank) {
           .set("direction", "both")
           .set("dtype", "bf16")
           .set("sms", sms)
+          .set("bytes_per_peer", static_cast<int64_t>(bytes_per_rank))
           .set("bytes_per_rank", static_cast<int64_t>(total_bytes))
           .set("median_us", timing.median_us)
           .set("p99_us", timing.p99_us)
@@ -139,7 +142,8 @@ double bench_copy(BenchContext& context, size_t bytes_per_rank) {
           .set("direction", "one")  // rank 0 sends to every other rank; nobody sends to rank 0
           .set("dtype", "bf16")
           .set("sms", std::string(path) == "copy_engine" ? 0 : options.copy_sms)
-          .set("bytes_per_rank", static_cast<int64_t>(bytes_per_rank))
+          .set("bytes_per_peer", static_cast<int64_t>(bytes_per_rank))
+          .set("bytes_per_rank", static_cast<int64_t>(sent_bytes))
           .set("median_us", timing.median_us)
           .set("p99_us", timing.p99_us)
           .set_null("gbps")

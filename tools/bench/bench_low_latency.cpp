@@ -197,13 +197,17 @@ void bench_low_latency(BenchContext& context, double copy_gbps) {
   const double send_c_kernel_host = host(hooked_kernel_host, 2), recv_c_kernel_host = host(hooked_kernel_host, 3);
   if (!context.is_reporting_rank()) return;
 
-  // Bytes: every (token, k) pair with an expert, FP8 row + scales out, BF16 row back.
+  // Bytes as deep_ep's test_low_latency counts them: every (token, k) pair with an expert, an FP8
+  // row + scales + a 16-byte message header out (epcomm sends no such header, deep_ep's figure
+  // counts one), a BF16 row back.
+  constexpr double kDeepEpMessageHeaderBytes = 16;
   int64_t pairs = 0;
   for (const auto& input : inputs) {
     for (int64_t id : input.topk_idx) pairs += id >= 0 ? 1 : 0;
   }
   pairs /= ranks;  // per rank, on average
-  const double dispatch_bytes = static_cast<double>(pairs) * (options.hidden + groups * sizeof(float));
+  const double dispatch_bytes =
+      static_cast<double>(pairs) * (options.hidden + groups * sizeof(float) + kDeepEpMessageHeaderBytes);
   const double combine_bytes = static_cast<double>(pairs) * options.hidden * 2.0;
   auto write = [&](const char* op, const char* dtype, const char* phase, const Timing& timing, double host_us,
                    double bytes, bool correct, TimingMode mode = TimingMode::kEndToEnd) {
