@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "bench/bench_options.hpp"
@@ -29,22 +30,33 @@ struct BenchContext {
   void align() const { buffer->barrier(stream); }
 };
 
+// The copy roofline of a run, timed both ways the ops are: an op's ratio divides by the copy timed
+// as it was (a kernel-timed op by the kernel-timed copy). 0 where no copy ran: no ratio.
+struct Roofline {
+  double end_to_end_gbps = 0;
+  double kernel_gbps = 0;
+  std::optional<double> ratio(double gbps, TimingMode mode) const {
+    const double copy = mode == TimingMode::kKernel ? kernel_gbps : end_to_end_gbps;
+    return copy > 0 ? std::optional<double>(gbps / copy) : std::nullopt;
+  }
+};
+
 // Writes records for the dispatch-layout kernel (checked against the reference).
 void bench_layout(BenchContext& context);
 // Writes records for the peer-copy roofline and a local device copy of the same bytes; returns
-// the peer-copy bandwidth in GB/s for later ratios.
-double bench_copy(BenchContext& context, size_t bytes_per_rank);
+// the fastest copy path's GB/s, end to end and kernel-timed, for later ratios.
+Roofline bench_copy(BenchContext& context, size_t bytes_per_rank);
 
 // Writes dispatch (FP8 and BF16) and combine records for one config, each checked against the
 // expected routing and values (the first call, and one more after the timed ones).
-void bench_normal(BenchContext& context, double copy_gbps, const Config& config);
+void bench_normal(BenchContext& context, const Roofline& roofline, const Config& config);
 // The configs epcomm-bench measures: the default one, the default at each --sms count, or (with
 // --sweep) a grid around it, each capped so every rank's blocks fit on a shared GPU.
 std::vector<Config> bench_configs(const BenchContext& context);
 
 // Writes low-latency dispatch / combine records (full calls and hook halves), checked first and
 // after each timed run.
-void bench_low_latency(BenchContext& context, double copy_gbps);
+void bench_low_latency(BenchContext& context, const Roofline& roofline);
 
 // One cold-start trial in this (fresh) rank process: writes init and first-call records.
 int run_cold_trial(BenchContext& context, double cuda_context_ms);

@@ -1,7 +1,9 @@
 // The copy roofline: copy_to_all_ranks moves the bytes of a BF16 dispatch of the standard
 // workload through the peer mapping, spread evenly over the ranks, with nothing else to do: by a
-// copy kernel on --copy-sms SMs (path "peer") and by the copy engines (path "copy_engine", one peer
-// after another). The faster of the two is the roofline the ops are compared with. A local
+// copy kernel on --copy-sms SMs (path "peer"), by the copy engines (path "copy_engine", one peer
+// after another) and by TMA (path "tma"). The fastest is the roofline the ops are compared with,
+// each path timed end to end and as kernel time (records "timing"), so that an op's ratio divides
+// by a copy timed as the op was. A local
 // device-to-device copy of the same bytes shows what the GPU's memory alone allows (under MPS all
 // ranks share one GPU's HBM, so these are close there; over NVLink they are not).
 // "per_direction_gbps" is what each GPU sends to the others, (ranks - 1) x bytes_per_peer, over the
@@ -12,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <tuple>
 #include <utility>
 
 #include "bench/bench_context.hpp"
@@ -33,7 +36,7 @@ uint32_t pattern(int rank, size_t word) { return static_cast<uint32_t>(rank * 0x
 
 }  // namespace
 
-double bench_copy(BenchContext& context, size_t bytes_per_rank) {
+Roofline bench_copy(BenchContext& context, size_t bytes_per_rank) {
   const BenchOptions& options = context.options;
   const int rank = context.bootstrap->rank();
   const int ranks = options.num_ranks;
@@ -78,27 +81,33 @@ double bench_copy(BenchContext& context, size_t bytes_per_rank) {
   const bool engine_correct = copies_correctly(engine_copy);
   const bool tma_correct = copies_correctly(tma_copy);
 
-  const std::vector<double> peer_samples =
-      time_on_stream(context.stream, options.warmup_iters, options.timed_iters, [&] { context.align(); }, copy);
-  const std::vector<double> engine_samples =
-      time_on_stream(context.stream, options.warmup_iters, options.timed_iters, [&] { context.align(); }, engine_copy);
-  const std::vector<double> tma_samples =
-      time_on_stream(context.stream, options.warmup_iters, options.timed_iters, [&] { context.align(); }, tma_copy);
+  auto time_copy = [&](const std::function<void()>& run_copy, TimingMode mode) {
+    return summarize_across_ranks(*context.bootstrap, time_on_stream(context.stream, options.warmup_iters, options.timed_iters,
+                                                                      [&] { context.align(); }, run_copy, mode));
+  };
+  // Each path timed both ways the ops are, so that every op's ratio divides by a copy timed alike.
+  struct PathTimings {
+    const char* name;
+    int sms;
+    bool correct;
+    Timing end_to_end, kernel;
+  };
+  std::vector<PathTimings> paths;
+  for (const auto& [name, run_copy, sms, correct] :
+       {std::tuple{"peer", copy, options.copy_sms, peer_correct}, std::tuple{"copy_engine", engine_copy, 0, engine_correct},
+        std::tuple{"tma", tma_copy, options.copy_sms, tma_correct}}) {
+    paths.push_back({name, sms, correct, time_copy(run_copy, TimingMode::kEndToEnd), time_copy(run_copy, TimingMode::kKernel)});
+  }
   // One direction: what the link carries when the other direction is idle.
   std::vector<std::pair<const char*, Timing>> one_way;
   if (ranks > 1) {
     for (const auto& [name, path] : {std::pair{"peer", Buffer::CopyPath::kSmKernel},
                                      std::pair{"copy_engine", Buffer::CopyPath::kCopyEngine},
                                      std::pair{"tma", Buffer::CopyPath::kTma}}) {
-      const std::vector<double> samples = time_on_stream(context.stream, options.warmup_iters, options.timed_iters,
-                                                         [&] { context.align(); }, copy_by(path, true));
-      one_way.emplace_back(name, summarize_across_ranks(*context.bootstrap, samples));
+      one_way.emplace_back(name, time_copy(copy_by(path, true), TimingMode::kEndToEnd));
     }
   }
   context.buffer->check_device_errors();
-  const Timing peer = summarize_across_ranks(*context.bootstrap, peer_samples);
-  const Timing engine = summarize_across_ranks(*context.bootstrap, engine_samples);
-  const Timing tma = summarize_across_ranks(*context.bootstrap, tma_samples);
 
   const size_t total_bytes = bytes_per_rank * ranks;
   testing::DeviceBytes local_source(total_bytes), local_destination(total_bytes);
@@ -110,35 +119,41 @@ double bench_copy(BenchContext& context, size_t bytes_per_rank) {
       time_on_stream(context.stream, options.warmup_iters, options.timed_iters, [&] { context.align(); }, local_copy);
   const Timing local = summarize_across_ranks(*context.bootstrap, local_samples);
 
-  const double peer_gbps = gigabytes_per_second(total_bytes, peer.median_us);
-  const double engine_gbps = gigabytes_per_second(total_bytes, engine.median_us);
-  const double tma_gbps = gigabytes_per_second(total_bytes, tma.median_us);
   const double local_gbps = gigabytes_per_second(total_bytes, local.median_us);
-  const double roofline_gbps = std::max({peer_gbps, engine_gbps, tma_gbps});
+  Roofline roofline;
+  for (const PathTimings& path : paths) {
+    roofline.end_to_end_gbps = std::max(roofline.end_to_end_gbps, gigabytes_per_second(total_bytes, path.end_to_end.median_us));
+    roofline.kernel_gbps = std::max(roofline.kernel_gbps, gigabytes_per_second(total_bytes, path.kernel.median_us));
+  }
   const size_t sent_bytes = bytes_per_rank * static_cast<size_t>(ranks - 1);
   if (context.is_reporting_rank()) {
-    auto write = [&](const char* path, int sms, const Timing& timing, double gbps, bool checked) {
+    auto write = [&](const PathTimings& path, TimingMode mode) {
+      const Timing& timing = mode == TimingMode::kKernel ? path.kernel : path.end_to_end;
+      const double gbps = gigabytes_per_second(total_bytes, timing.median_us);
       Record record = context.base_record("copy", "normal");
-      record.set("path", path)
+      record.set("path", path.name)
+          .set("timing", timing_name(mode))
           .set("direction", "both")
           .set("dtype", "bf16")
-          .set("sms", sms)
+          .set("sms", path.sms)
           .set("bytes_per_peer", static_cast<int64_t>(bytes_per_rank))
           .set("bytes_per_rank", static_cast<int64_t>(total_bytes))
           .set("median_us", timing.median_us)
           .set("p99_us", timing.p99_us)
           .set("gbps", gbps)
           .set("per_direction_gbps", gigabytes_per_second(sent_bytes, timing.median_us))
-          .set("roofline_ratio", gbps / roofline_gbps)
-          .set("correct", checked);
+          .set("roofline_ratio", roofline.ratio(gbps, mode))
+          .set("correct", path.correct);
       context.sink.write(record);
     };
-    write("peer", options.copy_sms, peer, peer_gbps, peer_correct);
-    write("copy_engine", 0, engine, engine_gbps, engine_correct);
-    write("tma", options.copy_sms, tma, tma_gbps, tma_correct);
+    for (const PathTimings& path : paths) {
+      write(path, TimingMode::kEndToEnd);
+      write(path, TimingMode::kKernel);
+    }
     for (const auto& [path, timing] : one_way) {
       Record record = context.base_record("copy", "normal");
       record.set("path", path)
+          .set("timing", timing_name(TimingMode::kEndToEnd))
           .set("direction", "one")  // rank 0 sends to every other rank; nobody sends to rank 0
           .set("dtype", "bf16")
           .set("sms", std::string(path) == "copy_engine" ? 0 : options.copy_sms)
@@ -154,6 +169,7 @@ double bench_copy(BenchContext& context, size_t bytes_per_rank) {
     }
     Record local_record = context.base_record("copy", "normal");
     local_record.set("path", "local")
+        .set("timing", timing_name(TimingMode::kEndToEnd))
         .set("dtype", "bf16")
         .set("sms", context.device_sms)
         .set("bytes_per_rank", static_cast<int64_t>(total_bytes))
@@ -164,7 +180,7 @@ double bench_copy(BenchContext& context, size_t bytes_per_rank) {
         .set_null("correct");  // a plain cudaMemcpy: not checked
     context.sink.write(local_record);
   }
-  return roofline_gbps;
+  return roofline;
 }
 
 }  // namespace epcomm::bench

@@ -34,7 +34,7 @@ reference::LowLatencyRankInput rank_input(const BenchOptions& options, int rank,
 
 }  // namespace
 
-void bench_low_latency(BenchContext& context, double copy_gbps) {
+void bench_low_latency(BenchContext& context, const Roofline& roofline) {
   const BenchOptions& options = context.options;
   const int rank = context.bootstrap->rank();
   const int ranks = options.num_ranks;
@@ -222,7 +222,7 @@ void bench_low_latency(BenchContext& context, double copy_gbps) {
         .set("p99_us", timing.p99_us)
         .set("host_median_us", host_us)
         .set("gbps", gbps)
-        .set("roofline_ratio", copy_gbps > 0 ? std::optional<double>(gbps / copy_gbps) : std::nullopt)
+        .set("roofline_ratio", roofline.ratio(gbps, mode))
         .set("correct", correct);
     context.sink.write(record);
   };

@@ -254,7 +254,7 @@ int64_t total_pairs(const std::vector<uint8_t>& in_rank) {
 
 }  // namespace
 
-void bench_normal(BenchContext& context, double copy_gbps, const Config& config) {
+void bench_normal(BenchContext& context, const Roofline& roofline, const Config& config) {
   const BenchOptions& options = context.options;
   auto allocator = make_stream_ordered_allocator();
   const std::vector<ExpectedRow> rows = expected_rows(options, context.bootstrap->rank());
@@ -346,7 +346,7 @@ void bench_normal(BenchContext& context, double copy_gbps, const Config& config)
           .set("p99_us", timing.p99_us)
           .set("host_median_us", host.median_us)
           .set("gbps", gbps)
-          .set("roofline_ratio", gbps / copy_gbps);
+          .set("roofline_ratio", roofline.ratio(gbps, mode));
       record.set("correct", correct);
       context.sink.write(record);
     };

@@ -124,16 +124,16 @@ int run_rank(const BenchOptions& options) {
   EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&context.stream, cudaStreamNonBlocking));
 
   if (nvl_buffer) bench_layout(context);  // normal mode's layout
-  const double copy_gbps = one_node && nvl_buffer ? bench_copy(context, bytes_per_peer) : 0.0;  // 0: no roofline ratio
+  const Roofline roofline = one_node && nvl_buffer ? bench_copy(context, bytes_per_peer) : Roofline{};  // none: no ratio
   for (const Config& config : options.skip_normal ? std::vector<Config>{} : bench_configs(context)) {
-    bench_normal(context, copy_gbps, config);  // every config checked against the reference
+    bench_normal(context, roofline, config);  // every config checked against the reference
   }
   for (const int tokens : options.skip_normal ? std::vector<int>{} : options.token_sweep) {
     context.options.num_tokens = tokens;  // the records say which
-    bench_normal(context, copy_gbps, bench_configs(context).front());
+    bench_normal(context, roofline, bench_configs(context).front());
   }
   context.options.num_tokens = options.num_tokens;
-  bench_low_latency(context, copy_gbps);
+  bench_low_latency(context, roofline);
 
   buffer.synchronize(context.stream);
   EPCOMM_CUDA_CHECK(cudaStreamDestroy(context.stream));
