@@ -578,10 +578,19 @@ class SocketBootstrap final : public Bootstrap {
       note_failure(ranks[i]);
       found.push_back(ranks[i]);
     }
-    for (const int rank : found) {
-      for (int peer = 1; peer < num_ranks_; ++peer) {
-        if (!is_known_failure(peer)) write_rank_failed(fd_of(peer), rank, Deadline(kRankFailedSendBudget));
+    // A peer that cannot take a frame within the budget (its socket full: it has not read for
+    // long) may hold part of it, and could not read its next frame right: it counts as failed
+    // too, and the others are told so in turn.
+    while (!found.empty()) {
+      std::vector<int> unreachable;
+      for (const int rank : found) {
+        for (int peer = 1; peer < num_ranks_; ++peer) {
+          if (is_known_failure(peer) || write_rank_failed(fd_of(peer), rank, Deadline(kRankFailedSendBudget)).ok()) continue;
+          note_failure(peer);
+          unreachable.push_back(peer);
+        }
       }
+      found = std::move(unreachable);
     }
   }
 
@@ -635,13 +644,13 @@ class SocketBootstrap final : public Bootstrap {
     return status;
   }
 
-  // Rank 0: a RankFailed frame to one peer (best effort: a peer that cannot take it has failed too).
-  static void write_rank_failed(int fd, int rank, const Deadline& deadline) {
+  // Rank 0: a RankFailed frame to one peer.
+  static IoStatus write_rank_failed(int fd, int rank, const Deadline& deadline) {
     unsigned char frame[kHeaderSize + kRankFailedBytes];
     const Header header = make_header(static_cast<uint32_t>(FrameKind::kRankFailed), kRankFailedBytes);
     std::memcpy(frame, header.data(), header.size());
     store_u32(frame + kHeaderSize, static_cast<uint32_t>(rank));
-    write_all(fd, frame, sizeof(frame), deadline);
+    return write_all(fd, frame, sizeof(frame), deadline);
   }
 
   void note_failure(int rank) const {
