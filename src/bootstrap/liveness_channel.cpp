@@ -56,7 +56,7 @@ std::vector<char> listen_and_announce(const LivenessOptions& options, std::uniqu
   try {
     if (!options.address.empty()) {
       hosts = {as_host(options.address)};
-      listener = std::make_unique<Listener>(any_port_of(hosts.front()), kListenBacklog);
+      listener = std::make_unique<Listener>(any_port_of(hosts.front()), kListenBacklog, Deadline(options.setup_budget));
     } else {
       // IPv4 where the host has it (every cluster network does), else IPv6.
       hosts = interface_addresses(AF_INET, kMaxAnnouncedAddresses);
@@ -64,7 +64,7 @@ std::vector<char> listen_and_announce(const LivenessOptions& options, std::uniqu
       if (!v4) hosts = interface_addresses(AF_INET6, kMaxAnnouncedAddresses);
       if (hosts.empty()) hosts = {"127.0.0.1"};  // no network: only this host's ranks could join
       listener = std::make_unique<Listener>(any_port_of(v4 || hosts.front() == "127.0.0.1" ? "0.0.0.0" : "[::]"),
-                                            kListenBacklog);
+                                            kListenBacklog, Deadline(options.setup_budget));
     }
     std::vector<std::string> lines = {kVersionLine, make_job_secret(), listener->port()};
     lines.insert(lines.end(), hosts.begin(), hosts.end());

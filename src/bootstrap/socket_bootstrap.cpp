@@ -248,11 +248,11 @@ class SocketBootstrap final : public Bootstrap {
   // ---- rank 0 ----
 
   void rendezvous_as_root() {
+    const Deadline deadline(timeout_);
     std::unique_ptr<Listener> listening = std::move(listener_);
-    if (!listening) listening = std::make_unique<Listener>(address_, std::max(num_ranks_, kMinListenBacklog));
+    if (!listening) listening = std::make_unique<Listener>(address_, std::max(num_ranks_, kMinListenBacklog), deadline);
     Listener& listener = *listening;
     peers_.resize(static_cast<size_t>(num_ranks_));
-    const Deadline deadline(timeout_);
     Admission admission(listener, key_, std::min(timeout_, kHandshakeBudget), kMaxConcurrentHandshakes);
     int connected = 0;
     while (connected < num_ranks_ - 1) {

@@ -11,8 +11,11 @@
 
 #include <cerrno>
 #include <climits>
+#include <condition_variable>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <thread>
 
 #include "epcomm/error.hpp"
 
@@ -24,19 +27,56 @@ constexpr long kMaxPort = 65535;
 
 using AddrInfoList = std::unique_ptr<addrinfo, decltype(&freeaddrinfo)>;
 
-// Resolves host:port; returns an empty list and sets `error` when resolution fails.
-AddrInfoList resolve(const SocketAddress& address, int flags, std::string& error) {
+// A name's lookup, shared by the thread that runs getaddrinfo and the caller that waits for it
+// (which may give up first: the thread then frees what it found).
+struct NameLookup {
+  std::mutex mutex;
+  std::condition_variable finished;
+  bool done = false;
+  bool abandoned = false;
+  int rc = 0;
+  addrinfo* list = nullptr;
+};
+
+// Resolves host:port by `deadline`; returns an empty list and sets `error` when resolution fails
+// or does not finish in time. getaddrinfo has no deadline of its own (a resolver that does not
+// answer holds it for resolv.conf's timeout times its attempts times the servers), so a name is
+// looked up on a thread of its own; a numeric address needs no resolver and is taken here.
+AddrInfoList resolve(const SocketAddress& address, int flags, const Deadline& deadline, std::string& error) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = flags | AI_NUMERICSERV;
-  addrinfo* list = nullptr;
-  const int rc = getaddrinfo(address.host.c_str(), address.port.c_str(), &hints, &list);
-  if (rc != 0) {
-    error = std::string("cannot resolve '") + address.host + "': " + gai_strerror(rc);
-    return AddrInfoList(nullptr, &freeaddrinfo);
+  hints.ai_flags = flags | AI_NUMERICSERV | AI_NUMERICHOST;
+  addrinfo* numeric = nullptr;
+  int rc = getaddrinfo(address.host.c_str(), address.port.c_str(), &hints, &numeric);
+  if (rc == 0) return AddrInfoList(numeric, &freeaddrinfo);
+  if (rc == EAI_NONAME && !address.host.empty()) {
+    hints.ai_flags &= ~AI_NUMERICHOST;
+    auto lookup = std::make_shared<NameLookup>();
+    std::thread([lookup, hints, host = address.host, port = address.port] {
+      addrinfo* found = nullptr;
+      const int result = getaddrinfo(host.c_str(), port.c_str(), &hints, &found);
+      const std::lock_guard<std::mutex> lock(lookup->mutex);
+      if (lookup->abandoned) {
+        if (result == 0) freeaddrinfo(found);
+        return;
+      }
+      lookup->rc = result;
+      lookup->list = found;
+      lookup->done = true;
+      lookup->finished.notify_all();
+    }).detach();
+    std::unique_lock<std::mutex> lock(lookup->mutex);
+    if (!lookup->finished.wait_until(lock, deadline.at(), [&] { return lookup->done; })) {
+      lookup->abandoned = true;
+      error = std::string("cannot resolve '") + address.host + "': the name service did not answer in time";
+      return AddrInfoList(nullptr, &freeaddrinfo);
+    }
+    rc = lookup->rc;
+    if (rc == 0) return AddrInfoList(lookup->list, &freeaddrinfo);
   }
-  return AddrInfoList(list, &freeaddrinfo);
+  error = std::string("cannot resolve '") + address.host + "': " + gai_strerror(rc);
+  return AddrInfoList(nullptr, &freeaddrinfo);
 }
 
 sockaddr_un unix_sockaddr(const std::string& path) {
@@ -224,7 +264,7 @@ SocketAddress parse_address(const std::string& text) {
   return address;
 }
 
-Listener::Listener(const SocketAddress& address, int backlog) {
+Listener::Listener(const SocketAddress& address, int backlog, const Deadline& deadline) {
   std::string error;
   if (address.is_unix) {
     struct stat info {};
@@ -257,7 +297,7 @@ Listener::Listener(const SocketAddress& address, int backlog) {
       }
     }
   } else {
-    AddrInfoList list = resolve(address, AI_PASSIVE, error);
+    AddrInfoList list = resolve(address, AI_PASSIVE, deadline, error);
     for (const addrinfo* ai = list.get(); ai != nullptr && !fd_; ai = ai->ai_next) {
       UniqueFd fd(socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol));
       if (!fd) {
@@ -349,7 +389,7 @@ UniqueFd try_connect(const SocketAddress& address, const Deadline& deadline, std
     return UniqueFd();
   }
 
-  AddrInfoList list = resolve(address, 0, error);
+  AddrInfoList list = resolve(address, 0, deadline, error);
   for (const addrinfo* ai = list.get(); ai != nullptr; ai = ai->ai_next) {
     UniqueFd fd(socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol));
     if (!fd) {

@@ -43,6 +43,7 @@ class Deadline {
  public:
   explicit Deadline(std::chrono::milliseconds budget) : at_(Clock::now() + budget) {}
   bool expired() const { return Clock::now() >= at_; }
+  Clock::time_point at() const { return at_; }
   // What is left, rounded up so a wait never ends just before the deadline; 0 once expired.
   int remaining_ms() const;
 
@@ -83,8 +84,9 @@ SocketAddress any_port_of(const std::string& host);
 // Owns a listening socket; for a unix address it also removes the socket file it created.
 class Listener {
  public:
-  // Throws Error(kBootstrapError) when the address cannot be bound.
-  Listener(const SocketAddress& address, int backlog);
+  // Throws Error(kBootstrapError) when the address cannot be bound, or its name not resolved by
+  // `deadline`.
+  Listener(const SocketAddress& address, int backlog, const Deadline& deadline);
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;
   ~Listener() { close(); }

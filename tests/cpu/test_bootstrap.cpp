@@ -132,6 +132,28 @@ TEST(Bootstrap, TcpLoopback) {
   }));
 }
 
+// A host name goes through the name service (on a thread of its own, so that the job's deadline
+// bounds the lookup); a numeric address does not.
+TEST(Bootstrap, TcpByHostName) {
+  constexpr int kRanks = 2;
+  const int port = free_tcp_port();
+  ASSERT_GT(port, 0) << "could not find a free TCP port on 127.0.0.1";
+  const std::string address = "localhost:" + std::to_string(port);
+  expect_all_ok(run_threads(kRanks, [&](int rank) {
+    auto bootstrap = make_socket_bootstrap(address, rank, kRanks, kGenerousTimeout);
+    exchange_rounds(*bootstrap, {4});
+  }));
+}
+
+TEST(BootstrapErrors, AnUnknownHostNameIsNamedWithinTheTimeout) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto outcomes = run_threads(1, [&](int) { make_socket_bootstrap("no-such-host.invalid:29500", 1, 2, 300ms); });
+  expect_bootstrap_error(outcomes[0], "rank 1 waited 300 ms to connect to rank 0 at no-such-host.invalid:29500");
+  expect_bootstrap_error(outcomes[0], "cannot resolve 'no-such-host.invalid'");
+  // The lookup, however slow the name service, ends with the timeout (and some slack for a slow machine).
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+}
+
 TEST(Bootstrap, RemovesSocketFileOnceEveryRankJoined) {
   const TempDir dir;
   const std::string path = dir.file("boot.sock");

@@ -237,8 +237,8 @@ TEST(Liveness, AnAnnouncementARankCannotReadCostsEveryRankTheChannel) {
 TEST(Liveness, APeerTriesRankZerosAddressesInTurn) {
   using bootstrap_detail::Listener;
   using bootstrap_detail::parse_address;
-  auto listener = std::make_unique<Listener>(bootstrap_detail::any_port_of("127.0.0.1"), 16);
-  auto stranger_listener = std::make_unique<Listener>(bootstrap_detail::any_port_of("127.0.0.1"), 16);
+  auto listener = std::make_unique<Listener>(bootstrap_detail::any_port_of("127.0.0.1"), 16, bootstrap_detail::Deadline(std::chrono::seconds(10)));
+  auto stranger_listener = std::make_unique<Listener>(bootstrap_detail::any_port_of("127.0.0.1"), 16, bootstrap_detail::Deadline(std::chrono::seconds(10)));
   const std::string good = "127.0.0.1:" + listener->port();
   const std::string stranger = "127.0.0.1:" + stranger_listener->port();  // listening before anyone tries it
   const std::string nobody = "127.0.0.1:" + std::to_string(test_support::free_tcp_port());
