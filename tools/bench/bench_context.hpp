@@ -43,9 +43,13 @@ struct Roofline {
 
 // Writes records for the dispatch-layout kernel (checked against the reference).
 void bench_layout(BenchContext& context);
-// Writes records for the peer-copy roofline and a local device copy of the same bytes; returns
-// the fastest copy path's GB/s, end to end and kernel-timed, for later ratios.
-Roofline bench_copy(BenchContext& context, size_t bytes_per_rank);
+// Which copies bench_copy runs: every path both ways, one way, and a local copy (the normal ops'
+// roofline), or only what the roofline needs (the low-latency ops', at their smaller size).
+enum class CopySet { kAll, kRooflineOnly };
+// Writes records for the peer-copy roofline (each rank writing bytes_per_peer to every rank) and a
+// local device copy of the same bytes; `tokens` names the ops' token count the bytes stand for.
+// Returns the fastest copy path's GB/s, end to end and kernel-timed, for later ratios.
+Roofline bench_copy(BenchContext& context, size_t bytes_per_peer, int tokens, CopySet set);
 
 // Writes dispatch (FP8 and BF16) and combine records for one config, each checked against the
 // expected routing and values (the first call, and one more after the timed ones).
@@ -64,5 +68,8 @@ int run_cold_trial(BenchContext& context, double cuda_context_ms);
 // Bytes one rank sends in a BF16 dispatch of the standard workload, by DeepEP's convention:
 // every (token, destination rank) pair, the local rank included, times the hidden bytes.
 size_t dispatch_bytes_per_rank(const BenchOptions& options, int rank);
+// Bytes one rank sends in a low-latency combine of the standard workload, by DeepEP's convention:
+// every (token, k) pair with an expert times the BF16 row (the larger of the two low-latency ops).
+size_t low_latency_bytes_per_rank(const BenchOptions& options, int rank);
 
 }  // namespace epcomm::bench

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <optional>
 #include <tuple>
 #include <utility>
 
@@ -36,21 +37,21 @@ uint32_t pattern(int rank, size_t word) { return static_cast<uint32_t>(rank * 0x
 
 }  // namespace
 
-Roofline bench_copy(BenchContext& context, size_t bytes_per_rank) {
+Roofline bench_copy(BenchContext& context, size_t bytes_per_peer, int tokens, CopySet set) {
   const BenchOptions& options = context.options;
   const int rank = context.bootstrap->rank();
   const int ranks = options.num_ranks;
-  const size_t words = bytes_per_rank / sizeof(uint32_t);
+  const size_t words = bytes_per_peer / sizeof(uint32_t);
   std::vector<uint32_t> source_words(words);
   for (size_t i = 0; i < words; ++i) source_words[i] = pattern(rank, i);
-  testing::DeviceBytes source(bytes_per_rank);
+  testing::DeviceBytes source(bytes_per_peer);
   source.upload(source_words);
 
   // One copy on every rank by `path`; with `one_way`, only rank 0 sends (the others take part in
   // the collective with 0 bytes), so the link carries one direction.
   auto copy_by = [&](Buffer::CopyPath path, bool one_way = false) {
-    return [&context, &source, &options, bytes_per_rank, rank, path, one_way] {
-      const size_t bytes = one_way && rank != 0 ? 0 : bytes_per_rank;
+    return [&context, &source, &options, bytes_per_peer, rank, path, one_way] {
+      const size_t bytes = one_way && rank != 0 ? 0 : bytes_per_peer;
       context.buffer->copy_to_all_ranks(source.get(), bytes, options.copy_sms, context.stream, path);
     };
   };
@@ -60,7 +61,7 @@ Roofline bench_copy(BenchContext& context, size_t bytes_per_rank) {
   // Clears this rank's buffer, runs `run_copy` once on every rank, and checks what every writer left.
   auto copies_correctly = [&](const std::function<void()>& run_copy) {
     char* received_base = static_cast<char*>(context.buffer->local_nvl_buffer());
-    EPCOMM_CUDA_CHECK(cudaMemsetAsync(received_base, 0, bytes_per_rank * ranks, context.stream));
+    EPCOMM_CUDA_CHECK(cudaMemsetAsync(received_base, 0, bytes_per_peer * ranks, context.stream));
     context.buffer->synchronize(context.stream);
     context.align();  // every buffer is cleared before anyone writes
     run_copy();
@@ -69,7 +70,7 @@ Roofline bench_copy(BenchContext& context, size_t bytes_per_rank) {
     bool correct = true;
     std::vector<uint32_t> received(words);
     for (int writer = 0; writer < ranks && correct; ++writer) {
-      EPCOMM_CUDA_CHECK(cudaMemcpy(received.data(), received_base + writer * bytes_per_rank, bytes_per_rank,
+      EPCOMM_CUDA_CHECK(cudaMemcpy(received.data(), received_base + writer * bytes_per_peer, bytes_per_peer,
                                    cudaMemcpyDeviceToHost));
       for (size_t i = 0; i < words && correct; ++i) correct = received[i] == pattern(writer, i);
     }
@@ -100,7 +101,7 @@ Roofline bench_copy(BenchContext& context, size_t bytes_per_rank) {
   }
   // One direction: what the link carries when the other direction is idle.
   std::vector<std::pair<const char*, Timing>> one_way;
-  if (ranks > 1) {
+  if (ranks > 1 && set == CopySet::kAll) {
     for (const auto& [name, path] : {std::pair{"peer", Buffer::CopyPath::kSmKernel},
                                      std::pair{"copy_engine", Buffer::CopyPath::kCopyEngine},
                                      std::pair{"tma", Buffer::CopyPath::kTma}}) {
@@ -109,34 +110,35 @@ Roofline bench_copy(BenchContext& context, size_t bytes_per_rank) {
   }
   context.buffer->check_device_errors();
 
-  const size_t total_bytes = bytes_per_rank * ranks;
-  testing::DeviceBytes local_source(total_bytes), local_destination(total_bytes);
-  auto local_copy = [&] {
-    EPCOMM_CUDA_CHECK(cudaMemcpyAsync(local_destination.get(), local_source.get(), total_bytes,
-                                      cudaMemcpyDeviceToDevice, context.stream));
-  };
-  const std::vector<double> local_samples =
-      time_on_stream(context.stream, options.warmup_iters, options.timed_iters, [&] { context.align(); }, local_copy);
-  const Timing local = summarize_across_ranks(*context.bootstrap, local_samples);
+  const size_t total_bytes = bytes_per_peer * ranks;
+  std::optional<Timing> local;  // kAll: what the GPU's memory alone allows for the same bytes
+  if (set == CopySet::kAll) {
+    testing::DeviceBytes local_source(total_bytes), local_destination(total_bytes);
+    local = time_copy([&] {
+      EPCOMM_CUDA_CHECK(cudaMemcpyAsync(local_destination.get(), local_source.get(), total_bytes,
+                                        cudaMemcpyDeviceToDevice, context.stream));
+    }, TimingMode::kEndToEnd);
+  }
 
-  const double local_gbps = gigabytes_per_second(total_bytes, local.median_us);
   Roofline roofline;
   for (const PathTimings& path : paths) {
     roofline.end_to_end_gbps = std::max(roofline.end_to_end_gbps, gigabytes_per_second(total_bytes, path.end_to_end.median_us));
     roofline.kernel_gbps = std::max(roofline.kernel_gbps, gigabytes_per_second(total_bytes, path.kernel.median_us));
   }
-  const size_t sent_bytes = bytes_per_rank * static_cast<size_t>(ranks - 1);
+  const size_t sent_bytes = bytes_per_peer * static_cast<size_t>(ranks - 1);
   if (context.is_reporting_rank()) {
+    const char* ops = set == CopySet::kAll ? "normal" : "low_latency";  // whose roofline it is
     auto write = [&](const PathTimings& path, TimingMode mode) {
       const Timing& timing = mode == TimingMode::kKernel ? path.kernel : path.end_to_end;
       const double gbps = gigabytes_per_second(total_bytes, timing.median_us);
-      Record record = context.base_record("copy", "normal");
+      Record record = context.base_record("copy", ops);
       record.set("path", path.name)
+          .set("tokens", tokens)
           .set("timing", timing_name(mode))
           .set("direction", "both")
           .set("dtype", "bf16")
           .set("sms", path.sms)
-          .set("bytes_per_peer", static_cast<int64_t>(bytes_per_rank))
+          .set("bytes_per_peer", static_cast<int64_t>(bytes_per_peer))
           .set("bytes_per_rank", static_cast<int64_t>(total_bytes))
           .set("median_us", timing.median_us)
           .set("p99_us", timing.p99_us)
@@ -151,13 +153,14 @@ Roofline bench_copy(BenchContext& context, size_t bytes_per_rank) {
       write(path, TimingMode::kKernel);
     }
     for (const auto& [path, timing] : one_way) {
-      Record record = context.base_record("copy", "normal");
+      Record record = context.base_record("copy", ops);
       record.set("path", path)
+          .set("tokens", tokens)
           .set("timing", timing_name(TimingMode::kEndToEnd))
           .set("direction", "one")  // rank 0 sends to every other rank; nobody sends to rank 0
           .set("dtype", "bf16")
           .set("sms", std::string(path) == "copy_engine" ? 0 : options.copy_sms)
-          .set("bytes_per_peer", static_cast<int64_t>(bytes_per_rank))
+          .set("bytes_per_peer", static_cast<int64_t>(bytes_per_peer))
           .set("bytes_per_rank", static_cast<int64_t>(sent_bytes))
           .set("median_us", timing.median_us)
           .set("p99_us", timing.p99_us)
@@ -167,18 +170,21 @@ Roofline bench_copy(BenchContext& context, size_t bytes_per_rank) {
           .set_null("correct");  // the both-direction copies of the same paths are checked
       context.sink.write(record);
     }
-    Record local_record = context.base_record("copy", "normal");
-    local_record.set("path", "local")
-        .set("timing", timing_name(TimingMode::kEndToEnd))
-        .set("dtype", "bf16")
-        .set("sms", context.device_sms)
-        .set("bytes_per_rank", static_cast<int64_t>(total_bytes))
-        .set("median_us", local.median_us)
-        .set("p99_us", local.p99_us)
-        .set("gbps", local_gbps)
-        .set_null("roofline_ratio")
-        .set_null("correct");  // a plain cudaMemcpy: not checked
-    context.sink.write(local_record);
+    if (local) {
+      Record local_record = context.base_record("copy", ops);
+      local_record.set("path", "local")
+          .set("tokens", tokens)
+          .set("timing", timing_name(TimingMode::kEndToEnd))
+          .set("dtype", "bf16")
+          .set("sms", context.device_sms)
+          .set("bytes_per_rank", static_cast<int64_t>(total_bytes))
+          .set("median_us", local->median_us)
+          .set("p99_us", local->p99_us)
+          .set("gbps", gigabytes_per_second(total_bytes, local->median_us))
+          .set_null("roofline_ratio")
+          .set_null("correct");  // a plain cudaMemcpy: not checked
+      context.sink.write(local_record);
+    }
   }
   return roofline;
 }

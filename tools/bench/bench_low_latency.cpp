@@ -1,6 +1,8 @@
 // Low-latency dispatch (FP8) and combine (BF16): correctness against the CPU reference, then
 // median / p99 latency of each, and of the hook mode's send and receive halves. The copy ratio
-// compares with the time the peer-copy roofline of this run needs for the same bytes.
+// compares with the roofline copy of this run at the low-latency combine's bytes (not the normal
+// ops' larger copy: a copy of fewer bytes reaches less of the link).
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstring>
@@ -22,17 +24,28 @@ constexpr double kBytesPerGigabyte = 1e9;
 constexpr double kMicrosecondsPerSecond = 1e6;
 enum SeedStream : int { kXStream = 10, kTopkStream, kWeightsStream, kExpertOutputStream };
 
+std::vector<int64_t> rank_topk_idx(const BenchOptions& options, int rank, int tokens) {
+  return reference::random_topk_idx(reference::derive_seed(options.seed, rank, kTopkStream), tokens, options.num_topk,
+                                    options.num_experts);
+}
+
 reference::LowLatencyRankInput rank_input(const BenchOptions& options, int rank, int tokens) {
   reference::LowLatencyRankInput input;
   input.num_tokens = tokens;
   input.x = reference::random_bf16(reference::derive_seed(options.seed, rank, kXStream), static_cast<size_t>(tokens) * options.hidden);
-  input.topk_idx = reference::random_topk_idx(reference::derive_seed(options.seed, rank, kTopkStream), tokens, options.num_topk,
-                                              options.num_experts);
+  input.topk_idx = rank_topk_idx(options, rank, tokens);
   input.topk_weights = reference::random_topk_weights(reference::derive_seed(options.seed, rank, kWeightsStream), tokens, options.num_topk);
   return input;
 }
 
 }  // namespace
+
+size_t low_latency_bytes_per_rank(const BenchOptions& options, int rank) {
+  const std::vector<int64_t> ids = rank_topk_idx(options, rank, options.low_latency_tokens);
+  const auto pairs = std::count_if(ids.begin(), ids.end(), [](int64_t id) { return id >= 0; });
+  constexpr size_t kBf16Bytes = 2;
+  return static_cast<size_t>(pairs) * options.hidden * kBf16Bytes;
+}
 
 void bench_low_latency(BenchContext& context, const Roofline& roofline) {
   const BenchOptions& options = context.options;

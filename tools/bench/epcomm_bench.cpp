@@ -91,6 +91,12 @@ int run_rank(const BenchOptions& options) {
   size_t copy_bytes = 0;
   for (int rank = 0; rank < options.num_ranks; ++rank) copy_bytes = std::max(copy_bytes, dispatch_bytes_per_rank(options, rank));
   const size_t bytes_per_peer = (copy_bytes / options.num_ranks) / kVectorBytes * kVectorBytes;
+  // The low-latency ops' roofline copies their (smaller) bytes.
+  size_t low_latency_copy_bytes = 0;
+  for (int rank = 0; rank < options.num_ranks; ++rank) {
+    low_latency_copy_bytes = std::max(low_latency_copy_bytes, low_latency_bytes_per_rank(options, rank));
+  }
+  const size_t low_latency_bytes_per_peer = (low_latency_copy_bytes / options.num_ranks) / kVectorBytes * kVectorBytes;
 
   // Hierarchical: the NVLink rings serve one node's ranks (unstaged), the rail's the nodes.
   int64_t ring_bytes = 0, rail_bytes = 0;
@@ -113,7 +119,8 @@ int run_rank(const BenchOptions& options) {
                                                                        options.num_ranks, options.num_experts);
   buffer_options.num_rail_bytes = options.hierarchical ? rail_bytes : 0;
   buffer_options.num_nvl_bytes = !nvl_buffer ? 0 : static_cast<int64_t>(
-      (std::max<size_t>(bytes_per_peer * options.num_ranks, static_cast<size_t>(ring_bytes)) + kBufferSlackBytes) /
+      (std::max({bytes_per_peer * options.num_ranks, low_latency_bytes_per_peer * options.num_ranks,
+                 static_cast<size_t>(ring_bytes)}) + kBufferSlackBytes) /
       kRegionAlignment * kRegionAlignment);
   buffer_options.preinitialize = true;
   buffer_options.transport = parse_transport_kind(options.transport, "epcomm-bench: --transport");
@@ -124,7 +131,8 @@ int run_rank(const BenchOptions& options) {
   EPCOMM_CUDA_CHECK(cudaStreamCreateWithFlags(&context.stream, cudaStreamNonBlocking));
 
   if (nvl_buffer) bench_layout(context);  // normal mode's layout
-  const Roofline roofline = one_node && nvl_buffer ? bench_copy(context, bytes_per_peer) : Roofline{};  // none: no ratio
+  const bool copies = one_node && nvl_buffer;  // else no roofline: records carry no ratio
+  const Roofline roofline = copies ? bench_copy(context, bytes_per_peer, options.num_tokens, CopySet::kAll) : Roofline{};
   for (const Config& config : options.skip_normal ? std::vector<Config>{} : bench_configs(context)) {
     bench_normal(context, roofline, config);  // every config checked against the reference
   }
@@ -133,7 +141,9 @@ int run_rank(const BenchOptions& options) {
     bench_normal(context, roofline, bench_configs(context).front());
   }
   context.options.num_tokens = options.num_tokens;
-  bench_low_latency(context, roofline);
+  const Roofline low_latency_roofline =
+      copies ? bench_copy(context, low_latency_bytes_per_peer, options.low_latency_tokens, CopySet::kRooflineOnly) : Roofline{};
+  bench_low_latency(context, low_latency_roofline);
 
   buffer.synchronize(context.stream);
   EPCOMM_CUDA_CHECK(cudaStreamDestroy(context.stream));
