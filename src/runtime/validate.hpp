@@ -26,7 +26,8 @@ void require_device_tensor(int device, const char* op, const char* name, const T
 // Throws InvalidArgument unless `stream` runs work on `device` (the Buffer's): a stream of another
 // device would fail its first launch with an unexplained CUDA error. The legacy and per-thread
 // default streams (0, cudaStreamLegacy, cudaStreamPerThread) belong to whichever device is current,
-// which the operation makes the Buffer's: they always pass.
+// which the operation makes the Buffer's: they always pass, and so does a stream being captured
+// (the driver may refuse the query then, and its refusal would end the capture).
 void require_stream_of_device(int device, const char* op, cudaStream_t stream);
 
 // Throws InvalidArgument "op: name=value must be ..." unless lo <= value <= hi.
