@@ -40,10 +40,11 @@ void require_stream_of_device(int device, const char* op, cudaStream_t stream) {
   // cudaStreamGetDevice is refused during capture by some drivers (580 with CUDA 13.0: the H100s
   // and H200s here), and the refusal invalidates the capture: a capturing stream is not asked.
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
-    (void)cudaGetLastError();
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: the launch on it reports a bad stream with CUDA's words
     return;
   }
+  if (capture != cudaStreamCaptureStatusNone) return;
   int stream_device = -1;
   if (cudaStreamGetDevice(stream, &stream_device) != cudaSuccess) {
     (void)cudaGetLastError();  // not sticky: the launch on it reports a bad stream with CUDA's words
