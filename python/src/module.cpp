@@ -1,12 +1,14 @@
 // epcomm._C: the C++ API for the Python layer. Errors become Python exceptions by kind:
 // InvalidArgument -> ValueError, Timeout -> TimeoutError, OutOfMemory -> torch.cuda.OutOfMemoryError
-// (MemoryError where torch is not loaded), everything else -> RuntimeError.
+// (MemoryError where torch is not loaded), everything else -> RuntimeError; a KeyboardInterrupt or
+// SystemExit from a Python callable (the bootstrap's, the allocator) is raised as itself.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
 #include "epcomm/buffer.hpp"
 #include "epcomm/error.hpp"
 #include "python_allocator.hpp"
+#include "python_errors.hpp"
 
 namespace nb = nanobind;
 
@@ -25,6 +27,8 @@ NB_MODULE(_C, module) {
       if (failure.code() == epcomm::ErrorCode::kTimeout) kind = nb::borrow(PyExc_TimeoutError);
       if (failure.code() == epcomm::ErrorCode::kOutOfMemory) kind = epcomm::python::out_of_memory_error_type();
       PyErr_SetString(kind.ptr(), failure.what());
+    } catch (const epcomm::python::PythonInterruption& interruption) {
+      interruption.raise();  // the KeyboardInterrupt (or SystemExit) itself, again at each raise
     }
   });
   module.def("version", &epcomm::Buffer::version, "Library version and the git revision it was built from.");

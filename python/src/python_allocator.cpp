@@ -37,7 +37,7 @@ bool is_out_of_memory(const nb::python_error& error) {
 // Its failure keeps its kind: running out of memory is the caller's to handle (retry smaller), any
 // other failure of the allocator is not epcomm's bug but has no kind of its own.
 [[noreturn]] void fail_allocation(const nb::python_error& error, const char* who, const std::vector<TensorView>& shapes) {
-  if (is_interruption(error)) throw;  // the python_error being handled, as it is
+  rethrow_if_interruption(error);
   fail(is_out_of_memory(error) ? ErrorCode::kOutOfMemory : ErrorCode::kInternal, who, " failed for ", shapes.size(),
        " outputs (the first ", shapes.empty() ? std::string("none") : shapes[0].describe(), "): ", error.what());
 }

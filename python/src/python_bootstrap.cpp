@@ -41,7 +41,7 @@ void PythonBootstrap::allgather(const void* in, void* out, size_t bytes) {
     }
     if (expected > 0) std::memcpy(out, gathered.c_str(), expected);
   } catch (const nb::python_error& error) {
-    if (is_interruption(error)) throw;
+    rethrow_if_interruption(error);
     fail(ErrorCode::kBootstrapError, "Bootstrap: rank ", rank_, ": the Python allgather failed: ", error.what());
   }
 }
@@ -51,7 +51,7 @@ void PythonBootstrap::barrier() {
   try {
     barrier_();
   } catch (const nb::python_error& error) {
-    if (is_interruption(error)) throw;
+    rethrow_if_interruption(error);
     fail(ErrorCode::kBootstrapError, "Bootstrap: rank ", rank_, ": the Python barrier failed: ", error.what());
   }
 }

@@ -256,6 +256,13 @@ def test_an_interrupt_in_a_bootstrap_callback_stays_an_interrupt():
 
     with pytest.raises(KeyboardInterrupt):
         _C.Buffer(_C.Bootstrap(0, 1, interrupted, lambda: None), num_nvl_bytes=1 << 20)
+    # In the background the start keeps its exception and raises it at every call: each time the
+    # same KeyboardInterrupt (a python_error raised twice would abort the process).
+    background = _C.Buffer(_C.Bootstrap(0, 1, interrupted, lambda: None), num_nvl_bytes=1 << 20,
+                           initialize_in_background=True)
+    for _ in range(2):
+        with pytest.raises(KeyboardInterrupt):
+            background.barrier(0)
 
     def failing(data: bytes) -> bytes:
         raise OSError("the store is gone")
