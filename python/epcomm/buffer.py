@@ -289,7 +289,7 @@ class Buffer:
         if previous_event is not None:  # its event alone, as deep_ep passes it: a registered hook stays
             runtime_event(previous_event.event).wait(stream)
         per_rank, per_node, per_expert, in_rank = self.runtime.get_dispatch_layout(topk_idx, num_experts)
-        event = EventOverlap(_C.Event.record(stream), (topk_idx,)) if async_finish else EventOverlap()
+        event = EventOverlap(_C.Event.record(stream), (topk_idx,), device=self.device) if async_finish else EventOverlap()
         return per_rank, per_node, per_expert, in_rank, event
 
     def dispatch(self, x: Union[Any, Tuple[Any, Any]], handle: Optional[Any] = None, num_tokens_per_rank=None,
@@ -313,7 +313,8 @@ class Buffer:
                          (x_data, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_expert,
                           is_token_in_rank), async_finish, allocate_on_comm_stream)
         received = (recv_x, recv_scales) if x_scales is not None else recv_x
-        overlap = EventOverlap(done, (x_data, x_scales, topk_idx, topk_weights)) if async_finish else EventOverlap()
+        overlap = (EventOverlap(done, (x_data, x_scales, topk_idx, topk_weights), device=self.device) if async_finish
+                   else EventOverlap())
         if new_handle.hierarchical:  # across nodes: deep_ep's internode handle (the call's own is_token_in_rank)
             in_rank = handle._in_rank if isinstance(handle, InternodeDispatchHandle) else is_token_in_rank
             wrapped = InternodeDispatchHandle(new_handle, in_rank)
@@ -332,7 +333,7 @@ class Buffer:
             self._config(config, Buffer.get_combine_config), self.allocator, event, async_finish,
             allocate_on_comm_stream)
         self._after_call((combined, weights), (x, topk_weights, bias0, bias1), async_finish, allocate_on_comm_stream)
-        overlap = EventOverlap(done, (x, topk_weights)) if async_finish else EventOverlap()
+        overlap = EventOverlap(done, (x, topk_weights), device=self.device) if async_finish else EventOverlap()
         return combined, weights, overlap
 
     # deep_ep's internode methods, which its dispatch and combine call across nodes: here dispatch
@@ -371,7 +372,7 @@ class Buffer:
         # Scales come stored scale-major [E_local, words, R*M]; deep_ep returns them as this transposed
         # view, [E_local, R*M, words] with the rows' stride 1 (the layout grouped FP8 GEMMs read).
         received = (recv_x, scales.transpose(1, 2)) if use_fp8 else recv_x
-        overlap = EventOverlap(done, (x, topk_idx)) if async_finish else EventOverlap()
+        overlap = EventOverlap(done, (x, topk_idx), device=self.device) if async_finish else EventOverlap()
         # The receive writes the statistics tensors: the hook keeps them, as deep_ep's does.
         held = (_HeldHook(hook, (cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats))
                 if return_recv_hook else None)
@@ -387,7 +388,7 @@ class Buffer:
         combined, done, hook = self.runtime.low_latency_combine(
             x, topk_idx, topk_weights, runtime_handle(handle, LowLatencyHandle, "low_latency_dispatch", "handle"),
             zero_copy, use_logfmt, out, return_recv_hook, combine_wait_recv_cost_stats, self.allocator, async_finish)
-        overlap = EventOverlap(done, (x, topk_idx, topk_weights)) if async_finish else EventOverlap()
+        overlap = EventOverlap(done, (x, topk_idx, topk_weights), device=self.device) if async_finish else EventOverlap()
         # The receive reads the weights and writes `out` and the statistics: the hook keeps them.
         held = (_HeldHook(hook, (topk_idx, topk_weights, out, combine_wait_recv_cost_stats))
                 if return_recv_hook else None)

@@ -43,19 +43,27 @@ class EventOverlap:
     registered with ``register_hook_after_wait`` (once); with ``release_handle=True`` it also drops
     the event. Used as a context manager (``with event:``, or ``with event(release_handle=True):``),
     the body overlaps with the communication and the current stream waits on exit. As deep_ep 2's;
-    an EventOverlap without an event waits for nothing (deep_ep's asserts).
+    an EventOverlap without an event waits for nothing (deep_ep's asserts). ``device`` (epcomm's):
+    the current stream of that device waits instead of the current device's (a Buffer's events name
+    its device, which need not be the current one).
     """
 
     def __init__(self, event: Optional[Union[_C.Event, EventHandle]] = None,
-                 extra_tensors: Optional[Tuple[Any, ...]] = None) -> None:
+                 extra_tensors: Optional[Tuple[Any, ...]] = None, *, device: Optional[int] = None) -> None:
         self.event = event
         self.extra_tensors = extra_tensors
+        self.device = device
         self.hook_after_wait: Optional[Callable[[], Any]] = None
         self._release_handle_by_call = False
 
     def current_stream_wait(self, release_handle: bool = False) -> None:
         if self.event is not None and not self.event.empty:
-            self.event.current_stream_wait()
+            if self.device is None:
+                self.event.current_stream_wait()
+            else:
+                from . import _torch
+
+                runtime_event(self.event).wait(_torch.current_stream(self.device))
         if self.hook_after_wait is not None:
             hook, self.hook_after_wait = self.hook_after_wait, None
             hook()

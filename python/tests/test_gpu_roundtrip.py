@@ -378,8 +378,8 @@ def _other_device_current_main(rank: int, num_ranks: int, port: int) -> None:
         x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
         topk_idx=topk_idx, topk_weights=weights)
     assert recv_x.device == torch.device("cuda:1")
-    combined, _, _ = buffer.combine(recv_x, handle)
-    torch.cuda.synchronize(1)
+    combined, _, event = buffer.combine(recv_x, handle, async_finish=True)
+    event.current_stream_wait()  # cuda:1's current stream waits (its event names the Buffer's device)
     # One rank: each token comes back once per distinct expert rank, here the one rank: x itself.
     assert torch.equal(combined, x)
     buffer.destroy()
