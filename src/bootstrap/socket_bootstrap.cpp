@@ -587,6 +587,7 @@ class SocketBootstrap final : public Bootstrap {
         for (int peer = 1; peer < num_ranks_; ++peer) {
           if (is_known_failure(peer) || write_rank_failed(fd_of(peer), rank, Deadline(kRankFailedSendBudget)).ok()) continue;
           note_failure(peer);
+          ::shutdown(fd_of(peer), SHUT_RDWR);  // nothing more goes after a part of a frame
           unreachable.push_back(peer);
         }
       }

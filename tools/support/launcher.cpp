@@ -356,6 +356,11 @@ class Job {
       sigaction(SIGPIPE, &g_caller_sigpipe, nullptr);  // an ignored signal would outlive exec
       execve(program.c_str(), argv.data(), envp.data());
       const int error = errno;
+      // The launcher may have stopped listening (kExecReportWait): a closed pipe must not kill
+      // this child by SIGPIPE before it exits with kExitExecFailed.
+      struct sigaction ignore_sigpipe {};
+      ignore_sigpipe.sa_handler = SIG_IGN;
+      sigaction(SIGPIPE, &ignore_sigpipe, nullptr);
       ssize_t ignored = write(exec_pipe[1], &error, sizeof(error));
       (void)ignored;
       _exit(kExitExecFailed);
