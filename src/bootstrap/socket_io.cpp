@@ -15,6 +15,8 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <system_error>
 #include <thread>
 
 #include "epcomm/error.hpp"
@@ -38,21 +40,13 @@ struct NameLookup {
   addrinfo* list = nullptr;
 };
 
-// Resolves host:port by `deadline`; returns an empty list and sets `error` when resolution fails
-// or does not finish in time. getaddrinfo has no deadline of its own (a resolver that does not
-// answer holds it for resolv.conf's timeout times its attempts times the servers), so a name is
-// looked up on a thread of its own; a numeric address needs no resolver and is taken here.
-AddrInfoList resolve(const SocketAddress& address, int flags, const Deadline& deadline, std::string& error) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = flags | AI_NUMERICSERV | AI_NUMERICHOST;
-  addrinfo* numeric = nullptr;
-  int rc = getaddrinfo(address.host.c_str(), address.port.c_str(), &hints, &numeric);
-  if (rc == 0) return AddrInfoList(numeric, &freeaddrinfo);
-  if (rc == EAI_NONAME && !address.host.empty()) {
-    hints.ai_flags &= ~AI_NUMERICHOST;
-    auto lookup = std::make_shared<NameLookup>();
+// getaddrinfo on a thread of its own, waited for until `deadline`: its result code (and `list`
+// when 0), or nothing when the name service did not answer in time. Without a thread to spare,
+// it runs here, unbounded as before.
+std::optional<int> look_up_by(const SocketAddress& address, const addrinfo& hints, const Deadline& deadline,
+                              addrinfo*& list) {
+  auto lookup = std::make_shared<NameLookup>();
+  try {
     std::thread([lookup, hints, host = address.host, port = address.port] {
       addrinfo* found = nullptr;
       const int result = getaddrinfo(host.c_str(), port.c_str(), &hints, &found);
@@ -66,17 +60,43 @@ AddrInfoList resolve(const SocketAddress& address, int flags, const Deadline& de
       lookup->done = true;
       lookup->finished.notify_all();
     }).detach();
-    std::unique_lock<std::mutex> lock(lookup->mutex);
-    if (!lookup->finished.wait_until(lock, deadline.at(), [&] { return lookup->done; })) {
-      lookup->abandoned = true;
+  } catch (const std::system_error&) {
+    return getaddrinfo(address.host.c_str(), address.port.c_str(), &hints, &list);
+  }
+  std::unique_lock<std::mutex> lock(lookup->mutex);
+  if (!lookup->finished.wait_until(lock, deadline.at(), [&] { return lookup->done; })) {
+    lookup->abandoned = true;
+    return std::nullopt;
+  }
+  list = lookup->list;
+  return lookup->rc;
+}
+
+// Resolves host:port by `deadline`; returns an empty list and sets `error` when resolution fails
+// or does not finish in time. getaddrinfo has no deadline of its own (a resolver that does not
+// answer holds it for resolv.conf's timeout times its attempts times the servers), so a name is
+// looked up on a thread of its own; a numeric address needs no resolver and is taken here.
+AddrInfoList resolve(const SocketAddress& address, int flags, const Deadline& deadline, std::string& error) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = flags | AI_NUMERICSERV | AI_NUMERICHOST;
+  addrinfo* list = nullptr;
+  int rc = getaddrinfo(address.host.c_str(), address.port.c_str(), &hints, &list);
+  if (rc == EAI_NONAME && !address.host.empty()) {
+    hints.ai_flags &= ~AI_NUMERICHOST;
+    const std::optional<int> looked_up = look_up_by(address, hints, deadline, list);
+    if (!looked_up) {
       error = std::string("cannot resolve '") + address.host + "': the name service did not answer in time";
       return AddrInfoList(nullptr, &freeaddrinfo);
     }
-    rc = lookup->rc;
-    if (rc == 0) return AddrInfoList(lookup->list, &freeaddrinfo);
+    rc = *looked_up;
   }
-  error = std::string("cannot resolve '") + address.host + "': " + gai_strerror(rc);
-  return AddrInfoList(nullptr, &freeaddrinfo);
+  if (rc != 0) {
+    error = std::string("cannot resolve '") + address.host + "': " + gai_strerror(rc);
+    return AddrInfoList(nullptr, &freeaddrinfo);
+  }
+  return AddrInfoList(list, &freeaddrinfo);
 }
 
 sockaddr_un unix_sockaddr(const std::string& path) {
