@@ -301,6 +301,7 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
     result.hook = RecvHook([window, kernel, context, keep, handle_state, default_stream, device, launch,
                             alive = impl.alive, pending = state->receive_pending](cudaStream_t stream) {
       require_alive(*alive);
+      detail::require_stream_of_device(device, kDispatchOp, stream);  // before the turn is taken: a retry may follow
       take_hook_turn(*pending, kDispatchOp);
       detail::ScopedDevice hook_device(device);
       launch(window, kernel, kernels::kReceivePhase, context, stream ? stream : default_stream);
@@ -395,6 +396,7 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
     result.hook = RecvHook([window, kernel, context, keep, handle_state, default_stream, device, launch,
                             alive = impl.alive, pending](cudaStream_t stream) {
       require_alive(*alive);
+      detail::require_stream_of_device(device, kCombineOp, stream);  // before the turn is taken: a retry may follow
       take_hook_turn(*pending, kCombineOp);
       detail::ScopedDevice hook_device(device);
       launch(window, kernel, kernels::kReceivePhase, context, stream ? stream : default_stream);
