@@ -44,12 +44,14 @@ struct Roofline {
 // Writes records for the dispatch-layout kernel (checked against the reference).
 void bench_layout(BenchContext& context);
 // Which copies bench_copy runs: every path both ways, one way, and a local copy (the normal ops'
-// roofline), or only what the roofline needs (the low-latency ops', at their smaller size).
+// roofline at --tokens), or only what a roofline needs (at each --token-sweep size, and the
+// low-latency ops' at their smaller size).
 enum class CopySet { kAll, kRooflineOnly };
 // Writes records for the peer-copy roofline (each rank writing bytes_per_peer to every rank) and a
-// local device copy of the same bytes; `tokens` names the ops' token count the bytes stand for.
-// Returns the fastest copy path's GB/s, end to end and kernel-timed, for later ratios.
-Roofline bench_copy(BenchContext& context, size_t bytes_per_peer, int tokens, CopySet set);
+// local device copy of the same bytes; the records name the ops ("normal", "low_latency") and token
+// count whose roofline it is. Returns the fastest copy path's GB/s, end to end and kernel-timed,
+// for later ratios.
+Roofline bench_copy(BenchContext& context, size_t bytes_per_peer, const char* ops, int tokens, CopySet set);
 
 // Writes dispatch (FP8 and BF16) and combine records for one config, each checked against the
 // expected routing and values (the first call, and one more after the timed ones).

@@ -37,7 +37,7 @@ uint32_t pattern(int rank, size_t word) { return static_cast<uint32_t>(rank * 0x
 
 }  // namespace
 
-Roofline bench_copy(BenchContext& context, size_t bytes_per_peer, int tokens, CopySet set) {
+Roofline bench_copy(BenchContext& context, size_t bytes_per_peer, const char* ops, int tokens, CopySet set) {
   const BenchOptions& options = context.options;
   const int rank = context.bootstrap->rank();
   const int ranks = options.num_ranks;
@@ -127,7 +127,6 @@ Roofline bench_copy(BenchContext& context, size_t bytes_per_peer, int tokens, Co
   }
   const size_t sent_bytes = bytes_per_peer * static_cast<size_t>(ranks - 1);
   if (context.is_reporting_rank()) {
-    const char* ops = set == CopySet::kAll ? "normal" : "low_latency";  // whose roofline it is
     auto write = [&](const PathTimings& path, TimingMode mode) {
       const Timing& timing = mode == TimingMode::kKernel ? path.kernel : path.end_to_end;
       const double gbps = gigabytes_per_second(total_bytes, timing.median_us);

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <numeric>
 
 #include "bench/bench_context.hpp"
@@ -61,6 +62,14 @@ std::string detect_setup(int num_ranks, int num_gpus) {
   return stat(control.c_str(), &info) == 0 ? "mps" : "timeslice";
 }
 
+// A roofline copy's bytes for each peer: every rank sends about as much as rank 0; size for the
+// largest so the copy fits everywhere, split over the ranks, whole vectors.
+size_t copy_bytes_per_peer(int num_ranks, const std::function<size_t(int rank)>& bytes_of_rank) {
+  size_t largest = 0;
+  for (int rank = 0; rank < num_ranks; ++rank) largest = std::max(largest, bytes_of_rank(rank));
+  return (largest / num_ranks) / kVectorBytes * kVectorBytes;
+}
+
 int run_rank(const BenchOptions& options) {
   BenchContext context;
   context.options = options;
@@ -87,16 +96,22 @@ int run_rank(const BenchOptions& options) {
     return status;
   }
 
-  // Every rank sends about as much as rank 0; size for the largest so the copy fits everywhere.
-  size_t copy_bytes = 0;
-  for (int rank = 0; rank < options.num_ranks; ++rank) copy_bytes = std::max(copy_bytes, dispatch_bytes_per_rank(options, rank));
-  const size_t bytes_per_peer = (copy_bytes / options.num_ranks) / kVectorBytes * kVectorBytes;
-  // The low-latency ops' roofline copies their (smaller) bytes.
-  size_t low_latency_copy_bytes = 0;
-  for (int rank = 0; rank < options.num_ranks; ++rank) {
-    low_latency_copy_bytes = std::max(low_latency_copy_bytes, low_latency_bytes_per_rank(options, rank));
+  // The roofline copies: the normal ops' at --tokens and at each --token-sweep size, the
+  // low-latency ops' at their (smaller) bytes.
+  auto dispatch_at = [&options](int tokens) {
+    BenchOptions sized = options;
+    sized.num_tokens = tokens;
+    return [sized](int rank) { return dispatch_bytes_per_rank(sized, rank); };
+  };
+  const size_t bytes_per_peer = copy_bytes_per_peer(options.num_ranks, dispatch_at(options.num_tokens));
+  std::vector<size_t> sweep_bytes_per_peer;
+  for (const int tokens : options.skip_normal ? std::vector<int>{} : options.token_sweep) {
+    sweep_bytes_per_peer.push_back(copy_bytes_per_peer(options.num_ranks, dispatch_at(tokens)));
   }
-  const size_t low_latency_bytes_per_peer = (low_latency_copy_bytes / options.num_ranks) / kVectorBytes * kVectorBytes;
+  const size_t low_latency_bytes_per_peer =
+      copy_bytes_per_peer(options.num_ranks, [&options](int rank) { return low_latency_bytes_per_rank(options, rank); });
+  size_t largest_copy_per_peer = std::max(bytes_per_peer, low_latency_bytes_per_peer);
+  for (const size_t bytes : sweep_bytes_per_peer) largest_copy_per_peer = std::max(largest_copy_per_peer, bytes);
 
   // Hierarchical: the NVLink rings serve one node's ranks (unstaged), the rail's the nodes.
   int64_t ring_bytes = 0, rail_bytes = 0;
@@ -119,8 +134,7 @@ int run_rank(const BenchOptions& options) {
                                                                        options.num_ranks, options.num_experts);
   buffer_options.num_rail_bytes = options.hierarchical ? rail_bytes : 0;
   buffer_options.num_nvl_bytes = !nvl_buffer ? 0 : static_cast<int64_t>(
-      (std::max({bytes_per_peer * options.num_ranks, low_latency_bytes_per_peer * options.num_ranks,
-                 static_cast<size_t>(ring_bytes)}) + kBufferSlackBytes) /
+      (std::max(largest_copy_per_peer * options.num_ranks, static_cast<size_t>(ring_bytes)) + kBufferSlackBytes) /
       kRegionAlignment * kRegionAlignment);
   buffer_options.preinitialize = true;
   buffer_options.transport = parse_transport_kind(options.transport, "epcomm-bench: --transport");
@@ -132,17 +146,23 @@ int run_rank(const BenchOptions& options) {
 
   if (nvl_buffer) bench_layout(context);  // normal mode's layout
   const bool copies = one_node && nvl_buffer;  // else no roofline: records carry no ratio
-  const Roofline roofline = copies ? bench_copy(context, bytes_per_peer, options.num_tokens, CopySet::kAll) : Roofline{};
+  const Roofline roofline =
+      copies ? bench_copy(context, bytes_per_peer, "normal", options.num_tokens, CopySet::kAll) : Roofline{};
   for (const Config& config : options.skip_normal ? std::vector<Config>{} : bench_configs(context)) {
     bench_normal(context, roofline, config);  // every config checked against the reference
   }
-  for (const int tokens : options.skip_normal ? std::vector<int>{} : options.token_sweep) {
+  for (size_t i = 0; i < sweep_bytes_per_peer.size(); ++i) {
+    const int tokens = options.token_sweep[i];
+    const Roofline sweep_roofline =
+        copies ? bench_copy(context, sweep_bytes_per_peer[i], "normal", tokens, CopySet::kRooflineOnly) : Roofline{};
     context.options.num_tokens = tokens;  // the records say which
-    bench_normal(context, roofline, bench_configs(context).front());
+    bench_normal(context, sweep_roofline, bench_configs(context).front());
   }
   context.options.num_tokens = options.num_tokens;
   const Roofline low_latency_roofline =
-      copies ? bench_copy(context, low_latency_bytes_per_peer, options.low_latency_tokens, CopySet::kRooflineOnly) : Roofline{};
+      copies ? bench_copy(context, low_latency_bytes_per_peer, "low_latency", options.low_latency_tokens,
+                          CopySet::kRooflineOnly)
+             : Roofline{};
   bench_low_latency(context, low_latency_roofline);
 
   buffer.synchronize(context.stream);
