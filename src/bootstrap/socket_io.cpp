@@ -1,9 +1,11 @@
 #include "bootstrap/socket_io.hpp"
 
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -133,6 +135,32 @@ void tune_tcp(int fd) {
 // Whether a process accepts connections on the unix socket at `path` (a stale file refuses them).
 // Non-blocking: a listener whose backlog is full (a live job's rank 0, hung or suspended) answers
 // EAGAIN at once, where a blocking connect would wait for it without end.
+// Held while rank 0 looks at, clears and takes a unix socket path (a flock on the path's
+// directory, released as it goes): two jobs starting on one path at once would otherwise both
+// find an earlier run's file stale, and the second would unlink the first's new socket. Without
+// a directory to open (no permission), there is nothing to hold, as before.
+class DirectoryLock {
+ public:
+  DirectoryLock(const std::string& path, const Deadline& deadline) {
+    const size_t slash = path.rfind('/');
+    const std::string directory = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+    fd_ = UniqueFd(open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!fd_) return;
+    while (flock(fd_.get(), LOCK_EX | LOCK_NB) != 0) {
+      if (errno != EWOULDBLOCK && errno != EINTR) return;  // cannot lock here: go on without
+      if (deadline.expired()) {
+        fail(ErrorCode::kBootstrapError, "rank 0 cannot listen on unix:", path, ": another process held its directory ",
+             directory, " past the deadline");
+      }
+      std::this_thread::sleep_for(kRetry);
+    }
+  }
+
+ private:
+  static constexpr std::chrono::milliseconds kRetry{1};
+  UniqueFd fd_;  // closing it releases the lock
+};
+
 bool someone_listens_on(const std::string& path) {
   UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!fd) return false;
@@ -287,6 +315,7 @@ SocketAddress parse_address(const std::string& text) {
 Listener::Listener(const SocketAddress& address, int backlog, const Deadline& deadline) {
   std::string error;
   if (address.is_unix) {
+    const DirectoryLock lock(address.path, deadline);
     struct stat info {};
     if (lstat(address.path.c_str(), &info) == 0) {
       // A socket file left by an earlier run that crashed would make bind fail forever. Anything
@@ -310,6 +339,7 @@ Listener::Listener(const SocketAddress& address, int backlog, const Deadline& de
       error = errno_text("bind", errno);
     } else {
       unix_path_ = address.path;
+      if (lstat(address.path.c_str(), &info) == 0) unix_inode_ = {info.st_dev, info.st_ino};
       if (listen(fd.get(), backlog) != 0) {
         error = errno_text("listen", errno);
       } else {
@@ -362,11 +392,16 @@ std::string Listener::port() const {
 }
 
 void Listener::close() noexcept {
-  fd_.reset();
+  // The file first, while still listening (no other job takes a live path), and only if it is
+  // still the one we bound.
   if (!unix_path_.empty()) {
-    unlink(unix_path_.c_str());
+    struct stat info {};
+    if (lstat(unix_path_.c_str(), &info) == 0 && std::make_pair(info.st_dev, info.st_ino) == unix_inode_) {
+      unlink(unix_path_.c_str());
+    }
     unix_path_.clear();
   }
+  fd_.reset();
 }
 
 UniqueFd Listener::accept(const Deadline& deadline, IoStatus& status) {

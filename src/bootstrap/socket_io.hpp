@@ -4,9 +4,12 @@
 // one exception is setup (parsing, listening), whose errors need no such context.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstddef>
 #include <string>
+#include <utility>
 
 namespace epcomm::bootstrap_detail {
 
@@ -102,6 +105,7 @@ class Listener {
  private:
   UniqueFd fd_;
   std::string unix_path_;  // set only once we bound it, so we never unlink someone else's file
+  std::pair<dev_t, ino_t> unix_inode_{};  // the file bind made, told apart from a later one
 };
 
 // One connection attempt that gives up at `deadline`. Returns an empty fd and describes the

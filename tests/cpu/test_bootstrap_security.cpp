@@ -11,14 +11,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "bootstrap/handshake.hpp"
+#include "bootstrap/socket_io.hpp"
 #include "bootstrap/sha256.hpp"
 #include "common/free_tcp_port.hpp"
 #include "common/temp_dir.hpp"
@@ -36,8 +39,6 @@
 
 #if !defined(EPCOMM_UNDER_SANITIZER)
 #include <dlfcn.h>
-
-#include <atomic>
 
 // accept4 as this test binary sees it (the library's calls bind to the executable's definition):
 // while `accept_short_of_memory_until` is in the future, every accept fails with ENOBUFS, as a
@@ -311,6 +312,42 @@ TEST(BootstrapSecurity, ASecondJobCannotTakeOverALiveUnixSocket) {
   EXPECT_NE(second.message.find("another process (another job?) is listening on it"), std::string::npos)
       << second.message;
   for (const Result& result : first) EXPECT_TRUE(result.ok) << result.message;
+}
+
+// Two jobs whose rank 0 start at once on one path, where an earlier run left a socket file: one
+// takes the path, the other is refused; never both (the second unlinking the first's new socket,
+// whose ranks would then reach the second job). Many rounds, since the window is short.
+TEST(BootstrapSecurity, TwoJobsStartingAtOnceOnAStaleSocketPathDoNotBothTakeIt) {
+  using bootstrap_detail::Deadline;
+  using bootstrap_detail::Listener;
+  constexpr int kRounds = 200;
+  const TempDir dir;
+  const std::string path = dir.file("job.sock");
+  const auto address = bootstrap_detail::parse_address("unix:" + path);
+  int both = 0, neither = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    close(listen_on(path, 1));  // a stale file: bound, then its process gone
+    std::unique_ptr<Listener> listeners[2];
+    std::thread starts[2];
+    std::atomic<int> ready{0};
+    for (int job = 0; job < 2; ++job) {
+      starts[job] = std::thread([&, job] {
+        ready.fetch_add(1);
+        while (ready.load() < 2) {
+        }
+        try {
+          listeners[job] = std::make_unique<Listener>(address, 4, Deadline(kGenerousTimeout));
+        } catch (const Error&) {
+        }
+      });
+    }
+    for (std::thread& start : starts) start.join();
+    const int taken = (listeners[0] ? 1 : 0) + (listeners[1] ? 1 : 0);
+    both += taken == 2;
+    neither += taken == 0;
+  }
+  EXPECT_EQ(both, 0) << "rounds of " << kRounds << " where both jobs took the path";
+  EXPECT_EQ(neither, 0) << "rounds of " << kRounds << " where neither did";
 }
 
 TEST(BootstrapSecurity, AListenerWithAFullBacklogCountsAsLiveAtOnce) {
