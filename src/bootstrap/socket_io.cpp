@@ -13,14 +13,12 @@
 
 #include <cerrno>
 #include <climits>
-#include <condition_variable>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <system_error>
 #include <thread>
 
+#include "bootstrap/host_addresses.hpp"
 #include "epcomm/error.hpp"
 
 namespace epcomm::bootstrap_detail {
@@ -30,49 +28,6 @@ constexpr const char* kUnixPrefix = "unix:";
 constexpr long kMaxPort = 65535;
 
 using AddrInfoList = std::unique_ptr<addrinfo, decltype(&freeaddrinfo)>;
-
-// A name's lookup, shared by the thread that runs getaddrinfo and the caller that waits for it
-// (which may give up first: the thread then frees what it found).
-struct NameLookup {
-  std::mutex mutex;
-  std::condition_variable finished;
-  bool done = false;
-  bool abandoned = false;
-  int rc = 0;
-  addrinfo* list = nullptr;
-};
-
-// getaddrinfo on a thread of its own, waited for until `deadline`: its result code (and `list`
-// when 0), or nothing when the name service did not answer in time. Without a thread to spare,
-// it runs here, unbounded as before.
-std::optional<int> look_up_by(const SocketAddress& address, const addrinfo& hints, const Deadline& deadline,
-                              addrinfo*& list) {
-  auto lookup = std::make_shared<NameLookup>();
-  try {
-    std::thread([lookup, hints, host = address.host, port = address.port] {
-      addrinfo* found = nullptr;
-      const int result = getaddrinfo(host.c_str(), port.c_str(), &hints, &found);
-      const std::lock_guard<std::mutex> lock(lookup->mutex);
-      if (lookup->abandoned) {
-        if (result == 0) freeaddrinfo(found);
-        return;
-      }
-      lookup->rc = result;
-      lookup->list = found;
-      lookup->done = true;
-      lookup->finished.notify_all();
-    }).detach();
-  } catch (const std::system_error&) {
-    return getaddrinfo(address.host.c_str(), address.port.c_str(), &hints, &list);
-  }
-  std::unique_lock<std::mutex> lock(lookup->mutex);
-  if (!lookup->finished.wait_until(lock, deadline.at(), [&] { return lookup->done; })) {
-    lookup->abandoned = true;
-    return std::nullopt;
-  }
-  list = lookup->list;
-  return lookup->rc;
-}
 
 // Resolves host:port by `deadline`; returns an empty list and sets `error` when resolution fails
 // or does not finish in time. getaddrinfo has no deadline of its own (a resolver that does not
@@ -87,7 +42,7 @@ AddrInfoList resolve(const SocketAddress& address, int flags, const Deadline& de
   int rc = getaddrinfo(address.host.c_str(), address.port.c_str(), &hints, &list);
   if (rc == EAI_NONAME && !address.host.empty()) {
     hints.ai_flags &= ~AI_NUMERICHOST;
-    const std::optional<int> looked_up = look_up_by(address, hints, deadline, list);
+    const std::optional<int> looked_up = look_up_name(address.host, address.port, hints, deadline.at(), list);
     if (!looked_up) {
       error = std::string("cannot resolve '") + address.host + "': the name service did not answer in time";
       return AddrInfoList(nullptr, &freeaddrinfo);

@@ -26,6 +26,7 @@
 #include <system_error>
 #include <thread>
 
+#include "bootstrap/host_addresses.hpp"
 #include "epcomm/bootstrap.hpp"
 #include "support/adopted_orphans.hpp"
 
@@ -47,6 +48,8 @@ constexpr milliseconds kOrphanReapInterval{1000};
 // code (kExitExecFailed) or the job's timeout tells; the launcher does not hang on it here.
 constexpr milliseconds kExecReportWait{10 * 1000};
 constexpr milliseconds kMaxStopDelay{3600 * 1000};
+// How long the check that a TCP rendezvous address is not loopback-only waits for the name service.
+constexpr milliseconds kLoopbackCheckBudget{5000};
 constexpr const char* kDefaultPath = "/usr/bin:/bin";
 constexpr const char* kSocketName = "bootstrap.sock";
 constexpr const char* kTempDirPattern = "epcomm-launch-XXXXXX";
@@ -179,7 +182,10 @@ bool resolves_to_loopback_only(const std::string& address) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return false;  // rank 0 reports it
+  // A name service that does not answer leaves the job to rank 0's own bounded lookup.
+  const std::optional<int> looked_up =
+      bootstrap_detail::look_up_name(host, "", hints, Clock::now() + kLoopbackCheckBudget, found);
+  if (!looked_up || *looked_up != 0) return false;  // rank 0 reports it
   bool loopback_only = true;
   for (const addrinfo* entry = found; entry != nullptr; entry = entry->ai_next) {
     if (entry->ai_family == AF_INET) {
