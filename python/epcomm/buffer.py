@@ -289,7 +289,8 @@ class Buffer:
         if previous_event is not None:  # its event alone, as deep_ep passes it: a registered hook stays
             runtime_event(previous_event.event).wait(stream)
         per_rank, per_node, per_expert, in_rank = self.runtime.get_dispatch_layout(topk_idx, num_experts)
-        event = EventOverlap(_C.Event.record(stream), (topk_idx,), device=self.device) if async_finish else EventOverlap()
+        event = (EventOverlap(_C.Event.record(stream), (topk_idx,), device=self.device) if async_finish
+                 else EventOverlap())
         return per_rank, per_node, per_expert, in_rank, event
 
     def dispatch(self, x: Union[Any, Tuple[Any, Any]], handle: Optional[Any] = None, num_tokens_per_rank=None,
@@ -388,7 +389,8 @@ class Buffer:
         combined, done, hook = self.runtime.low_latency_combine(
             x, topk_idx, topk_weights, runtime_handle(handle, LowLatencyHandle, "low_latency_dispatch", "handle"),
             zero_copy, use_logfmt, out, return_recv_hook, combine_wait_recv_cost_stats, self.allocator, async_finish)
-        overlap = EventOverlap(done, (x, topk_idx, topk_weights), device=self.device) if async_finish else EventOverlap()
+        overlap = (EventOverlap(done, (x, topk_idx, topk_weights), device=self.device) if async_finish
+                   else EventOverlap())
         # The receive reads the weights and writes `out` and the statistics: the hook keeps them.
         held = (_HeldHook(hook, (topk_idx, topk_weights, out, combine_wait_recv_cost_stats))
                 if return_recv_hook else None)
@@ -409,7 +411,8 @@ class Buffer:
     def low_latency_query_mask_buffer(self, mask_status) -> None:
         """Shrink mode: writes int32 [num_ranks] (a CUDA tensor): 1 for a masked rank, 0 otherwise,
         on the current stream. Ranks that died or stayed silent past the wait bound are masked too."""
-        self.runtime.low_latency_query_mask_buffer(_torch.view(mask_status, "mask_status"), _torch.current_stream(self.device))
+        self.runtime.low_latency_query_mask_buffer(_torch.view(mask_status, "mask_status"),
+                                                   _torch.current_stream(self.device))
 
     def low_latency_clean_mask_buffer(self) -> None:
         """Shrink mode: unmasks every rank (on the current stream)."""
