@@ -39,12 +39,7 @@ void require_stream_of_device(int device, const char* op, cudaStream_t stream) {
   if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return;
   // cudaStreamGetDevice is refused during capture by some drivers (580 with CUDA 13.0: the H100s
   // and H200s here), and the refusal invalidates the capture: a capturing stream is not asked.
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
-    (void)cudaGetLastError();  // not sticky: the launch on it reports a bad stream with CUDA's words
-    return;
-  }
-  if (capture != cudaStreamCaptureStatusNone) return;
+  if (is_capturing(stream)) return;
   int stream_device = -1;
   if (cudaStreamGetDevice(stream, &stream_device) != cudaSuccess) {
     (void)cudaGetLastError();  // not sticky: the launch on it reports a bad stream with CUDA's words
