@@ -37,8 +37,9 @@ uint32_t pattern(int rank, size_t word) { return static_cast<uint32_t>(rank * 0x
 
 }  // namespace
 
-Roofline bench_copy(BenchContext& context, size_t bytes_per_peer, const char* ops, int tokens, CopySet set) {
+Roofline bench_copy(BenchContext& context, const CopyFor& copy_for, CopySet set) {
   const BenchOptions& options = context.options;
+  const size_t bytes_per_peer = copy_for.bytes_per_peer;
   const int rank = context.bootstrap->rank();
   const int ranks = options.num_ranks;
   const size_t words = bytes_per_peer / sizeof(uint32_t);
@@ -130,12 +131,12 @@ Roofline bench_copy(BenchContext& context, size_t bytes_per_peer, const char* op
     auto write = [&](const PathTimings& path, TimingMode mode) {
       const Timing& timing = mode == TimingMode::kKernel ? path.kernel : path.end_to_end;
       const double gbps = gigabytes_per_second(total_bytes, timing.median_us);
-      Record record = context.base_record("copy", ops);
+      Record record = context.base_record("copy", copy_for.ops);
       record.set("path", path.name)
-          .set("tokens", tokens)
+          .set("tokens", copy_for.tokens)
           .set("timing", timing_name(mode))
           .set("direction", "both")
-          .set("dtype", "bf16")
+          .set("dtype", copy_for.dtype)
           .set("sms", path.sms)
           .set("bytes_per_peer", static_cast<int64_t>(bytes_per_peer))
           .set("bytes_per_rank", static_cast<int64_t>(total_bytes))
@@ -152,12 +153,12 @@ Roofline bench_copy(BenchContext& context, size_t bytes_per_peer, const char* op
       write(path, TimingMode::kKernel);
     }
     for (const auto& [path, timing] : one_way) {
-      Record record = context.base_record("copy", ops);
+      Record record = context.base_record("copy", copy_for.ops);
       record.set("path", path)
-          .set("tokens", tokens)
+          .set("tokens", copy_for.tokens)
           .set("timing", timing_name(TimingMode::kEndToEnd))
           .set("direction", "one")  // rank 0 sends to every other rank; nobody sends to rank 0
-          .set("dtype", "bf16")
+          .set("dtype", copy_for.dtype)
           .set("sms", std::string(path) == "copy_engine" ? 0 : options.copy_sms)
           .set("bytes_per_peer", static_cast<int64_t>(bytes_per_peer))
           .set("bytes_per_rank", static_cast<int64_t>(sent_bytes))
@@ -170,11 +171,11 @@ Roofline bench_copy(BenchContext& context, size_t bytes_per_peer, const char* op
       context.sink.write(record);
     }
     if (local) {
-      Record local_record = context.base_record("copy", ops);
+      Record local_record = context.base_record("copy", copy_for.ops);
       local_record.set("path", "local")
-          .set("tokens", tokens)
+          .set("tokens", copy_for.tokens)
           .set("timing", timing_name(TimingMode::kEndToEnd))
-          .set("dtype", "bf16")
+          .set("dtype", copy_for.dtype)
           .set("sms", context.device_sms)
           .set("bytes_per_rank", static_cast<int64_t>(total_bytes))
           .set("median_us", local->median_us)

@@ -20,13 +20,11 @@ std::vector<int64_t> rank_routing(const BenchOptions& options, int rank) {
 
 }  // namespace
 
-size_t dispatch_bytes_per_rank(const BenchOptions& options, int rank) {
+int64_t dispatch_pairs_of_rank(const BenchOptions& options, int rank) {
   const reference::ExpertPartition partition(options.num_experts, options.num_ranks);
   const reference::Layout layout =
       reference::dispatch_layout(rank_routing(options, rank), options.num_tokens, options.num_topk, partition);
-  const int64_t pairs = std::accumulate(layout.num_tokens_per_rank.begin(), layout.num_tokens_per_rank.end(), int64_t{0});
-  constexpr size_t kBf16Bytes = 2;
-  return static_cast<size_t>(pairs) * options.hidden * kBf16Bytes;
+  return std::accumulate(layout.num_tokens_per_rank.begin(), layout.num_tokens_per_rank.end(), int64_t{0});
 }
 
 void bench_layout(BenchContext& context) {

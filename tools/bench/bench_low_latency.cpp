@@ -1,12 +1,13 @@
 // Low-latency dispatch (FP8) and combine (BF16): correctness against the CPU reference, then
 // median / p99 latency of each, and of the hook mode's send and receive halves. The copy ratio
-// compares with the roofline copy of this run at the low-latency combine's bytes (not the normal
-// ops' larger copy: a copy of fewer bytes reaches less of the link).
+// compares with the roofline copy of this run at the op's own bytes (not the normal ops' larger
+// copy: a copy of fewer bytes reaches less of the link).
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <string>
 
 #include "bench/bench_context.hpp"
 #include "bench/stream_filler.hpp"
@@ -40,14 +41,12 @@ reference::LowLatencyRankInput rank_input(const BenchOptions& options, int rank,
 
 }  // namespace
 
-size_t low_latency_bytes_per_rank(const BenchOptions& options, int rank) {
+int64_t low_latency_pairs_of_rank(const BenchOptions& options, int rank) {
   const std::vector<int64_t> ids = rank_topk_idx(options, rank, options.low_latency_tokens);
-  const auto pairs = std::count_if(ids.begin(), ids.end(), [](int64_t id) { return id >= 0; });
-  constexpr size_t kBf16Bytes = 2;
-  return static_cast<size_t>(pairs) * options.hidden * kBf16Bytes;
+  return std::count_if(ids.begin(), ids.end(), [](int64_t id) { return id >= 0; });
 }
 
-void bench_low_latency(BenchContext& context, const Roofline& roofline) {
+void bench_low_latency(BenchContext& context, const Rooflines& rooflines) {
   const BenchOptions& options = context.options;
   const int rank = context.bootstrap->rank();
   const int ranks = options.num_ranks;
@@ -82,7 +81,7 @@ void bench_low_latency(BenchContext& context, const Roofline& roofline) {
   call.stream = context.stream;
 
   const size_t slots = static_cast<size_t>(ranks) * tokens;
-  const int groups = options.hidden / 128;
+  const int groups = options.hidden / kFp8ChannelsPerScale;
   // Checks one dispatch's outputs against the reference (the receive must have run).
   auto dispatch_matches = [&](const LowLatencyDispatchResult& dispatched) {
     bool ok = download<int32_t>(dispatched.recv_count.view) == expected.recv_count;
@@ -211,20 +210,18 @@ void bench_low_latency(BenchContext& context, const Roofline& roofline) {
   if (!context.is_reporting_rank()) return;
 
   // Bytes as deep_ep's test_low_latency counts them: every (token, k) pair with an expert, an FP8
-  // row + scales + a 16-byte message header out (epcomm sends no such header, deep_ep's figure
-  // counts one), a BF16 row back.
-  constexpr double kDeepEpMessageHeaderBytes = 16;
+  // row with its header out, a BF16 row back.
   int64_t pairs = 0;
   for (const auto& input : inputs) {
     for (int64_t id : input.topk_idx) pairs += id >= 0 ? 1 : 0;
   }
   pairs /= ranks;  // per rank, on average
-  const double dispatch_bytes =
-      static_cast<double>(pairs) * (options.hidden + groups * sizeof(float) + kDeepEpMessageHeaderBytes);
-  const double combine_bytes = static_cast<double>(pairs) * options.hidden * 2.0;
+  const double dispatch_bytes = static_cast<double>(pairs) * low_latency_row_bytes(options.hidden, /*fp8=*/true);
+  const double combine_bytes = static_cast<double>(pairs) * low_latency_row_bytes(options.hidden, /*fp8=*/false);
   auto write = [&](const char* op, const char* dtype, const char* phase, const Timing& timing, double host_us,
                    double bytes, bool correct, TimingMode mode = TimingMode::kEndToEnd) {
     const double gbps = bytes / kBytesPerGigabyte / (timing.median_us / kMicrosecondsPerSecond);
+    const Roofline& roofline = rooflines.of(std::string(dtype) == "fp8");
     Record record = context.base_record(op, "low_latency");
     record.set("timing", timing_name(mode))
         .set("tokens", tokens)

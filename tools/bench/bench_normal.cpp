@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <string>
 
 #include "bench/bench_context.hpp"
 #include "common/constants.hpp"
@@ -254,11 +255,10 @@ int64_t total_pairs(const std::vector<uint8_t>& in_rank) {
 
 }  // namespace
 
-void bench_normal(BenchContext& context, const Roofline& roofline, const Config& config) {
+void bench_normal(BenchContext& context, const Rooflines& rooflines, const Config& config) {
   const BenchOptions& options = context.options;
   auto allocator = make_stream_ordered_allocator();
   const std::vector<ExpectedRow> rows = expected_rows(options, context.bootstrap->rank());
-  const int groups = options.hidden / kFp8ChannelsPerScale;
   for (const bool fp8 : {true, false}) {
     NormalInputs inputs;
     build_inputs(context, fp8, inputs);
@@ -326,9 +326,10 @@ void bench_normal(BenchContext& context, const Roofline& roofline, const Config&
     const Timing combine_kernel_host_timing = summarize_across_ranks(*context.bootstrap, combine_kernel_host);
 
     const double pairs = static_cast<double>(total_pairs(inputs.in_rank_host));
-    const double dispatch_row_bytes = fp8 ? options.hidden + groups * sizeof(float) : options.hidden * 2.0;
+    const double dispatch_row_bytes = static_cast<double>(row_bytes(options.hidden, fp8));
     const double dispatch_gbps = gigabytes_per_second(pairs * dispatch_row_bytes, dispatch_timing.median_us);
-    const double combine_gbps = gigabytes_per_second(pairs * options.hidden * 2.0, combine_timing.median_us);
+    const double combine_bytes = pairs * static_cast<double>(row_bytes(options.hidden, /*fp8=*/false));
+    const double combine_gbps = gigabytes_per_second(combine_bytes, combine_timing.median_us);
     const double cached_gbps = gigabytes_per_second(pairs * dispatch_row_bytes, cached_timing.median_us);
     if (!context.is_reporting_rank()) continue;
     auto record_for = [&](const char* op, const char* dtype, const Timing& timing, const Timing& host, double gbps,
@@ -346,7 +347,7 @@ void bench_normal(BenchContext& context, const Roofline& roofline, const Config&
           .set("p99_us", timing.p99_us)
           .set("host_median_us", host.median_us)
           .set("gbps", gbps)
-          .set("roofline_ratio", roofline.ratio(gbps, mode));
+          .set("roofline_ratio", rooflines.of(std::string(dtype) == "fp8").ratio(gbps, mode));
       record.set("correct", correct);
       context.sink.write(record);
     };
@@ -359,7 +360,7 @@ void bench_normal(BenchContext& context, const Roofline& roofline, const Config&
     record_for("dispatch", fp8 ? "fp8" : "bf16", cached_kernel_timing, cached_kernel_host_timing,
                gigabytes_per_second(bytes, cached_kernel_timing.median_us), all_cached_ok, true, TimingMode::kKernel);
     record_for("combine", "bf16", combine_kernel_timing, combine_kernel_host_timing,
-               gigabytes_per_second(pairs * options.hidden * 2.0, combine_kernel_timing.median_us),
+               gigabytes_per_second(combine_bytes, combine_kernel_timing.median_us),
                all_combine_ok && all_repeated_combine_ok, false, TimingMode::kKernel);
   }
 }

@@ -62,12 +62,25 @@ std::string detect_setup(int num_ranks, int num_gpus) {
   return stat(control.c_str(), &info) == 0 ? "mps" : "timeslice";
 }
 
-// A roofline copy's bytes for each peer: every rank sends about as much as rank 0; size for the
-// largest so the copy fits everywhere, split over the ranks, whole vectors.
-size_t copy_bytes_per_peer(int num_ranks, const std::function<size_t(int rank)>& bytes_of_rank) {
-  size_t largest = 0;
-  for (int rank = 0; rank < num_ranks; ++rank) largest = std::max(largest, bytes_of_rank(rank));
-  return (largest / num_ranks) / kVectorBytes * kVectorBytes;
+// The most pairs any rank sends: every rank sends about as much as rank 0, and a roofline copy is
+// sized for the largest so that it fits everywhere.
+int64_t largest_pairs(int num_ranks, const std::function<int64_t(int rank)>& pairs_of_rank) {
+  int64_t largest = 0;
+  for (int rank = 0; rank < num_ranks; ++rank) largest = std::max(largest, pairs_of_rank(rank));
+  return largest;
+}
+
+// The roofline copies of one set of ops: the bytes of `pairs` rows, BF16 and FP8, split over the
+// ranks, whole vectors.
+struct RooflineCopies {
+  CopyFor bf16_rows, fp8_rows;
+};
+RooflineCopies roofline_copies(const char* ops, int tokens, int num_ranks, int64_t pairs,
+                               const std::function<size_t(bool fp8)>& bytes_of_row) {
+  auto per_peer = [&](bool fp8) {
+    return static_cast<size_t>(pairs) * bytes_of_row(fp8) / num_ranks / kVectorBytes * kVectorBytes;
+  };
+  return {{ops, tokens, "bf16", per_peer(false)}, {ops, tokens, "fp8", per_peer(true)}};
 }
 
 int run_rank(const BenchOptions& options) {
@@ -98,20 +111,28 @@ int run_rank(const BenchOptions& options) {
 
   // The roofline copies: the normal ops' at --tokens and at each --token-sweep size, the
   // low-latency ops' at their (smaller) bytes.
-  auto dispatch_at = [&options](int tokens) {
+  auto normal_copies = [&options](int tokens) {
     BenchOptions sized = options;
     sized.num_tokens = tokens;
-    return [sized](int rank) { return dispatch_bytes_per_rank(sized, rank); };
+    const int64_t pairs =
+        largest_pairs(options.num_ranks, [&sized](int rank) { return dispatch_pairs_of_rank(sized, rank); });
+    return roofline_copies("normal", tokens, options.num_ranks, pairs,
+                           [&options](bool fp8) { return row_bytes(options.hidden, fp8); });
   };
-  const size_t bytes_per_peer = copy_bytes_per_peer(options.num_ranks, dispatch_at(options.num_tokens));
-  std::vector<size_t> sweep_bytes_per_peer;
+  const RooflineCopies normal = normal_copies(options.num_tokens);
+  std::vector<RooflineCopies> sweep;
   for (const int tokens : options.skip_normal ? std::vector<int>{} : options.token_sweep) {
-    sweep_bytes_per_peer.push_back(copy_bytes_per_peer(options.num_ranks, dispatch_at(tokens)));
+    sweep.push_back(normal_copies(tokens));
   }
-  const size_t low_latency_bytes_per_peer =
-      copy_bytes_per_peer(options.num_ranks, [&options](int rank) { return low_latency_bytes_per_rank(options, rank); });
-  size_t largest_copy_per_peer = std::max(bytes_per_peer, low_latency_bytes_per_peer);
-  for (const size_t bytes : sweep_bytes_per_peer) largest_copy_per_peer = std::max(largest_copy_per_peer, bytes);
+  const RooflineCopies low_latency = roofline_copies(
+      "low_latency", options.low_latency_tokens, options.num_ranks,
+      largest_pairs(options.num_ranks, [&options](int rank) { return low_latency_pairs_of_rank(options, rank); }),
+      [&options](bool fp8) { return low_latency_row_bytes(options.hidden, fp8); });
+  // BF16 rows are the larger: those copies size the buffer.
+  size_t largest_copy_per_peer = std::max(normal.bf16_rows.bytes_per_peer, low_latency.bf16_rows.bytes_per_peer);
+  for (const RooflineCopies& copies : sweep) {
+    largest_copy_per_peer = std::max(largest_copy_per_peer, copies.bf16_rows.bytes_per_peer);
+  }
 
   // Hierarchical: the NVLink rings serve one node's ranks (unstaged), the rail's the nodes.
   int64_t ring_bytes = 0, rail_bytes = 0;
@@ -146,24 +167,22 @@ int run_rank(const BenchOptions& options) {
 
   if (nvl_buffer) bench_layout(context);  // normal mode's layout
   const bool copies = one_node && nvl_buffer;  // else no roofline: records carry no ratio
-  const Roofline roofline =
-      copies ? bench_copy(context, bytes_per_peer, "normal", options.num_tokens, CopySet::kAll) : Roofline{};
+  // `bf16_set` for the BF16 copy; the FP8 one is a roofline alone.
+  auto run_copies = [&](const RooflineCopies& of, CopySet bf16_set) {
+    if (!copies) return Rooflines{};
+    return Rooflines{bench_copy(context, of.bf16_rows, bf16_set), bench_copy(context, of.fp8_rows, CopySet::kRooflineOnly)};
+  };
+  const Rooflines rooflines = run_copies(normal, CopySet::kAll);
   for (const Config& config : options.skip_normal ? std::vector<Config>{} : bench_configs(context)) {
-    bench_normal(context, roofline, config);  // every config checked against the reference
+    bench_normal(context, rooflines, config);  // every config checked against the reference
   }
-  for (size_t i = 0; i < sweep_bytes_per_peer.size(); ++i) {
-    const int tokens = options.token_sweep[i];
-    const Roofline sweep_roofline =
-        copies ? bench_copy(context, sweep_bytes_per_peer[i], "normal", tokens, CopySet::kRooflineOnly) : Roofline{};
-    context.options.num_tokens = tokens;  // the records say which
-    bench_normal(context, sweep_roofline, bench_configs(context).front());
+  for (size_t i = 0; i < sweep.size(); ++i) {
+    const Rooflines sweep_rooflines = run_copies(sweep[i], CopySet::kRooflineOnly);
+    context.options.num_tokens = options.token_sweep[i];  // the records say which
+    bench_normal(context, sweep_rooflines, bench_configs(context).front());
   }
   context.options.num_tokens = options.num_tokens;
-  const Roofline low_latency_roofline =
-      copies ? bench_copy(context, low_latency_bytes_per_peer, "low_latency", options.low_latency_tokens,
-                          CopySet::kRooflineOnly)
-             : Roofline{};
-  bench_low_latency(context, low_latency_roofline);
+  bench_low_latency(context, run_copies(low_latency, CopySet::kRooflineOnly));
 
   buffer.synchronize(context.stream);
   EPCOMM_CUDA_CHECK(cudaStreamDestroy(context.stream));
