@@ -7,16 +7,18 @@
 //                          NVLink), else null. Stores through it are ordered like any other store.
 //   put(rank, offset, source, bytes)   warp-collective copy into `rank`'s buffer. Non-blocking:
 //                          the bytes are guaranteed to be there only for a reader that saw a later
-//                          signal (the publish rule below). `source` must not change until the
-//                          putting threads have called quiet().
+//                          signal (the publish rule below). `source` must not change until that
+//                          signal (or a fence()) has run: over NVSHMEM, that is what completes puts.
 //   put_value(rank, offset, value)     the same for one small value, from one thread.
 //   signal(rank, offset, value)        one thread; a release store of a u64 flag at system scope.
 //   wait(own_offset, expected, ...)    a bounded acquire-wait until this rank's flag >= expected;
 //                          reports who waited on whom for what through the one bounded-wait helper.
 //                          It can return the value it acquired: a reader may then read everything
 //                          that value covers without waiting again (flags only grow).
-//   quiet()                this thread's puts are complete (NVSHMEM: nvshmem_quiet). Over IPC the
-//                          puts are stores, ordered by the barrier and the release that follow.
+//   quiet()                an ordering point for this thread's puts before the publish rule's
+//                          barrier; it completes nothing itself (over IPC the puts are stores,
+//                          ordered by the barrier and the release that follow; over NVSHMEM the
+//                          signal completes them, below).
 //   fence()                a system-scope acquire-release fence: writes made before it, also by
 //                          earlier kernels of the stream, are ordered before what follows it.
 //
