@@ -87,9 +87,6 @@ void tune_tcp(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &kUserTimeoutMs, sizeof(kUserTimeoutMs));
 }
 
-// Whether a process accepts connections on the unix socket at `path` (a stale file refuses them).
-// Non-blocking: a listener whose backlog is full (a live job's rank 0, hung or suspended) answers
-// EAGAIN at once, where a blocking connect would wait for it without end.
 // Held while rank 0 looks at, clears and takes a unix socket path (a flock on the path's
 // directory, released as it goes): two jobs starting on one path at once would otherwise both
 // find an earlier run's file stale, and the second would unlink the first's new socket. Without
@@ -116,6 +113,9 @@ class DirectoryLock {
   UniqueFd fd_;  // closing it releases the lock
 };
 
+// Whether a process accepts connections on the unix socket at `path` (a stale file refuses them).
+// Non-blocking: a listener whose backlog is full (a live job's rank 0, hung or suspended) answers
+// EAGAIN at once, where a blocking connect would wait for it without end.
 bool someone_listens_on(const std::string& path) {
   UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!fd) return false;
