@@ -121,29 +121,22 @@ TEST(Bootstrap, AllgatherInPlaceFromOwnSlot) {
   }));
 }
 
-TEST(Bootstrap, TcpLoopback) {
-  constexpr int kRanks = 3;
+// A job of `num_ranks` threads meeting over TCP at `host` on a free port, exchanging `sizes`.
+void expect_tcp_job_exchanges(const std::string& host, int num_ranks, const std::vector<size_t>& sizes) {
   const int port = free_tcp_port();
   ASSERT_GT(port, 0) << "could not find a free TCP port on 127.0.0.1";
-  const std::string address = "127.0.0.1:" + std::to_string(port);
-  expect_all_ok(run_threads(kRanks, [&](int rank) {
-    auto bootstrap = make_socket_bootstrap(address, rank, kRanks, kGenerousTimeout);
-    exchange_rounds(*bootstrap, {4, 0, 64 * 1024});
+  const std::string address = host + ":" + std::to_string(port);
+  expect_all_ok(run_threads(num_ranks, [&](int rank) {
+    auto bootstrap = make_socket_bootstrap(address, rank, num_ranks, kGenerousTimeout);
+    exchange_rounds(*bootstrap, sizes);
   }));
 }
 
+TEST(Bootstrap, TcpLoopback) { expect_tcp_job_exchanges("127.0.0.1", 3, {4, 0, 64 * 1024}); }
+
 // A host name goes through the name service (on a thread of its own, so that the job's deadline
 // bounds the lookup); a numeric address does not.
-TEST(Bootstrap, TcpByHostName) {
-  constexpr int kRanks = 2;
-  const int port = free_tcp_port();
-  ASSERT_GT(port, 0) << "could not find a free TCP port on 127.0.0.1";
-  const std::string address = "localhost:" + std::to_string(port);
-  expect_all_ok(run_threads(kRanks, [&](int rank) {
-    auto bootstrap = make_socket_bootstrap(address, rank, kRanks, kGenerousTimeout);
-    exchange_rounds(*bootstrap, {4});
-  }));
-}
+TEST(Bootstrap, TcpByHostName) { expect_tcp_job_exchanges("localhost", 2, {4}); }
 
 TEST(BootstrapErrors, AnUnknownHostNameIsNamedWithinTheTimeout) {
   const auto start = std::chrono::steady_clock::now();
