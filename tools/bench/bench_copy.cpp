@@ -1,5 +1,6 @@
-// The copy roofline: copy_to_all_ranks moves the bytes of a BF16 dispatch of the standard
-// workload through the peer mapping, spread evenly over the ranks, with nothing else to do: by a
+// The copy roofline: copy_to_all_ranks moves the bytes of the ops it stands for (CopyFor: a
+// dispatch of BF16 or of FP8 rows, or the low-latency ops') through the peer mapping, spread evenly
+// over the ranks, with nothing else to do: by a
 // copy kernel on --copy-sms SMs (path "peer"), by the copy engines (path "copy_engine", one peer
 // after another) and by TMA (path "tma"). The fastest is the roofline the ops are compared with,
 // each path timed end to end and as kernel time (records "timing"), so that an op's ratio divides
